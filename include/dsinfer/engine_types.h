@@ -1,0 +1,75 @@
+// Public request/response types of the dsinfer engine, shared by the offline API, the HTTP
+// server and the router. Token ids are int32; one request produces one sequence.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace dsinfer {
+
+using TokenId = int32_t;
+using RequestId = uint64_t;
+
+struct SamplingParams {
+  float temperature = 1.0f;  // 0 means greedy
+  float top_p = 1.0f;        // 1 disables
+  int top_k = 0;             // 0 disables
+  float min_p = 0.0f;        // 0 disables
+  std::optional<uint64_t> seed;  // per-request stream; unset draws from the engine's seed
+  int max_tokens = 16;
+  bool ignore_eos = false;
+  std::vector<TokenId> stop_token_ids;  // in addition to the model's eos unless ignore_eos
+  int num_logprobs = 0;                 // top-k logprobs per generated token (0 = none)
+};
+
+struct GenerationRequest {
+  std::vector<TokenId> prompt_ids;
+  SamplingParams sampling;
+  std::string cache_salt;     // isolates prefix-cache entries (e.g. per tenant)
+  std::string traffic_class;  // KV store retention class: "chat" (default) or "agent"
+};
+
+enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
+const char* finish_reason_name(FinishReason reason);  // "stop", "length", "cancelled", "error"
+
+struct TokenLogprob {
+  TokenId token_id = 0;
+  float logprob = 0.0f;
+  std::vector<std::pair<TokenId, float>> top;  // num_logprobs alternatives, best first
+};
+
+// Where the prompt's tokens came from. cached = device + host + store.
+struct PromptCacheStats {
+  int num_prompt_tokens = 0;
+  int num_device_hit_tokens = 0;
+  int num_host_hit_tokens = 0;
+  int num_store_hit_tokens = 0;
+  int num_cached_tokens() const { return num_device_hit_tokens + num_host_hit_tokens + num_store_hit_tokens; }
+};
+
+// A streamed increment: the tokens produced since the last output for this request.
+struct RequestOutput {
+  RequestId request_id = 0;
+  std::vector<TokenId> new_token_ids;
+  std::vector<TokenLogprob> logprobs;  // one per new token when requested
+  FinishReason finish_reason = FinishReason::kNone;  // kNone while running
+  int num_generated_tokens = 0;  // total so far
+  PromptCacheStats prompt_cache;
+  Status error;  // set with kError
+  bool finished() const { return finish_reason != FinishReason::kNone; }
+};
+
+struct EngineStats {
+  int num_running = 0;
+  int num_waiting = 0;
+  int num_kv_blocks_used = 0;
+  int num_kv_blocks_total = 0;
+  int64_t num_steps = 0;
+  int64_t num_preemptions = 0;
+};
+
+}  // namespace dsinfer
