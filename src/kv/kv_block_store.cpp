@@ -74,7 +74,7 @@ std::string default_kv_store_directory() {
 
 struct KvBlockStore::AtomicMetrics {
   std::atomic<int64_t> num_reads{0}, num_read_hits{0}, num_read_misses{0}, num_removed_corrupt{0},
-      num_removed_expired{0}, num_evicted{0}, num_writes{0}, num_writes_dropped{0}, num_write_errors{0},
+      num_removed_expired{0}, num_evicted{0}, num_writes{0}, num_writes_skipped{0}, num_writes_dropped{0}, num_write_errors{0},
       bytes_read{0}, bytes_written{0}, store_bytes{0}, num_objects{0};
 };
 
@@ -160,6 +160,7 @@ KvStoreMetrics KvBlockStore::metrics() const {
   out.num_removed_expired = m.num_removed_expired;
   out.num_evicted = m.num_evicted;
   out.num_writes = m.num_writes;
+  out.num_writes_skipped = m.num_writes_skipped;
   out.num_writes_dropped = m.num_writes_dropped;
   out.num_write_errors = m.num_write_errors;
   out.bytes_read = m.bytes_read;
@@ -381,6 +382,12 @@ void KvBlockStore::prepare(Inflight& f) {
     f.file = std::make_shared<std::vector<std::byte>>(static_cast<size_t>(f.st.st_size));
     f.ops[0] = {f.file->data(), f.file->size(), 0, 0};
     f.num_ops = 1;
+    return;
+  }
+  if (::access(f.path.c_str(), F_OK) == 0) {
+    // Another writer (maybe another process) got there first; objects of one key are equal.
+    metrics_->num_writes_skipped++;
+    f.finished = true;
     return;
   }
   f.header = encode_store_header(job.object);

@@ -4,8 +4,9 @@
 // Contract:
 // - One object per store unit, named by its 128-bit chain key: DIR/ab/abcdef....kvb. Objects
 //   are written to a temporary file in the same folder and renamed into place, so a reader
-//   (in this or another process) sees a whole object or none; two writers of one key both
-//   succeed and the last rename wins with identical content.
+//   (in this or another process) sees a whole object or none. A write of a key that already
+//   exists is skipped; two writers racing on one key both succeed and the last rename wins
+//   (their contents are equal: a key names one prefix of one model).
 // - Reads verify size, magic, layout version, checksum, model identity, key and the whole
 //   prefix's token ids. A bad, torn or foreign object is a miss and is removed; an object for
 //   another prefix (a hash collision) is a miss and is left alone.
@@ -97,7 +98,8 @@ struct KvStoreMetrics {
   int64_t num_removed_expired = 0;   // by reads and the janitor
   int64_t num_evicted = 0;           // by the janitor for capacity
   int64_t num_writes = 0;
-  int64_t num_writes_dropped = 0;
+  int64_t num_writes_skipped = 0;    // the object already existed
+  int64_t num_writes_dropped = 0;    // the write queue was over its bound
   int64_t num_write_errors = 0;
   int64_t bytes_read = 0;
   int64_t bytes_written = 0;
