@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kv/block_hash.h"
+#include "kv/byte_buffer.h"
 
 namespace dsinfer::kv {
 
@@ -23,12 +24,12 @@ struct HostBlock {
   BlockHash parent_hash;
   std::vector<TokenId> tokens;  // this block's tokens
   // The bytes live in a shared buffer so one store object (several blocks) is never copied.
-  std::shared_ptr<const std::vector<std::byte>> buffer;
+  std::shared_ptr<const ByteBuffer> buffer;
   size_t offset = 0;
   size_t num_bytes = 0;
   bool from_store = false;  // staged by a store read and not yet restored: a hit is a store hit
 
-  std::span<const std::byte> data() const { return std::span<const std::byte>(*buffer).subspan(offset, num_bytes); }
+  std::span<const std::byte> data() const { return buffer->span().subspan(offset, num_bytes); }
 };
 
 class HostBlockCache {

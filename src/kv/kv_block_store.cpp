@@ -63,7 +63,7 @@ const char* store_read_outcome_name(StoreReadOutcome outcome) {
 
 std::span<const std::byte> StoreRead::data() const {
   if (!buffer_) return {};
-  return std::span<const std::byte>(*buffer_).subspan(data_offset_);
+  return buffer_->span().subspan(data_offset_);
 }
 
 std::string default_kv_store_directory() {
@@ -93,7 +93,8 @@ struct KvBlockStore::Inflight {
   std::string temp_path;
   struct stat st {};
   std::vector<std::byte> header;                 // write
-  std::shared_ptr<std::vector<std::byte>> file;  // read
+  std::shared_ptr<ByteBuffer> file;              // read
+  int num_ops_left = 0;
   struct Op {
     std::byte* buf = nullptr;
     size_t len = 0;
@@ -107,7 +108,9 @@ struct KvBlockStore::Inflight {
 };
 
 KvBlockStore::KvBlockStore(KvBlockStoreConfig config)
-    : config_(std::move(config)), metrics_(std::make_unique<AtomicMetrics>()) {
+    : config_(std::move(config)),
+      read_buffers_(config_.read_buffer_pool_bytes),
+      metrics_(std::make_unique<AtomicMetrics>()) {
   clock_ = config_.clock ? config_.clock : std::make_shared<SystemKvClock>();
   if (config_.directory.empty()) config_.directory = default_kv_store_directory();
   std::error_code ec;
@@ -270,60 +273,12 @@ void KvBlockStore::io_loop() {
 
 void KvBlockStore::run_batch(void* ring_ptr, std::vector<Job>& batch) {
   std::vector<Inflight> flights(batch.size());
-  for (size_t i = 0; i < batch.size(); ++i) {
-    flights[i].job = &batch[i];
-    prepare(flights[i]);
-  }
   auto* ring = static_cast<io_uring*>(ring_ptr);
-  auto queue_op = [&](size_t fi, int oi) {
-    Inflight& f = flights[fi];
-    Inflight::Op& op = f.ops[oi];
-    io_uring_sqe* sqe = io_uring_get_sqe(ring);
-    DS_CHECK(sqe != nullptr);  // the ring holds two entries per job in a batch
-    const unsigned len = static_cast<unsigned>(std::min<size_t>(op.len - op.done, 1u << 30));
-    if (f.job->is_write)
-      io_uring_prep_write(sqe, f.fd, op.buf + op.done, len, op.offset + op.done);
-    else
-      io_uring_prep_read(sqe, f.fd, op.buf + op.done, len, op.offset + op.done);
-    io_uring_sqe_set_data64(sqe, (static_cast<uint64_t>(fi) << 1) | static_cast<uint64_t>(oi));
-  };
-
-  if (ring) {
-    int num_pending = 0;
-    for (size_t fi = 0; fi < flights.size(); ++fi)
-      for (int oi = 0; oi < flights[fi].num_ops; ++oi) {
-        queue_op(fi, oi);
-        ++num_pending;
-      }
-    while (num_pending > 0) {
-      io_uring_submit(ring);
-      io_uring_cqe* cqe = nullptr;
-      const int rc = io_uring_wait_cqe(ring, &cqe);
-      if (rc == -EINTR) continue;
-      DS_CHECK_MSG(rc == 0, "io_uring_wait_cqe: " << std::strerror(-rc));
-      const uint64_t tag = io_uring_cqe_get_data64(cqe);
-      const int res = cqe->res;
-      io_uring_cqe_seen(ring, cqe);
-      --num_pending;
-      Inflight& f = flights[tag >> 1];
-      Inflight::Op& op = f.ops[tag & 1];
-      if (res == -EINTR || res == -EAGAIN) {
-        queue_op(tag >> 1, static_cast<int>(tag & 1));
-        ++num_pending;
-      } else if (res < 0) {
-        if (!f.error) f.error = -res;
-      } else if (res == 0) {
-        if (!f.error) f.error = EIO;  // the file shrank under us
-      } else {
-        op.done += static_cast<size_t>(res);
-        if (op.done < op.len) {
-          queue_op(tag >> 1, static_cast<int>(tag & 1));
-          ++num_pending;
-        }
-      }
-    }
-  } else {
-    for (Inflight& f : flights) {
+  if (!ring) {
+    for (size_t i = 0; i < batch.size(); ++i) {
+      Inflight& f = flights[i];
+      f.job = &batch[i];
+      prepare(f);
       for (int oi = 0; oi < f.num_ops && !f.error; ++oi) {
         Inflight::Op& op = f.ops[oi];
         while (op.done < op.len) {
@@ -338,9 +293,73 @@ void KvBlockStore::run_batch(void* ring_ptr, std::vector<Job>& batch) {
           op.done += static_cast<size_t>(n);
         }
       }
+      finish(f);
+    }
+    return;
+  }
+
+  auto queue_op = [&](size_t fi, int oi) {
+    Inflight& f = flights[fi];
+    Inflight::Op& op = f.ops[oi];
+    io_uring_sqe* sqe = io_uring_get_sqe(ring);
+    if (!sqe) {  // the submission queue is full: hand what it holds to the kernel first
+      io_uring_submit(ring);
+      sqe = io_uring_get_sqe(ring);
+    }
+    DS_CHECK(sqe != nullptr);
+    const unsigned len = static_cast<unsigned>(std::min<size_t>(op.len - op.done, 1u << 30));
+    if (f.job->is_write)
+      io_uring_prep_write(sqe, f.fd, op.buf + op.done, len, op.offset + op.done);
+    else
+      io_uring_prep_read(sqe, f.fd, op.buf + op.done, len, op.offset + op.done);
+    io_uring_sqe_set_data64(sqe, (static_cast<uint64_t>(fi) << 1) | static_cast<uint64_t>(oi));
+  };
+  // Submit each job as soon as it is prepared so the disk works while the next one is set up,
+  // and verify each job as soon as its last operation completes.
+  int num_pending = 0;
+  for (size_t fi = 0; fi < flights.size(); ++fi) {
+    Inflight& f = flights[fi];
+    f.job = &batch[fi];
+    prepare(f);
+    f.num_ops_left = f.finished ? 0 : f.num_ops;
+    for (int oi = 0; oi < f.num_ops_left; ++oi) {
+      queue_op(fi, oi);
+      ++num_pending;
+    }
+    if (f.num_ops_left > 0) io_uring_submit(ring);
+  }
+  while (num_pending > 0) {
+    io_uring_cqe* cqe = nullptr;
+    const int rc = io_uring_wait_cqe(ring, &cqe);
+    if (rc == -EINTR) continue;
+    DS_CHECK_MSG(rc == 0, "io_uring_wait_cqe: " << std::strerror(-rc));
+    const uint64_t tag = io_uring_cqe_get_data64(cqe);
+    const int res = cqe->res;
+    io_uring_cqe_seen(ring, cqe);
+    --num_pending;
+    const size_t fi = tag >> 1;
+    const int oi = static_cast<int>(tag & 1);
+    Inflight& f = flights[fi];
+    Inflight::Op& op = f.ops[oi];
+    bool op_done = true;
+    if (res == -EINTR || res == -EAGAIN) {
+      op_done = false;
+    } else if (res < 0) {
+      if (!f.error) f.error = -res;
+    } else if (res == 0) {
+      if (!f.error) f.error = EIO;  // the file shrank under us
+    } else {
+      op.done += static_cast<size_t>(res);
+      op_done = op.done >= op.len;
+    }
+    if (!op_done) {
+      queue_op(fi, oi);
+      ++num_pending;
+      io_uring_submit(ring);
+    } else if (--f.num_ops_left == 0) {
+      finish(f);
     }
   }
-  for (Inflight& f : flights) finish(f);
 }
 
 void KvBlockStore::complete_read(Inflight& f, StoreReadOutcome outcome) {
@@ -379,7 +398,7 @@ void KvBlockStore::prepare(Inflight& f) {
       metrics_->num_removed_corrupt++;
       return complete_read(f, StoreReadOutcome::kRemoved);
     }
-    f.file = std::make_shared<std::vector<std::byte>>(static_cast<size_t>(f.st.st_size));
+    f.file = read_buffers_.acquire(static_cast<size_t>(f.st.st_size));
     f.ops[0] = {f.file->data(), f.file->size(), 0, 0};
     f.num_ops = 1;
     return;
@@ -416,7 +435,7 @@ void KvBlockStore::finish(Inflight& f) {
     if (f.error) return complete_read(f, StoreReadOutcome::kIoError);
     size_t data_offset = 0;
     StoreRead& r = *job.read;
-    const StoreDecodeStatus status = decode_store_object(*f.file, job.object.key, job.object.model_identity,
+    const StoreDecodeStatus status = decode_store_object(f.file->span(), job.object.key, job.object.model_identity,
                                                          job.object.tokens, &r.header_, &data_offset);
     if (status == StoreDecodeStatus::kOk) {
       const timespec times[2] = {ms_to_timespec(now), ms_to_timespec(now + ttl_ms(r.header_.traffic_class))};

@@ -33,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "kv/byte_buffer.h"
 #include "kv/kv_clock.h"
 #include "kv/store_object.h"
 
@@ -49,6 +50,7 @@ struct KvBlockStoreConfig {
   int num_io_threads = 1;
   int io_queue_depth = 32;               // objects in flight per I/O thread
   int64_t max_queued_write_bytes = 256LL << 20;
+  int64_t read_buffer_pool_bytes = 256LL << 20;  // released read buffers kept for reuse
   int64_t janitor_interval_ms = 60'000;  // 0: no janitor thread; call run_janitor()
   int64_t stale_temp_age_ms = 10 * 60'000;  // temporary files older than this are a dead writer's
   bool sync_writes = false;              // fdatasync before rename: survive power loss, not only crashes
@@ -78,7 +80,7 @@ class StoreRead {
   const StoreObject& header() const { return header_; }  // data left empty; see data()
   std::span<const std::byte> data() const;
   // The file buffer that data() points into, for holding the bytes without a copy.
-  const std::shared_ptr<const std::vector<std::byte>>& buffer() const { return buffer_; }
+  const std::shared_ptr<const ByteBuffer>& buffer() const { return buffer_; }
   size_t data_offset() const { return data_offset_; }
 
  private:
@@ -86,7 +88,7 @@ class StoreRead {
   std::atomic<bool> done_{false};
   StoreReadOutcome outcome_ = StoreReadOutcome::kPending;
   StoreObject header_;
-  std::shared_ptr<const std::vector<std::byte>> buffer_;
+  std::shared_ptr<const ByteBuffer> buffer_;
   size_t data_offset_ = 0;
 };
 
@@ -170,6 +172,7 @@ class KvBlockStore {
   std::thread janitor_thread_;
 
   std::atomic<uint64_t> temp_counter_{0};
+  ByteBufferPool read_buffers_;
   struct AtomicMetrics;
   std::unique_ptr<AtomicMetrics> metrics_;
 };

@@ -17,7 +17,7 @@ constexpr size_t kMaxKnownStoredUnits = 1 << 20;
 void KvCacheManager::offload_to_host(BlockId id) {
   const BlockMeta& m = meta_[id];
   if (host_->contains(m.hash)) return;  // a restored block whose host copy is still there
-  auto buffer = std::make_shared<std::vector<std::byte>>(block_bytes_);
+  auto buffer = std::make_shared<ByteBuffer>(block_bytes_);
   config_.block_io->read_block(id, buffer->data());
   auto block = std::make_shared<HostBlock>();
   block->hash = m.hash;
