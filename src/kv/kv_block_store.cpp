@@ -23,6 +23,8 @@ namespace {
 constexpr const char* kObjectSuffix = ".kvb";
 constexpr const char* kTempPrefix = ".tmp-";
 constexpr int64_t kMaxObjectBytes = 4LL << 30;  // anything larger is not ours
+// Names temporary files; process-wide so two stores of one process never pick the same name.
+std::atomic<uint64_t> g_temp_counter{0};
 
 timespec ms_to_timespec(int64_t ms) {
   timespec ts;
@@ -413,7 +415,7 @@ void KvBlockStore::prepare(Inflight& f) {
   const std::string folder = f.path.substr(0, f.path.rfind('/'));
   ::mkdir(folder.c_str(), 0755);  // EEXIST is the common case
   f.temp_path = folder + "/" + kTempPrefix + job.object.key.to_hex() + "-" + std::to_string(::getpid()) + "-" +
-                std::to_string(temp_counter_++);
+                std::to_string(g_temp_counter++);
   f.fd = ::open(f.temp_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (f.fd < 0) {
     f.error = errno;

@@ -171,7 +171,6 @@ class KvBlockStore {
   bool janitor_wake_ = false;
   std::thread janitor_thread_;
 
-  std::atomic<uint64_t> temp_counter_{0};
   ByteBufferPool read_buffers_;
   struct AtomicMetrics;
   std::unique_ptr<AtomicMetrics> metrics_;
