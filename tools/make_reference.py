@@ -67,13 +67,16 @@ FIXTURES = {
         storage=torch.float16, shards=2),
     # V3 with DeepSeek's FP8 format: linear weights e4m3 with a float32 weight_scale_inv per
     # 128x128 block. Shapes are not multiples of 128, so partial blocks are exercised.
-    "tiny_v3_fp8": dict(config=dict(BASE_V3, **dict(
-        vocab_size=448, hidden_size=192, intermediate_size=320, moe_intermediate_size=96,
-        n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
-        q_lora_rank=160, kv_lora_rank=64, qk_rope_head_dim=32, qk_nope_head_dim=32,
-        v_head_dim=32, num_nextn_predict_layers=0,
-        quantization_config=dict(quant_method="fp8", fmt="e4m3", activation_scheme="dynamic",
-                                 weight_block_size=[128, 128])))),
+    "tiny_v3_fp8": dict(
+        config=dict(BASE_V3,
+                    vocab_size=448, hidden_size=192, intermediate_size=320,
+                    moe_intermediate_size=96, n_routed_experts=8, num_experts_per_tok=2,
+                    n_group=4, topk_group=2, q_lora_rank=160, kv_lora_rank=64,
+                    qk_rope_head_dim=32, qk_nope_head_dim=32, v_head_dim=32,
+                    num_nextn_predict_layers=0,
+                    quantization_config=dict(quant_method="fp8", fmt="e4m3",
+                                             activation_scheme="dynamic",
+                                             weight_block_size=[128, 128])),
         storage="fp8", shards=1),
 }
 
