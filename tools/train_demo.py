@@ -431,6 +431,13 @@ def quantize_fp8_block(w, block=128):
     padded[:out_dim, :in_dim] = w.float()
     blocks = padded.view(nb_o, block, nb_i, block)
     amax = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12)
+    # Along an axis that is not a multiple of 128 and spans several blocks, every block gets
+    # the same scale: then DeepSeek's reading (128-wide blocks, the last one partial) and
+    # HF transformers' (the axis split evenly over the scale grid, e.g. 192 = 2 x 96) agree.
+    if out_dim % block and nb_o > 1:
+        amax = amax.amax(dim=0, keepdim=True).expand(nb_o, nb_i)
+    if in_dim % block and nb_i > 1:
+        amax = amax.amax(dim=1, keepdim=True).expand(nb_o, nb_i)
     scale = amax / 448.0
     q = (blocks / scale[:, None, :, None]).view(nb_o * block, nb_i * block)[:out_dim, :in_dim]
     return q.to(torch.float8_e4m3fn).contiguous(), scale.contiguous()
