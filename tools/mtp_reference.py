@@ -42,12 +42,63 @@ def dequantize_fp8_block(weight, scale_inv, block=(128, 128)):
     return w * s
 
 
+def _e4m3_table():
+    """float32 value of each of the 256 e4m3fn bit patterns (bias 7, no infinities)."""
+    values = []
+    for b in range(256):
+        sign = -1.0 if b & 0x80 else 1.0
+        exp, man = (b >> 3) & 0xF, b & 0x7
+        if exp == 0xF and man == 0x7:
+            values.append(float("nan"))
+        elif exp == 0:
+            values.append(sign * man / 8.0 * 2.0 ** -6)
+        else:
+            values.append(sign * (1.0 + man / 8.0) * 2.0 ** (exp - 7))
+    return torch.tensor(values, dtype=torch.float32)
+
+
+def read_safetensors(path):
+    """Minimal reader (BF16, F16, F32, F8_E4M3) for machines without the safetensors
+    package or a PyTorch with float8: FP8 tensors come back as float32 values."""
+    import struct
+    import numpy as np
+    with open(path, "rb") as f:
+        data = f.read()
+    (header_len,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + header_len])
+    base = 8 + header_len
+    e4m3 = _e4m3_table()
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = info["data_offsets"]
+        raw = np.frombuffer(data[base + begin:base + end], dtype=np.uint8)
+        shape, dt = info["shape"], info["dtype"]
+        if dt == "F32":
+            t = torch.from_numpy(raw.view(np.float32).copy())
+        elif dt == "F16":
+            t = torch.from_numpy(raw.view(np.float16).astype(np.float32))
+        elif dt == "BF16":
+            t = torch.from_numpy((raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32))
+        elif dt == "F8_E4M3":
+            t = e4m3[torch.from_numpy(raw.astype(np.int64))]
+        else:
+            raise ValueError(f"{path}: tensor {name} has unsupported dtype {dt}")
+        out[name] = t.reshape(shape)
+    return out
+
+
 def load_model(model_dir, device="cpu"):
     """Returns (config dict, {name: float32 tensor}) with FP8 weights dequantised."""
-    from safetensors.torch import load_file
     with open(os.path.join(model_dir, "config.json")) as f:
         cfg = json.load(f)
-    raw = load_file(os.path.join(model_dir, "model.safetensors"))
+    path = os.path.join(model_dir, "model.safetensors")
+    try:
+        from safetensors.torch import load_file
+        raw = load_file(path)
+    except ImportError:
+        raw = read_safetensors(path)
     return cfg, dequantize_state(raw, cfg, device)
 
 
