@@ -234,6 +234,14 @@ TEST(ModelConfigTest, InconsistentValues) {
   j["num_experts_per_tok"] = 3;  // one group of two experts cannot supply three
   expect_config_error(j, "num_experts_per_tok", "topk_group");
   j = tiny_v3_config_json();
+  j["num_hidden_layers"] = 100000;
+  expect_config_error(j, "num_hidden_layers", "implausibly large");
+  j = tiny_v3_config_json();
+  j["num_hidden_layers"] = 4000;
+  j["n_routed_experts"] = 60000;
+  j["n_group"] = 1;
+  expect_config_error(j, "n_routed_experts", "implausibly large");
+  j = tiny_v3_config_json();
   j["qk_rope_head_dim"] = 5;
   expect_config_error(j, "qk_rope_head_dim", "even");
   j = tiny_v3_config_json();
