@@ -184,7 +184,8 @@ double now_seconds() {
 }
 }  // namespace
 
-LoadProgressPrinter::LoadProgressPrinter(std::string label) : label_(std::move(label)) {}
+LoadProgressPrinter::LoadProgressPrinter(std::string label, ClockFn clock)
+    : label_(std::move(label)), clock_(clock ? std::move(clock) : ClockFn(now_seconds)) {}
 
 std::string LoadProgressPrinter::format_line(const std::string& label, size_t done_bytes, size_t total_bytes) {
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
@@ -200,7 +201,7 @@ void LoadProgressPrinter::operator()(size_t done_bytes, size_t total_bytes) {
   // logs, unless a person is watching a terminal.
   if (total_bytes <= kMinTotalBytes && !isatty(STDERR_FILENO)) return;
   const bool final_call = done_bytes >= total_bytes;
-  const double now = now_seconds();
+  const double now = clock_();
   if (final_call) {
     if (num_lines_printed_ == 0 && total_bytes <= kMinTotalBytes) return;
   } else if (last_print_seconds_ >= 0.0 && now - last_print_seconds_ < kMinIntervalSeconds) {

@@ -54,7 +54,9 @@ class LoadProgressPrinter {
   static constexpr size_t kMinTotalBytes = size_t{1} << 30;
   static constexpr double kMinIntervalSeconds = 0.5;
 
-  explicit LoadProgressPrinter(std::string label = "loading weights");
+  using ClockFn = std::function<double()>;  // seconds on a monotonic clock
+
+  explicit LoadProgressPrinter(std::string label = "loading weights", ClockFn clock = nullptr);
   void operator()(size_t done_bytes, size_t total_bytes);
   // Formats one progress line (no newline); exposed for tests.
   static std::string format_line(const std::string& label, size_t done_bytes, size_t total_bytes);
@@ -62,6 +64,7 @@ class LoadProgressPrinter {
 
  private:
   std::string label_;
+  ClockFn clock_;
   double last_print_seconds_ = -1.0;
   int num_lines_printed_ = 0;
 };

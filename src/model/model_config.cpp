@@ -17,6 +17,11 @@ using nlohmann::json;
 
 enum class Family { kV2, kV3 };
 
+constexpr int kMaxLayers = 4096;
+constexpr int kMaxExperts = 1 << 16;
+constexpr int kMaxDim = 1 << 24;
+constexpr int64_t kMaxLayerExperts = 1 << 20;  // DeepSeek-V3: 62 x 257
+
 // Reads typed fields of one JSON object, naming the source and the field in every error.
 class FieldReader {
  public:
@@ -248,7 +253,27 @@ void validate(const ModelConfig& c, const FieldReader& r) {
   if (!(c.rope_theta > 0.0)) r.fail("rope_theta", "must be positive");
   if (!(c.routed_scaling_factor > 0.0)) r.fail("routed_scaling_factor", "must be positive");
 
+  // Upper bounds far above any published model; they keep a corrupt config from asking for
+  // billions of tensors or overflowing shape arithmetic.
+  auto at_most = [&](const char* name, int v, int limit) {
+    if (v > limit) r.fail(name, "is " + std::to_string(v) + ", implausibly large (limit " + std::to_string(limit) + ")");
+  };
+  at_most("num_hidden_layers", c.num_hidden_layers, kMaxLayers);
+  at_most("num_nextn_predict_layers", c.num_nextn_predict_layers, kMaxLayers);
+  at_most("n_routed_experts", c.n_routed_experts, kMaxExperts);
+  at_most("n_shared_experts", c.n_shared_experts, kMaxExperts);
+  for (auto [name, v] : {std::pair{"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size},
+                         {"intermediate_size", c.intermediate_size}, {"moe_intermediate_size", c.moe_intermediate_size},
+                         {"num_attention_heads", c.num_attention_heads}, {"q_lora_rank", c.q_lora_rank},
+                         {"kv_lora_rank", c.kv_lora_rank}, {"qk_rope_head_dim", c.qk_rope_head_dim},
+                         {"qk_nope_head_dim", c.qk_nope_head_dim}, {"v_head_dim", c.v_head_dim}}) {
+    at_most(name, v, kMaxDim);
+  }
   const int num_layers = c.num_hidden_layers + c.num_nextn_predict_layers;
+  if (static_cast<int64_t>(num_layers) * (c.n_routed_experts + 1) > kMaxLayerExperts) {
+    r.fail("n_routed_experts", "times the number of layers is implausibly large (limit " +
+                                   std::to_string(kMaxLayerExperts) + ")");
+  }
   bool any_dense = false, any_moe = false;
   for (int layer = 0; layer < num_layers; ++layer) {
     (c.is_moe_layer(layer) ? any_moe : any_dense) = true;
