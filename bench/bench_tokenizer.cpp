@@ -153,7 +153,7 @@ int main(int argc, char** argv) {
     const std::time_t now = std::time(nullptr);
     std::strftime(date, sizeof(date), "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
     out << "\n## Tokenizer encode throughput (" << date << ")\n\n"
-        << "Machine: dev box: 2-core x86-64, Debian 12. Command: `build/bench/bench_tokenizer --mb " << mb << "`\n\n"
+        << "Machine: dev box: 2-core x86-64, Debian 12. Command: `build/bench_tokenizer --mb " << mb << "`\n\n"
         << table.str();
   }
   return ids_seq == ids_par ? 0 : 1;
