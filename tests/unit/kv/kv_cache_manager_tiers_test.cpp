@@ -258,12 +258,18 @@ TEST(KvCacheManagerTiers, CorruptStoreObjectIsRecomputed) {
   ::utimensat(AT_FDCWD, victim.c_str(), times, 0);
 
   FakeDevice dev2(16);
-  KvCacheManager m2(tier_config(dev2, 16, 0, make_store(dir.path())));
+  auto store2 = make_store(dir.path());
+  KvCacheManager m2(tier_config(dev2, 16, 0, store2));
   PromptCacheStats s = run_request(m2, dev2, 1, t);
   EXPECT_EQ(s.num_store_hit_tokens, 8);  // the first unit only
   EXPECT_EQ(dev2.num_computed_tokens, 9);
   EXPECT_EQ(m2.metrics().store.num_removed_corrupt, 1);
-  EXPECT_FALSE(fs::exists(victim));
+  // The recomputed unit was written again: a third manager hits both units.
+  store2->flush();
+  EXPECT_EQ(m2.metrics().store.num_writes, 1);
+  FakeDevice dev3(16);
+  KvCacheManager m3(tier_config(dev3, 16, 0, make_store(dir.path())));
+  EXPECT_EQ(run_request(m3, dev3, 1, t).num_store_hit_tokens, 16);
 }
 
 TEST(KvCacheManagerTiers, PrefetchSkipsWhatDeviceAndHostHold) {
