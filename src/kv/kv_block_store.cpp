@@ -63,6 +63,14 @@ const char* store_read_outcome_name(StoreReadOutcome outcome) {
   return "unknown";
 }
 
+bool StoreRead::wait_for_ms(int ms) const {
+  // Reads take milliseconds: polling at a fine grain costs nothing worth a condition variable.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  while (!ready() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  return ready();
+}
+
 std::span<const std::byte> StoreRead::data() const {
   if (!buffer_) return {};
   return buffer_->span().subspan(data_offset_);

@@ -74,6 +74,8 @@ class StoreRead {
  public:
   bool ready() const { return done_.load(std::memory_order_acquire); }
   void wait() const { done_.wait(false, std::memory_order_acquire); }
+  // Waits at most about `ms` milliseconds; returns ready().
+  bool wait_for_ms(int ms) const;
   // Valid once ready().
   StoreReadOutcome outcome() const { return outcome_; }
   bool hit() const { return outcome_ == StoreReadOutcome::kHit; }

@@ -128,6 +128,9 @@ class KvCacheManager {
   int prefetch(RequestId id, std::span<const TokenId> tokens, const std::string& cache_salt);
   // True when none of `id`'s prefetch reads is still in flight (also when none was issued).
   bool prefetch_ready(RequestId id);
+  // Blocks until prefetch_ready(id) or `timeout_ms` passed; returns prefetch_ready(id). For an
+  // engine with nothing else to do.
+  bool wait_for_prefetch(RequestId id, int timeout_ms);
   // Stages every finished store read in the host tier. get_computed_blocks and prefetch_ready
   // call it; an engine loop may call it once per step as well.
   void poll_store_reads();

@@ -1,7 +1,9 @@
 // KvCacheManager's host and store tiers: offload on eviction, write-through to the block
 // store, and store prefetch staged in the host tier.
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "core/check.h"
 #include "kv/kv_cache_manager.h"
@@ -137,6 +139,23 @@ bool KvCacheManager::prefetch_ready(RequestId id) {
   if (it == prefetch_keys_.end()) return true;
   return std::none_of(it->second.begin(), it->second.end(),
                       [&](const BlockHash& k) { return pending_reads_.count(k) != 0; });
+}
+
+bool KvCacheManager::wait_for_prefetch(RequestId id, int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (!prefetch_ready(id)) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    // Sleep on one read of ours that is still in flight; a short sleep bounds the timeout.
+    auto it = prefetch_keys_.find(id);
+    for (const BlockHash& k : it->second) {
+      auto p = pending_reads_.find(k);
+      if (p != pending_reads_.end() && !p->second.read->ready()) {
+        p->second.read->wait_for_ms(5);
+        break;
+      }
+    }
+  }
+  return true;
 }
 
 KvCacheMetrics KvCacheManager::metrics() const {

@@ -2,7 +2,7 @@
 // store they open.
 //
 //   --kv-store DIR             block store directory (default ~/.cache/dsinfer/kv)
-//   --no-kv-store              no block store
+//   --no-kv-store              no block store (the default outside `serve`)
 //   --kv-store-capacity SIZE   bound on the directory, e.g. 200G (default: unbounded)
 //   --kv-host-cache SIZE       host tier, e.g. 8G (default 0: off)
 //   --kv-ttl-agent DURATION    retention of `agent` traffic, e.g. 3d, 72h (default 3d)
@@ -23,7 +23,7 @@
 namespace dsinfer::kv {
 
 struct KvTierOptions {
-  bool store_enabled = true;
+  bool store_enabled = false;   // `serve` turns it on before parsing its flags
   std::string store_directory;  // empty: default_kv_store_directory()
   int64_t store_capacity_bytes = 0;
   int64_t host_cache_bytes = 0;

@@ -28,8 +28,10 @@ TEST(KvTierOptions, ParsesDurations) {
 TEST(KvTierOptions, AppliesFlags) {
   KvTierOptions o;
   bool used = false;
+  EXPECT_FALSE(o.store_enabled);
   EXPECT_TRUE(apply_kv_flag("--kv-store", "/mnt/shared/kv", &o, &used).value());
   EXPECT_TRUE(used);
+  EXPECT_TRUE(o.store_enabled);
   EXPECT_EQ(o.store_directory, "/mnt/shared/kv");
   EXPECT_TRUE(apply_kv_flag("--kv-ttl-agent", "12h", &o, &used).value());
   EXPECT_EQ(o.ttl_agent_ms, 12 * 3'600'000LL);
@@ -49,6 +51,8 @@ TEST(KvTierOptions, AppliesFlags) {
 
 TEST(KvTierOptions, OpensTheStoreWithItsRetention) {
   KvTierOptions o;
+  EXPECT_EQ(open_block_store(o), nullptr);  // off unless asked for
+  o.store_enabled = true;
   o.store_directory = ::testing::TempDir() + "/dsinfer-kv-options-store";
   o.ttl_agent_ms = 1000;
   auto store = open_block_store(o);
