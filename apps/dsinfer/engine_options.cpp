@@ -33,7 +33,7 @@ void add_engine_options(CLI::App& app, EngineOptions& o) {
   app.add_flag("!--no-prefix-caching", o.config.enable_prefix_caching, "disable prefix caching");
   app.add_option("--engine-seed", o.config.seed, "seed of unseeded requests' random streams");
   app.add_option("--kv-store", o.kv_store_dir,
-                 "KV block store directory, local or a shared POSIX mount (default ~/.cache/dsinfer/kv)");
+                 "use a KV block store in DIR, local or a shared POSIX mount (serve: on by default in ~/.cache/dsinfer/kv)");
   app.add_flag("--no-kv-store", o.no_kv_store, "no KV block store");
   app.add_option("--kv-store-capacity", o.kv_store_capacity, "bound on the block store, e.g. 200G")
       ->check(CLI::Validator(check_size, "SIZE"));
