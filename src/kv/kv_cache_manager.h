@@ -23,6 +23,13 @@
 //   blocks to copy into new device blocks in `loads`; allocate_slots does the copies, so the
 //   scheduler's calls are the same with or without tiers: prefix.num_tokens tokens are
 //   computed as soon as allocate_slots returns true.
+// - How exact a hit is, per tier: device blocks are matched on their tokens and their exact
+//   parent block; store objects on the whole prefix's tokens; host-tier blocks on their own
+//   tokens and their parent's 128-bit hash (a wrong host hit needs an XXH3-128 collision).
+// - Cost on the engine thread: offload and write-through copy device → host here (a memcpy
+//   on the CPU backend); the disk I/O runs on the store's threads.
+// - Metrics count prompt tokens per admission (a request re-admitted after preemption counts
+//   again).
 // - Not thread-safe: one engine thread drives it.
 #pragma once
 
