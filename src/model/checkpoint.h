@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "model/safetensors.h"
@@ -42,7 +43,8 @@ class Checkpoint {
 
   std::string dir_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
-  std::map<std::string, const TensorInfo*, std::less<>> tensors_;
+  // Keys view TensorInfo::name inside files_, which live as long as the Checkpoint.
+  std::unordered_map<std::string_view, const TensorInfo*> tensors_;
   size_t total_bytes_ = 0;
 };
 

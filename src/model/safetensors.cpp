@@ -254,7 +254,8 @@ void SafetensorsFile::parse(const uint8_t* bytes, size_t num_bytes) {
   }
   for (size_t i : order) sorted.push_back(std::move(tensors_[i]));
   tensors_ = std::move(sorted);
-  for (size_t i = 0; i < tensors_.size(); ++i) index_.emplace(tensors_[i].name, i);
+  index_.reserve(tensors_.size());
+  for (size_t i = 0; i < tensors_.size(); ++i) index_.emplace(std::string_view(tensors_[i].name), i);
 }
 
 }  // namespace dsinfer

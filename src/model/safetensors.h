@@ -17,6 +17,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "core/dtype.h"
@@ -69,7 +70,9 @@ class SafetensorsFile {
   size_t size_bytes_ = 0;
   size_t data_offset_bytes_ = 0;
   std::vector<TensorInfo> tensors_;
-  std::map<std::string, size_t, std::less<>> index_;  // name -> position in tensors_
+  // name -> position in tensors_; keys view the names inside tensors_, which never change
+  // after parse().
+  std::unordered_map<std::string_view, size_t> index_;
   std::map<std::string, std::string> metadata_;
 };
 
