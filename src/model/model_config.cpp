@@ -404,6 +404,11 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& s
     else r.fail("scoring_func", "is \"" + s + "\"; supported: softmax, sigmoid");
   }
   c.norm_topk_prob = r.get_bool("norm_topk_prob", c.norm_topk_prob);
+  // Fields the forward pass does not implement: refuse rather than compute something else.
+  const std::string act = r.get_string("hidden_act", "silu");
+  if (act != "silu") r.fail("hidden_act", "is \"" + act + "\"; only \"silu\" is supported");
+  if (r.get_bool("attention_bias", false)) r.fail("attention_bias", "is true; attention projections without bias only");
+  if (!r.get_bool("rope_interleave", true)) r.fail("rope_interleave", "is false; only interleaved RoPE pairs are supported");
   c.routed_scaling_factor = r.get_double("routed_scaling_factor", c.routed_scaling_factor);
   c.first_k_dense_replace = r.get_int("first_k_dense_replace", c.first_k_dense_replace);
   c.moe_layer_freq = r.get_int("moe_layer_freq", c.moe_layer_freq);

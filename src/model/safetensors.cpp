@@ -89,7 +89,8 @@ SafetensorsFile::~SafetensorsFile() {
 }
 
 std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO named like a shard must not hang the loader; fstat then rejects it.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const int err = errno;
     throw Error(err == ENOENT ? StatusCode::kNotFound : StatusCode::kDataLoss,

@@ -213,6 +213,12 @@ TEST(ModelConfigTest, UnknownEnumValues) {
   j["quantization_config"] = {{"quant_method", "awq"}};
   expect_config_error(j, "quantization_config.quant_method", "awq");
   j = tiny_v3_config_json();
+  j["hidden_act"] = "gelu";
+  expect_config_error(j, "hidden_act", "gelu");
+  j = tiny_v3_config_json();
+  j["attention_bias"] = true;
+  expect_config_error(j, "attention_bias");
+  j = tiny_v3_config_json();
   j["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e5m2"}};
   expect_config_error(j, "quantization_config.fmt", "e5m2");
 }
