@@ -4,7 +4,7 @@
 // The checkpoint is synthetic: 163 sparse shards (the hub's layout) holding every tensor of
 // the 671B FP8 model with its scales, ~689 GB apparent size and no data blocks on disk.
 //
-// usage: checkpoint_open_bench [--dir DIR] [--shards N] [--repeats N] [--no-append]
+// usage: bench_checkpoint [--dir DIR] [--shards N] [--repeats N] [--no-append]
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -103,7 +103,7 @@ int main(int argc, char** argv) {
     else if (a == "--repeats" && i + 1 < argc) repeats = std::stoi(argv[++i]);
     else if (a == "--no-append") append = false;
     else {
-      std::fprintf(stderr, "usage: checkpoint_open_bench [--dir DIR] [--shards N] [--repeats N] [--no-append]\n");
+      std::fprintf(stderr, "usage: bench_checkpoint [--dir DIR] [--shards N] [--repeats N] [--no-append]\n");
       return 2;
     }
   }
@@ -149,12 +149,12 @@ int main(int argc, char** argv) {
     const std::string path = std::string(DSINFER_SOURCE_DIR) + "/bench/RESULTS.md";
     const bool exists = std::filesystem::exists(path);
     std::ofstream out(path, std::ios::app);
-    if (!exists) out << "# Benchmark results\n";
+    if (!exists) out << "# dsinfer benchmark results\n";
     char date[32];
     const std::time_t now = std::time(nullptr);
     std::strftime(date, sizeof(date), "%Y-%m-%d", std::gmtime(&now));
     out << "\n## Checkpoint open + validate, DeepSeek-V3-sized (" << date << ")\n\n"
-        << "Machine: dev box: 2-core x86-64, Debian 12. Command: `build/checkpoint_open_bench`"
+        << "Machine: dev box: 2-core x86-64, Debian 12. Command: `build/bench_checkpoint`"
         << (num_shards != 163 ? " --shards " + std::to_string(num_shards) : "") << ".\n"
         << "Synthetic sparse shards with every tensor of the 671B FP8 model and its scales ("
         << num_tensors << " tensors, " << (total_bytes >> 30) << " GiB apparent); no weight bytes are read.\n\n"
