@@ -6,6 +6,8 @@
 // its shard, a shard holds a tensor the index does not list or maps elsewhere, or a tensor
 // appears twice. Without an index, a directory with several *.safetensors files is also
 // accepted (their union, names unique). TensorInfo data stays valid while the Checkpoint lives.
+// A Checkpoint is immutable after open() and safe to read from many threads. open() maps and
+// checks headers only; it does not validate tensors against a config (validate_checkpoint()).
 #pragma once
 
 #include <functional>

@@ -8,7 +8,10 @@
 // num_bytes == dtype size x product(shape), tensors not overlapping, dtypes known; or throws
 // dsinfer::Error (kDataLoss for corrupt/truncated files, kNotFound for a missing file) whose
 // message names the file and, where one is at fault, the tensor. Data pointers stay valid as
-// long as the SafetensorsFile lives.
+// long as the SafetensorsFile lives. open() reads only the header; weight pages are faulted in
+// when first touched (a file truncated by someone else after open() then raises SIGBUS, as
+// with any mapping). A SafetensorsFile is immutable after open() and safe to read from many
+// threads.
 #pragma once
 
 #include <cstddef>
