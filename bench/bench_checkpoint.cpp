@@ -107,6 +107,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  std::string command = "build/bench_checkpoint";
+  for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
   const bool own_dir = dir.empty();
   if (own_dir) {
     std::string tmpl = (std::filesystem::temp_directory_path() / "dsinfer_ckpt_bench_XXXXXX").string();
@@ -154,8 +156,8 @@ int main(int argc, char** argv) {
     const std::time_t now = std::time(nullptr);
     std::strftime(date, sizeof(date), "%Y-%m-%d", std::gmtime(&now));
     out << "\n## Checkpoint open + validate, DeepSeek-V3-sized (" << date << ")\n\n"
-        << "Machine: dev box: 2-core x86-64, Debian 12. Command: `build/bench_checkpoint`"
-        << (num_shards != 163 ? " --shards " + std::to_string(num_shards) : "") << ".\n"
+        << "Machine: dev box: 2-core x86-64, Debian 12 (shared; ratios are the figures to compare). Command: `"
+        << command << "`.\n"
         << "Synthetic sparse shards with every tensor of the 671B FP8 model and its scales ("
         << num_tensors << " tensors, " << (total_bytes >> 30) << " GiB apparent); no weight bytes are read.\n\n"
         << table;
