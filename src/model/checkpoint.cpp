@@ -49,8 +49,12 @@ struct ShardIndex {
 };
 
 ShardIndex read_index(const std::string& index_path) {
-  std::ifstream in(index_path, std::ios::binary);
+  std::ifstream in(index_path, std::ios::binary | std::ios::ate);
   if (!in) throw Error(StatusCode::kNotFound, index_path + ": cannot open");
+  // DeepSeek-V3's index is ~9 MB; anything far larger is not an index.
+  constexpr std::streamoff kMaxIndexBytes = 256 << 20;
+  if (in.tellg() > kMaxIndexBytes) throw Error(StatusCode::kDataLoss, index_path + ": larger than 256 MB, not an index");
+  in.seekg(0);
   std::stringstream buffer;
   buffer << in.rdbuf();
   json j;

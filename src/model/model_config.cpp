@@ -451,8 +451,12 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& s
 
 ModelConfig ModelConfig::load(const std::string& model_dir) {
   const std::string path = model_dir + "/config.json";
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) throw Error(StatusCode::kNotFound, path + ": cannot open (does the model directory exist?)");
+  // A config is a few KB; refuse to slurp something that is clearly not one.
+  constexpr std::streamoff kMaxConfigBytes = 16 << 20;
+  if (in.tellg() > kMaxConfigBytes) throw Error(StatusCode::kInvalidArgument, path + ": larger than 16 MB, not a config");
+  in.seekg(0);
   std::stringstream buffer;
   buffer << in.rdbuf();
   json j;

@@ -307,6 +307,13 @@ TEST(ModelConfigTest, LoadErrorsNameTheFile) {
     EXPECT_EQ(e.code(), StatusCode::kNotFound);
     EXPECT_NE(std::string(e.what()).find(dir.file("config.json")), std::string::npos) << e.what();
   }
+  dir.write("config.json", std::string(17 << 20, ' '));
+  try {
+    ModelConfig::load(dir.path());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("larger than 16 MB"), std::string::npos) << e.what();
+  }
   dir.write("config.json", "{\"architectures\": [\"DeepseekV3ForCausalLM\"],");
   try {
     ModelConfig::load(dir.path());
