@@ -43,7 +43,7 @@ bool is_plain_file_name(const std::string& name) {
 
 // model.safetensors.index.json, reduced to what open() checks.
 struct ShardIndex {
-  std::vector<std::string> shards;                       // unique, in order of first mention
+  std::vector<std::string> shards;                       // unique, sorted
   std::vector<std::string> first_tensor;                 // per shard, for error messages
   std::unordered_map<std::string, uint32_t> shard_of;    // tensor -> position in shards
 };
@@ -69,7 +69,7 @@ ShardIndex read_index(const std::string& index_path) {
   }
   if (it->empty()) throw Error(StatusCode::kDataLoss, index_path + ": weight_map is empty");
   ShardIndex index;
-  std::map<std::string, uint32_t> positions;  // shard -> position in index.shards
+  std::map<std::string, uint32_t> positions;  // shard -> provisional position (first mention)
   index.shard_of.reserve(it->size());
   for (auto e = it->begin(); e != it->end(); ++e) {
     const json& v = e.value();
@@ -85,6 +85,18 @@ ShardIndex read_index(const std::string& index_path) {
     }
     index.shard_of.emplace(e.key(), pos->second);
   }
+  // Open shards in name order (model-00001-of-N first): progress reads naturally and the
+  // files are visited in the order they were written.
+  std::vector<uint32_t> sorted_position(index.shards.size());
+  std::vector<std::string> sorted_first(index.shards.size());
+  index.shards.clear();
+  for (const auto& [shard, provisional] : positions) {
+    sorted_position[provisional] = static_cast<uint32_t>(index.shards.size());
+    sorted_first[index.shards.size()] = std::move(index.first_tensor[provisional]);
+    index.shards.push_back(shard);
+  }
+  index.first_tensor = std::move(sorted_first);
+  for (auto& [tensor, shard] : index.shard_of) shard = sorted_position[shard];
   return index;
 }
 
