@@ -404,6 +404,11 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& s
     else r.fail("scoring_func", "is \"" + s + "\"; supported: softmax, sigmoid");
   }
   c.norm_topk_prob = r.get_bool("norm_topk_prob", c.norm_topk_prob);
+  // Fields the forward pass does not implement: refuse rather than compute something else.
+  const std::string act = r.get_string("hidden_act", "silu");
+  if (act != "silu") r.fail("hidden_act", "is \"" + act + "\"; only \"silu\" is supported");
+  if (r.get_bool("attention_bias", false)) r.fail("attention_bias", "is true; attention projections without bias only");
+  if (!r.get_bool("rope_interleave", true)) r.fail("rope_interleave", "is false; only interleaved RoPE pairs are supported");
   c.routed_scaling_factor = r.get_double("routed_scaling_factor", c.routed_scaling_factor);
   c.first_k_dense_replace = r.get_int("first_k_dense_replace", c.first_k_dense_replace);
   c.moe_layer_freq = r.get_int("moe_layer_freq", c.moe_layer_freq);
@@ -446,8 +451,12 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& s
 
 ModelConfig ModelConfig::load(const std::string& model_dir) {
   const std::string path = model_dir + "/config.json";
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) throw Error(StatusCode::kNotFound, path + ": cannot open (does the model directory exist?)");
+  // A config is a few KB; refuse to slurp something that is clearly not one.
+  constexpr std::streamoff kMaxConfigBytes = 16 << 20;
+  if (in.tellg() > kMaxConfigBytes) throw Error(StatusCode::kInvalidArgument, path + ": larger than 16 MB, not a config");
+  in.seekg(0);
   std::stringstream buffer;
   buffer << in.rdbuf();
   json j;

@@ -71,6 +71,23 @@ TEST(CheckpointTest, OpensShardsThroughIndex) {
   EXPECT_EQ(calls.back().second, ckpt->total_bytes());
 }
 
+TEST(CheckpointTest, OpensShardsInNameOrder) {
+  ScratchDir dir;
+  SafetensorsWriter s1, s2;
+  s1.add_f32("z.weight", {1}, {1});
+  s2.add_f32("a.weight", {1}, {2});  // the first name the index lists lives in the second shard
+  s1.write(dir.file("model-00001-of-00002.safetensors"));
+  s2.write(dir.file("model-00002-of-00002.safetensors"));
+  dir.write("model.safetensors.index.json",
+            json{{"weight_map", {{"a.weight", "model-00002-of-00002.safetensors"},
+                                 {"z.weight", "model-00001-of-00002.safetensors"}}}}
+                .dump());
+  auto ckpt = Checkpoint::open(dir.path());
+  ASSERT_EQ(ckpt->files().size(), 2u);
+  EXPECT_EQ(ckpt->files()[0]->path(), dir.file("model-00001-of-00002.safetensors"));
+  EXPECT_EQ(ckpt->get("a.weight").file, dir.file("model-00002-of-00002.safetensors"));
+}
+
 TEST(CheckpointTest, GetNamesTensorAndDirectory) {
   ScratchDir dir;
   SafetensorsWriter w;

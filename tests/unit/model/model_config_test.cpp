@@ -213,6 +213,12 @@ TEST(ModelConfigTest, UnknownEnumValues) {
   j["quantization_config"] = {{"quant_method", "awq"}};
   expect_config_error(j, "quantization_config.quant_method", "awq");
   j = tiny_v3_config_json();
+  j["hidden_act"] = "gelu";
+  expect_config_error(j, "hidden_act", "gelu");
+  j = tiny_v3_config_json();
+  j["attention_bias"] = true;
+  expect_config_error(j, "attention_bias");
+  j = tiny_v3_config_json();
   j["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e5m2"}};
   expect_config_error(j, "quantization_config.fmt", "e5m2");
 }
@@ -300,6 +306,13 @@ TEST(ModelConfigTest, LoadErrorsNameTheFile) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), StatusCode::kNotFound);
     EXPECT_NE(std::string(e.what()).find(dir.file("config.json")), std::string::npos) << e.what();
+  }
+  dir.write("config.json", std::string(17 << 20, ' '));
+  try {
+    ModelConfig::load(dir.path());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("larger than 16 MB"), std::string::npos) << e.what();
   }
   dir.write("config.json", "{\"architectures\": [\"DeepseekV3ForCausalLM\"],");
   try {
