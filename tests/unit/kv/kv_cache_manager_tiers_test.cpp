@@ -312,6 +312,65 @@ TEST(KvCacheManagerTiers, AccountingAddsUpOverRequests) {
   EXPECT_EQ(met.num_computed_tokens(), dev.num_computed_tokens);
 }
 
+// Prompts that share prefixes of different lengths, a pool too small to keep them all, the
+// given tiers, requests that overlap in time: every request must end up with exactly the KV a
+// cold computation gives, and the pool must balance at the end.
+void run_randomized_workload(bool with_store) {
+  TempDir dir;
+  FakeDevice dev(24);
+  // Without a store the host tier holds 6 blocks, so it evicts too; with one, store reads are
+  // staged in a larger host area.
+  KvCacheManager m(tier_config(dev, 24, 6 * dev.block_bytes(), with_store ? make_store(dir.path()) : nullptr));
+  std::vector<std::vector<TokenId>> prompts;
+  for (int family = 0; family < 4; ++family) {
+    const auto base = tokens_of(40, family);
+    for (int cut : {9, 17, 26, 33}) {
+      auto p = std::vector<TokenId>(base.begin(), base.begin() + cut);
+      p.push_back(1000 + cut);  // diverge after the shared part
+      prompts.push_back(p);
+    }
+  }
+  uint32_t rng = 99;
+  auto next = [&] { rng = rng * 1664525u + 1013904223u; return rng >> 8; };
+  std::vector<std::pair<RequestId, const std::vector<TokenId>*>> live;
+  int num_hits = 0;
+  for (RequestId id = 1; id < 300; ++id) {
+    if (!live.empty() && (next() % 2 == 0 || live.size() > 3)) {
+      const size_t k = next() % live.size();
+      auto [rid, t] = live[k];
+      EXPECT_TRUE(dev.kv_matches(m.block_table(rid), *t, static_cast<int>(t->size()))) << rid;
+      m.free(rid);
+      live.erase(live.begin() + static_cast<long>(k));
+    }
+    const auto& t = prompts[next() % prompts.size()];
+    m.prefetch(id, t, "");
+    if (next() % 2) m.wait_for_prefetch(id, 1000);  // sometimes admit before the reads finish
+    ComputedPrefix p = m.get_computed_blocks(t, "");
+    if (!m.allocate_slots(id, static_cast<int>(t.size()), p)) {
+      m.free(id);
+      continue;
+    }
+    num_hits += p.num_tokens > 0;
+    dev.compute(m.block_table(id), t, p.num_tokens, static_cast<int>(t.size()));
+    m.cache_full_blocks(id, t, static_cast<int>(t.size()), "");
+    EXPECT_TRUE(dev.kv_matches(m.block_table(id), t, static_cast<int>(t.size()))) << id;
+    live.emplace_back(id, &t);
+  }
+  for (auto [rid, t] : live) m.free(rid);
+  EXPECT_EQ(m.num_free_blocks(), 24);
+  EXPECT_GT(num_hits, 100);
+  const KvCacheMetrics met = m.metrics();
+  EXPECT_GT(met.num_device_hit_tokens, 0);
+  EXPECT_GT(met.num_host_hit_tokens + met.num_store_hit_tokens, 0);
+  EXPECT_LE(met.host_bytes_used, met.host_capacity_bytes);
+  if (!with_store) {
+    EXPECT_GT(met.num_host_evictions, 0);
+  }
+}
+
+TEST(KvCacheManagerTiers, RandomizedWorkloadWithHostTier) { run_randomized_workload(false); }
+TEST(KvCacheManagerTiers, RandomizedWorkloadWithStore) { run_randomized_workload(true); }
+
 TEST(KvCacheManagerTiers, TiersNeedBlockIo) {
   KvCacheConfig c;
   c.num_device_blocks = 4;
