@@ -1,0 +1,117 @@
+#include "backend/cuda/lt_matmul.h"
+
+#include "backend/cuda/cuda_check.h"
+#include "core/logging.h"
+
+namespace dsinfer::cuda {
+
+struct LtMatmul::Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool ok = false;
+  ~Plan() {
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (d) cublasLtMatrixLayoutDestroy(d);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+LtMatmul::LtMatmul(Stream stream) : stream_(stream) {
+  DS_CUBLAS_CHECK(cublasLtCreate(&handle_));
+  workspace_bytes_ = size_t{32} << 20;
+  DS_CUDA_CHECK(cudaMalloc(&workspace_, workspace_bytes_));
+}
+
+LtMatmul::~LtMatmul() {
+  plans_.clear();
+  if (workspace_) cudaFree(workspace_);
+  if (handle_) cublasLtDestroy(handle_);
+}
+
+LtMatmul::Plan* LtMatmul::plan(Kind kind, int64_t m, int64_t n, int64_t k, bool must_exist) {
+  auto key = std::make_tuple(static_cast<int>(kind), m, n, k);
+  auto it = plans_.find(key);
+  if (it != plans_.end()) {
+    DS_CHECK_MSG(it->second->ok || !must_exist, "cuBLASLt has no algorithm for m=" << m << " n=" << n << " k=" << k);
+    return it->second.get();
+  }
+  auto p = std::make_unique<Plan>();
+  cudaDataType_t ab_type = CUDA_R_16BF, cd_type = CUDA_R_32F;
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+  if (kind == Kind::kF32) ab_type = CUDA_R_32F;
+  if (kind == Kind::kFp8) {
+    ab_type = CUDA_R_8F_E4M3;
+    cd_type = CUDA_R_16BF;
+  }
+  DS_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, compute, CUDA_R_32F));
+  const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
+  DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof op_t));
+  DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof op_n));
+  if (kind == Kind::kFp8) {
+    const cublasLtMatmulMatrixScale_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    const cublasLtMatmulMatrixScale_t b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof a_mode));
+    DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof b_mode));
+  }
+  // A = W viewed column-major [k, n]; B = x viewed column-major [k, m]; D column-major [n, m].
+  DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, ab_type, k, n, k));
+  DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, ab_type, k, m, k));
+  DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, cd_type, n, m, n));
+  DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, cd_type, n, m, n));
+  cublasLtMatmulPreference_t pref;
+  DS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  DS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                       &workspace_bytes_, sizeof workspace_bytes_));
+  cublasLtMatmulHeuristicResult_t result{};
+  int count = 0;
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->d, pref, 1, &result, &count);
+  cublasLtMatmulPreferenceDestroy(pref);
+  p->ok = st == CUBLAS_STATUS_SUCCESS && count > 0;
+  if (p->ok) p->algo = result.algo;
+  DS_CHECK_MSG(p->ok || !must_exist, "cuBLASLt has no algorithm for kind " << static_cast<int>(kind) << " m=" << m
+                                                                            << " n=" << n << " k=" << k
+                                                                            << " (status " << static_cast<int>(st) << ")");
+  Plan* raw = p.get();
+  plans_.emplace(key, std::move(p));
+  return raw;
+}
+
+void LtMatmul::run(Plan* p, const void* a, const void* b, void* d, const float* a_scales, const float* b_scales) {
+  if (a_scales != nullptr) {
+    DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scales,
+                                                   sizeof a_scales));
+    DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scales,
+                                                   sizeof b_scales));
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  DS_CUBLAS_CHECK(cublasLtMatmul(handle_, p->desc, &alpha, a, p->a, b, p->b, &beta, d, p->c, d, p->d, &p->algo,
+                                 workspace_, workspace_bytes_, stream_));
+}
+
+void LtMatmul::bf16(const uint16_t* w, const uint16_t* x, float* y, int64_t m, int64_t n, int64_t k) {
+  if (m == 0 || n == 0) return;
+  run(plan(Kind::kBf16, m, n, k, true), w, x, y, nullptr, nullptr);
+}
+
+void LtMatmul::f32(const float* w, const float* x, float* y, int64_t m, int64_t n, int64_t k) {
+  if (m == 0 || n == 0) return;
+  run(plan(Kind::kF32, m, n, k, true), w, x, y, nullptr, nullptr);
+}
+
+void LtMatmul::fp8(const uint8_t* w, const float* w_scales, const uint8_t* x, const float* x_scales, uint16_t* y,
+                   int64_t m, int64_t n, int64_t k) {
+  if (m == 0 || n == 0) return;
+  DS_CHECK(m % 4 == 0 && n % 4 == 0 && k % 128 == 0);
+  run(plan(Kind::kFp8, m, n, k, true), w, x, y, w_scales, x_scales);
+}
+
+bool LtMatmul::fp8_supported(int64_t n, int64_t k) {
+  if (n % 4 != 0 || k % 128 != 0) return false;
+  return plan(Kind::kFp8, 16, n, k, false)->ok;
+}
+
+}  // namespace dsinfer::cuda
