@@ -3,6 +3,7 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -182,7 +183,14 @@ void CudaBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   if (w.weight.dtype == DType::kBF16) {
     Tensor xb = alloc_->cached({m, k}, DType::kBF16);
     launch_f32_to_bf16(x.as<float>(), xb.as<uint16_t>(), m * k, stream_);
-    matmul_->bf16(w.weight.as<uint16_t>(), xb.as<uint16_t>(), out.as<float>(), m, n, k);
+    if (reinterpret_cast<uintptr_t>(out.data) % LtMatmul::kMinAlignmentBytes == 0) {
+      matmul_->bf16(w.weight.as<uint16_t>(), xb.as<uint16_t>(), out.as<float>(), m, n, k);
+      return;
+    }
+    // A row slice that starts off alignment: compute aside, then copy.
+    Tensor y = alloc_->cached({m, n}, DType::kF32);
+    matmul_->bf16(w.weight.as<uint16_t>(), xb.as<uint16_t>(), y.as<float>(), m, n, k);
+    DS_CUDA_CHECK(cudaMemcpyAsync(out.data, y.data, y.num_bytes(), cudaMemcpyDeviceToDevice, stream_));
     return;
   }
   DS_CHECK(w.weight.dtype == DType::kF8E4M3);

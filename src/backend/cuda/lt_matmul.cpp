@@ -65,6 +65,12 @@ LtMatmul::Plan* LtMatmul::plan(Kind kind, int64_t m, int64_t n, int64_t k, bool 
   DS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   DS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                        &workspace_bytes_, sizeof workspace_bytes_));
+  // Operands are 16-byte aligned, not the 256 bytes the heuristic assumes by default: per-expert
+  // row slices of one buffer start anywhere on a row boundary.
+  const uint32_t align = kMinAlignmentBytes;
+  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+    DS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof align));
   cublasLtMatmulHeuristicResult_t result{};
   int count = 0;
   const cublasStatus_t st =

@@ -17,6 +17,9 @@ namespace dsinfer::cuda {
 
 class LtMatmul {
  public:
+  // Every pointer handed to LtMatmul must be aligned to this many bytes.
+  static constexpr uintptr_t kMinAlignmentBytes = 16;
+
   explicit LtMatmul(Stream stream);
   ~LtMatmul();
   LtMatmul(const LtMatmul&) = delete;
