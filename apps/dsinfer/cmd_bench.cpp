@@ -134,6 +134,7 @@ int run_bench(int argc, char** argv) {
   const int max_batch = *std::max_element(batches.begin(), batches.end());
   const int max_positions = prompt_len + decode_steps + 2;
   std::unique_ptr<DeepseekModel> model;
+  const auto load_start = Clock::now();
   if (dummy) {
     ModelConfig config = ModelConfig::load(model_dir);
     model = std::make_unique<DeepseekModel>(config, make_random_weights(config, *backend, 7), *backend, max_positions);
@@ -223,6 +224,8 @@ int run_bench(int argc, char** argv) {
     row.floor_step_ms = 1e3 * floor_s / decode_steps;
     row.achieved_gbs = bytes_total / decode_s / 1e9;
     rows.push_back(row);
+    std::cerr << "batch " << batch << ": prefill " << row.prefill_tok_s << " tok/s, decode " << row.decode_tok_s
+              << " tok/s, step " << row.decode_step_ms << " ms (floor " << row.floor_step_ms << " ms)\n";
   }
 
   std::ostringstream table;

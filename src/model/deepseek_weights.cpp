@@ -231,8 +231,9 @@ ModelWeights load_model_weights(const ModelConfig& config, const Checkpoint& ckp
 ModelWeights make_random_weights(const ModelConfig& config, Backend& backend, uint64_t seed) {
   WeightBuilder builder(config, backend, [&](const std::string& name, const std::vector<int64_t>& shape) {
     // Each tensor's values depend only on its name and the seed. Large tensors are drawn in
-    // chunks of 2^20 values with their own streams, in parallel (a full-size model has ~1e10
-    // values); chunk 0 uses the tensor's base stream, so small tensors are as they always were.
+    // chunks of 2^16 values with their own streams, in parallel (a full-size model has ~1e10
+    // values, most in expert matrices of a few million); chunk 0 uses the tensor's base stream,
+    // so small tensors are as they always were.
     const uint64_t base_seed = seed ^ std::hash<std::string>{}(name);
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
@@ -241,7 +242,7 @@ ModelWeights make_random_weights(const ModelConfig& config, Backend& backend, ui
     const bool is_bias = name.find("bias") != std::string::npos;
     const bool is_embed = name.find("embed_tokens") != std::string::npos;
     const float scale = shape.size() == 2 ? 1.0f / std::sqrt(static_cast<float>(shape[1])) : 0.1f;
-    constexpr int64_t kChunk = int64_t{1} << 20;
+    constexpr int64_t kChunk = int64_t{1} << 16;
     const int64_t num_chunks = (n + kChunk - 1) / kChunk;
     auto fill_chunks = [&](int64_t chunk_begin, int64_t chunk_end) {
       for (int64_t c = chunk_begin; c < chunk_end; ++c) {

@@ -201,8 +201,10 @@ void CudaBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   Tensor xs = alloc_->cached({k_p / 128, m_p}, DType::kF32);
   launch_quantize_fp8_1x128(x.as<float>(), m, k, m_p, k_p, xq.as<uint8_t>(), xs.as<float>(), stream_);
   Tensor yb = alloc_->cached({m_p, n_p}, DType::kBF16);
-  matmul_->fp8(wq, w_scales, xq.as<uint8_t>(), xs.as<float>(), yb.as<uint16_t>(), m_p, n_p, k_p);
-  launch_bf16_to_f32_rows(yb.as<uint16_t>(), n_p, m, n, out.as<float>(), stream_);
+  if (matmul_->fp8(wq, w_scales, xq.as<uint8_t>(), xs.as<float>(), yb.as<uint16_t>(), m_p, n_p, k_p))
+    launch_bf16_to_f32_transposed(yb.as<uint16_t>(), m_p, m, n, out.as<float>(), stream_);
+  else
+    launch_bf16_to_f32_rows(yb.as<uint16_t>(), n_p, m, n, out.as<float>(), stream_);
 }
 
 void CudaBackend::embedding(const Tensor& table, std::span<const TokenId> ids, Tensor& out) {

@@ -15,6 +15,9 @@ using Stream = CUstream_st*;
 void launch_f32_to_bf16(const float* x, uint16_t* y, int64_t n, Stream stream);
 // y[r, c] = x[r, c] for r < rows, c < cols, from a bf16 matrix with row stride ldx.
 void launch_bf16_to_f32_rows(const uint16_t* x, int64_t ldx, int64_t rows, int64_t cols, float* y, Stream stream);
+// y[r, c] = x[c, r] for r < rows, c < cols, from a bf16 matrix [cols, ldx] (row stride ldx).
+void launch_bf16_to_f32_transposed(const uint16_t* x, int64_t ldx, int64_t rows, int64_t cols, float* y,
+                                   Stream stream);
 void launch_rms_norm(const float* x, const float* w, float eps, int64_t rows, int64_t n, float* out, Stream stream);
 void launch_add(float* x, const float* y, int64_t n, Stream stream);
 void launch_silu_mul(const float* gate_up, int64_t rows, int64_t inter, float* out, Stream stream);

@@ -10,6 +10,7 @@ struct LtMatmul::Plan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
   bool ok = false;
+  bool swapped = false;  // FP8 only: A = x, B = W, D = yᵀ (see LtMatmul::fp8)
   ~Plan() {
     if (a) cublasLtMatrixLayoutDestroy(a);
     if (b) cublasLtMatrixLayoutDestroy(b);
@@ -31,46 +32,44 @@ LtMatmul::~LtMatmul() {
   if (handle_) cublasLtDestroy(handle_);
 }
 
-LtMatmul::Plan* LtMatmul::plan(Kind kind, int64_t m, int64_t n, int64_t k, bool must_exist) {
-  auto key = std::make_tuple(static_cast<int>(kind), m, n, k);
-  auto it = plans_.find(key);
-  if (it != plans_.end()) {
-    DS_CHECK_MSG(it->second->ok || !must_exist, "cuBLASLt has no algorithm for m=" << m << " n=" << n << " k=" << k);
-    return it->second.get();
-  }
+std::unique_ptr<LtMatmul::Plan> LtMatmul::try_plan(Kind kind, int64_t m, int64_t n, int64_t k, bool swapped,
+                                                    uint32_t alignment_bytes, int* status) {
   auto p = std::make_unique<Plan>();
+  p->swapped = swapped;
   cudaDataType_t ab_type = CUDA_R_16BF, cd_type = CUDA_R_32F;
-  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
   if (kind == Kind::kF32) ab_type = CUDA_R_32F;
   if (kind == Kind::kFp8) {
     ab_type = CUDA_R_8F_E4M3;
     cd_type = CUDA_R_16BF;
   }
-  DS_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, compute, CUDA_R_32F));
+  DS_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
   DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof op_t));
   DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof op_n));
   if (kind == Kind::kFp8) {
-    const cublasLtMatmulMatrixScale_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
-    const cublasLtMatmulMatrixScale_t b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    const cublasLtMatmulMatrixScale_t w_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    const cublasLtMatmulMatrixScale_t x_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    const auto& a_mode = swapped ? x_mode : w_mode;
+    const auto& b_mode = swapped ? w_mode : x_mode;
     DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof a_mode));
     DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof b_mode));
   }
-  // A = W viewed column-major [k, n]; B = x viewed column-major [k, m]; D column-major [n, m].
-  DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, ab_type, k, n, k));
-  DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, ab_type, k, m, k));
-  DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, cd_type, n, m, n));
-  DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, cd_type, n, m, n));
+  // Plain: A = W viewed column-major [k, n]; B = x viewed column-major [k, m]; D column-major
+  // [n, m] = y row-major. Swapped (FP8): A = x, B = W, D column-major [m, n] = yᵀ row-major.
+  const int64_t a_cols = swapped ? m : n, b_cols = swapped ? n : m;
+  DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, ab_type, k, a_cols, k));
+  DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, ab_type, k, b_cols, k));
+  DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, cd_type, a_cols, b_cols, a_cols));
+  DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, cd_type, a_cols, b_cols, a_cols));
   cublasLtMatmulPreference_t pref;
   DS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   DS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                        &workspace_bytes_, sizeof workspace_bytes_));
-  // Operands are 16-byte aligned, not the 256 bytes the heuristic assumes by default: per-expert
-  // row slices of one buffer start anywhere on a row boundary.
-  const uint32_t align = kMinAlignmentBytes;
+  // Plain plans take 16-byte aligned operands, not the 256 bytes the heuristic assumes by
+  // default: per-expert row slices of one buffer start anywhere on a row boundary.
   for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
                     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
-    DS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof align));
+    DS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &alignment_bytes, sizeof alignment_bytes));
   cublasLtMatmulHeuristicResult_t result{};
   int count = 0;
   const cublasStatus_t st =
@@ -78,9 +77,37 @@ LtMatmul::Plan* LtMatmul::plan(Kind kind, int64_t m, int64_t n, int64_t k, bool 
   cublasLtMatmulPreferenceDestroy(pref);
   p->ok = st == CUBLAS_STATUS_SUCCESS && count > 0;
   if (p->ok) p->algo = result.algo;
+  *status = static_cast<int>(st);
+  return p;
+}
+
+LtMatmul::Plan* LtMatmul::plan(Kind kind, int64_t m, int64_t n, int64_t k, bool must_exist) {
+  auto key = std::make_tuple(static_cast<int>(kind), m, n, k);
+  auto it = plans_.find(key);
+  if (it != plans_.end()) {
+    DS_CHECK_MSG(it->second->ok || !must_exist, "cuBLASLt has no algorithm for m=" << m << " n=" << n << " k=" << k);
+    return it->second.get();
+  }
+  std::unique_ptr<Plan> p;
+  int status = 0;
+  if (kind != Kind::kFp8) {
+    p = try_plan(kind, m, n, k, /*swapped=*/false, kMinAlignmentBytes, &status);
+  } else {
+    // The FP8 block-scaled kernels have operand-role and alignment requirements that the
+    // heuristic knows best: try W as A (weights' 128x128 scales on A) and x as A, each with
+    // the default 256-byte and then our 16-byte alignment, and keep the first it accepts.
+    // All FP8 operands are fresh allocations, so the default alignment holds for them.
+    for (int variant = 0; variant < 4 && !(p && p->ok); ++variant)
+      p = try_plan(kind, m, n, k, /*swapped=*/variant % 2 == 1, variant < 2 ? 256 : kMinAlignmentBytes, &status);
+    if (p->ok && !logged_fp8_plan_) {
+      logged_fp8_plan_ = true;
+      DS_LOG_INFO("cuda: FP8 weights use cuBLASLt's block-scaled matmul ("
+                  << (p->swapped ? "activations" : "weights") << " as operand A)");
+    }
+  }
   DS_CHECK_MSG(p->ok || !must_exist, "cuBLASLt has no algorithm for kind " << static_cast<int>(kind) << " m=" << m
                                                                             << " n=" << n << " k=" << k
-                                                                            << " (status " << static_cast<int>(st) << ")");
+                                                                            << " (status " << status << ")");
   Plan* raw = p.get();
   plans_.emplace(key, std::move(p));
   return raw;
@@ -108,11 +135,14 @@ void LtMatmul::f32(const float* w, const float* x, float* y, int64_t m, int64_t 
   run(plan(Kind::kF32, m, n, k, true), w, x, y, nullptr, nullptr);
 }
 
-void LtMatmul::fp8(const uint8_t* w, const float* w_scales, const uint8_t* x, const float* x_scales, uint16_t* y,
+bool LtMatmul::fp8(const uint8_t* w, const float* w_scales, const uint8_t* x, const float* x_scales, uint16_t* y,
                    int64_t m, int64_t n, int64_t k) {
-  if (m == 0 || n == 0) return;
+  if (m == 0 || n == 0) return false;
   DS_CHECK(m % 4 == 0 && n % 4 == 0 && k % 128 == 0);
-  run(plan(Kind::kFp8, m, n, k, true), w, x, y, w_scales, x_scales);
+  Plan* p = plan(Kind::kFp8, m, n, k, true);
+  if (p->swapped) run(p, x, w, y, x_scales, w_scales);
+  else run(p, w, x, y, w_scales, x_scales);
+  return p->swapped;
 }
 
 bool LtMatmul::fp8_supported(int64_t n, int64_t k) {

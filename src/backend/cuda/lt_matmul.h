@@ -32,8 +32,9 @@ class LtMatmul {
   // DeepSeek's FP8 recipe: W e4m3 with one fp32 scale per 128x128 block, laid out
   // [ceil(n/128), k/128 rounded up to 4] (k-blocks contiguous); x e4m3 with one scale per
   // (row, 128 columns), laid out [k/128, m] (rows contiguous). m and n multiples of 4, k of 128.
-  // y is bf16 [m, n].
-  void fp8(const uint8_t* w, const float* w_scales, const uint8_t* x, const float* x_scales, uint16_t* y, int64_t m,
+  // y is bf16 [m, n], or [n, m] (transposed) when this returns true: cuBLASLt decides which
+  // operand may carry which scaling.
+  bool fp8(const uint8_t* w, const float* w_scales, const uint8_t* x, const float* x_scales, uint16_t* y, int64_t m,
            int64_t n, int64_t k);
   // Whether cuBLASLt offers an FP8 block-scaled algorithm for this (n, k) on this device.
   bool fp8_supported(int64_t n, int64_t k);
@@ -42,12 +43,15 @@ class LtMatmul {
   struct Plan;
   enum class Kind { kBf16, kF32, kFp8 };
   Plan* plan(Kind kind, int64_t m, int64_t n, int64_t k, bool must_exist);
+  std::unique_ptr<Plan> try_plan(Kind kind, int64_t m, int64_t n, int64_t k, bool swapped, uint32_t alignment_bytes,
+                                 int* status);
   void run(Plan* p, const void* a, const void* b, void* d, const float* a_scales, const float* b_scales);
 
   Stream stream_;
   cublasLtContext* handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
+  bool logged_fp8_plan_ = false;
   std::map<std::tuple<int, int64_t, int64_t, int64_t>, std::unique_ptr<Plan>> plans_;
 };
 
