@@ -56,10 +56,12 @@ class CudaBackend final : public Backend {
   Tensor view_rows(const Tensor& t, int64_t row_begin, int64_t num_rows) const;
   LinearWeight make_fp8_linear(const HostTensor& w);
   LinearWeight make_bf16_linear(const HostTensor& w);
+  bool fp8_matmul_works();
 
   Stream stream_ = nullptr;
   int num_sms_ = 132;
   bool warned_fp8_fallback_ = false;
+  int fp8_state_ = 0;  // 0 not yet probed, 1 FP8 matmul verified, -1 dequantise FP8 to bf16
   std::shared_ptr<DeviceAllocator> alloc_;
   std::unique_ptr<LtMatmul> matmul_;
 };
