@@ -15,6 +15,7 @@ UNIT_TIMEOUT_S="${UNIT_TIMEOUT_S:-150}"
 SANITIZER_TIMEOUT_S="${SANITIZER_TIMEOUT_S:-45}"
 BENCH_TIMEOUT_S="${BENCH_TIMEOUT_S:-200}"
 BATCHES="${BATCHES:-1,16,64}"
+BENCH_ARGS="${BENCH_ARGS:-}"  # e.g. "--decode-steps 8"
 mkdir -p "$OUT"
 export DSINFER_SOURCE_DIR="$PWD"
 
@@ -38,7 +39,7 @@ if command -v compute-sanitizer > /dev/null && [ "$SANITIZER_TIMEOUT_S" -gt 0 ];
 fi
 
 timeout "$BENCH_TIMEOUT_S" "$BIN_DIR/dsinfer" bench --backend cuda --dummy-weights --model "$MODEL_DIR" \
-  --batch-sizes "$BATCHES" --results "$OUT/RESULTS.md" > "$OUT/bench.log" 2>&1
+  --batch-sizes "$BATCHES" --results "$OUT/RESULTS.md" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
 bench_rc=$?
 
 echo "=== unit_cuda (rc $unit_rc)"

@@ -141,6 +141,7 @@ int run_bench(int argc, char** argv) {
   } else {
     model = load_deepseek_model(model_dir, *backend, max_positions);
   }
+  std::cerr << "model ready in " << seconds_since(load_start) << " s\n";
   const ModelConfig& c = model->config();
   const bool on_device = backend_name == "cuda";
   // Random weights are bf16 on the device (an FP8 checkpoint's weights would be half that).

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_backend_factory.h"
@@ -133,7 +135,13 @@ bool CudaBackend::fp8_matmul_works() {
   LinearWeight fp8 = make_fp8_linear(h), ref = make_bf16_linear(h);
   Tensor tx = from_host(HostTensor{DType::kF32, {m, k}, x.data()});
   Tensor y_fp8 = empty({m, n}, DType::kF32), y_ref = empty({m, n}, DType::kF32);
+  matmul_->set_fp8_soft_fail(true);
   linear(tx, fp8, y_fp8);
+  matmul_->set_fp8_soft_fail(false);
+  if (matmul_->take_fp8_failure()) {
+    DS_LOG_WARN("cuda: cuBLASLt's block-scaled FP8 matmul failed to run; FP8 weights will be dequantised to bf16");
+    return false;
+  }
   linear(tx, ref, y_ref);
   std::vector<float> a(m * n), b(m * n);
   to_host(y_fp8, a.data());
@@ -153,14 +161,19 @@ bool CudaBackend::fp8_matmul_works() {
 LinearWeight CudaBackend::make_linear(const HostTensor& w) {
   DS_CHECK(w.shape.size() == 2);
   if (w.dtype == DType::kF8E4M3) {
-    if (fp8_state_ == 0) fp8_state_ = fp8_matmul_works() ? 1 : -1;
+    if (fp8_state_ == 0) {
+      // DSINFER_CUDA_FP8=0 forces the bf16 path (for comparisons and as an escape hatch).
+      const char* env = std::getenv("DSINFER_CUDA_FP8");
+      const bool allowed = env == nullptr || std::string(env) != "0";
+      fp8_state_ = allowed && fp8_matmul_works() ? 1 : -1;
+    }
     if (fp8_state_ > 0 && w.scale_inv != nullptr && w.block_rows == 128 && w.block_cols == 128 &&
         matmul_->fp8_supported(round_up(w.shape[0], 4), round_up(w.shape[1], 128)))
       return make_fp8_linear(w);
     if (!warned_fp8_fallback_) {
       warned_fp8_fallback_ = true;
-      DS_LOG_WARN("cuda: no block-scaled FP8 matmul for a [" << w.shape[0] << ", " << w.shape[1]
-                                                              << "] weight; dequantising FP8 weights to bf16");
+      DS_LOG_WARN("cuda: FP8 matmul not used for a [" << w.shape[0] << ", " << w.shape[1]
+                                                       << "] weight; dequantising FP8 weights to bf16");
     }
   }
   return make_bf16_linear(w);
@@ -198,7 +211,8 @@ LinearWeight CudaBackend::make_fp8_linear(const HostTensor& w) {
   const int64_t col_blocks_p = round_up(col_blocks, 4);
   // Host image of [weight bytes, zero-padded | scales [row_blocks, col_blocks_p]].
   const size_t scales_at = fp8_scales_offset(rows_p, cols_p);
-  std::vector<uint8_t> image(scales_at + row_blocks * col_blocks_p * sizeof(float), 0);
+  // 256 bytes of slack behind the scales: the kernels' reads are the library's business.
+  std::vector<uint8_t> image(scales_at + row_blocks * col_blocks_p * sizeof(float) + 256, 0);
   const uint8_t* src = static_cast<const uint8_t*>(w.data);
   for (int64_t r = 0; r < rows; ++r) std::memcpy(image.data() + r * cols_p, src + r * cols, cols);
   float* scales = reinterpret_cast<float*>(image.data() + scales_at);

@@ -24,11 +24,13 @@ LtMatmul::LtMatmul(Stream stream) : stream_(stream) {
   DS_CUBLAS_CHECK(cublasLtCreate(&handle_));
   workspace_bytes_ = size_t{32} << 20;
   DS_CUDA_CHECK(cudaMalloc(&workspace_, workspace_bytes_));
+  DS_CUDA_CHECK(cudaMalloc(&placeholder_scales_, 4096));
 }
 
 LtMatmul::~LtMatmul() {
   plans_.clear();
   if (workspace_) cudaFree(workspace_);
+  if (placeholder_scales_) cudaFree(placeholder_scales_);
   if (handle_) cublasLtDestroy(handle_);
 }
 
@@ -53,6 +55,13 @@ std::unique_ptr<LtMatmul::Plan> LtMatmul::try_plan(Kind kind, int64_t m, int64_t
     const auto& b_mode = swapped ? w_mode : x_mode;
     DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof a_mode));
     DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof b_mode));
+    // Block scaling modes need scale pointers to be set already when the heuristic is asked
+    // (it answers "no algorithm" otherwise); the real ones are set before every run.
+    const void* placeholder = placeholder_scales_;
+    DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &placeholder,
+                                                   sizeof placeholder));
+    DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &placeholder,
+                                                   sizeof placeholder));
   }
   // Plain: A = W viewed column-major [k, n]; B = x viewed column-major [k, m]; D column-major
   // [n, m] = y row-major. Swapped (FP8): A = x, B = W, D column-major [m, n] = yᵀ row-major.
@@ -113,7 +122,7 @@ LtMatmul::Plan* LtMatmul::plan(Kind kind, int64_t m, int64_t n, int64_t k, bool 
   return raw;
 }
 
-void LtMatmul::run(Plan* p, const void* a, const void* b, void* d, const float* a_scales, const float* b_scales) {
+int LtMatmul::run(Plan* p, const void* a, const void* b, void* d, const float* a_scales, const float* b_scales) {
   if (a_scales != nullptr) {
     DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scales,
                                                    sizeof a_scales));
@@ -121,27 +130,33 @@ void LtMatmul::run(Plan* p, const void* a, const void* b, void* d, const float* 
                                                    sizeof b_scales));
   }
   const float alpha = 1.0f, beta = 0.0f;
-  DS_CUBLAS_CHECK(cublasLtMatmul(handle_, p->desc, &alpha, a, p->a, b, p->b, &beta, d, p->c, d, p->d, &p->algo,
-                                 workspace_, workspace_bytes_, stream_));
+  return cublasLtMatmul(handle_, p->desc, &alpha, a, p->a, b, p->b, &beta, d, p->c, d, p->d, &p->algo, workspace_,
+                        workspace_bytes_, stream_);
 }
 
 void LtMatmul::bf16(const uint16_t* w, const uint16_t* x, float* y, int64_t m, int64_t n, int64_t k) {
   if (m == 0 || n == 0) return;
-  run(plan(Kind::kBf16, m, n, k, true), w, x, y, nullptr, nullptr);
+  const int st = run(plan(Kind::kBf16, m, n, k, true), w, x, y, nullptr, nullptr);
+  DS_CHECK_MSG(st == CUBLAS_STATUS_SUCCESS, "cublasLtMatmul (bf16): status " << st);
 }
 
 void LtMatmul::f32(const float* w, const float* x, float* y, int64_t m, int64_t n, int64_t k) {
   if (m == 0 || n == 0) return;
-  run(plan(Kind::kF32, m, n, k, true), w, x, y, nullptr, nullptr);
+  const int st = run(plan(Kind::kF32, m, n, k, true), w, x, y, nullptr, nullptr);
+  DS_CHECK_MSG(st == CUBLAS_STATUS_SUCCESS, "cublasLtMatmul (fp32): status " << st);
 }
 
 bool LtMatmul::fp8(const uint8_t* w, const float* w_scales, const uint8_t* x, const float* x_scales, uint16_t* y,
                    int64_t m, int64_t n, int64_t k) {
   if (m == 0 || n == 0) return false;
   DS_CHECK(m % 4 == 0 && n % 4 == 0 && k % 128 == 0);
-  Plan* p = plan(Kind::kFp8, m, n, k, true);
-  if (p->swapped) run(p, x, w, y, x_scales, w_scales);
-  else run(p, w, x, y, w_scales, x_scales);
+  Plan* p = plan(Kind::kFp8, m, n, k, !fp8_soft_fail_);
+  int st = CUBLAS_STATUS_NOT_SUPPORTED;
+  if (p->ok) st = p->swapped ? run(p, x, w, y, x_scales, w_scales) : run(p, w, x, y, w_scales, x_scales);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    DS_CHECK_MSG(fp8_soft_fail_, "cublasLtMatmul (FP8 block-scaled): status " << st);
+    fp8_failed_ = true;
+  }
   return p->swapped;
 }
 

@@ -38,6 +38,9 @@ class LtMatmul {
            int64_t n, int64_t k);
   // Whether cuBLASLt offers an FP8 block-scaled algorithm for this (n, k) on this device.
   bool fp8_supported(int64_t n, int64_t k);
+  // While set, a failing FP8 matmul is recorded instead of aborting (for the start-up probe).
+  void set_fp8_soft_fail(bool on) { fp8_soft_fail_ = on; }
+  bool take_fp8_failure() { const bool f = fp8_failed_; fp8_failed_ = false; return f; }
 
  private:
   struct Plan;
@@ -45,13 +48,17 @@ class LtMatmul {
   Plan* plan(Kind kind, int64_t m, int64_t n, int64_t k, bool must_exist);
   std::unique_ptr<Plan> try_plan(Kind kind, int64_t m, int64_t n, int64_t k, bool swapped, uint32_t alignment_bytes,
                                  int* status);
-  void run(Plan* p, const void* a, const void* b, void* d, const float* a_scales, const float* b_scales);
+  // Returns cuBLASLt's status (cublasStatus_t).
+  int run(Plan* p, const void* a, const void* b, void* d, const float* a_scales, const float* b_scales);
 
   Stream stream_;
   cublasLtContext* handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   bool logged_fp8_plan_ = false;
+  void* placeholder_scales_ = nullptr;
+  bool fp8_soft_fail_ = false;
+  bool fp8_failed_ = false;
   std::map<std::tuple<int, int64_t, int64_t, int64_t>, std::unique_ptr<Plan>> plans_;
 };
 
