@@ -5,10 +5,11 @@
 # bandwidth measured in the same run. Logs go to $OUT; a short summary is printed last.
 #
 # Run from the repository root:
-#   BIN_DIR=build-gpu tools/gpu_check.sh
+#   scripts/build_gpu.sh                      # here: stripped binaries in build-gpu/bin
+#   BIN_DIR=build-gpu/bin tools/gpu_check.sh  # there
 # BIN_DIR holds the stripped dsinfer and unit_cuda; MODEL_DIR the bench config.
 set -uo pipefail
-BIN_DIR="${BIN_DIR:-build-gpu}"
+BIN_DIR="${BIN_DIR:-build-gpu/bin}"
 MODEL_DIR="${MODEL_DIR:-bench/configs/v2_lite}"
 OUT="${OUT:-out}"
 UNIT_TIMEOUT_S="${UNIT_TIMEOUT_S:-150}"
@@ -18,6 +19,8 @@ BATCHES="${BATCHES:-1,16,64}"
 BENCH_ARGS="${BENCH_ARGS:-}"  # e.g. "--decode-steps 8"
 mkdir -p "$OUT"
 export DSINFER_SOURCE_DIR="$PWD"
+# cuBLASLt is linked dynamically; CUDA's own library folder may not be on the loader's path.
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 
 {
   date -u
@@ -43,7 +46,7 @@ timeout "$BENCH_TIMEOUT_S" "$BIN_DIR/dsinfer" bench --backend cuda --dummy-weigh
 bench_rc=$?
 
 echo "=== unit_cuda (rc $unit_rc)"
-grep -E "^\[  (FAILED|PASSED|SKIPPED) |agreement|Failure|error" "$OUT/unit_cuda.log" | head -40
+grep -E "^\[  (FAILED|PASSED|SKIPPED) |agreement|Failure|error|cuda: " "$OUT/unit_cuda.log" | sort -u | head -40
 echo "=== compute-sanitizer (rc $sanitizer_rc)"
 grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/sanitizer.log" 2>/dev/null | tail -4
 echo "=== bench (rc $bench_rc)"
