@@ -120,7 +120,7 @@ void CudaBackend::to_host(const Tensor& t, float* dst) {
 // verifies them on the device it runs on before trusting them with a model.
 bool CudaBackend::fp8_matmul_works() {
   const int64_t n = 256, k = 384, m = 8;
-  if (!matmul_->fp8_supported(n, k)) return false;
+  if (!matmul_->fp8_supported(n, k) || !matmul_->fp8_plan_ok(m, n, k)) return false;
   std::vector<uint8_t> w_bytes(n * k);
   std::vector<float> scales = {0.5f, 0.25f, 2.0f, 1.0f, 0.125f, 4.0f};  // [2, 3] blocks
   std::vector<float> x(m * k);
@@ -253,6 +253,17 @@ void CudaBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   const int64_t n_p = w.weight.dim(0), k_p = w.weight.dim(1), m_p = round_up(m, 4);
   const uint8_t* wq = w.weight.as<uint8_t>();
   const float* w_scales = reinterpret_cast<const float*>(wq + fp8_scales_offset(n_p, k_p));
+  if (!matmul_->fp8_plan_ok(m_p, n_p, k_p)) {
+    // No FP8 algorithm for this token count: dequantise the weight for this call instead.
+    Tensor wb = alloc_->cached({n, k}, DType::kBF16);
+    launch_dequantize_fp8_to_bf16(wq, k_p, w_scales, round_up((k + 127) / 128, 4), n, k, wb.as<uint16_t>(), stream_);
+    Tensor xb = alloc_->cached({m, k}, DType::kBF16);
+    launch_f32_to_bf16(x.as<float>(), xb.as<uint16_t>(), m * k, stream_);
+    Tensor y = alloc_->cached({m, n}, DType::kF32);
+    matmul_->bf16(wb.as<uint16_t>(), xb.as<uint16_t>(), y.as<float>(), m, n, k);
+    DS_CUDA_CHECK(cudaMemcpyAsync(out.data, y.data, y.num_bytes(), cudaMemcpyDeviceToDevice, stream_));
+    return;
+  }
   Tensor xq = alloc_->cached({m_p, k_p}, DType::kU8);
   Tensor xs = alloc_->cached({k_p / 128, m_p}, DType::kF32);
   launch_quantize_fp8_1x128(x.as<float>(), m, k, m_p, k_p, xq.as<uint8_t>(), xs.as<float>(), stream_);

@@ -29,15 +29,15 @@ __global__ void quantize_1x128_kernel(const float* x, int64_t rows, int64_t k, i
   if (threadIdx.x == 0) scales[tile * rows_padded + row] = scale;
 }
 
-__global__ void dequantize_fp8_kernel(const __nv_fp8_storage_t* w, const float* scale_inv, int64_t rows, int64_t cols,
-                                      int br, int bc, __nv_bfloat16* out) {
+// 128x128-block scaled e4m3 → bf16, reading a [rows, cols] window of a weight stored with row
+// stride w_ld and scales stored with row stride scales_ld (one row per 128 weight rows).
+__global__ void dequantize_fp8_kernel(const __nv_fp8_storage_t* w, int64_t w_ld, const float* scales,
+                                      int64_t scales_ld, int64_t rows, int64_t cols, __nv_bfloat16* out) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= rows * cols) return;
   const int64_t r = i / cols, c = i % cols;
-  const int64_t col_blocks = (cols + bc - 1) / bc;
-  const __half_raw h = __nv_cvt_fp8_to_halfraw(w[i], __NV_E4M3);
-  const float v = __half2float(__half(h)) * scale_inv[(r / br) * col_blocks + c / bc];
-  out[i] = __float2bfloat16_rn(v);
+  const __half_raw h = __nv_cvt_fp8_to_halfraw(w[r * w_ld + c], __NV_E4M3);
+  out[i] = __float2bfloat16_rn(__half2float(__half(h)) * scales[(r / 128) * scales_ld + c / 128]);
 }
 
 }  // namespace
@@ -51,12 +51,12 @@ void launch_quantize_fp8_1x128(const float* x, int64_t rows, int64_t k, int64_t 
   DS_CUDA_CHECK_LAUNCH();
 }
 
-void launch_dequantize_fp8_to_bf16(const uint8_t* w, const float* scale_inv, int64_t rows, int64_t cols, int br,
-                                   int bc, uint16_t* out, Stream stream) {
+void launch_dequantize_fp8_to_bf16(const uint8_t* w, int64_t w_ld, const float* scales, int64_t scales_ld,
+                                   int64_t rows, int64_t cols, uint16_t* out, Stream stream) {
   const int64_t n = rows * cols;
   if (n == 0) return;
   dequantize_fp8_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(
-      w, scale_inv, rows, cols, br, bc, reinterpret_cast<__nv_bfloat16*>(out));
+      w, w_ld, scales, scales_ld, rows, cols, reinterpret_cast<__nv_bfloat16*>(out));
   DS_CUDA_CHECK_LAUNCH();
 }
 

@@ -34,10 +34,10 @@ void launch_gather_rows(const float* x, const int32_t* rows, int64_t num_rows, i
 // dequantisation factor amax / 448 of each tile (1 for an all-zero tile).
 void launch_quantize_fp8_1x128(const float* x, int64_t rows, int64_t k, int64_t rows_padded, int64_t k_padded,
                                uint8_t* q, float* scales, Stream stream);
-// Dequantises a block-scaled e4m3 weight [rows, cols] (scale_inv [ceil(rows/br), ceil(cols/bc)])
-// into bf16 [rows, cols].
-void launch_dequantize_fp8_to_bf16(const uint8_t* w, const float* scale_inv, int64_t rows, int64_t cols, int br,
-                                   int bc, uint16_t* out, Stream stream);
+// Dequantises the [rows, cols] window of a 128x128-block scaled e4m3 weight (row stride w_ld;
+// scales with row stride scales_ld, one row per 128 weight rows) into bf16 [rows, cols].
+void launch_dequantize_fp8_to_bf16(const uint8_t* w, int64_t w_ld, const float* scales, int64_t scales_ld,
+                                   int64_t rows, int64_t cols, uint16_t* out, Stream stream);
 
 // ---- MLA attention (cuda_attention.cu) ----
 struct MlaDims {

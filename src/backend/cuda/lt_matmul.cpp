@@ -160,6 +160,11 @@ bool LtMatmul::fp8(const uint8_t* w, const float* w_scales, const uint8_t* x, co
   return p->swapped;
 }
 
+bool LtMatmul::fp8_plan_ok(int64_t m, int64_t n, int64_t k) {
+  if (m % 4 != 0 || n % 4 != 0 || k % 128 != 0) return false;
+  return plan(Kind::kFp8, m, n, k, false)->ok;
+}
+
 bool LtMatmul::fp8_supported(int64_t n, int64_t k) {
   if (n % 4 != 0 || k % 128 != 0) return false;
   return plan(Kind::kFp8, 16, n, k, false)->ok;

@@ -38,6 +38,8 @@ class LtMatmul {
            int64_t n, int64_t k);
   // Whether cuBLASLt offers an FP8 block-scaled algorithm for this (n, k) on this device.
   bool fp8_supported(int64_t n, int64_t k);
+  // Whether the FP8 product of this exact shape has an algorithm (plans are cached).
+  bool fp8_plan_ok(int64_t m, int64_t n, int64_t k);
   // While set, a failing FP8 matmul is recorded instead of aborting (for the start-up probe).
   void set_fp8_soft_fail(bool on) { fp8_soft_fail_ = on; }
   bool take_fp8_failure() { const bool f = fp8_failed_; fp8_failed_ = false; return f; }
