@@ -17,6 +17,7 @@
 #include "core/logging.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
+#include "model/weights_fp8.h"
 
 namespace dsinfer::cuda {
 namespace {
@@ -33,15 +34,12 @@ int64_t num_elements_of(const std::vector<int64_t>& shape) {
 std::vector<float> widen_host(const HostTensor& h) {
   const int64_t n = num_elements_of(h.shape);
   std::vector<float> out(n);
-  convert_to_f32(h.dtype, h.data, out.data(), n);
   if (h.dtype == DType::kF8E4M3 && h.scale_inv != nullptr) {
     DS_CHECK(h.shape.size() == 2);
-    const int64_t rows = h.shape[0], cols = h.shape[1];
-    const int64_t col_blocks = (cols + h.block_cols - 1) / h.block_cols;
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* s = h.scale_inv + (r / h.block_rows) * col_blocks;
-      for (int64_t c = 0; c < cols; ++c) out[r * cols + c] *= s[c / h.block_cols];
-    }
+    dequantize_fp8_block(static_cast<const uint8_t*>(h.data), h.scale_inv, h.shape[0], h.shape[1], h.block_rows,
+                         h.block_cols, out.data());
+  } else {
+    convert_to_f32(h.dtype, h.data, out.data(), n);
   }
   return out;
 }
