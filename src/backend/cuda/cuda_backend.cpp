@@ -160,9 +160,11 @@ LinearWeight CudaBackend::make_linear(const HostTensor& w) {
   DS_CHECK(w.shape.size() == 2);
   if (w.dtype == DType::kF8E4M3) {
     if (fp8_state_ == 0) {
-      // DSINFER_CUDA_FP8=0 forces the bf16 path (for comparisons and as an escape hatch).
+      // The block-scaled FP8 matmul is opt-in (DSINFER_CUDA_FP8=1): its single-product probe
+      // passes, but whole FP8 models through it still disagree with the reference (see
+      // tests/unit/cuda), so FP8 weights are dequantised to bf16 by default.
       const char* env = std::getenv("DSINFER_CUDA_FP8");
-      const bool allowed = env == nullptr || std::string(env) != "0";
+      const bool allowed = env != nullptr && std::string(env) == "1";
       fp8_state_ = allowed && fp8_matmul_works() ? 1 : -1;
     }
     if (fp8_state_ > 0 && w.scale_inv != nullptr && w.block_rows == 128 && w.block_cols == 128 &&

@@ -2,6 +2,8 @@
 // CPU backend on random inputs at several shapes.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include <numeric>
 
 #include "core/dtype.h"
@@ -91,6 +93,11 @@ TEST_F(CudaOpsTest, LinearBf16MatchesCpuAtSeveralShapes) {
 }
 
 TEST_F(CudaOpsTest, LinearFp8BlockScaledMatchesDequantisedCpu) {
+  // The opt-in FP8 path, decided at the backend's first FP8 weight; later tests get the default.
+  setenv("DSINFER_CUDA_FP8", "1", 1);
+  struct Unset {
+    ~Unset() { unsetenv("DSINFER_CUDA_FP8"); }
+  } unset_after;
   struct Shape { int64_t m, n, k; };
   for (Shape s : {Shape{1, 256, 512}, Shape{5, 576, 2048}, Shape{37, 192, 160}, Shape{130, 1000, 384}}) {
     // An FP8 weight with 128x128 block scales that vary across blocks.
