@@ -217,7 +217,7 @@ void ApiServer::generate(const std::string& route, ApiProtocol protocol, HttpReq
     case ApiProtocol::kMessages: parsed = codec::parse_messages_request(http_request.body, &error_param); break;
   }
   if (!parsed.ok()) {
-    respond_error(route, protocol, *exchange, 400, "invalid_request_error", error_param, parsed.status().message());
+    respond_error(route, protocol, *exchange, 400, "", error_param, parsed.status().message());
     return;
   }
   codec::ApiRequest request = std::move(parsed).value();
