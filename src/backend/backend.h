@@ -1,0 +1,139 @@
+// The Backend interface: the operations the DeepSeek forward is written against. The CPU
+// backend is the readable fp32 reference; other backends are checked against it op by op.
+//
+// Activations are 2-D [num_tokens, features] fp32 tensors on the CPU backend (a device backend
+// may pick its own activation dtype). Weights are prepared once from checkpoint tensors of any
+// dtype (F32/F16/BF16, or F8_E4M3 with 128x128 block scales) into a backend-resident form.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/tensor.h"
+#include "dsinfer/engine_types.h"
+
+namespace dsinfer {
+
+// A checkpoint tensor as stored (host memory, possibly memory-mapped).
+struct HostTensor {
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+  // F8_E4M3 weights only: real = fp8 × scale_inv[row/block_rows][col/block_cols].
+  const float* scale_inv = nullptr;
+  int block_rows = 128;
+  int block_cols = 128;
+};
+
+// y = x · Wᵀ with W [out_features, in_features] (PyTorch's nn.Linear layout).
+struct LinearWeight {
+  int64_t out_features = 0;
+  int64_t in_features = 0;
+  Tensor weight;  // backend-resident; layout and dtype are the backend's choice
+};
+
+// MLA projections of one layer that attention needs in absorbed form.
+struct MlaWeights {
+  int num_heads = 0;
+  int kv_lora_rank = 0;
+  int qk_nope_head_dim = 0;
+  int qk_rope_head_dim = 0;
+  int v_head_dim = 0;
+  Tensor kv_a_layernorm;  // [kv_lora_rank]
+  Tensor w_uk;            // [num_heads, qk_nope_head_dim, kv_lora_rank] (rows of kv_b_proj)
+  Tensor w_uv;            // [num_heads, v_head_dim, kv_lora_rank]
+};
+
+// One forward step's token layout: the struct the model runner builds from the scheduler's
+// output. Tokens of one sequence are contiguous and in position order.
+struct ForwardBatch {
+  int num_tokens = 0;
+  std::vector<TokenId> token_ids;       // [num_tokens]
+  std::vector<int32_t> positions;       // [num_tokens]
+  std::vector<int32_t> slot_mapping;    // [num_tokens] block_id * block_size + offset
+  std::vector<int32_t> token_seq;       // [num_tokens] index of the token's sequence
+  // Per sequence: its block table and its context length after this step (cached + new).
+  std::vector<std::vector<int32_t>> block_tables;
+  std::vector<int32_t> context_lens;
+  // Token indices whose logits are wanted (the last token of each sequence that samples).
+  std::vector<int32_t> logits_indices;
+};
+
+// The paged latent cache of one layer: [num_blocks, block_size, kv_lora_rank + rope_dim].
+struct LayerKvCache {
+  Tensor data;
+};
+
+struct MlaAttentionArgs {
+  const MlaWeights* weights = nullptr;
+  const Tensor* q = nullptr;       // [T, heads * (nope + rope)], rope part not yet rotated
+  const Tensor* kv_a = nullptr;    // [T, kv_lora + rope]: un-normalised c_kv | k_rope (unrotated)
+  const Tensor* rope_cos = nullptr;  // [max_positions, rope_dim / 2] (attention factor folded in)
+  const Tensor* rope_sin = nullptr;
+  const ForwardBatch* batch = nullptr;
+  LayerKvCache* cache = nullptr;
+  int block_size = 64;
+  float softmax_scale = 1.0f;
+  float latent_norm_eps = 1e-6f;
+  Tensor* out = nullptr;           // [T, heads * v_head_dim]
+};
+
+enum class GateScoring { kSoftmax, kSigmoid };
+enum class GateTopk { kGreedy, kGroupLimitedGreedy, kNoauxTc };
+
+struct MoeWeights {
+  int num_experts = 0;
+  int top_k = 0;
+  int num_groups = 1;
+  int topk_groups = 1;
+  GateScoring scoring = GateScoring::kSoftmax;
+  GateTopk topk_method = GateTopk::kGreedy;
+  bool norm_topk_prob = false;
+  float routed_scaling_factor = 1.0f;
+  Tensor gate;                    // [num_experts, hidden] router weight, fp32
+  Tensor score_correction_bias;   // [num_experts] (noaux_tc) or empty
+  std::vector<LinearWeight> expert_gate_up;  // per expert: [2 * inter, hidden], gate rows first
+  std::vector<LinearWeight> expert_down;     // per expert: [hidden, inter]
+  bool has_shared = false;
+  LinearWeight shared_gate_up;    // [2 * shared_inter, hidden]
+  LinearWeight shared_down;       // [hidden, shared_inter]
+};
+
+// Router decisions for a batch, exposed for tests and expert-load statistics.
+struct MoeRouting {
+  std::vector<int32_t> expert_ids;  // [T, top_k]
+  std::vector<float> weights;       // [T, top_k]
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+
+  virtual Tensor empty(const std::vector<int64_t>& shape, DType dtype) = 0;
+  virtual Tensor from_host(const HostTensor& host) = 0;  // widened/converted as the backend likes
+  virtual void to_host(const Tensor& t, float* dst) = 0;  // fp32 copy out
+  virtual LinearWeight make_linear(const HostTensor& w) = 0;
+
+  virtual void embedding(const Tensor& table, std::span<const TokenId> ids, Tensor& out) = 0;
+  virtual void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) = 0;
+  virtual void add(Tensor& x, const Tensor& y) = 0;  // x += y
+  virtual void linear(const Tensor& x, const LinearWeight& w, Tensor& out) = 0;
+  virtual void silu_mul(const Tensor& gate_up, Tensor& out) = 0;  // [T, 2I] → [T, I]
+  virtual void concat_cols(const Tensor& a, const Tensor& b, Tensor& out) = 0;  // [T,A],[T,B]→[T,A+B]
+  virtual void gather_rows(const Tensor& x, std::span<const int32_t> rows, Tensor& out) = 0;
+  virtual void mla_attention(const MlaAttentionArgs& args) = 0;
+  virtual void moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRouting* routing) = 0;
+
+  // KV block movement for the host tier / block store: all layers of one block, fp32 bytes.
+  virtual void read_cache_block(const LayerKvCache& cache, int32_t block, float* dst) = 0;
+  virtual void write_cache_block(LayerKvCache& cache, int32_t block, const float* src) = 0;
+};
+
+// "cpu" or "cuda"; throws dsinfer::Error for an unknown or unavailable backend.
+std::unique_ptr<Backend> make_backend(const std::string& name);
+bool cuda_backend_available();
+
+}  // namespace dsinfer

@@ -1,0 +1,33 @@
+// make_backend(): the one place that knows which backends exist.
+#include "backend/backend.h"
+#include "backend/cpu/cpu_backend.h"
+#include "core/status.h"
+
+#ifdef DSINFER_HAVE_CUDA
+#include "backend/cuda/cuda_backend_factory.h"
+#endif
+
+namespace dsinfer {
+
+bool cuda_backend_available() {
+#ifdef DSINFER_HAVE_CUDA
+  return cuda::device_count() > 0;
+#else
+  return false;
+#endif
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& name) {
+  if (name == "cpu") return std::make_unique<CpuBackend>();
+  if (name == "cuda") {
+#ifdef DSINFER_HAVE_CUDA
+    if (cuda::device_count() > 0) return cuda::make_cuda_backend();
+    throw Error(StatusCode::kUnavailable, "backend 'cuda': no CUDA device is visible");
+#else
+    throw Error(StatusCode::kUnavailable, "backend 'cuda': this build has no CUDA backend (nvcc was not found)");
+#endif
+  }
+  throw Error(StatusCode::kInvalidArgument, "unknown backend '" + name + "' (expected cpu or cuda)");
+}
+
+}  // namespace dsinfer

@@ -1,0 +1,103 @@
+// MLA attention on the CPU, always in the weight-absorbed form over the paged latent cache:
+// the cache holds per token the normalised c_kv (kv_lora_rank) and the rotated k_rope
+// (rope_dim), and every head attends to it as one shared key/value (MQA in latent space).
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_matmul.h"
+#include "core/check.h"
+#include "core/thread_pool.h"
+
+namespace dsinfer {
+namespace {
+
+// Interleaved pairs (x0,x1),(x2,x3)…: complex multiplication by e^{i·pos·freq}.
+void rotate_interleaved(float* x, int rope_dim, const float* cos, const float* sin) {
+  for (int i = 0; i < rope_dim / 2; ++i) {
+    const float a = x[2 * i], b = x[2 * i + 1];
+    x[2 * i] = a * cos[i] - b * sin[i];
+    x[2 * i + 1] = a * sin[i] + b * cos[i];
+  }
+}
+
+}  // namespace
+
+void CpuBackend::mla_attention(const MlaAttentionArgs& args) {
+  const MlaWeights& w = *args.weights;
+  const ForwardBatch& batch = *args.batch;
+  const int num_tokens = batch.num_tokens;
+  const int lora = w.kv_lora_rank, rope = w.qk_rope_head_dim, nope = w.qk_nope_head_dim;
+  const int vdim = w.v_head_dim, heads = w.num_heads;
+  const int entry = lora + rope;
+  const int q_stride = heads * (nope + rope);
+  const int half = rope / 2;
+  const float* cos_table = args.rope_cos->as<float>();
+  const float* sin_table = args.rope_sin->as<float>();
+  float* cache = args.cache->data.as<float>();
+  const int bs = args.block_size;
+
+  // 1. New tokens into the cache: normalised latent, rotated key rope part.
+  for (int t = 0; t < num_tokens; ++t) {
+    const float* src = args.kv_a->as<float>() + static_cast<int64_t>(t) * entry;
+    float* dst = cache + static_cast<int64_t>(batch.slot_mapping[t]) * entry;
+    cpu::rms_norm_row(src, w.kv_a_layernorm.as<float>(), lora, args.latent_norm_eps, dst);
+    std::copy(src + lora, src + entry, dst + lora);
+    const int pos = batch.positions[t];
+    rotate_interleaved(dst + lora, rope, cos_table + pos * half, sin_table + pos * half);
+  }
+
+  // 2. Each (token, head): absorb W_UK into the query, attend over positions 0..pos of its
+  // sequence, project the latent output through W_UV. Independent of the rest of the batch.
+  const float* w_uk = w.w_uk.as<float>();  // [heads, nope, lora]
+  const float* w_uv = w.w_uv.as<float>();  // [heads, vdim, lora]
+  float* out = args.out->as<float>();
+  global_thread_pool().parallel_for(static_cast<int64_t>(num_tokens) * heads, [&](int64_t b, int64_t e) {
+    std::vector<float> q_lat(lora), q_rope(rope), scores, o_lat(lora);
+    for (int64_t item = b; item < e; ++item) {
+      const int t = static_cast<int>(item / heads), h = static_cast<int>(item % heads);
+      const int pos = batch.positions[t];
+      const float* q = args.q->as<float>() + static_cast<int64_t>(t) * q_stride + h * (nope + rope);
+      // q_lat[l] = sum_d q_nope[d] * W_UK[h][d][l]
+      std::fill(q_lat.begin(), q_lat.end(), 0.0f);
+      const float* uk = w_uk + static_cast<int64_t>(h) * nope * lora;
+      for (int d = 0; d < nope; ++d) {
+        const float qd = q[d];
+        const float* row = uk + static_cast<int64_t>(d) * lora;
+        for (int l = 0; l < lora; ++l) q_lat[l] += qd * row[l];
+      }
+      std::copy(q + nope, q + nope + rope, q_rope.begin());
+      rotate_interleaved(q_rope.data(), rope, cos_table + pos * half, sin_table + pos * half);
+
+      const auto& table = batch.block_tables[batch.token_seq[t]];
+      const int num_ctx = pos + 1;  // causal: positions 0..pos are in the cache by now
+      scores.resize(num_ctx);
+      float max_score = -INFINITY;
+      for (int s = 0; s < num_ctx; ++s) {
+        const float* kv = cache + (static_cast<int64_t>(table[s / bs]) * bs + s % bs) * entry;
+        const float sc = (cpu::dot(q_lat.data(), kv, lora) + cpu::dot(q_rope.data(), kv + lora, rope)) *
+                         args.softmax_scale;
+        scores[s] = sc;
+        max_score = std::max(max_score, sc);
+      }
+      double denom = 0.0;
+      for (int s = 0; s < num_ctx; ++s) {
+        scores[s] = std::exp(scores[s] - max_score);
+        denom += scores[s];
+      }
+      const float inv = static_cast<float>(1.0 / denom);
+      std::fill(o_lat.begin(), o_lat.end(), 0.0f);
+      for (int s = 0; s < num_ctx; ++s) {
+        const float* kv = cache + (static_cast<int64_t>(table[s / bs]) * bs + s % bs) * entry;
+        const float p = scores[s] * inv;
+        for (int l = 0; l < lora; ++l) o_lat[l] += p * kv[l];
+      }
+      float* o = out + static_cast<int64_t>(t) * heads * vdim + h * vdim;
+      const float* uv = w_uv + static_cast<int64_t>(h) * vdim * lora;
+      for (int v = 0; v < vdim; ++v) o[v] = cpu::dot(uv + static_cast<int64_t>(v) * lora, o_lat.data(), lora);
+    }
+  }, 1);
+}
+
+}  // namespace dsinfer

@@ -1,0 +1,135 @@
+#include "backend/cpu/cpu_backend.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/cpu/cpu_matmul.h"
+#include "core/check.h"
+#include "core/thread_pool.h"
+
+namespace dsinfer {
+
+Tensor CpuBackend::empty(const std::vector<int64_t>& shape, DType dtype) {
+  Tensor t;
+  t.shape = shape;
+  t.dtype = dtype;
+  const size_t bytes = std::max<size_t>(64, (t.num_bytes() + 63) / 64 * 64);
+  void* p = std::aligned_alloc(64, bytes);
+  DS_CHECK_MSG(p != nullptr, "out of host memory allocating " << bytes << " bytes");
+  t.storage = std::shared_ptr<void>(p, std::free);
+  t.data = p;
+  return t;
+}
+
+Tensor CpuBackend::from_host(const HostTensor& host) {
+  int64_t n = 1;
+  for (int64_t d : host.shape) n *= d;
+  if (host.dtype == DType::kI32 || host.dtype == DType::kI64) {
+    Tensor t = empty(host.shape, host.dtype);
+    std::memcpy(t.data, host.data, t.num_bytes());
+    return t;
+  }
+  Tensor t = empty(host.shape, DType::kF32);
+  convert_to_f32(host.dtype, host.data, t.as<float>(), n);
+  if (host.dtype == DType::kF8E4M3 && host.scale_inv != nullptr) {
+    DS_CHECK(host.shape.size() == 2);
+    const int64_t rows = host.shape[0], cols = host.shape[1];
+    const int64_t num_col_blocks = (cols + host.block_cols - 1) / host.block_cols;
+    float* w = t.as<float>();
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* scales = host.scale_inv + (r / host.block_rows) * num_col_blocks;
+      for (int64_t c = 0; c < cols; ++c) w[r * cols + c] *= scales[c / host.block_cols];
+    }
+  }
+  return t;
+}
+
+void CpuBackend::to_host(const Tensor& t, float* dst) {
+  DS_CHECK(t.dtype == DType::kF32);
+  std::memcpy(dst, t.data, t.num_bytes());
+}
+
+LinearWeight CpuBackend::make_linear(const HostTensor& w) {
+  DS_CHECK(w.shape.size() == 2);
+  LinearWeight lw;
+  lw.out_features = w.shape[0];
+  lw.in_features = w.shape[1];
+  lw.weight = from_host(w);
+  return lw;
+}
+
+void CpuBackend::embedding(const Tensor& table, std::span<const TokenId> ids, Tensor& out) {
+  const int64_t hidden = table.dim(1);
+  const int64_t vocab = table.dim(0);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    DS_CHECK_MSG(ids[i] >= 0 && ids[i] < vocab, "token id " << ids[i] << " outside vocab " << vocab);
+    std::memcpy(out.as<float>() + i * hidden, table.as<float>() + ids[i] * hidden, hidden * 4);
+  }
+}
+
+namespace cpu {
+void rms_norm_row(const float* x, const float* w, int64_t n, float eps, float* out) {
+  double sum_sq = 0.0;  // the row's mean square in double: the reference wants fp32 or better
+  for (int64_t i = 0; i < n; ++i) sum_sq += static_cast<double>(x[i]) * x[i];
+  const float inv = 1.0f / std::sqrt(static_cast<float>(sum_sq / n) + eps);
+  for (int64_t i = 0; i < n; ++i) out[i] = x[i] * inv * w[i];
+}
+}  // namespace cpu
+
+void CpuBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) {
+  const int64_t rows = x.dim(0), n = x.dim(1);
+  global_thread_pool().parallel_for(rows, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r)
+      cpu::rms_norm_row(x.as<float>() + r * n, w.as<float>(), n, eps, out.as<float>() + r * n);
+  }, 8);
+}
+
+void CpuBackend::add(Tensor& x, const Tensor& y) {
+  const int64_t n = x.num_elements();
+  DS_CHECK(y.num_elements() == n);
+  float* a = x.as<float>();
+  const float* b = y.as<float>();
+  for (int64_t i = 0; i < n; ++i) a[i] += b[i];
+}
+
+void CpuBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
+  DS_CHECK_MSG(x.dim(1) == w.in_features, "linear: input width " << x.dim(1) << " vs " << w.in_features);
+  cpu::matmul_xwt(x.as<float>(), x.dim(0), w.in_features, w.weight.as<float>(), w.out_features, out.as<float>());
+}
+
+void CpuBackend::silu_mul(const Tensor& gate_up, Tensor& out) {
+  const int64_t rows = gate_up.dim(0), inter = gate_up.dim(1) / 2;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = gate_up.as<float>() + r * 2 * inter;
+    const float* u = g + inter;
+    float* o = out.as<float>() + r * inter;
+    for (int64_t i = 0; i < inter; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+  }
+}
+
+void CpuBackend::concat_cols(const Tensor& a, const Tensor& b, Tensor& out) {
+  const int64_t rows = a.dim(0), na = a.dim(1), nb = b.dim(1);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(out.as<float>() + r * (na + nb), a.as<float>() + r * na, na * 4);
+    std::memcpy(out.as<float>() + r * (na + nb) + na, b.as<float>() + r * nb, nb * 4);
+  }
+}
+
+void CpuBackend::gather_rows(const Tensor& x, std::span<const int32_t> rows, Tensor& out) {
+  const int64_t n = x.dim(1);
+  for (size_t i = 0; i < rows.size(); ++i)
+    std::memcpy(out.as<float>() + i * n, x.as<float>() + static_cast<int64_t>(rows[i]) * n, n * 4);
+}
+
+void CpuBackend::read_cache_block(const LayerKvCache& cache, int32_t block, float* dst) {
+  const int64_t per_block = cache.data.dim(1) * cache.data.dim(2);
+  std::memcpy(dst, cache.data.as<float>() + block * per_block, per_block * 4);
+}
+
+void CpuBackend::write_cache_block(LayerKvCache& cache, int32_t block, const float* src) {
+  const int64_t per_block = cache.data.dim(1) * cache.data.dim(2);
+  std::memcpy(cache.data.as<float>() + block * per_block, src, per_block * 4);
+}
+
+}  // namespace dsinfer

@@ -1,0 +1,39 @@
+// The CPU backend: fp32 arithmetic throughout, weights widened to fp32 when prepared (FP8
+// weights dequantised with their 128x128 block scales). The readable reference for all others.
+#pragma once
+
+#include "backend/backend.h"
+
+namespace dsinfer {
+
+class CpuBackend final : public Backend {
+ public:
+  std::string name() const override { return "cpu"; }
+
+  Tensor empty(const std::vector<int64_t>& shape, DType dtype) override;
+  Tensor from_host(const HostTensor& host) override;
+  void to_host(const Tensor& t, float* dst) override;
+  LinearWeight make_linear(const HostTensor& w) override;
+
+  void embedding(const Tensor& table, std::span<const TokenId> ids, Tensor& out) override;
+  void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) override;
+  void add(Tensor& x, const Tensor& y) override;
+  void linear(const Tensor& x, const LinearWeight& w, Tensor& out) override;
+  void silu_mul(const Tensor& gate_up, Tensor& out) override;
+  void concat_cols(const Tensor& a, const Tensor& b, Tensor& out) override;
+  void gather_rows(const Tensor& x, std::span<const int32_t> rows, Tensor& out) override;
+  void mla_attention(const MlaAttentionArgs& args) override;
+  void moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRouting* routing) override;
+
+  void read_cache_block(const LayerKvCache& cache, int32_t block, float* dst) override;
+  void write_cache_block(LayerKvCache& cache, int32_t block, const float* src) override;
+};
+
+namespace cpu {
+// Routing of one token for every gate variant (exposed for tests): fills top_k expert ids and
+// weights from the router logits [num_experts].
+void route_token(const float* logits, const MoeWeights& w, int32_t* expert_ids, float* weights);
+void rms_norm_row(const float* x, const float* w, int64_t n, float eps, float* out);
+}  // namespace cpu
+
+}  // namespace dsinfer

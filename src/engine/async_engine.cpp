@@ -1,0 +1,119 @@
+#include "engine/async_engine.h"
+
+#include "core/logging.h"
+
+namespace dsinfer {
+
+AsyncEngine::AsyncEngine(const EngineConfig& config) : core_(std::make_unique<EngineCore>(config)) {
+  max_context_tokens_ = core_->max_model_len();
+  max_queued_ = config.max_queued_requests;
+  stats_ = core_->stats();
+  thread_ = std::thread([this] { loop(); });
+}
+
+AsyncEngine::~AsyncEngine() { shutdown(); }
+
+Result<RequestId> AsyncEngine::submit(GenerationRequest request, OutputCallback on_output) {
+  // Cheap checks here so that the caller gets its error at once; the engine re-validates.
+  if (request.prompt_ids.empty()) return invalid_argument("the prompt is empty");
+  const int64_t total = static_cast<int64_t>(request.prompt_ids.size()) + request.sampling.max_tokens;
+  if (total > max_context_tokens_)
+    return Status(StatusCode::kOutOfRange,
+                  "this model's maximum context length is " + std::to_string(max_context_tokens_) +
+                      " tokens; the request has " + std::to_string(request.prompt_ids.size()) +
+                      " prompt tokens and asks for " + std::to_string(request.sampling.max_tokens) + " more");
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!accepting_ || stopping_) return Status(StatusCode::kUnavailable, "the server is shutting down");
+  if (static_cast<int>(inbox_.size()) + stats_.num_waiting >= max_queued_)
+    return Status(StatusCode::kResourceExhausted, "the request queue is full");
+  const RequestId id = next_id_++;
+  inbox_.push_back({id, std::move(request), std::move(on_output)});
+  ++num_unfinished_;
+  cv_.notify_one();
+  return id;
+}
+
+void AsyncEngine::cancel(RequestId id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  cancels_.push_back(id);
+  cv_.notify_one();
+}
+
+EngineStats AsyncEngine::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  EngineStats s = stats_;
+  s.num_waiting += static_cast<int>(inbox_.size());
+  return s;
+}
+
+void AsyncEngine::stop_accepting() {
+  std::lock_guard<std::mutex> lock(mu_);
+  accepting_ = false;
+}
+
+void AsyncEngine::shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ && !thread_.joinable()) return;
+    stopping_ = true;
+    accepting_ = false;
+  }
+  cv_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+void AsyncEngine::loop() {
+  for (;;) {
+    std::deque<Pending> inbox;
+    std::vector<RequestId> cancels;
+    bool stopping;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !inbox_.empty() || !cancels_.empty() || core_->has_unfinished_requests(); });
+      inbox.swap(inbox_);
+      cancels.swap(cancels_);
+      stopping = stopping_;
+    }
+    for (Pending& p : inbox) {
+      Status st = core_->add_request(p.id, p.request);
+      if (!st.ok()) {
+        RequestOutput out;
+        out.request_id = p.id;
+        out.finish_reason = FinishReason::kError;
+        out.error = st;
+        p.callback(out);
+        --num_unfinished_;
+        continue;
+      }
+      callbacks_.emplace(p.id, std::move(p.callback));
+    }
+    if (stopping) {
+      for (auto& [id, cb] : callbacks_) cancels.push_back(id);
+    }
+    for (RequestId id : cancels) {
+      auto out = core_->abort_request(id);
+      auto it = callbacks_.find(id);
+      if (out && it != callbacks_.end()) {
+        it->second(*out);
+        callbacks_.erase(it);
+        --num_unfinished_;
+      }
+    }
+    if (stopping) return;
+    if (core_->has_unfinished_requests()) {
+      for (const RequestOutput& out : core_->step()) {
+        auto it = callbacks_.find(out.request_id);
+        if (it == callbacks_.end()) continue;
+        it->second(out);
+        if (out.finished()) {
+          callbacks_.erase(it);
+          --num_unfinished_;
+        }
+      }
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_ = core_->stats();
+  }
+}
+
+}  // namespace dsinfer

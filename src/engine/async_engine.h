@@ -1,0 +1,61 @@
+// AsyncEngine: the engine core on its own thread, behind the EngineClient interface. Front ends
+// submit and cancel from any thread; outputs are delivered on the engine thread through each
+// request's callback. Submissions and cancellations are applied between steps, so a cancelled
+// request's blocks return to the pool within one step.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "dsinfer/engine_client.h"
+#include "engine/engine_core.h"
+
+namespace dsinfer {
+
+class AsyncEngine final : public EngineClient {
+ public:
+  explicit AsyncEngine(const EngineConfig& config);  // loads the model; throws Error
+  ~AsyncEngine() override;
+
+  Result<RequestId> submit(GenerationRequest request, OutputCallback on_output) override;
+  void cancel(RequestId id) override;
+  EngineStats stats() const override;
+  int max_context_tokens() const override { return max_context_tokens_; }
+
+  // Stops taking requests (submit answers kUnavailable); running ones continue.
+  void stop_accepting();
+  // Cancels everything still running and joins the engine thread.
+  void shutdown();
+  int num_unfinished() const { return num_unfinished_.load(); }
+  const ModelConfig& model_config() const { return core_->model_config(); }
+
+ private:
+  struct Pending {
+    RequestId id;
+    GenerationRequest request;
+    OutputCallback callback;
+  };
+  void loop();
+
+  std::unique_ptr<EngineCore> core_;
+  int max_context_tokens_ = 0;
+  int max_queued_ = 0;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Pending> inbox_;
+  std::vector<RequestId> cancels_;
+  bool stopping_ = false;
+  bool accepting_ = true;
+  RequestId next_id_ = 1;
+  EngineStats stats_;  // refreshed by the engine thread after each step
+  std::unordered_map<RequestId, OutputCallback> callbacks_;  // engine thread only
+  std::atomic<int> num_unfinished_{0};
+  std::thread thread_;
+};
+
+}  // namespace dsinfer

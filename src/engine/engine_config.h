@@ -1,0 +1,25 @@
+// How an engine is built: model, backend, memory for the KV cache, scheduling limits.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace dsinfer {
+
+struct EngineConfig {
+  std::string model_dir;
+  std::string backend = "cpu";
+  bool dummy_weights = false;       // random weights of the config's shapes (benchmarks)
+  int block_size_tokens = 64;
+  int64_t kv_cache_bytes = int64_t{1} << 30;  // device (here: host) memory for latent KV
+  int num_kv_blocks = 0;            // overrides kv_cache_bytes when > 0
+  int max_model_len = 0;            // 0: the model's max_position_embeddings
+  int max_num_batched_tokens = 2048;
+  int max_num_seqs = 256;
+  int max_queued_requests = 4096;
+  bool enable_prefix_caching = true;
+  uint64_t seed = 0;                // base of the random streams of unseeded requests
+  bool print_load_progress = true;
+};
+
+}  // namespace dsinfer

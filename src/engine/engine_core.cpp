@@ -1,0 +1,187 @@
+#include "engine/engine_core.h"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "core/check.h"
+#include "core/logging.h"
+#include "model/checkpoint.h"
+
+namespace dsinfer {
+namespace {
+
+// Prefix-cache namespace: blocks are only shared between processes serving the same weights.
+std::string model_identity(const EngineConfig& config, const ModelConfig& model) {
+  std::string text;
+  if (!config.dummy_weights) {
+    std::ifstream f(config.model_dir + "/config.json", std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    text = ss.str();
+  }
+  std::ostringstream id;
+  id << model.architecture << "/" << std::hex << std::hash<std::string>{}(text) << "/seed" << config.seed
+     << (config.dummy_weights ? "/dummy" : "");
+  return id.str();
+}
+
+}  // namespace
+
+EngineCore::EngineCore(const EngineConfig& config) : config_(config) {
+  backend_ = make_backend(config_.backend);
+  ModelConfig mc = ModelConfig::load(config_.model_dir);
+  max_model_len_ = config_.max_model_len > 0 ? std::min(config_.max_model_len, mc.max_position_embeddings)
+                                             : mc.max_position_embeddings;
+  if (config_.dummy_weights) {
+    ModelWeights w = make_random_weights(mc, *backend_, config_.seed + 1);
+    model_ = std::make_unique<DeepseekModel>(mc, std::move(w), *backend_, max_model_len_);
+  } else {
+    model_ = load_deepseek_model(config_.model_dir, *backend_, max_model_len_, config_.print_load_progress);
+  }
+  eos_ids_ = model_->config().eos_token_ids;
+
+  const int bs = config_.block_size_tokens;
+  int num_blocks = config_.num_kv_blocks;
+  if (num_blocks <= 0) {
+    const int64_t per_block = static_cast<int64_t>(model_->kv_bytes_per_token()) * bs;
+    num_blocks = static_cast<int>(std::min<int64_t>(config_.kv_cache_bytes / per_block, 1 << 20));
+  }
+  const int min_blocks = (max_model_len_ + bs - 1) / bs;
+  if (num_blocks < min_blocks) {
+    DS_LOG_WARN("KV cache of " << num_blocks << " blocks cannot hold one full-length request; using " << min_blocks);
+    num_blocks = min_blocks;
+  }
+  kv_ = std::make_unique<kv::KvCacheManager>(kv::KvCacheConfig{num_blocks, bs, config_.enable_prefix_caching,
+                                                                model_identity(config_, model_->config())});
+  scheduler_ = std::make_unique<Scheduler>(
+      SchedulerConfig{config_.max_num_batched_tokens, config_.max_num_seqs, config_.enable_prefix_caching}, *kv_);
+  runner_ = std::make_unique<ModelRunner>(*model_, *kv_, num_blocks, bs);
+  DS_LOG_INFO("engine: " << model_->config().architecture << ", backend " << backend_->name() << ", "
+                         << num_blocks << " KV blocks of " << bs << " tokens, max length " << max_model_len_);
+}
+
+EngineCore::~EngineCore() = default;
+
+Status EngineCore::add_request(RequestId id, const GenerationRequest& r) {
+  const SamplingParams& p = r.sampling;
+  const int vocab = model_->config().vocab_size;
+  if (requests_.count(id)) return invalid_argument("duplicate request id " + std::to_string(id));
+  if (r.prompt_ids.empty()) return invalid_argument("the prompt is empty");
+  for (TokenId t : r.prompt_ids)
+    if (t < 0 || t >= vocab)
+      return invalid_argument("prompt token id " + std::to_string(t) + " is outside the vocabulary [0, " +
+                              std::to_string(vocab) + ")");
+  if (p.max_tokens < 1) return invalid_argument("max_tokens must be at least 1");
+  if (!(p.temperature >= 0.0f) || p.temperature > 100.0f) return invalid_argument("temperature must be in [0, 100]");
+  if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) return invalid_argument("top_p must be in (0, 1]");
+  if (p.top_k < 0) return invalid_argument("top_k must be >= 0");
+  if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) return invalid_argument("min_p must be in [0, 1]");
+  if (p.num_logprobs < 0 || p.num_logprobs > 20) return invalid_argument("logprobs must be in [0, 20]");
+  const int64_t total = static_cast<int64_t>(r.prompt_ids.size()) + p.max_tokens;
+  if (total > max_model_len_)
+    return Status(StatusCode::kOutOfRange,
+                  "this model's maximum context length is " + std::to_string(max_model_len_) + " tokens; the request has " +
+                      std::to_string(r.prompt_ids.size()) + " prompt tokens and asks for " +
+                      std::to_string(p.max_tokens) + " more");
+  if (scheduler_->num_waiting() >= config_.max_queued_requests)
+    return Status(StatusCode::kResourceExhausted, "the request queue is full");
+
+  auto req = std::make_unique<Request>();
+  req->id = id;
+  req->arrival_index = next_arrival_++;
+  req->tokens = r.prompt_ids;
+  req->num_prompt_tokens = static_cast<int>(r.prompt_ids.size());
+  req->sampling = p;
+  req->cache_salt = r.cache_salt;
+  req->traffic_class = r.traffic_class;
+  // Each request draws from its own stream: its samples never depend on the batch.
+  req->sampler_state = SamplerState(p.seed ? *p.seed : (config_.seed * 0x9e3779b97f4a7c15ull) ^ (id + 1));
+  scheduler_->add(req.get());
+  requests_.emplace(id, std::move(req));
+  return Status();
+}
+
+RequestOutput EngineCore::make_output(Request& req) {
+  RequestOutput out;
+  out.request_id = req.id;
+  const int generated = req.num_generated_tokens();
+  out.new_token_ids.assign(req.tokens.begin() + req.num_prompt_tokens + req.num_emitted_tokens, req.tokens.end());
+  out.logprobs = std::move(req.pending_logprobs);
+  req.pending_logprobs.clear();
+  req.num_emitted_tokens = generated;
+  out.num_generated_tokens = generated;
+  out.finish_reason = req.finish_reason;
+  out.prompt_cache = req.prompt_cache;
+  out.prompt_cache.num_prompt_tokens = req.num_prompt_tokens;
+  return out;
+}
+
+std::optional<RequestOutput> EngineCore::abort_request(RequestId id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return std::nullopt;
+  Request& req = *it->second;
+  req.finish_reason = FinishReason::kCancelled;
+  scheduler_->remove(&req);
+  RequestOutput out = make_output(req);
+  requests_.erase(it);
+  return out;
+}
+
+bool EngineCore::check_stop(Request& req, TokenId token) const {
+  const SamplingParams& p = req.sampling;
+  if (!p.ignore_eos && std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end()) {
+    req.finish_reason = FinishReason::kStop;
+  } else if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) != p.stop_token_ids.end()) {
+    req.finish_reason = FinishReason::kStop;
+  } else if (req.num_generated_tokens() >= p.max_tokens || req.num_tokens() >= max_model_len_) {
+    req.finish_reason = FinishReason::kLength;
+  }
+  return req.finish_reason != FinishReason::kNone;
+}
+
+std::vector<RequestOutput> EngineCore::step() {
+  std::vector<RequestOutput> outputs;
+  const SchedulerOutput sched = scheduler_->schedule();
+  if (sched.empty()) return outputs;
+  ++num_steps_;
+  std::vector<SampledToken> sampled = runner_->execute(sched);
+  scheduler_->update_after_step(sched);
+  for (SampledToken& st : sampled) {
+    Request& req = *st.request;
+    req.tokens.push_back(st.token);
+    if (req.sampling.num_logprobs > 0) req.pending_logprobs.push_back(std::move(st.logprob));
+    check_stop(req, st.token);
+    outputs.push_back(make_output(req));
+    if (req.finish_reason != FinishReason::kNone) {
+      const RequestId id = req.id;
+      scheduler_->remove(&req);
+      requests_.erase(id);
+    }
+  }
+  return outputs;
+}
+
+EngineStats EngineCore::stats() const {
+  EngineStats s;
+  s.num_running = scheduler_->num_running();
+  s.num_waiting = scheduler_->num_waiting();
+  s.num_kv_blocks_total = kv_->num_total_blocks();
+  s.num_kv_blocks_used = kv_->num_used_blocks();
+  s.num_steps = num_steps_;
+  s.num_preemptions = scheduler_->num_preemptions();
+  return s;
+}
+
+const char* finish_reason_name(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kNone: return "none";
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kCancelled: return "cancelled";
+    case FinishReason::kError: return "error";
+  }
+  return "none";
+}
+
+}  // namespace dsinfer

@@ -1,0 +1,57 @@
+// The engine core: requests in, token increments out. One step = schedule → run → postprocess.
+// Single-threaded; AsyncEngine and the offline LLM drive it.
+#pragma once
+
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/backend.h"
+#include "dsinfer/engine_types.h"
+#include "engine/engine_config.h"
+#include "engine/model_runner.h"
+#include "engine/scheduler.h"
+#include "kv/kv_cache_manager.h"
+#include "model/deepseek_model.h"
+
+namespace dsinfer {
+
+class EngineCore {
+ public:
+  // Loads the model; throws Error with a clear message on a bad directory or checkpoint.
+  explicit EngineCore(const EngineConfig& config);
+  ~EngineCore();
+
+  // Validates and queues a request under `id` (unique, chosen by the caller).
+  Status add_request(RequestId id, const GenerationRequest& request);
+  // Finishes a request as cancelled; its blocks return to the pool now. Returns its final
+  // output, or nothing for an unknown id.
+  std::optional<RequestOutput> abort_request(RequestId id);
+  // One engine step; returns the increments of every request that produced tokens or finished.
+  std::vector<RequestOutput> step();
+
+  bool has_unfinished_requests() const { return !requests_.empty(); }
+  EngineStats stats() const;
+  const ModelConfig& model_config() const { return model_->config(); }
+  int max_model_len() const { return max_model_len_; }
+  const EngineConfig& config() const { return config_; }
+  kv::KvCacheManager& kv_cache() { return *kv_; }
+
+ private:
+  RequestOutput make_output(Request& req);
+  bool check_stop(Request& req, TokenId token) const;
+
+  EngineConfig config_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<DeepseekModel> model_;
+  std::unique_ptr<kv::KvCacheManager> kv_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<ModelRunner> runner_;
+  std::unordered_map<RequestId, std::unique_ptr<Request>> requests_;
+  std::vector<int> eos_ids_;
+  int max_model_len_ = 0;
+  uint64_t next_arrival_ = 0;
+  int64_t num_steps_ = 0;
+};
+
+}  // namespace dsinfer

@@ -1,0 +1,37 @@
+// A request's state inside the engine. The scheduler advances num_computed_tokens toward
+// num_tokens(); that one rule covers chunked prefill, prefix hits, decoding and recompute
+// after preemption.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dsinfer/engine_types.h"
+#include "engine/sampler.h"
+
+namespace dsinfer {
+
+enum class RequestStatus { kWaiting, kRunning, kFinished };
+
+struct Request {
+  RequestId id = 0;
+  uint64_t arrival_index = 0;  // lower = older = higher priority
+  std::vector<TokenId> tokens;  // prompt followed by the generated tokens
+  int num_prompt_tokens = 0;
+  SamplingParams sampling;
+  std::string cache_salt;
+  std::string traffic_class;
+  RequestStatus status = RequestStatus::kWaiting;
+  int num_computed_tokens = 0;  // tokens whose KV is in the cache
+  PromptCacheStats prompt_cache;
+  SamplerState sampler_state;
+  FinishReason finish_reason = FinishReason::kNone;
+  int num_emitted_tokens = 0;  // generated tokens already handed out in outputs
+  std::vector<TokenLogprob> pending_logprobs;
+
+  int num_tokens() const { return static_cast<int>(tokens.size()); }
+  int num_generated_tokens() const { return num_tokens() - num_prompt_tokens; }
+};
+
+}  // namespace dsinfer

@@ -1,0 +1,28 @@
+// Token sampling on the host: greedy, temperature, top-k, top-p, min-p, with a per-request
+// random stream so that a request's draws never depend on the rest of the batch.
+#pragma once
+
+#include <cstdint>
+
+#include "dsinfer/engine_types.h"
+
+namespace dsinfer {
+
+// SplitMix64-seeded xoshiro256**: small, fast, and identical on every platform.
+class SamplerState {
+ public:
+  SamplerState() : SamplerState(0) {}
+  explicit SamplerState(uint64_t seed);
+  uint64_t next_u64();
+  double next_uniform();  // [0, 1)
+
+ private:
+  uint64_t s_[4];
+};
+
+// Samples one token from logits [vocab]. Fills *logprob (when non-null) with the chosen token's
+// log-probability under the unmodified model distribution and the top num_logprobs tokens.
+TokenId sample_token(const float* logits, int vocab, const SamplingParams& params, SamplerState& state,
+                     TokenLogprob* logprob);
+
+}  // namespace dsinfer

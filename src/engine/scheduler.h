@@ -1,0 +1,58 @@
+// The scheduler: policy only. Each step it hands out a token budget — running requests first
+// (decodes and unfinished prefill chunks), then waiting ones — and asks the KV cache manager
+// (mechanism) for blocks. Out of blocks: the youngest running request is preempted and will be
+// recomputed later. SchedulerOutput is the one struct that crosses to the model runner.
+#pragma once
+
+#include <deque>
+#include <vector>
+
+#include "engine/request.h"
+#include "kv/kv_cache_manager.h"
+
+namespace dsinfer {
+
+struct SchedulerConfig {
+  int max_num_batched_tokens = 2048;  // token budget per step
+  int max_num_seqs = 256;             // running requests at once
+  bool enable_prefix_caching = true;
+};
+
+struct ScheduledRequest {
+  Request* request = nullptr;
+  int num_new_tokens = 0;  // tokens [num_computed_tokens, num_computed_tokens + n) run this step
+  bool samples = false;    // this step reaches the end of its tokens: a new token is sampled
+};
+
+struct SchedulerOutput {
+  std::vector<ScheduledRequest> scheduled;  // in batch order
+  int num_scheduled_tokens = 0;
+  std::vector<RequestId> preempted;
+  bool empty() const { return scheduled.empty(); }
+};
+
+class Scheduler {
+ public:
+  Scheduler(SchedulerConfig config, kv::KvCacheManager& kv);
+
+  void add(Request* request);         // joins the waiting queue
+  void remove(Request* request);      // finished or cancelled: frees its blocks
+  SchedulerOutput schedule();
+  // After the runner: advance num_computed_tokens and register full blocks for reuse.
+  void update_after_step(const SchedulerOutput& out);
+
+  int num_waiting() const { return static_cast<int>(waiting_.size()); }
+  int num_running() const { return static_cast<int>(running_.size()); }
+  int64_t num_preemptions() const { return num_preemptions_; }
+
+ private:
+  void preempt(Request* victim);
+
+  SchedulerConfig config_;
+  kv::KvCacheManager& kv_;
+  std::deque<Request*> waiting_;   // arrival order (preempted requests go back to the front)
+  std::vector<Request*> running_;  // admission order
+  int64_t num_preemptions_ = 0;
+};
+
+}  // namespace dsinfer

@@ -1,0 +1,214 @@
+#include "model/checkpoint.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/status.h"
+
+namespace dsinfer {
+
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+constexpr const char* kIndexName = "model.safetensors.index.json";
+constexpr const char* kSingleName = "model.safetensors";
+
+bool is_regular_file(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+size_t file_size_or_zero(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 ? static_cast<size_t>(st.st_size) : 0;
+}
+
+// Shard names come from a file we did not write: keep them inside the model directory.
+bool is_plain_file_name(const std::string& name) {
+  return !name.empty() && name.find('/') == std::string::npos && name.find('\\') == std::string::npos &&
+         name != "." && name != "..";
+}
+
+// weight_map: tensor name -> shard file name.
+std::map<std::string, std::string> read_index(const std::string& index_path) {
+  std::ifstream in(index_path, std::ios::binary);
+  if (!in) throw Error(StatusCode::kNotFound, index_path + ": cannot open");
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  json j;
+  try {
+    j = json::parse(buffer.str());
+  } catch (const json::parse_error& e) {
+    throw Error(StatusCode::kDataLoss, index_path + ": not valid JSON (at byte " + std::to_string(e.byte) + ")");
+  }
+  auto it = j.is_object() ? j.find("weight_map") : j.end();
+  if (it == j.end() || !it->is_object()) {
+    throw Error(StatusCode::kDataLoss, index_path + ": missing \"weight_map\" object");
+  }
+  std::map<std::string, std::string> map;
+  for (auto e = it->begin(); e != it->end(); ++e) {
+    if (!e.value().is_string() || !is_plain_file_name(e.value().get<std::string>())) {
+      throw Error(StatusCode::kDataLoss, index_path + ": weight_map entry for tensor \"" + e.key() +
+                                             "\" must be a file name in the model directory, got " +
+                                             e.value().dump());
+    }
+    map.emplace(e.key(), e.value().get<std::string>());
+  }
+  if (map.empty()) throw Error(StatusCode::kDataLoss, index_path + ": weight_map is empty");
+  return map;
+}
+
+}  // namespace
+
+Checkpoint::~Checkpoint() = default;
+
+std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& model_dir, ProgressFn progress) {
+  std::error_code ec;
+  if (!fs::is_directory(model_dir, ec)) {
+    throw Error(StatusCode::kNotFound, model_dir + ": not a directory");
+  }
+  std::unique_ptr<Checkpoint> ckpt(new Checkpoint());
+  ckpt->dir_ = model_dir;
+  const std::string index_path = model_dir + "/" + kIndexName;
+
+  std::map<std::string, std::string> weight_map;
+  std::vector<std::string> file_names;
+  if (is_regular_file(index_path)) {
+    weight_map = read_index(index_path);
+    std::set<std::string> shards;
+    for (const auto& [tensor, shard] : weight_map) shards.insert(shard);
+    for (const std::string& shard : shards) {
+      if (!is_regular_file(model_dir + "/" + shard)) {
+        throw Error(StatusCode::kNotFound, index_path + ": shard \"" + shard + "\" (holding e.g. tensor \"" +
+                                               std::find_if(weight_map.begin(), weight_map.end(),
+                                                            [&](const auto& e) { return e.second == shard; })
+                                                   ->first +
+                                               "\") does not exist in " + model_dir);
+      }
+      file_names.push_back(shard);
+    }
+  } else if (is_regular_file(model_dir + "/" + kSingleName)) {
+    file_names.push_back(kSingleName);
+  } else {
+    // No index: accept any set of *.safetensors files whose tensor names do not collide.
+    for (const auto& entry : fs::directory_iterator(model_dir, ec)) {
+      const std::string name = entry.path().filename().string();
+      if (entry.is_regular_file(ec) && name.size() > 12 && name.ends_with(".safetensors")) {
+        file_names.push_back(name);
+      }
+    }
+    std::sort(file_names.begin(), file_names.end());
+    if (file_names.empty()) {
+      throw Error(StatusCode::kNotFound, model_dir + ": no " + kSingleName + ", " + kIndexName +
+                                             " or other *.safetensors file");
+    }
+  }
+
+  for (const std::string& name : file_names) ckpt->total_bytes_ += file_size_or_zero(model_dir + "/" + name);
+  size_t done_bytes = 0;
+  if (progress) progress(0, ckpt->total_bytes_);
+
+  for (const std::string& name : file_names) {
+    const std::string path = model_dir + "/" + name;
+    ckpt->files_.push_back(SafetensorsFile::open(path));
+    const SafetensorsFile& file = *ckpt->files_.back();
+    for (const TensorInfo& t : file.tensors()) {
+      if (!weight_map.empty()) {
+        auto it = weight_map.find(t.name);
+        if (it == weight_map.end()) {
+          throw Error(StatusCode::kDataLoss, path + ": holds tensor \"" + t.name + "\" which " + index_path +
+                                                 " does not list");
+        }
+        if (it->second != name) {
+          throw Error(StatusCode::kDataLoss, path + ": holds tensor \"" + t.name + "\" which " + index_path +
+                                                 " places in \"" + it->second + "\"");
+        }
+      }
+      auto [pos, inserted] = ckpt->tensors_.emplace(t.name, &t);
+      if (!inserted) {
+        throw Error(StatusCode::kDataLoss, path + ": tensor \"" + t.name + "\" also appears in " + pos->second->file);
+      }
+    }
+    done_bytes += file.file_size_bytes();
+    if (progress) progress(std::min(done_bytes, ckpt->total_bytes_), ckpt->total_bytes_);
+  }
+
+  for (const auto& [tensor, shard] : weight_map) {
+    if (ckpt->tensors_.find(tensor) == ckpt->tensors_.end()) {
+      throw Error(StatusCode::kDataLoss, index_path + ": tensor \"" + tensor + "\" is not in its shard \"" +
+                                             shard + "\"");
+    }
+  }
+  return ckpt;
+}
+
+bool Checkpoint::has(std::string_view name) const { return tensors_.find(name) != tensors_.end(); }
+
+const TensorInfo* Checkpoint::find(std::string_view name) const {
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? nullptr : it->second;
+}
+
+const TensorInfo& Checkpoint::get(std::string_view name) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) {
+    throw Error(StatusCode::kNotFound, dir_ + ": checkpoint has no tensor \"" + std::string(name) + "\"");
+  }
+  return *it->second;
+}
+
+std::vector<std::string> Checkpoint::names() const {
+  std::vector<std::string> out;
+  out.reserve(tensors_.size());
+  for (const auto& [name, info] : tensors_) out.push_back(name);
+  return out;
+}
+
+// ---- LoadProgressPrinter ----
+
+namespace {
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+LoadProgressPrinter::LoadProgressPrinter(std::string label) : label_(std::move(label)) {}
+
+std::string LoadProgressPrinter::format_line(const std::string& label, size_t done_bytes, size_t total_bytes) {
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  const double pct = total_bytes == 0 ? 100.0 : 100.0 * static_cast<double>(done_bytes) / static_cast<double>(total_bytes);
+  char buf[160];
+  std::snprintf(buf, sizeof(buf), "%s: %.1f/%.1f GiB (%.0f%%)", label.c_str(),
+                static_cast<double>(done_bytes) / kGiB, static_cast<double>(total_bytes) / kGiB, pct);
+  return buf;
+}
+
+void LoadProgressPrinter::operator()(size_t done_bytes, size_t total_bytes) {
+  // Small checkpoints load in well under a second: a progress line would only be noise in
+  // logs, unless a person is watching a terminal.
+  if (total_bytes <= kMinTotalBytes && !isatty(STDERR_FILENO)) return;
+  const bool final_call = done_bytes >= total_bytes;
+  const double now = now_seconds();
+  if (final_call) {
+    if (num_lines_printed_ == 0 && total_bytes <= kMinTotalBytes) return;
+  } else if (last_print_seconds_ >= 0.0 && now - last_print_seconds_ < kMinIntervalSeconds) {
+    return;
+  }
+  std::fprintf(stderr, "%s\n", format_line(label_, done_bytes, total_bytes).c_str());
+  last_print_seconds_ = now;
+  ++num_lines_printed_;
+}
+
+}  // namespace dsinfer

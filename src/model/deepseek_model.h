@@ -1,0 +1,56 @@
+// The DeepSeek V2/V3 forward pass, written once against the Backend interface.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/deepseek_weights.h"
+#include "model/model_config.h"
+
+namespace dsinfer {
+
+// Per-layer latent caches: [num_blocks, block_size, kv_lora_rank + rope_dim] each.
+struct KvCaches {
+  int num_blocks = 0;
+  int block_size = 64;
+  std::vector<LayerKvCache> layers;
+};
+
+struct ForwardOutput {
+  Tensor logits;       // [batch.logits_indices.size(), vocab]
+  Tensor hidden;       // [batch.logits_indices.size(), hidden]: final-norm output at those rows
+  std::vector<MoeRouting> routing;  // per MoE layer, when asked for
+};
+
+class DeepseekModel {
+ public:
+  DeepseekModel(ModelConfig config, ModelWeights weights, Backend& backend, int max_positions);
+
+  const ModelConfig& config() const { return config_; }
+  Backend& backend() { return backend_; }
+  int max_positions() const { return max_positions_; }
+  // Bytes of latent cache per token over all layers (fp32 on the CPU backend).
+  size_t kv_bytes_per_token() const;
+
+  KvCaches allocate_caches(int num_blocks, int block_size);
+  ForwardOutput forward(const ForwardBatch& batch, KvCaches& caches, bool record_routing = false);
+
+ private:
+  void attention(const LayerWeights& l, const Tensor& h, const ForwardBatch& batch, LayerKvCache& cache,
+                 int block_size, Tensor& out);
+  void mlp(const LayerWeights& l, const Tensor& h, Tensor& out, MoeRouting* routing);
+
+  ModelConfig config_;
+  ModelWeights weights_;
+  Backend& backend_;
+  int max_positions_;
+  Tensor rope_cos_, rope_sin_;
+  float softmax_scale_;
+};
+
+// Loads config + checkpoint from a directory onto the backend. Throws Error naming the file.
+std::unique_ptr<DeepseekModel> load_deepseek_model(const std::string& model_dir, Backend& backend,
+                                                   int max_positions = 0, bool print_progress = true);
+
+}  // namespace dsinfer

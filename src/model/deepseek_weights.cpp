@@ -1,0 +1,202 @@
+#include "model/deepseek_weights.h"
+
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+
+#include "core/check.h"
+#include "core/status.h"
+#include "model/expected_tensors.h"
+
+namespace dsinfer {
+namespace {
+
+// A tensor source: either a checkpoint or a random generator, so both paths share the layout
+// code below. Returns the tensor widened to fp32 in host memory (FP8 block scales applied).
+using FetchFn = std::function<std::vector<float>(const std::string& name, const std::vector<int64_t>& shape)>;
+
+std::vector<float> widen(const TensorInfo& info, const Checkpoint& ckpt, const ModelConfig& config) {
+  std::vector<float> out(info.num_elements());
+  // Copy through an aligned buffer: tensors inside a mapping may be unaligned.
+  std::vector<uint8_t> raw(info.data, info.data + info.num_bytes);
+  convert_to_f32(info.dtype, raw.data(), out.data(), out.size());
+  if (info.dtype == DType::kF8E4M3) {
+    const TensorInfo& scale = ckpt.get(info.name + "_scale_inv");
+    std::vector<float> s(scale.num_elements());
+    std::memcpy(s.data(), scale.data, scale.num_bytes);
+    const int64_t rows = info.shape[0], cols = info.shape[1];
+    const int br = config.fp8.block_rows, bc = config.fp8.block_cols;
+    const int64_t col_blocks = (cols + bc - 1) / bc;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) out[r * cols + c] *= s[(r / br) * col_blocks + c / bc];
+  }
+  return out;
+}
+
+class WeightBuilder {
+ public:
+  WeightBuilder(const ModelConfig& config, Backend& backend, FetchFn fetch)
+      : c_(config), be_(backend), fetch_(std::move(fetch)) {}
+
+  Tensor vec(const std::string& name, int64_t n) { return host({n}, fetch_(name, {n})); }
+  Tensor mat(const std::string& name, int64_t rows, int64_t cols) {
+    return host({rows, cols}, fetch_(name, {rows, cols}));
+  }
+  LinearWeight linear(const std::string& name, int64_t out, int64_t in) {
+    auto data = fetch_(name, {out, in});
+    HostTensor h{DType::kF32, {out, in}, data.data()};
+    return be_.make_linear(h);
+  }
+  // gate and up stacked into one [2 * inter, in] weight, gate rows first.
+  LinearWeight gate_up(const std::string& prefix, int64_t inter, int64_t in) {
+    auto gate = fetch_(prefix + "gate_proj.weight", {inter, in});
+    auto up = fetch_(prefix + "up_proj.weight", {inter, in});
+    gate.insert(gate.end(), up.begin(), up.end());
+    HostTensor h{DType::kF32, {2 * inter, in}, gate.data()};
+    return be_.make_linear(h);
+  }
+
+  LayerWeights layer(int index) {
+    const std::string p = "model.layers." + std::to_string(index) + ".";
+    const int64_t hidden = c_.hidden_size, heads = c_.num_attention_heads;
+    const int64_t qk = c_.qk_head_dim(), lora = c_.kv_lora_rank, rope = c_.qk_rope_head_dim;
+    const int64_t nope = c_.qk_nope_head_dim, vdim = c_.v_head_dim;
+    LayerWeights l;
+    l.input_norm = vec(p + "input_layernorm.weight", hidden);
+    l.post_attn_norm = vec(p + "post_attention_layernorm.weight", hidden);
+    l.has_q_lora = c_.q_lora_rank > 0;
+    if (l.has_q_lora) {
+      l.q_a = linear(p + "self_attn.q_a_proj.weight", c_.q_lora_rank, hidden);
+      l.q_a_norm = vec(p + "self_attn.q_a_layernorm.weight", c_.q_lora_rank);
+      l.q_b = linear(p + "self_attn.q_b_proj.weight", heads * qk, c_.q_lora_rank);
+    } else {
+      l.q = linear(p + "self_attn.q_proj.weight", heads * qk, hidden);
+    }
+    l.kv_a = linear(p + "self_attn.kv_a_proj_with_mqa.weight", lora + rope, hidden);
+    MlaWeights& m = l.mla;
+    m.num_heads = static_cast<int>(heads);
+    m.kv_lora_rank = static_cast<int>(lora);
+    m.qk_nope_head_dim = static_cast<int>(nope);
+    m.qk_rope_head_dim = static_cast<int>(rope);
+    m.v_head_dim = static_cast<int>(vdim);
+    m.kv_a_layernorm = vec(p + "self_attn.kv_a_layernorm.weight", lora);
+    // kv_b_proj rows per head: [W_UK (nope rows); W_UV (v rows)], each row kv_lora wide.
+    auto kv_b = fetch_(p + "self_attn.kv_b_proj.weight", {heads * (nope + vdim), lora});
+    std::vector<float> uk(heads * nope * lora), uv(heads * vdim * lora);
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* base = kv_b.data() + h * (nope + vdim) * lora;
+      std::copy_n(base, nope * lora, uk.data() + h * nope * lora);
+      std::copy_n(base + nope * lora, vdim * lora, uv.data() + h * vdim * lora);
+    }
+    m.w_uk = host({heads, nope, lora}, std::move(uk));
+    m.w_uv = host({heads, vdim, lora}, std::move(uv));
+    l.o_proj = linear(p + "self_attn.o_proj.weight", hidden, heads * vdim);
+
+    l.is_moe = c_.is_moe_layer(index);
+    if (!l.is_moe) {
+      l.dense_gate_up = gate_up(p + "mlp.", c_.intermediate_size, hidden);
+      l.dense_down = linear(p + "mlp.down_proj.weight", hidden, c_.intermediate_size);
+      return l;
+    }
+    MoeWeights& moe = l.moe;
+    const int64_t experts = c_.n_routed_experts, inter = c_.moe_intermediate_size;
+    moe.num_experts = static_cast<int>(experts);
+    moe.top_k = c_.num_experts_per_tok;
+    moe.num_groups = c_.n_group;
+    moe.topk_groups = c_.topk_group;
+    moe.scoring = c_.scoring_func == ScoringFunc::kSigmoid ? GateScoring::kSigmoid : GateScoring::kSoftmax;
+    moe.topk_method = c_.topk_method == TopkMethod::kNoauxTc              ? GateTopk::kNoauxTc
+                      : c_.topk_method == TopkMethod::kGroupLimitedGreedy ? GateTopk::kGroupLimitedGreedy
+                                                                          : GateTopk::kGreedy;
+    moe.norm_topk_prob = c_.norm_topk_prob;
+    moe.routed_scaling_factor = static_cast<float>(c_.routed_scaling_factor);
+    moe.gate = mat(p + "mlp.gate.weight", experts, hidden);
+    if (moe.topk_method == GateTopk::kNoauxTc)
+      moe.score_correction_bias = vec(p + "mlp.gate.e_score_correction_bias", experts);
+    for (int64_t e = 0; e < experts; ++e) {
+      const std::string ep = p + "mlp.experts." + std::to_string(e) + ".";
+      moe.expert_gate_up.push_back(gate_up(ep, inter, hidden));
+      moe.expert_down.push_back(linear(ep + "down_proj.weight", hidden, inter));
+    }
+    moe.has_shared = c_.n_shared_experts > 0;
+    if (moe.has_shared) {
+      const int64_t shared_inter = inter * c_.n_shared_experts;
+      moe.shared_gate_up = gate_up(p + "mlp.shared_experts.", shared_inter, hidden);
+      moe.shared_down = linear(p + "mlp.shared_experts.down_proj.weight", hidden, shared_inter);
+    }
+    return l;
+  }
+
+  ModelWeights model(const std::function<bool(const std::string&)>& has) {
+    ModelWeights w;
+    const int64_t hidden = c_.hidden_size, vocab = c_.vocab_size;
+    w.embed = mat("model.embed_tokens.weight", vocab, hidden);
+    for (int i = 0; i < c_.num_hidden_layers; ++i) w.layers.push_back(layer(i));
+    w.final_norm = vec("model.norm.weight", hidden);
+    w.lm_head = linear(c_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight", vocab, hidden);
+    for (int i = 0; i < c_.num_nextn_predict_layers; ++i) {
+      const int index = c_.num_hidden_layers + i;
+      const std::string p = "model.layers." + std::to_string(index) + ".";
+      if (!has(p + "eh_proj.weight")) break;  // checkpoints may ship without their MTP modules
+      MtpWeights m;
+      m.enorm = vec(p + "enorm.weight", hidden);
+      m.hnorm = vec(p + "hnorm.weight", hidden);
+      m.eh_proj = linear(p + "eh_proj.weight", hidden, 2 * hidden);
+      m.layer = layer(index);
+      m.head_norm = vec(p + "shared_head.norm.weight", hidden);
+      m.head = has(p + "shared_head.head.weight") ? linear(p + "shared_head.head.weight", vocab, hidden) : w.lm_head;
+      m.embed = has(p + "embed_tokens.weight") ? mat(p + "embed_tokens.weight", vocab, hidden) : w.embed;
+      w.mtp.push_back(std::move(m));
+    }
+    return w;
+  }
+
+ private:
+  Tensor host(std::vector<int64_t> shape, std::vector<float> data) {
+    HostTensor h{DType::kF32, std::move(shape), data.data()};
+    return be_.from_host(h);
+  }
+
+  const ModelConfig& c_;
+  Backend& be_;
+  FetchFn fetch_;
+};
+
+}  // namespace
+
+ModelWeights load_model_weights(const ModelConfig& config, const Checkpoint& ckpt, Backend& backend) {
+  validate_checkpoint(ckpt, config);
+  WeightBuilder builder(config, backend, [&](const std::string& name, const std::vector<int64_t>& shape) {
+    const TensorInfo& info = ckpt.get(name);
+    if (info.shape != shape)
+      throw Error(StatusCode::kInvalidArgument, "tensor " + name + " in " + info.file + " has shape " +
+                                                    shape_to_string(info.shape) + ", expected " + shape_to_string(shape));
+    return widen(info, ckpt, config);
+  });
+  return builder.model([&](const std::string& name) { return ckpt.has(name); });
+}
+
+ModelWeights make_random_weights(const ModelConfig& config, Backend& backend, uint64_t seed) {
+  WeightBuilder builder(config, backend, [&](const std::string& name, const std::vector<int64_t>& shape) {
+    // Each tensor's values depend only on its name and the seed.
+    std::mt19937_64 rng(seed ^ std::hash<std::string>{}(name));
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    std::vector<float> v(n);
+    const bool is_norm = name.find("norm") != std::string::npos;
+    const bool is_bias = name.find("bias") != std::string::npos;
+    const float scale = shape.size() == 2 ? 1.0f / std::sqrt(static_cast<float>(shape[1])) : 0.1f;
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    for (auto& x : v) {
+      if (is_norm) x = 1.0f + 0.1f * dist(rng);
+      else if (is_bias) x = 0.05f * std::abs(dist(rng));
+      else if (name.find("embed_tokens") != std::string::npos) x = dist(rng);
+      else x = scale * dist(rng);
+    }
+    return v;
+  });
+  return builder.model([](const std::string& name) { return true; });
+}
+
+}  // namespace dsinfer
