@@ -14,90 +14,54 @@
 
 #include "command.h"
 #include "core/logging.h"
+#include "engine/async_engine.h"
+#include "engine_options.h"
 #include "server/api_server.h"
 #include "server/byte_codec.h"
+#include "server/deepseek_codec.h"
 #include "server/echo_engine.h"
 #include "server/http_server.h"
 
 namespace {
 
-void print_help() {
-  std::fprintf(stderr,
-               "usage: dsinfer serve [--model DIR] [--host 127.0.0.1] [--port 8000] [--api-key KEY]\n"
-               "                     [--served-model-name NAME] [--max-queued N] [--max-body-bytes N]\n"
-               "                     [--backend cpu|cuda] [--grace-period-s S] [--engine model|echo]\n"
-               "                     [--max-context-tokens N] [--echo-step-us US]\n\n"
-               "Serves /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages\n"
-               "(also /anthropic/v1/messages), /v1/models, /health and /metrics.\n"
-               "--engine echo answers without a model (each request gets its last message back,\n"
-               "one byte per token); it exercises the server and its clients alone.\n"
-               "SIGTERM/SIGINT: stop accepting, finish requests for up to --grace-period-s, exit 0.\n");
-}
-
-bool parse_int(const char* text, long long min_value, long long max_value, long long& out) {
-  char* end = nullptr;
-  errno = 0;
-  long long v = std::strtoll(text, &end, 10);
-  if (errno || !end || *end || end == text || v < min_value || v > max_value) return false;
-  out = v;
-  return true;
-}
+const char* kServeDescription =
+    "Serves /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages (also\n"
+    "/anthropic/v1/messages), /v1/models, /health and /metrics.\n"
+    "--engine echo answers without a model (each request gets its last message back, one byte\n"
+    "per token): it exercises the server and its clients alone.\n"
+    "SIGTERM/SIGINT: stop accepting, let requests finish for up to --grace-period-s, exit 0.";
 
 int run_serve(int argc, char** argv) {
-  std::string model_dir = dsinfer::cli::default_model_dir();
-  std::string engine_kind = "model";
-  std::string backend = "cpu";
+  CLI::App app(kServeDescription, "dsinfer serve");
+  dsinfer::cli::EngineOptions engine_options;
+  dsinfer::cli::add_engine_options(app, engine_options);
   dsinfer::server::HttpServerOptions http_options;
   dsinfer::server::ApiServerOptions api_options;
   api_options.served_model_name.clear();
-  long long grace_period_s = 30;
-  long long max_context_tokens = 4096;
-  long long echo_step_us = 1000;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      print_help();
-      return 0;
-    }
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "dsinfer serve: %s needs a value (see --help)\n", arg.c_str());
-      return 2;
-    }
-    const char* value = argv[++i];
-    long long n = 0;
-    auto need_int = [&](long long lo, long long hi) {
-      if (parse_int(value, lo, hi, n)) return true;
-      std::fprintf(stderr, "dsinfer serve: %s expects an integer in [%lld, %lld], got '%s'\n", arg.c_str(), lo, hi, value);
-      return false;
-    };
-    if (arg == "--model") model_dir = value;
-    else if (arg == "--host") http_options.host = value;
-    else if (arg == "--port") { if (!need_int(0, 65535)) return 2; http_options.port = static_cast<int>(n); }
-    else if (arg == "--api-key") api_options.api_key = value;
-    else if (arg == "--served-model-name") api_options.served_model_name = value;
-    else if (arg == "--max-queued") { if (!need_int(1, 1 << 30)) return 2; api_options.max_queued = static_cast<int>(n); }
-    else if (arg == "--max-body-bytes") { if (!need_int(1024, 1ll << 32)) return 2; http_options.max_body_bytes = static_cast<size_t>(n); }
-    else if (arg == "--backend") backend = value;
-    else if (arg == "--grace-period-s") { if (!need_int(0, 86400)) return 2; grace_period_s = n; }
-    else if (arg == "--engine") engine_kind = value;
-    else if (arg == "--max-context-tokens") { if (!need_int(16, 1 << 24)) return 2; max_context_tokens = n; }
-    else if (arg == "--echo-step-us") { if (!need_int(0, 10000000)) return 2; echo_step_us = n; }
-    else {
-      std::fprintf(stderr, "dsinfer serve: unknown option '%s' (see --help)\n", arg.c_str());
-      return 2;
-    }
+  std::string engine_kind = "model";
+  int64_t grace_period_s = 30;
+  int max_context_tokens = 4096;
+  int echo_step_us = 1000;
+  app.add_option("--host", http_options.host, "address to listen on");
+  app.add_option("--port", http_options.port, "port (0 picks a free one)")->check(CLI::Range(0, 65535));
+  app.add_option("--api-key", api_options.api_key, "require this key (Authorization: Bearer, or x-api-key)");
+  app.add_option("--served-model-name", api_options.served_model_name, "the model name clients use (default: the directory's name)");
+  app.add_option("--max-queued", api_options.max_queued, "requests waiting for their first token before 429")->check(CLI::Range(1, 1 << 30));
+  app.add_option("--max-body-bytes", http_options.max_body_bytes, "largest request body (413 beyond)")->check(CLI::Range(1024ll, 1ll << 32));
+  app.add_option("--grace-period-s", grace_period_s, "how long SIGTERM waits for requests in flight")->check(CLI::Range(0, 86400));
+  app.add_option("--engine", engine_kind, "model: the engine core; echo: a scripted engine, no model")->check(CLI::IsMember({"model", "echo"}));
+  app.add_option("--max-context-tokens", max_context_tokens, "echo engine: its context window")->check(CLI::Range(16, 1 << 24));
+  app.add_option("--echo-step-us", echo_step_us, "echo engine: time per step")->check(CLI::Range(0, 10000000));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
   }
-  if (engine_kind != "model" && engine_kind != "echo") {
-    std::fprintf(stderr, "dsinfer serve: --engine must be 'model' or 'echo'\n");
-    return 2;
-  }
-  if (backend != "cpu" && backend != "cuda") {
-    std::fprintf(stderr, "dsinfer serve: --backend must be 'cpu' or 'cuda'\n");
-    return 2;
-  }
+  dsinfer::EngineConfig config = dsinfer::cli::finish_engine_options(engine_options);
   if (api_options.served_model_name.empty()) {
     api_options.served_model_name =
-        engine_kind == "echo" ? "echo" : std::filesystem::path(model_dir).filename().string();
+        engine_kind == "echo" ? "echo" : std::filesystem::path(config.model_dir).lexically_normal().filename().string();
+    if (api_options.served_model_name.empty()) api_options.served_model_name = "dsinfer";
   }
 
   // Signals are taken synchronously by this thread; every thread started below inherits the mask.
@@ -127,19 +91,25 @@ int run_serve(int argc, char** argv) {
   std::unique_ptr<dsinfer::EngineClient> engine;
   std::unique_ptr<dsinfer::server::ModelCodec> model_codec;
   dsinfer::server::EchoEngine* echo = nullptr;
-  if (engine_kind == "echo") {
-    dsinfer::server::EchoEngineOptions options;
-    options.max_context_tokens = static_cast<int>(max_context_tokens);
-    options.step_interval_us = static_cast<int>(echo_step_us);
-    options.max_running = 4096;
-    auto e = std::make_unique<dsinfer::server::EchoEngine>(options);
-    echo = e.get();
-    engine = std::move(e);
-    model_codec = std::make_unique<dsinfer::server::ByteCodec>();
-  } else {
-    std::fprintf(stderr,
-                 "dsinfer serve: serving a model needs the engine core, which this build does not include yet; "
-                 "use --engine echo to run the server alone\n");
+  dsinfer::AsyncEngine* async_engine = nullptr;
+  try {
+    if (engine_kind == "echo") {
+      dsinfer::server::EchoEngineOptions options;
+      options.max_context_tokens = max_context_tokens;
+      options.step_interval_us = echo_step_us;
+      options.max_running = 4096;
+      auto e = std::make_unique<dsinfer::server::EchoEngine>(options);
+      echo = e.get();
+      engine = std::move(e);
+      model_codec = std::make_unique<dsinfer::server::ByteCodec>();
+    } else {
+      auto e = std::make_unique<dsinfer::AsyncEngine>(config);
+      model_codec = dsinfer::server::DeepseekCodec::load(config.model_dir, e->model_config().vocab_size);
+      async_engine = e.get();
+      engine = std::move(e);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dsinfer serve: cannot load the model from %s: %s\n", config.model_dir.c_str(), e.what());
     http.stop();
     io_thread.join();
     return 1;
@@ -150,7 +120,8 @@ int run_serve(int argc, char** argv) {
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
-  std::fprintf(stderr, "dsinfer serve: %s: draining (grace period %llds)\n", strsignal(signal_number), grace_period_s);
+  std::fprintf(stderr, "dsinfer serve: %s: draining (grace period %llds)\n", strsignal(signal_number),
+               static_cast<long long>(grace_period_s));
   api.start_draining();
   http.stop_accepting();
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(grace_period_s);
@@ -166,6 +137,7 @@ int run_serve(int argc, char** argv) {
   http.stop();
   io_thread.join();
   if (echo) echo->shutdown();
+  if (async_engine) async_engine->shutdown();
   std::fprintf(stderr, "dsinfer serve: stopped\n");
   return 0;
 }

@@ -237,6 +237,7 @@ void ApiServer::generate(const std::string& route, ApiProtocol protocol, HttpReq
   render.thinking = model_codec->has_thinking_switch() && request.thinking.value_or(model_codec->thinking_by_default());
   std::vector<TokenId> prompt_ids;
   std::string echo_prompt;
+  bool starts_in_reasoning = false;
   if (request.raw_prompt) {
     if (request.has_prompt_ids) {
       for (TokenId id : request.prompt_ids) {
@@ -281,7 +282,8 @@ void ApiServer::generate(const std::string& route, ApiProtocol protocol, HttpReq
       respond_error(route, protocol, *exchange, 400, "invalid_value", prompt_param(protocol), encoded.status().message());
       return;
     }
-    prompt_ids = std::move(encoded).value();
+    prompt_ids = std::move(encoded.value().ids);
+    starts_in_reasoning = encoded.value().starts_in_reasoning;
     request.conversation.tools = std::move(conversation.tools);
   }
   if (prompt_ids.empty()) {
@@ -320,7 +322,7 @@ void ApiServer::generate(const std::string& route, ApiProtocol protocol, HttpReq
   setup.parser.parse_reasoning = !request.raw_prompt;
   setup.parser.parse_tool_calls =
       !request.raw_prompt && !request.conversation.tools.empty() && request.tool_choice.mode != codec::ToolChoiceMode::kNone;
-  setup.parser.starts_in_reasoning = !request.raw_prompt && model_codec->prompt_starts_in_reasoning(render);
+  setup.parser.starts_in_reasoning = starts_in_reasoning;
   setup.arrival = arrival;
   uint64_t session_id = next_session_++;
   auto queued = std::make_shared<bool>(true);

@@ -173,8 +173,8 @@ class MarkupParser : public OutputEventParser {
 
 }  // namespace
 
-Result<std::vector<TokenId>> ByteCodec::encode_conversation(const codec::Conversation& conversation,
-                                                            const codec::RenderOptions& options) const {
+Result<EncodedPrompt> ByteCodec::encode_conversation(const codec::Conversation& conversation,
+                                                     const codec::RenderOptions& options) const {
   if (conversation.messages.empty()) return Status(StatusCode::kInvalidArgument, "the conversation is empty");
   std::vector<TokenId> ids;
   for (const auto& tool : conversation.tools) append_bytes("tool " + tool.name + ": " + tool.parameters_json + "\n", ids);
@@ -187,7 +187,7 @@ Result<std::vector<TokenId>> ByteCodec::encode_conversation(const codec::Convers
     append_bytes(conversation.messages.back().content, ids);
     ids.push_back(kReplyEnd);
   }
-  return ids;
+  return EncodedPrompt{std::move(ids), false};
 }
 
 Result<std::vector<TokenId>> ByteCodec::encode_text(const std::string& text) const {

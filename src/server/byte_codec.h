@@ -19,14 +19,13 @@ class ByteCodec : public ModelCodec {
   static constexpr TokenId kReplyEnd = 258;
   static constexpr int kVocabSize = 259;
 
-  Result<std::vector<TokenId>> encode_conversation(const codec::Conversation& conversation,
-                                                   const codec::RenderOptions& options) const override;
+  Result<EncodedPrompt> encode_conversation(const codec::Conversation& conversation,
+                                            const codec::RenderOptions& options) const override;
   Result<std::vector<TokenId>> encode_text(const std::string& text) const override;
   std::string decode(const std::vector<TokenId>& ids) const override;
   int vocab_size() const override { return kVocabSize; }
   bool has_thinking_switch() const override { return true; }
   bool thinking_by_default() const override { return false; }
-  bool prompt_starts_in_reasoning(const codec::RenderOptions&) const override { return false; }
   std::unique_ptr<TokenTextStream> make_text_stream() const override;
   std::unique_ptr<OutputEventParser> make_parser(const ParserOptions& options) const override;
 };

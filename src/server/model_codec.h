@@ -40,21 +40,24 @@ struct ParserOptions {
   bool starts_in_reasoning = false;  // the prompt ended inside <think>
 };
 
+struct EncodedPrompt {
+  std::vector<TokenId> ids;
+  bool starts_in_reasoning = false;  // the prompt ends inside the reasoning section (<think>)
+};
+
 class ModelCodec {
  public:
   virtual ~ModelCodec() = default;
   // The generation prompt for a conversation, as token ids (BOS included when the family has one).
-  virtual Result<std::vector<TokenId>> encode_conversation(const codec::Conversation& conversation,
-                                                           const codec::RenderOptions& options) const = 0;
+  virtual Result<EncodedPrompt> encode_conversation(const codec::Conversation& conversation,
+                                                    const codec::RenderOptions& options) const = 0;
   // Plain text without template or BOS (for /v1/completions).
   virtual Result<std::vector<TokenId>> encode_text(const std::string& text) const = 0;
   virtual std::string decode(const std::vector<TokenId>& ids) const = 0;
-  virtual int vocab_size() const = 0;
+  virtual int vocab_size() const = 0;  // ids at or past this are rejected in prompts
   // Whether the family has a thinking switch, and its default when the request says nothing.
   virtual bool has_thinking_switch() const = 0;
   virtual bool thinking_by_default() const = 0;
-  // Whether a generation prompt rendered with `options` ends inside the reasoning section.
-  virtual bool prompt_starts_in_reasoning(const codec::RenderOptions& options) const = 0;
   virtual std::unique_ptr<TokenTextStream> make_text_stream() const = 0;
   virtual std::unique_ptr<OutputEventParser> make_parser(const ParserOptions& options) const = 0;
 };

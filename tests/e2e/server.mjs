@@ -7,7 +7,8 @@ const here = path.dirname(fileURLToPath(import.meta.url));
 export const binary = process.env.DSINFER_BINARY ?? path.join(here, '../../build/dsinfer');
 
 export async function startServer(extraArgs = []) {
-  const args = ['serve', '--engine', 'echo', '--port', '0', ...extraArgs];
+  const engine = extraArgs.includes('--engine') ? [] : ['--engine', 'echo'];
+  const args = ['serve', ...engine, '--port', '0', ...extraArgs];
   const child = spawn(binary, args, { stdio: ['ignore', 'ignore', 'pipe'] });
   let log = '';
   const exited = new Promise((resolve) => child.on('exit', (code, signal) => resolve({ code, signal })));

@@ -99,7 +99,7 @@ TEST(ByteCodec, PromptEndsWithTheLastMessageBetweenMarkers) {
   conversation.messages.push_back({codec::Role::kUser, "hi", std::nullopt, {}, ""});
   auto ids = codec.encode_conversation(conversation, {});
   ASSERT_TRUE(ids.ok());
-  const auto& v = ids.value();
+  const auto& v = ids.value().ids;
   ASSERT_GE(v.size(), 4u);
   EXPECT_EQ(v[v.size() - 4], ByteCodec::kReplyBegin);
   EXPECT_EQ(v[v.size() - 3], 'h');
