@@ -45,6 +45,7 @@ struct BenchOptions {
 
 struct RequestResult {
   bool ok = false;
+  bool has_text = false;
   std::string error;
   double ttft_s = 0, e2e_s = 0;
   std::vector<double> itl_s;
@@ -152,8 +153,11 @@ class StreamRequest : public std::enable_shared_from_this<StreamRequest> {
     if (finished_) return;
     finished_ = true;
     result_.e2e_s = std::chrono::duration<double>(Clock::now() - start_).count();
-    result_.ok = done_seen_ && first_token_;
-    if (!result_.ok) result_.error = "stream ended without tokens or [DONE]";
+    // A stream that completed is a success even if no token carried text (a model may emit only
+    // special tokens); it just has no TTFT.
+    result_.ok = done_seen_;
+    result_.has_text = first_token_;
+    if (!result_.ok) result_.error = "stream ended without [DONE]";
     boost::system::error_code ignored;
     socket_.close(ignored);
     on_done_();
@@ -296,7 +300,7 @@ int run_bench_serve(int argc, char** argv) {
   double duration_s = std::chrono::duration<double>(Clock::now() - run_start).count();
 
   std::vector<double> ttft, itl, e2e;
-  int num_ok = 0;
+  int num_ok = 0, num_without_text = 0;
   int64_t num_output_tokens = 0;
   std::string first_error;
   for (const auto& r : results) {
@@ -305,7 +309,8 @@ int run_bench_serve(int argc, char** argv) {
       continue;
     }
     ++num_ok;
-    ttft.push_back(r.ttft_s * 1e3);
+    if (!r.has_text) ++num_without_text;
+    else ttft.push_back(r.ttft_s * 1e3);
     e2e.push_back(r.e2e_s * 1e3);
     for (double x : r.itl_s) itl.push_back(x * 1e3);
     num_output_tokens += r.num_output_tokens;
@@ -324,11 +329,12 @@ int run_bench_serve(int argc, char** argv) {
   row("TTFT", ttft);
   row("ITL", itl);
   row("E2E", e2e);
+  if (num_without_text > 0) std::printf("%d completed streams carried no text (no TTFT sample)\n", num_without_text);
   if (!first_error.empty()) std::printf("first failure: %s\n", first_error.c_str());
 
   if (!o.json_path.empty()) {
     nlohmann::json summary = {
-        {"num_requests", o.num_requests}, {"num_ok", num_ok}, {"num_failed", num_failed}, {"duration_s", duration_s},
+        {"num_requests", o.num_requests}, {"num_ok", num_ok}, {"num_failed", num_failed}, {"num_without_text", num_without_text}, {"duration_s", duration_s},
         {"request_throughput", num_ok / duration_s}, {"output_token_throughput", num_output_tokens / duration_s},
         {"num_output_tokens", num_output_tokens},
         {"ttft_ms", {{"p50", percentile(ttft, 50)}, {"p90", percentile(ttft, 90)}, {"p99", percentile(ttft, 99)}}},
