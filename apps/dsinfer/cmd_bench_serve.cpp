@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <boost/asio.hpp>
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -125,19 +126,14 @@ class StreamRequest : public std::enable_shared_from_this<StreamRequest> {
         done_seen_ = true;
         continue;
       }
-      auto j = nlohmann::json::parse(payload, nullptr, false);
-      if (j.is_discarded()) continue;
-      if (j.contains("usage") && j["usage"].is_object()) result_.num_output_tokens = j["usage"].value("completion_tokens", 0);
-      if (!j.contains("choices") || !j["choices"].is_array() || j["choices"].empty()) continue;
-      const auto& c = j["choices"][0];
-      std::string text;
-      if (c.contains("text") && c["text"].is_string()) text = c["text"].get<std::string>();
-      if (c.contains("delta") && c["delta"].is_object()) {
-        const auto& d = c["delta"];
-        if (d.contains("content") && d["content"].is_string()) text += d["content"].get<std::string>();
-        if (d.contains("reasoning_content") && d["reasoning_content"].is_string()) text += d["reasoning_content"].get<std::string>();
+      // Only the usage chunk is parsed; token chunks are recognised by a scan, so the client
+      // spends little of the machine the server runs on.
+      if (payload.find("\"usage\":{") != std::string::npos) {
+        auto j = nlohmann::json::parse(payload, nullptr, false);
+        if (!j.is_discarded() && j["usage"].is_object()) result_.num_output_tokens = j["usage"].value("completion_tokens", 0);
+        continue;
       }
-      if (text.empty()) continue;
+      if (!has_text(payload)) continue;
       auto now = Clock::now();
       if (!first_token_) {
         result_.ttft_s = std::chrono::duration<double>(now - start_).count();
@@ -147,6 +143,15 @@ class StreamRequest : public std::enable_shared_from_this<StreamRequest> {
       }
       last_token_ = now;
     }
+  }
+
+  // Whether a chunk carries a non-empty "text", "content" or "reasoning_content" string.
+  static bool has_text(const std::string& payload) {
+    for (const char* key : {"\"text\":\"", "\"content\":\"", "\"reasoning_content\":\""}) {
+      size_t at = payload.find(key);
+      if (at != std::string::npos && payload[at + std::strlen(key)] != '"') return true;
+    }
+    return false;
   }
 
   void finish() {

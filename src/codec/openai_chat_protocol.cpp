@@ -297,12 +297,12 @@ class ChatCompletionsEncoder : public ProtocolEncoder {
     switch (event.kind) {
       case OutputEventKind::kContent:
         c.content += event.text;
-        if (options_.stream && !event.text.empty()) emit_chunk(choice, {{"content", event.text}}, nullptr, out);
+        if (options_.stream && !event.text.empty()) emit_text_chunk(choice, "content", event.text, out);
         break;
       case OutputEventKind::kReasoning:
         c.reasoning += event.text;
         c.has_reasoning = true;
-        if (options_.stream && !event.text.empty()) emit_chunk(choice, {{"reasoning_content", event.text}}, nullptr, out);
+        if (options_.stream && !event.text.empty()) emit_text_chunk(choice, "reasoning_content", event.text, out);
         break;
       case OutputEventKind::kToolCallBegin: {
         ToolCall call;
@@ -388,6 +388,23 @@ class ChatCompletionsEncoder : public ProtocolEncoder {
             {"system_fingerprint", nullptr}};
   }
 
+  // The per-token hot path: the chunk is assembled from a cached prefix instead of a json tree.
+  void emit_text_chunk(int choice, const char* field, const std::string& text, std::string& out) {
+    if (text_prefix_.empty()) {
+      text_prefix_ = "{\"id\":" + dump(json(options_.response_id)) + ",\"object\":\"chat.completion.chunk\",\"created\":" +
+                     std::to_string(options_.created_s) + ",\"model\":" + dump(json(options_.model)) +
+                     ",\"system_fingerprint\":null,\"choices\":[{\"index\":";
+    }
+    std::string data = text_prefix_;
+    data += std::to_string(choice);
+    data += ",\"delta\":{\"";
+    data += field;
+    data += "\":";
+    data += dump(json(text));
+    data += "},\"logprobs\":null,\"finish_reason\":null}]}";
+    append_sse(out, nullptr, data);
+  }
+
   void emit_chunk(int choice, json delta, const char* finish_reason, std::string& out) {
     json chunk = chunk_base();
     chunk["choices"] = json::array({{{"index", choice},
@@ -405,6 +422,7 @@ class ChatCompletionsEncoder : public ProtocolEncoder {
 
   EncoderOptions options_;
   std::vector<ChoiceState> choices_;
+  std::string text_prefix_;
 };
 
 class CompletionsEncoder : public ProtocolEncoder {
@@ -464,6 +482,17 @@ class CompletionsEncoder : public ProtocolEncoder {
     return {{"id", options_.response_id}, {"object", "text_completion"}, {"created", options_.created_s}, {"model", options_.model}};
   }
   void emit(int choice, const std::string& text, const char* finish_reason, std::string& out) {
+    if (!finish_reason) {
+      // The per-token hot path, from a cached prefix.
+      if (text_prefix_.empty()) {
+        text_prefix_ = "{\"id\":" + dump(json(options_.response_id)) + ",\"object\":\"text_completion\",\"created\":" +
+                       std::to_string(options_.created_s) + ",\"model\":" + dump(json(options_.model)) + ",\"choices\":[{\"index\":";
+      }
+      std::string data = text_prefix_ + std::to_string(choice) + ",\"text\":" + dump(json(text)) +
+                         ",\"logprobs\":null,\"finish_reason\":null}]}";
+      append_sse(out, nullptr, data);
+      return;
+    }
     json chunk = base();
     chunk["choices"] = json::array({{{"index", choice}, {"text", text}, {"logprobs", nullptr},
                                      {"finish_reason", finish_reason ? json(finish_reason) : json(nullptr)}}});
@@ -472,6 +501,7 @@ class CompletionsEncoder : public ProtocolEncoder {
 
   EncoderOptions options_;
   std::vector<ChoiceState> choices_;
+  std::string text_prefix_;
 };
 
 }  // namespace

@@ -108,6 +108,19 @@ void ApiServer::respond_error(const std::string& route, ApiProtocol protocol, Ht
 }
 
 void ApiServer::handle(HttpRequest request, std::shared_ptr<HttpExchange> exchange) {
+  // Nothing a request does may take the I/O loop down; an unexpected exception is a 500.
+  try {
+    route(request, exchange);
+  } catch (const std::exception& e) {
+    DS_LOG_ERROR("http: " << request.method << " " << request.target << ": " << e.what());
+    if (!exchange->closed()) {
+      respond_error("other", protocol_for_path(request.path()), *exchange, 500, "internal_error", "",
+                    "The server failed on this request.");
+    }
+  }
+}
+
+void ApiServer::route(HttpRequest& request, const std::shared_ptr<HttpExchange>& exchange) {
   const std::string path = request.path();
   const Route* route = nullptr;
   bool path_known = false;
@@ -187,7 +200,7 @@ void ApiServer::handle(HttpRequest request, std::shared_ptr<HttpExchange> exchan
     metrics_.count_request(label, 200);
     return;
   }
-  generate(label, static_cast<ApiProtocol>(route->kind), request, std::move(exchange));
+  generate(label, static_cast<ApiProtocol>(route->kind), request, exchange);
 }
 
 void ApiServer::generate(const std::string& route, ApiProtocol protocol, HttpRequest& http_request,

@@ -57,6 +57,7 @@ class ApiServer {
   void set_connection_counter(std::function<int()> counter) { connection_counter_ = std::move(counter); }
 
  private:
+  void route(HttpRequest& request, const std::shared_ptr<HttpExchange>& exchange);
   void generate(const std::string& route, codec::ApiProtocol protocol, HttpRequest& request, std::shared_ptr<HttpExchange> exchange);
   void respond_error(const std::string& route, codec::ApiProtocol protocol, HttpExchange& exchange, int status,
                      const std::string& code, const std::string& param, const std::string& message);

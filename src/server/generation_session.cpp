@@ -82,6 +82,22 @@ std::optional<codec::ApiError> GenerationSession::start() {
 }
 
 void GenerationSession::on_output(int index, const RequestOutput& output) {
+  try {
+    process_output(index, output);
+  } catch (const std::exception& e) {
+    // A decoding or parsing failure ends this request, never the server.
+    DS_LOG_ERROR("request " << setup_.response_id << ": " << e.what());
+    error_ = true;
+    for (size_t i = 0; i < choices_.size(); ++i) {
+      if (choices_[i].submitted && !choices_[i].engine_done) setup_.engine->cancel(choices_[i].engine_id);
+      if (!choices_[i].ended) end_choice(static_cast<int>(i), ChoiceEnd::kError, "");
+    }
+    if (request_.stream) flush_stream();
+    maybe_finish();
+  }
+}
+
+void GenerationSession::process_output(int index, const RequestOutput& output) {
   Choice& c = choices_.at(static_cast<size_t>(index));
   if (output.finished()) c.engine_done = true;
   if (finished_ || c.ended) return;

@@ -65,6 +65,7 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
   };
 
   void on_output(int choice, const RequestOutput& output);
+  void process_output(int choice, const RequestOutput& output);
   void end_choice(int choice, codec::ChoiceEnd end, const std::string& stop_string);
   void handle_events(int choice, std::vector<codec::OutputEvent>& events);
   void maybe_finish();

@@ -220,6 +220,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void finish_response() {
     responding_ = false;
     on_close_ = nullptr;
+    if (keep_alive_) arm_idle_timer();  // an idle keep-alive connection is closed in time
     if (!writing_) after_flush();
   }
 
