@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Serving benchmarks on the CPU with a tiny real model (tests/data/tiny_v3 + a fitted
-# tokenizer, see tests/e2e/tiny_model.mjs):
+# tokenizer, see tests/e2e/tiny_model.mjs), or with SMALL=1 a larger config of the same family
+# (6 layers, hidden 512, 16 experts) with random weights (--dummy-weights):
 #  1. server overhead per streamed token: output tokens/s of `dsinfer serve` + `bench-serve`
 #     against `dsinfer generate` on the same prompts in the same run (goal: ratio >= 0.95);
 #  2. 1,000 concurrent streaming connections to the real engine: all must complete.
@@ -10,6 +11,23 @@ cd "$(dirname "$0")/.."
 BIN=${DSINFER_BINARY:-build/dsinfer}
 NUM=${NUM:-64}; IN=${IN:-32}; OUT=${OUT:-128}; REPEATS=${REPEATS:-5}
 MODEL=$(node -e "import('./tests/e2e/tiny_model.mjs').then(m => console.log(m.makeTinyModelDir()))")
+WEIGHTS=()
+DESCRIPTION="tiny_v3 random-weight model (3 layers, hidden 64)"
+if [ "${SMALL:-0}" = 1 ]; then
+  rm "$MODEL/config.json" "$MODEL/model.safetensors"
+  python3 - "$MODEL" <<'PY'
+import json, sys
+c = json.load(open('tests/data/tiny_v3/config.json'))
+c.update(hidden_size=512, intermediate_size=1408, moe_intermediate_size=256, num_hidden_layers=6, num_attention_heads=8,
+         num_key_value_heads=8, kv_lora_rank=128, q_lora_rank=192, qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64,
+         n_routed_experts=16, num_experts_per_tok=4, n_group=4, topk_group=2, max_position_embeddings=2048,
+         num_nextn_predict_layers=0)
+c['rope_scaling']['original_max_position_embeddings'] = 512
+json.dump(c, open(sys.argv[1] + '/config.json', 'w'), indent=1)
+PY
+  WEIGHTS=(--dummy-weights)
+  DESCRIPTION="DeepSeek-V3-architecture config with random weights (6 layers, hidden 512, 16 experts, top-4)"
+fi
 WORK=$(mktemp -d)
 trap 'rm -rf "$MODEL" "$WORK"; [ -n "${SERVER:-}" ] && kill "$SERVER" 2>/dev/null || true' EXIT
 
@@ -28,8 +46,8 @@ PY
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 wall_ratios=(); cpu_ratios=(); gen_rates=(); serve_rates=()
 for rep in $(seq "$REPEATS"); do
-  /usr/bin/time -f "%e %U %S" -o "$WORK/t_load" "$BIN" generate --model "$MODEL" --prompt-ids 100 --max-tokens 1 > /dev/null
-  /usr/bin/time -f "%e %U %S" -o "$WORK/t_gen" "$BIN" generate --model "$MODEL" --input "$WORK/prompts.jsonl" \
+  /usr/bin/time -f "%e %U %S" -o "$WORK/t_load" "$BIN" generate --model "$MODEL" "${WEIGHTS[@]}" --prompt-ids 100 --max-tokens 1 > /dev/null
+  /usr/bin/time -f "%e %U %S" -o "$WORK/t_gen" "$BIN" generate --model "$MODEL" "${WEIGHTS[@]}" --input "$WORK/prompts.jsonl" \
       --max-tokens "$OUT" --ignore-eos --temperature 0 > "$WORK/gen.jsonl"
   read -r gen_rate gen_cpu_rate < <(python3 - "$WORK/t_load" "$WORK/t_gen" "$NUM" "$OUT" <<'PY'
 import sys
@@ -39,7 +57,7 @@ tokens = int(sys.argv[3]) * int(sys.argv[4])
 print(tokens / (run[0] - load[0]), tokens / ((run[1] + run[2]) - (load[1] + load[2])))
 PY
 )
-  "$BIN" serve --engine model --model "$MODEL" --served-model-name tiny --port 0 2> "$WORK/serve.log" & SERVER=$!
+  "$BIN" serve --engine model --model "$MODEL" "${WEIGHTS[@]}" --served-model-name tiny --port 0 2> "$WORK/serve.log" & SERVER=$!
   for _ in $(seq 200); do grep -q ready "$WORK/serve.log" && break; sleep 0.05; done
   PORT=$(grep -o 'http://127.0.0.1:[0-9]*' "$WORK/serve.log" | head -1 | cut -d: -f3)
   c0=$(cpu_ticks "$SERVER")
@@ -65,23 +83,27 @@ spread() { printf '%.2f-%.2f' "$(printf '%s\n' "$@" | sort -g | head -1)" "$(pri
 GEN=$(median "${gen_rates[@]}"); SERVED=$(median "${serve_rates[@]}")
 WALL=$(printf '%.3f' "$(median "${wall_ratios[@]}")"); CPU=$(printf '%.3f' "$(median "${cpu_ratios[@]}")")
 
-# 1,000 concurrent streams against the real engine.
-"$BIN" serve --engine model --model "$MODEL" --served-model-name tiny --port 0 --max-queued 2000 2> "$WORK/serve.log" & SERVER=$!
-for _ in $(seq 200); do grep -q ready "$WORK/serve.log" && break; sleep 0.05; done
-PORT=$(grep -o 'http://127.0.0.1:[0-9]*' "$WORK/serve.log" | head -1 | cut -d: -f3)
-"$BIN" bench-serve --port "$PORT" --model tiny --num-requests 1000 --concurrency 1000 --input-tokens 16 --output-tokens 16 \
-    --json "$WORK/c1000.json" --plot bench/serve_c1000.png > "$WORK/c1000.txt" || true
-kill -TERM "$SERVER"; wait "$SERVER"; SERVER=
-cat "$WORK/c1000.txt"
-C1000=$(python3 -c "import json; j=json.load(open('$WORK/c1000.json')); print(f\"{j['num_ok']} ok / {j['num_failed']} failed, {j['output_token_throughput']:.0f} tok/s, TTFT p50 {j['ttft_ms']['p50']:.0f} ms p99 {j['ttft_ms']['p99']:.0f} ms, ITL p50 {j['itl_ms']['p50']:.1f} ms p99 {j['itl_ms']['p99']:.1f} ms\")")
+# 1,000 concurrent streams against the real engine (tiny model only).
+C1000=""
+if [ "${SMALL:-0}" != 1 ]; then
+  "$BIN" serve --engine model --model "$MODEL" --served-model-name tiny --port 0 --max-queued 2000 2> "$WORK/serve.log" & SERVER=$!
+  for _ in $(seq 200); do grep -q ready "$WORK/serve.log" && break; sleep 0.05; done
+  PORT=$(grep -o 'http://127.0.0.1:[0-9]*' "$WORK/serve.log" | head -1 | cut -d: -f3)
+  "$BIN" bench-serve --port "$PORT" --model tiny --num-requests 1000 --concurrency 1000 --input-tokens 16 --output-tokens 16 \
+      --json "$WORK/c1000.json" --plot bench/serve_c1000.png > "$WORK/c1000.txt" || true
+  kill -TERM "$SERVER"; wait "$SERVER"; SERVER=
+  cat "$WORK/c1000.txt"
+  C1000=$(python3 -c "import json; j=json.load(open('$WORK/c1000.json')); print(f\"{j['num_ok']} ok / {j['num_failed']} failed, {j['output_token_throughput']:.0f} tok/s, TTFT p50 {j['ttft_ms']['p50']:.0f} ms p99 {j['ttft_ms']['p99']:.0f} ms, ITL p50 {j['itl_ms']['p50']:.1f} ms p99 {j['itl_ms']['p99']:.1f} ms\")")
+fi
 
 [ -f bench/RESULTS.md ] || echo "# dsinfer benchmark results" > bench/RESULTS.md
 {
   echo
-  echo "## Serving: server overhead per streamed token, and 1,000 concurrent streams"
+  echo "## Serving: server overhead per streamed token${C1000:+, and 1,000 concurrent streams}"
   echo
-  echo "$(date -u +%Y-%m-%d), dev box: 2-core x86-64, Debian 12, CPU backend, tiny_v3 random-weight model"
-  echo "(3 layers, hidden 64) with a byte tokenizer; \`bench/serve_bench.sh\` (NUM=$NUM IN=$IN OUT=$OUT, median of $REPEATS)."
+  echo "$(date -u +%Y-%m-%d), dev box: 2-core x86-64, Debian 12 (shared; load average $(cut -d' ' -f1 /proc/loadavg)),"
+  echo "CPU backend, $DESCRIPTION, byte tokenizer;"
+  echo "\`SMALL=${SMALL:-0} NUM=$NUM IN=$IN OUT=$OUT REPEATS=$REPEATS bench/serve_bench.sh\` (medians of paired runs)."
   echo
   echo "| measure | value |"
   echo "|---|---|"
@@ -89,6 +111,6 @@ C1000=$(python3 -c "import json; j=json.load(open('$WORK/c1000.json')); print(f\
   echo "| dsinfer serve + bench-serve (streamed, concurrency $NUM), output tokens/s, median | $(printf '%.0f' "$SERVED") |"
   echo "| served / generate, wall clock, median of paired runs (goal >= 0.95) | $WALL (runs: $(spread "${wall_ratios[@]}")) |"
   echo "| served / generate, tokens per CPU-second of the process, median (goal >= 0.95) | $CPU (runs: $(spread "${cpu_ratios[@]}")) |"
-  echo "| 1,000 concurrent streaming requests (16 in / 16 out) | $C1000 |"
+  if [ -n "$C1000" ]; then echo "| 1,000 concurrent streaming requests (16 in / 16 out) | $C1000 |"; fi
 } >> bench/RESULTS.md
 tail -12 bench/RESULTS.md

@@ -321,6 +321,7 @@ void ApiServer::generate(const std::string& route, ApiProtocol protocol, HttpReq
   setup.engine = engine;
   setup.codec = model_codec;
   setup.metrics = &metrics_;
+  setup.inbox = inbox_;
   setup.route = route;
   setup.model_name = options_.served_model_name;
   switch (protocol) {

@@ -20,6 +20,7 @@
 #include "dsinfer/engine_client.h"
 #include "server/http_exchange.h"
 #include "server/model_codec.h"
+#include "server/output_inbox.h"
 #include "server/server_metrics.h"
 
 namespace dsinfer::server {
@@ -73,6 +74,7 @@ class ApiServer {
   uint64_t next_session_ = 0;
   std::map<uint64_t, std::shared_ptr<GenerationSession>> sessions_;
   ServerMetrics metrics_;
+  std::shared_ptr<OutputInbox> inbox_ = std::make_shared<OutputInbox>();
   std::function<int()> connection_counter_;
   std::mt19937_64 rng_;
 };

@@ -35,11 +35,11 @@ std::optional<codec::ApiError> GenerationSession::start() {
     // n choices from one seed must still differ.
     if (engine_request.sampling.seed) *engine_request.sampling.seed += i;
     int choice = static_cast<int>(i);
-    std::weak_ptr<HttpExchange> weak_exchange = exchange_;
     auto exchange = exchange_;
-    auto result = setup_.engine->submit(std::move(engine_request), [self, choice, exchange](const RequestOutput& output) {
+    auto inbox = setup_.inbox;
+    auto result = setup_.engine->submit(std::move(engine_request), [self, choice, exchange, inbox](const RequestOutput& output) {
       // Engine thread: copy and hop to the I/O thread; never block here.
-      exchange->post([self, choice, output] { self->on_output(choice, output); });
+      inbox->push([self, choice, output] { self->on_output(choice, output); }, *exchange);
     });
     if (!result.ok()) {
       for (size_t j = 0; j < i; ++j) setup_.engine->cancel(choices_[j].engine_id);

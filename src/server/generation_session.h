@@ -19,6 +19,7 @@
 #include "dsinfer/engine_client.h"
 #include "server/http_exchange.h"
 #include "server/model_codec.h"
+#include "server/output_inbox.h"
 #include "server/server_metrics.h"
 
 namespace dsinfer::server {
@@ -27,6 +28,7 @@ struct SessionSetup {
   EngineClient* engine = nullptr;
   const ModelCodec* codec = nullptr;
   ServerMetrics* metrics = nullptr;
+  std::shared_ptr<OutputInbox> inbox;  // engine thread → I/O thread
   std::string route;  // metrics label
   std::string response_id;
   std::string model_name;
