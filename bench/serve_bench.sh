@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Serving benchmarks on the CPU with a tiny real model (tests/data/tiny_v3 + a fitted
-# tokenizer, see tests/e2e/tiny_model.mjs), or with SMALL=1 a larger config of the same family
-# (6 layers, hidden 512, 16 experts) with random weights (--dummy-weights):
+# tokenizer, see tests/e2e/tiny_model.mjs), or with SMALL=1 the bench/configs/small_v3 config
+# (6 layers, hidden 1024, 32 experts) with random weights (--dummy-weights):
 #  1. server overhead per streamed token: output tokens/s of `dsinfer serve` + `bench-serve`
 #     against `dsinfer generate` on the same prompts in the same run (goal: ratio >= 0.95);
 #  2. 1,000 concurrent streaming connections to the real engine: all must complete.
@@ -15,18 +15,9 @@ WEIGHTS=()
 DESCRIPTION="tiny_v3 random-weight model (3 layers, hidden 64)"
 if [ "${SMALL:-0}" = 1 ]; then
   rm "$MODEL/config.json" "$MODEL/model.safetensors"
-  python3 - "$MODEL" <<'PY'
-import json, sys
-c = json.load(open('tests/data/tiny_v3/config.json'))
-c.update(hidden_size=512, intermediate_size=1408, moe_intermediate_size=256, num_hidden_layers=6, num_attention_heads=8,
-         num_key_value_heads=8, kv_lora_rank=128, q_lora_rank=192, qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64,
-         n_routed_experts=16, num_experts_per_tok=4, n_group=4, topk_group=2, max_position_embeddings=2048,
-         num_nextn_predict_layers=0)
-c['rope_scaling']['original_max_position_embeddings'] = 512
-json.dump(c, open(sys.argv[1] + '/config.json', 'w'), indent=1)
-PY
+  cp bench/configs/small_v3/config.json "$MODEL/config.json"
   WEIGHTS=(--dummy-weights)
-  DESCRIPTION="DeepSeek-V3-architecture config with random weights (6 layers, hidden 512, 16 experts, top-4)"
+  DESCRIPTION="bench/configs/small_v3 with random weights (6 layers, hidden 1024, 32 experts, top-4)"
 fi
 WORK=$(mktemp -d)
 trap 'rm -rf "$MODEL" "$WORK"; [ -n "${SERVER:-}" ] && kill "$SERVER" 2>/dev/null || true' EXIT

@@ -14,6 +14,8 @@
 #include "codec/openai_responses_protocol.h"
 #include "core/check.h"
 
+extern "C" int LLVMFuzzerInitialize(int*, char***) { return 0; }
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace dsinfer::codec;
   if (size == 0) return 0;

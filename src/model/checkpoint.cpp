@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <set>
+#include <unordered_map>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -41,10 +41,20 @@ bool is_plain_file_name(const std::string& name) {
          name != "." && name != "..";
 }
 
-// weight_map: tensor name -> shard file name.
-std::map<std::string, std::string> read_index(const std::string& index_path) {
-  std::ifstream in(index_path, std::ios::binary);
+// model.safetensors.index.json, reduced to what open() checks.
+struct ShardIndex {
+  std::vector<std::string> shards;                       // unique, sorted
+  std::vector<std::string> first_tensor;                 // per shard, for error messages
+  std::unordered_map<std::string, uint32_t> shard_of;    // tensor -> position in shards
+};
+
+ShardIndex read_index(const std::string& index_path) {
+  std::ifstream in(index_path, std::ios::binary | std::ios::ate);
   if (!in) throw Error(StatusCode::kNotFound, index_path + ": cannot open");
+  // DeepSeek-V3's index is ~9 MB; anything far larger is not an index.
+  constexpr std::streamoff kMaxIndexBytes = 256 << 20;
+  if (in.tellg() > kMaxIndexBytes) throw Error(StatusCode::kDataLoss, index_path + ": larger than 256 MB, not an index");
+  in.seekg(0);
   std::stringstream buffer;
   buffer << in.rdbuf();
   json j;
@@ -57,17 +67,37 @@ std::map<std::string, std::string> read_index(const std::string& index_path) {
   if (it == j.end() || !it->is_object()) {
     throw Error(StatusCode::kDataLoss, index_path + ": missing \"weight_map\" object");
   }
-  std::map<std::string, std::string> map;
+  if (it->empty()) throw Error(StatusCode::kDataLoss, index_path + ": weight_map is empty");
+  ShardIndex index;
+  std::map<std::string, uint32_t> positions;  // shard -> provisional position (first mention)
+  index.shard_of.reserve(it->size());
   for (auto e = it->begin(); e != it->end(); ++e) {
-    if (!e.value().is_string() || !is_plain_file_name(e.value().get<std::string>())) {
+    const json& v = e.value();
+    if (!v.is_string() || !is_plain_file_name(v.get_ref<const std::string&>())) {
       throw Error(StatusCode::kDataLoss, index_path + ": weight_map entry for tensor \"" + e.key() +
-                                             "\" must be a file name in the model directory, got " +
-                                             e.value().dump());
+                                             "\" must be a file name in the model directory, got " + v.dump());
     }
-    map.emplace(e.key(), e.value().get<std::string>());
+    auto [pos, added] = positions.emplace(v.get_ref<const std::string&>(), 0);
+    if (added) {
+      pos->second = static_cast<uint32_t>(index.shards.size());
+      index.shards.push_back(pos->first);
+      index.first_tensor.push_back(e.key());
+    }
+    index.shard_of.emplace(e.key(), pos->second);
   }
-  if (map.empty()) throw Error(StatusCode::kDataLoss, index_path + ": weight_map is empty");
-  return map;
+  // Open shards in name order (model-00001-of-N first): progress reads naturally and the
+  // files are visited in the order they were written.
+  std::vector<uint32_t> sorted_position(index.shards.size());
+  std::vector<std::string> sorted_first(index.shards.size());
+  index.shards.clear();
+  for (const auto& [shard, provisional] : positions) {
+    sorted_position[provisional] = static_cast<uint32_t>(index.shards.size());
+    sorted_first[index.shards.size()] = std::move(index.first_tensor[provisional]);
+    index.shards.push_back(shard);
+  }
+  index.first_tensor = std::move(sorted_first);
+  for (auto& [tensor, shard] : index.shard_of) shard = sorted_position[shard];
+  return index;
 }
 
 }  // namespace
@@ -83,22 +113,18 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& model_dir, Progr
   ckpt->dir_ = model_dir;
   const std::string index_path = model_dir + "/" + kIndexName;
 
-  std::map<std::string, std::string> weight_map;
+  ShardIndex index;
+  const bool have_index = is_regular_file(index_path);
   std::vector<std::string> file_names;
-  if (is_regular_file(index_path)) {
-    weight_map = read_index(index_path);
-    std::set<std::string> shards;
-    for (const auto& [tensor, shard] : weight_map) shards.insert(shard);
-    for (const std::string& shard : shards) {
-      if (!is_regular_file(model_dir + "/" + shard)) {
-        throw Error(StatusCode::kNotFound, index_path + ": shard \"" + shard + "\" (holding e.g. tensor \"" +
-                                               std::find_if(weight_map.begin(), weight_map.end(),
-                                                            [&](const auto& e) { return e.second == shard; })
-                                                   ->first +
-                                               "\") does not exist in " + model_dir);
+  if (have_index) {
+    index = read_index(index_path);
+    for (size_t i = 0; i < index.shards.size(); ++i) {
+      if (!is_regular_file(model_dir + "/" + index.shards[i])) {
+        throw Error(StatusCode::kNotFound, index_path + ": shard \"" + index.shards[i] + "\" (holding e.g. tensor \"" +
+                                               index.first_tensor[i] + "\") does not exist in " + model_dir);
       }
-      file_names.push_back(shard);
     }
+    file_names = index.shards;
   } else if (is_regular_file(model_dir + "/" + kSingleName)) {
     file_names.push_back(kSingleName);
   } else {
@@ -120,23 +146,25 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& model_dir, Progr
   size_t done_bytes = 0;
   if (progress) progress(0, ckpt->total_bytes_);
 
-  for (const std::string& name : file_names) {
-    const std::string path = model_dir + "/" + name;
+  ckpt->tensors_.reserve(have_index ? index.shard_of.size() : 0);
+  for (size_t f = 0; f < file_names.size(); ++f) {
+    const std::string path = model_dir + "/" + file_names[f];
     ckpt->files_.push_back(SafetensorsFile::open(path));
     const SafetensorsFile& file = *ckpt->files_.back();
     for (const TensorInfo& t : file.tensors()) {
-      if (!weight_map.empty()) {
-        auto it = weight_map.find(t.name);
-        if (it == weight_map.end()) {
+      if (have_index) {
+        auto it = index.shard_of.find(t.name);
+        if (it == index.shard_of.end()) {
           throw Error(StatusCode::kDataLoss, path + ": holds tensor \"" + t.name + "\" which " + index_path +
                                                  " does not list");
         }
-        if (it->second != name) {
+        // file_names == index.shards, so positions coincide.
+        if (it->second != f) {
           throw Error(StatusCode::kDataLoss, path + ": holds tensor \"" + t.name + "\" which " + index_path +
-                                                 " places in \"" + it->second + "\"");
+                                                 " places in \"" + index.shards[it->second] + "\"");
         }
       }
-      auto [pos, inserted] = ckpt->tensors_.emplace(t.name, &t);
+      auto [pos, inserted] = ckpt->tensors_.emplace(std::string_view(t.name), &t);
       if (!inserted) {
         throw Error(StatusCode::kDataLoss, path + ": tensor \"" + t.name + "\" also appears in " + pos->second->file);
       }
@@ -145,11 +173,19 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& model_dir, Progr
     if (progress) progress(std::min(done_bytes, ckpt->total_bytes_), ckpt->total_bytes_);
   }
 
-  for (const auto& [tensor, shard] : weight_map) {
-    if (ckpt->tensors_.find(tensor) == ckpt->tensors_.end()) {
-      throw Error(StatusCode::kDataLoss, index_path + ": tensor \"" + tensor + "\" is not in its shard \"" +
-                                             shard + "\"");
+  // Every shard tensor is listed under its own shard and names are unique, so equal counts
+  // mean every listed tensor was found.
+  if (have_index && ckpt->tensors_.size() != index.shard_of.size()) {
+    std::string missing;
+    uint32_t shard = 0;
+    for (const auto& [tensor, s] : index.shard_of) {
+      if (!ckpt->has(tensor) && (missing.empty() || tensor < missing)) {
+        missing = tensor;
+        shard = s;
+      }
     }
+    throw Error(StatusCode::kDataLoss, index_path + ": tensor \"" + missing + "\" is not in its shard \"" +
+                                           index.shards[shard] + "\"");
   }
   return ckpt;
 }
@@ -172,7 +208,8 @@ const TensorInfo& Checkpoint::get(std::string_view name) const {
 std::vector<std::string> Checkpoint::names() const {
   std::vector<std::string> out;
   out.reserve(tensors_.size());
-  for (const auto& [name, info] : tensors_) out.push_back(name);
+  for (const auto& [name, info] : tensors_) out.emplace_back(name);
+  std::sort(out.begin(), out.end());
   return out;
 }
 
@@ -184,7 +221,8 @@ double now_seconds() {
 }
 }  // namespace
 
-LoadProgressPrinter::LoadProgressPrinter(std::string label) : label_(std::move(label)) {}
+LoadProgressPrinter::LoadProgressPrinter(std::string label, ClockFn clock)
+    : label_(std::move(label)), clock_(clock ? std::move(clock) : ClockFn(now_seconds)) {}
 
 std::string LoadProgressPrinter::format_line(const std::string& label, size_t done_bytes, size_t total_bytes) {
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
@@ -200,7 +238,7 @@ void LoadProgressPrinter::operator()(size_t done_bytes, size_t total_bytes) {
   // logs, unless a person is watching a terminal.
   if (total_bytes <= kMinTotalBytes && !isatty(STDERR_FILENO)) return;
   const bool final_call = done_bytes >= total_bytes;
-  const double now = now_seconds();
+  const double now = clock_();
   if (final_call) {
     if (num_lines_printed_ == 0 && total_bytes <= kMinTotalBytes) return;
   } else if (last_print_seconds_ >= 0.0 && now - last_print_seconds_ < kMinIntervalSeconds) {

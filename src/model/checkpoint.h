@@ -6,6 +6,8 @@
 // its shard, a shard holds a tensor the index does not list or maps elsewhere, or a tensor
 // appears twice. Without an index, a directory with several *.safetensors files is also
 // accepted (their union, names unique). TensorInfo data stays valid while the Checkpoint lives.
+// A Checkpoint is immutable after open() and safe to read from many threads. open() maps and
+// checks headers only; it does not validate tensors against a config (validate_checkpoint()).
 #pragma once
 
 #include <functional>
@@ -13,6 +15,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "model/safetensors.h"
@@ -42,7 +45,8 @@ class Checkpoint {
 
   std::string dir_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
-  std::map<std::string, const TensorInfo*, std::less<>> tensors_;
+  // Keys view TensorInfo::name inside files_, which live as long as the Checkpoint.
+  std::unordered_map<std::string_view, const TensorInfo*> tensors_;
   size_t total_bytes_ = 0;
 };
 
@@ -54,7 +58,9 @@ class LoadProgressPrinter {
   static constexpr size_t kMinTotalBytes = size_t{1} << 30;
   static constexpr double kMinIntervalSeconds = 0.5;
 
-  explicit LoadProgressPrinter(std::string label = "loading weights");
+  using ClockFn = std::function<double()>;  // seconds on a monotonic clock
+
+  explicit LoadProgressPrinter(std::string label = "loading weights", ClockFn clock = nullptr);
   void operator()(size_t done_bytes, size_t total_bytes);
   // Formats one progress line (no newline); exposed for tests.
   static std::string format_line(const std::string& label, size_t done_bytes, size_t total_bytes);
@@ -62,6 +68,7 @@ class LoadProgressPrinter {
 
  private:
   std::string label_;
+  ClockFn clock_;
   double last_print_seconds_ = -1.0;
   int num_lines_printed_ = 0;
 };

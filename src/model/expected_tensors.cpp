@@ -137,14 +137,17 @@ void validate_checkpoint(const Checkpoint& ckpt, const ModelConfig& config) {
     known.insert(t.name);
     const TensorInfo* info = ckpt.find(t.name);
     if (info == nullptr) {
-      bool required = !t.optional;
       if (t.mtp_layer >= 0) {
-        const auto& [present, total] = mtp_counts[t.mtp_layer];
-        if (present > 0) required = true;
-      }
-      if (required) {
-        problem("missing tensor " + t.name + " " + shape_to_string(t.shape) +
-                (t.mtp_layer >= 0 ? " (MTP layer " + std::to_string(t.mtp_layer) + " is only partly present)" : ""));
+        // One line per incomplete MTP layer rather than dozens of missing expert weights.
+        auto& [present, total] = mtp_counts[t.mtp_layer];
+        if (present > 0 && present < total) {
+          problem("MTP layer " + std::to_string(t.mtp_layer) + " is incomplete: " + std::to_string(present) +
+                  " of " + std::to_string(total) + " tensors present, missing e.g. " + t.name + " " +
+                  shape_to_string(t.shape));
+          present = total;  // reported
+        }
+      } else if (!t.optional) {
+        problem("missing tensor " + t.name + " " + shape_to_string(t.shape));
       }
       continue;
     }

@@ -36,7 +36,9 @@ bool has_mtp_layer(const Checkpoint& ckpt, const ModelConfig& config, int layer)
 
 // Throws Error (kInvalidArgument) naming the directory and listing the first problems (up to
 // 20): missing tensors, unexpected tensors, wrong shapes, wrong dtypes, F8_E4M3 weights
-// without a well-shaped F32 weight_scale_inv, scale_inv without an fp8 weight.
+// without a well-shaped F32 weight_scale_inv, scale_inv without an fp8 weight, F8_E4M3 weights
+// when config.json has no fp8 quantization_config, and (one line each) MTP layers that are only
+// partly present. Accepted dtypes: BF16/F16/F32 everywhere, F8_E4M3 for quantizable weights.
 void validate_checkpoint(const Checkpoint& ckpt, const ModelConfig& config);
 
 }  // namespace dsinfer

@@ -17,6 +17,11 @@ using nlohmann::json;
 
 enum class Family { kV2, kV3 };
 
+constexpr int kMaxLayers = 4096;
+constexpr int kMaxExperts = 1 << 16;
+constexpr int kMaxDim = 1 << 24;
+constexpr int64_t kMaxLayerExperts = 1 << 20;  // DeepSeek-V3: 62 x 257
+
 // Reads typed fields of one JSON object, naming the source and the field in every error.
 class FieldReader {
  public:
@@ -248,7 +253,27 @@ void validate(const ModelConfig& c, const FieldReader& r) {
   if (!(c.rope_theta > 0.0)) r.fail("rope_theta", "must be positive");
   if (!(c.routed_scaling_factor > 0.0)) r.fail("routed_scaling_factor", "must be positive");
 
+  // Upper bounds far above any published model; they keep a corrupt config from asking for
+  // billions of tensors or overflowing shape arithmetic.
+  auto at_most = [&](const char* name, int v, int limit) {
+    if (v > limit) r.fail(name, "is " + std::to_string(v) + ", implausibly large (limit " + std::to_string(limit) + ")");
+  };
+  at_most("num_hidden_layers", c.num_hidden_layers, kMaxLayers);
+  at_most("num_nextn_predict_layers", c.num_nextn_predict_layers, kMaxLayers);
+  at_most("n_routed_experts", c.n_routed_experts, kMaxExperts);
+  at_most("n_shared_experts", c.n_shared_experts, kMaxExperts);
+  for (auto [name, v] : {std::pair{"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size},
+                         {"intermediate_size", c.intermediate_size}, {"moe_intermediate_size", c.moe_intermediate_size},
+                         {"num_attention_heads", c.num_attention_heads}, {"q_lora_rank", c.q_lora_rank},
+                         {"kv_lora_rank", c.kv_lora_rank}, {"qk_rope_head_dim", c.qk_rope_head_dim},
+                         {"qk_nope_head_dim", c.qk_nope_head_dim}, {"v_head_dim", c.v_head_dim}}) {
+    at_most(name, v, kMaxDim);
+  }
   const int num_layers = c.num_hidden_layers + c.num_nextn_predict_layers;
+  if (static_cast<int64_t>(num_layers) * (c.n_routed_experts + 1) > kMaxLayerExperts) {
+    r.fail("n_routed_experts", "times the number of layers is implausibly large (limit " +
+                                   std::to_string(kMaxLayerExperts) + ")");
+  }
   bool any_dense = false, any_moe = false;
   for (int layer = 0; layer < num_layers; ++layer) {
     (c.is_moe_layer(layer) ? any_moe : any_dense) = true;
@@ -379,6 +404,11 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& s
     else r.fail("scoring_func", "is \"" + s + "\"; supported: softmax, sigmoid");
   }
   c.norm_topk_prob = r.get_bool("norm_topk_prob", c.norm_topk_prob);
+  // Fields the forward pass does not implement: refuse rather than compute something else.
+  const std::string act = r.get_string("hidden_act", "silu");
+  if (act != "silu") r.fail("hidden_act", "is \"" + act + "\"; only \"silu\" is supported");
+  if (r.get_bool("attention_bias", false)) r.fail("attention_bias", "is true; attention projections without bias only");
+  if (!r.get_bool("rope_interleave", true)) r.fail("rope_interleave", "is false; only interleaved RoPE pairs are supported");
   c.routed_scaling_factor = r.get_double("routed_scaling_factor", c.routed_scaling_factor);
   c.first_k_dense_replace = r.get_int("first_k_dense_replace", c.first_k_dense_replace);
   c.moe_layer_freq = r.get_int("moe_layer_freq", c.moe_layer_freq);
@@ -421,8 +451,12 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& s
 
 ModelConfig ModelConfig::load(const std::string& model_dir) {
   const std::string path = model_dir + "/config.json";
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) throw Error(StatusCode::kNotFound, path + ": cannot open (does the model directory exist?)");
+  // A config is a few KB; refuse to slurp something that is clearly not one.
+  constexpr std::streamoff kMaxConfigBytes = 16 << 20;
+  if (in.tellg() > kMaxConfigBytes) throw Error(StatusCode::kInvalidArgument, path + ": larger than 16 MB, not a config");
+  in.seekg(0);
   std::stringstream buffer;
   buffer << in.rdbuf();
   json j;

@@ -89,7 +89,8 @@ SafetensorsFile::~SafetensorsFile() {
 }
 
 std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO named like a shard must not hang the loader; fstat then rejects it.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const int err = errno;
     throw Error(err == ENOENT ? StatusCode::kNotFound : StatusCode::kDataLoss,
@@ -254,7 +255,8 @@ void SafetensorsFile::parse(const uint8_t* bytes, size_t num_bytes) {
   }
   for (size_t i : order) sorted.push_back(std::move(tensors_[i]));
   tensors_ = std::move(sorted);
-  for (size_t i = 0; i < tensors_.size(); ++i) index_.emplace(tensors_[i].name, i);
+  index_.reserve(tensors_.size());
+  for (size_t i = 0; i < tensors_.size(); ++i) index_.emplace(std::string_view(tensors_[i].name), i);
 }
 
 }  // namespace dsinfer

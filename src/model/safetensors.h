@@ -8,7 +8,10 @@
 // num_bytes == dtype size x product(shape), tensors not overlapping, dtypes known; or throws
 // dsinfer::Error (kDataLoss for corrupt/truncated files, kNotFound for a missing file) whose
 // message names the file and, where one is at fault, the tensor. Data pointers stay valid as
-// long as the SafetensorsFile lives.
+// long as the SafetensorsFile lives. open() reads only the header; weight pages are faulted in
+// when first touched (a file truncated by someone else after open() then raises SIGBUS, as
+// with any mapping). A SafetensorsFile is immutable after open() and safe to read from many
+// threads.
 #pragma once
 
 #include <cstddef>
@@ -17,6 +20,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "core/dtype.h"
@@ -69,7 +73,9 @@ class SafetensorsFile {
   size_t size_bytes_ = 0;
   size_t data_offset_bytes_ = 0;
   std::vector<TensorInfo> tensors_;
-  std::map<std::string, size_t, std::less<>> index_;  // name -> position in tensors_
+  // name -> position in tensors_; keys view the names inside tensors_, which never change
+  // after parse().
+  std::unordered_map<std::string_view, size_t> index_;
   std::map<std::string, std::string> metadata_;
 };
 

@@ -24,14 +24,16 @@ constexpr uint8_t kSpecial = 2;
 // GPT-2's ByteLevel alphabet: printable Latin-1 bytes stand for themselves, the others are
 // shifted to U+0100.. in byte order.
 struct ByteLevelAlphabet {
+  static constexpr uint32_t kMaxCp = 0x144;  // the alphabet's code points are all below this
   uint32_t byte_to_cp[256];
-  std::unordered_map<uint32_t, uint8_t> cp_to_byte;
+  int16_t cp_to_byte[kMaxCp];  // -1: not in the alphabet
   ByteLevelAlphabet() {
+    std::fill(std::begin(cp_to_byte), std::end(cp_to_byte), static_cast<int16_t>(-1));
     uint32_t extra = 0;
     for (uint32_t b = 0; b < 256; ++b) {
       const bool printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
       byte_to_cp[b] = printable ? b : 256 + extra++;
-      cp_to_byte[byte_to_cp[b]] = static_cast<uint8_t>(b);
+      cp_to_byte[byte_to_cp[b]] = static_cast<int16_t>(b);
     }
   }
 };
@@ -51,9 +53,8 @@ std::optional<std::string> byte_level_to_bytes(std::string_view token) {
   while (i < token.size()) {
     if (tok::utf8_valid_sequence_length(token.substr(i)) == 0) return std::nullopt;
     const uint32_t cp = tok::decode_utf8(token, &i);
-    auto it = a.cp_to_byte.find(cp);
-    if (it == a.cp_to_byte.end()) return std::nullopt;
-    out.push_back(static_cast<char>(it->second));
+    if (cp >= ByteLevelAlphabet::kMaxCp || a.cp_to_byte[cp] < 0) return std::nullopt;
+    out.push_back(static_cast<char>(a.cp_to_byte[cp]));
   }
   return out;
 }
@@ -120,6 +121,7 @@ std::unique_ptr<Tokenizer> Tokenizer::from_json(const nlohmann::json& tj, const 
 
   // Vocab.
   int32_t max_id = -1;
+  t->vocab_.reserve(model["vocab"].size() * 2);
   for (const auto& [token, idv] : model["vocab"].items()) {
     if (!idv.is_number_integer()) fail("model.vocab[\"" + token + "\"] is not an integer");
     const auto id = idv.get<int64_t>();
@@ -164,21 +166,22 @@ std::unique_ptr<Tokenizer> Tokenizer::from_json(const nlohmann::json& tj, const 
   if (model.contains("merges")) {
     const auto& ml = model["merges"];
     merges.reserve(ml.size());
+    std::string left, right, joined;
     for (const auto& m : ml) {
-      std::string left, right;
       if (m.is_string()) {
-        const std::string s = m.get<std::string>();
+        const std::string& s = m.get_ref<const std::string&>();
         const size_t sp = s.find(' ');
         if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos) fail("bad merge \"" + s + "\"");
-        left = s.substr(0, sp);
-        right = s.substr(sp + 1);
-      } else if (m.is_array() && m.size() == 2) {
-        left = m[0].get<std::string>();
-        right = m[1].get<std::string>();
+        left.assign(s, 0, sp);
+        right.assign(s, sp + 1);
+      } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+        left = m[0].get_ref<const std::string&>();
+        right = m[1].get_ref<const std::string&>();
       } else {
         fail("bad merge entry");
       }
-      auto l = t->vocab_.find(left), r = t->vocab_.find(right), lr = t->vocab_.find(left + right);
+      joined.assign(left).append(right);
+      auto l = t->vocab_.find(left), r = t->vocab_.find(right), lr = t->vocab_.find(joined);
       if (l == t->vocab_.end() || r == t->vocab_.end() || lr == t->vocab_.end())
         fail("merge \"" + left + " " + right + "\" uses a token missing from the vocab");
       merges.push_back({l->second, r->second, lr->second});

@@ -70,7 +70,8 @@ class Tokenizer {
   const std::string& eos_token() const { return eos_token_; }
   const std::string& chat_template() const { return chat_template_; }
 
-  // Threads used by encode() for long texts (default: the machine's cores). 1 disables it.
+  // Threads used by encode() for long texts (default: the machine's cores; 1 disables them).
+  // Takes effect only before the first parallel encode, which creates the pool.
   void set_num_threads(int num_threads);
   // Texts shorter than this many bytes are encoded on the calling thread.
   void set_parallel_min_bytes(size_t bytes) { parallel_min_bytes_ = bytes; }

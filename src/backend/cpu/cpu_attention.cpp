@@ -62,11 +62,7 @@ void CpuBackend::mla_attention(const MlaAttentionArgs& args) {
       // q_lat[l] = sum_d q_nope[d] * W_UK[h][d][l]
       std::fill(q_lat.begin(), q_lat.end(), 0.0f);
       const float* uk = w_uk + static_cast<int64_t>(h) * nope * lora;
-      for (int d = 0; d < nope; ++d) {
-        const float qd = q[d];
-        const float* row = uk + static_cast<int64_t>(d) * lora;
-        for (int l = 0; l < lora; ++l) q_lat[l] += qd * row[l];
-      }
+      for (int d = 0; d < nope; ++d) cpu::axpy(q[d], uk + static_cast<int64_t>(d) * lora, q_lat.data(), lora);
       std::copy(q + nope, q + nope + rope, q_rope.begin());
       rotate_interleaved(q_rope.data(), rope, cos_table + pos * half, sin_table + pos * half);
 
@@ -90,8 +86,7 @@ void CpuBackend::mla_attention(const MlaAttentionArgs& args) {
       std::fill(o_lat.begin(), o_lat.end(), 0.0f);
       for (int s = 0; s < num_ctx; ++s) {
         const float* kv = cache + (static_cast<int64_t>(table[s / bs]) * bs + s % bs) * entry;
-        const float p = scores[s] * inv;
-        for (int l = 0; l < lora; ++l) o_lat[l] += p * kv[l];
+        cpu::axpy(scores[s] * inv, kv, o_lat.data(), lora);
       }
       float* o = out + static_cast<int64_t>(t) * heads * vdim + h * vdim;
       const float* uv = w_uv + static_cast<int64_t>(h) * vdim * lora;

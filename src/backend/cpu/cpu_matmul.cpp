@@ -100,6 +100,14 @@ float dot_portable(const float* a, const float* b, int64_t n) {
   return s;
 }
 
+__attribute__((target("avx2,fma"))) void axpy_avx2(float a, const float* x, float* y, int64_t n) {
+  const __m256 av = _mm256_set1_ps(a);
+  const int64_t n8 = n & ~int64_t{7};
+  for (int64_t i = 0; i < n8; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (int64_t i = n8; i < n; ++i) y[i] += a * x[i];
+}
+
 bool have_avx2() {
   static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return ok;
@@ -109,6 +117,14 @@ bool have_avx2() {
 
 float dot(const float* a, const float* b, int64_t n) {
   return have_avx2() ? dot_avx2(a, b, n) : dot_portable(a, b, n);
+}
+
+void axpy(float a, const float* x, float* y, int64_t n) {
+  if (have_avx2()) {
+    axpy_avx2(a, x, y, n);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
 void matmul_xwt_cols(const float* x, int64_t num_rows, int64_t k, const float* w, int64_t n_begin,

@@ -16,5 +16,7 @@ void matmul_xwt_cols(const float* x, int64_t num_rows, int64_t k, const float* w
                      int64_t n_end, int64_t ldy, float* y);
 
 float dot(const float* a, const float* b, int64_t n);
+// y[i] += a * x[i]
+void axpy(float a, const float* x, float* y, int64_t n);
 
 }  // namespace dsinfer::cpu

@@ -210,7 +210,9 @@ TEST(OpenAiConversation, RejectsBadInput) {
                           R"({"messages": [], "tools": [{"type": "function"}]})"}) {
     auto r = conversation_from_openai_json(nlohmann::json::parse(bad));
     EXPECT_FALSE(r.ok()) << bad;
-    if (!r.ok()) EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    if (!r.ok()) {
+      EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    }
   }
 }
 

@@ -16,6 +16,10 @@ struct Variant {
   int num_kv_blocks;  // 0: plenty
 };
 
+void PrintTo(const Variant& v, std::ostream* os) {
+  *os << v.fixture << " budget " << v.max_batched_tokens << " blocks " << v.num_kv_blocks;
+}
+
 class LlmGoldenTest : public ::testing::TestWithParam<Variant> {};
 
 TEST_P(LlmGoldenTest, GreedyTokensMatchReference) {

@@ -1,5 +1,7 @@
 #include "model/safetensors.h"
 
+#include <sys/stat.h>
+
 #include <cstring>
 
 #include <gtest/gtest.h>
@@ -105,6 +107,13 @@ TEST(SafetensorsFileTest, FromMemoryMatchesSerializedImage) {
 TEST(SafetensorsFileTest, MissingFileIsNotFound) {
   ScratchDir dir;
   expect_open_error(dir.file("absent.safetensors"), StatusCode::kNotFound, {"absent.safetensors"});
+}
+
+TEST(SafetensorsFileTest, DirectoryAndFifoAreRejected) {
+  ScratchDir dir;
+  expect_open_error(dir.path(), StatusCode::kDataLoss, {dir.path(), "not a regular file"});
+  ASSERT_EQ(mkfifo(dir.file("pipe.safetensors").c_str(), 0600), 0);
+  expect_open_error(dir.file("pipe.safetensors"), StatusCode::kDataLoss, {"pipe.safetensors", "not a regular file"});
 }
 
 TEST(SafetensorsFileTest, FileShorterThanLengthPrefix) {

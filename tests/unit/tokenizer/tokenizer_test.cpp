@@ -8,6 +8,7 @@
 #include "core/status.h"
 #include "test_data.h"
 #include "tokenizer/bpe_model.h"
+#include "tokenizer/utf8.h"
 
 namespace dsinfer {
 namespace {
@@ -135,6 +136,43 @@ TEST(BpeModel, HeapAndScanMergeTheSame) {
   std::vector<int32_t> out;
   model.merge_bytes("aaaa", false, out);
   EXPECT_EQ(out, (std::vector<int32_t>{304}));
+}
+
+// A tiny byte-level tokenizer.json: the 256 byte tokens, "ab", "abc", merges in either form.
+nlohmann::json tiny_tokenizer_json(bool pair_merges) {
+  nlohmann::json vocab = nlohmann::json::object();
+  // Printable ASCII stands for itself in the ByteLevel alphabet; other bytes map above U+0100.
+  int next_extra = 0;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    const uint32_t cp = printable ? b : 256 + next_extra++;
+    std::string s;
+    tok::append_utf8(cp, s);
+    vocab[s] = b;
+  }
+  vocab["ab"] = 256;
+  vocab["abc"] = 257;
+  vocab["Ġa"] = 258;
+  nlohmann::json merges = pair_merges ? nlohmann::json::parse(R"([["a","b"],["ab","c"],["Ġ","a"]])")
+                                      : nlohmann::json::parse(R"(["a b","ab c","Ġ a"])");
+  return {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}},
+          {"added_tokens", nlohmann::json::parse(R"([{"id": 300, "content": "<eos>", "special": true}])")},
+          {"pre_tokenizer", nlohmann::json::parse(R"({"type": "Sequence", "pretokenizers": [
+              {"type": "Split", "pattern": {"Regex": " ?[a-z]+"}, "behavior": "Isolated", "invert": false},
+              {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]})")}};
+}
+
+TEST(Tokenizer, MergesInStringAndPairFormsAgree) {
+  const nlohmann::json config = {{"bos_token", "<eos>"}, {"eos_token", {{"content", "<eos>"}}}, {"chat_template", "x"}};
+  auto a = Tokenizer::from_json(tiny_tokenizer_json(false), config);
+  auto b = Tokenizer::from_json(tiny_tokenizer_json(true), config);
+  const std::string text = "abc ab abcd a<eos>cab";
+  EXPECT_EQ(a->encode(text), (std::vector<int32_t>{257, ' ', 256, ' ', 257, 'd', 258, 300, 'c', 256}));
+  EXPECT_EQ(a->encode(text), b->encode(text));
+  EXPECT_EQ(a->decode(a->encode(text)), text);
+  EXPECT_EQ(a->eos_id(), 300);
+  EXPECT_EQ(a->bos_id(), 300);
+  EXPECT_EQ(a->vocab_size(), 301);
 }
 
 TEST(Tokenizer, LoadErrorsNameTheFile) {

@@ -1,0 +1,248 @@
+// dsinfer bench: offline prefill and decode throughput of the model forward, next to this
+// machine's memory-bandwidth floor measured in the same run.
+//
+// Decode is memory-bound: a step must read every weight it touches (attention, dense layers,
+// the experts its tokens were routed to, the LM head) plus the KV of every sequence. The floor
+// of a step is those bytes over the measured copy bandwidth; the ratio achieved/measured says
+// how close the backend comes to it.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <numeric>
+#include <random>
+#include <set>
+#include <sstream>
+#include <sys/utsname.h>
+
+#include "backend/backend.h"
+#include "command.h"
+#include "core/thread_pool.h"
+#include "model/deepseek_model.h"
+#include "model/deepseek_weights.h"
+
+namespace dsinfer::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Copy bandwidth (bytes read + written per second) with all threads, best of several runs.
+double measure_copy_bandwidth(size_t bytes) {
+  std::vector<char> a(bytes, 1), b(bytes, 2);
+  ThreadPool& pool = global_thread_pool();
+  double best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto t0 = Clock::now();
+    pool.parallel_for(static_cast<int64_t>(bytes >> 20), [&](int64_t lo, int64_t hi) {
+      std::memcpy(b.data() + (lo << 20), a.data() + (lo << 20), (hi - lo) << 20);
+    });
+    best = std::max(best, 2.0 * bytes / seconds_since(t0));
+  }
+  return best;
+}
+
+struct ModelBytes {
+  size_t dense_per_step = 0;    // weights every step reads whatever the routing
+  size_t per_expert = 0;        // one routed expert's weights
+  size_t lm_head_row = 0;
+  size_t kv_per_token = 0;      // all layers
+};
+
+ModelBytes model_bytes(const ModelConfig& c) {
+  const size_t f = sizeof(float);
+  const size_t h = c.hidden_size, heads = c.num_attention_heads, qk = c.qk_head_dim();
+  size_t attn = (c.q_lora_rank ? (h * c.q_lora_rank + c.q_lora_rank * heads * qk) : h * heads * qk) +
+                h * (c.kv_lora_rank + c.qk_rope_head_dim) + c.kv_lora_rank * heads * (c.qk_nope_head_dim + c.v_head_dim) +
+                heads * c.v_head_dim * h;
+  size_t dense = 0;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    dense += attn;
+    if (c.is_moe_layer(l)) {
+      dense += 3 * h * c.moe_intermediate_size * c.n_shared_experts + c.n_routed_experts * h;
+    } else {
+      dense += 3 * h * c.intermediate_size;
+    }
+  }
+  ModelBytes b;
+  b.dense_per_step = dense * f + static_cast<size_t>(c.vocab_size) * h * f;  // + LM head
+  b.per_expert = 3 * h * c.moe_intermediate_size * f;
+  b.kv_per_token = static_cast<size_t>(c.num_hidden_layers) * (c.kv_lora_rank + c.qk_rope_head_dim) * f;
+  return b;
+}
+
+struct BenchRow {
+  int batch;
+  double prefill_tok_s;
+  double decode_tok_s;
+  double decode_step_ms;
+  double floor_step_ms;
+  double achieved_gbs;
+};
+
+std::string machine_description() {
+  std::ifstream cpu("/proc/cpuinfo");
+  std::string line, model = "unknown CPU";
+  while (std::getline(cpu, line))
+    if (line.rfind("model name", 0) == 0) {
+      model = line.substr(line.find(':') + 2);
+      break;
+    }
+  std::ostringstream os;
+  os << model << ", " << std::thread::hardware_concurrency() << " threads";
+  return os.str();
+}
+
+int run_bench(int argc, char** argv) {
+  CLI::App app("Offline throughput of prefill and decode, with the memory-bandwidth floor", "dsinfer bench");
+  std::string model_dir = std::string(DSINFER_SOURCE_DIR_FOR_BENCH) + "/bench/configs/small_v3";
+  std::string backend_name = "cpu", batches_arg = "1,8,32", results_path;
+  bool dummy = false;
+  int prompt_len = 128, decode_steps = 16;
+  app.add_option("--model", model_dir, "model directory (config.json; weights unless --dummy-weights)");
+  app.add_flag("--dummy-weights", dummy, "random weights (default when the directory has no safetensors)");
+  app.add_option("--backend", backend_name)->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--batch-sizes", batches_arg, "comma-separated batch sizes");
+  app.add_option("--prompt-len", prompt_len, "tokens per prompt (prefill, and the decode context)")->check(CLI::Range(1, 1 << 16));
+  app.add_option("--decode-steps", decode_steps, "timed decode steps per batch size")->check(CLI::Range(1, 1 << 16));
+  app.add_option("--results", results_path, "append a markdown table to this file (e.g. bench/RESULTS.md)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  std::vector<int> batches;
+  {
+    std::stringstream ss(batches_arg);
+    std::string item;
+    while (std::getline(ss, item, ',')) batches.push_back(std::max(1, std::atoi(item.c_str())));
+  }
+  const bool has_weights = std::filesystem::exists(model_dir + "/model.safetensors") ||
+                           std::filesystem::exists(model_dir + "/model.safetensors.index.json");
+  dummy = dummy || !has_weights;
+
+  auto backend = make_backend(backend_name);
+  const int max_batch = *std::max_element(batches.begin(), batches.end());
+  const int max_positions = prompt_len + decode_steps + 2;
+  std::unique_ptr<DeepseekModel> model;
+  if (dummy) {
+    ModelConfig config = ModelConfig::load(model_dir);
+    model = std::make_unique<DeepseekModel>(config, make_random_weights(config, *backend, 7), *backend, max_positions);
+  } else {
+    model = load_deepseek_model(model_dir, *backend, max_positions);
+  }
+  const ModelConfig& c = model->config();
+  const ModelBytes mb = model_bytes(c);
+  const double copy_bw = measure_copy_bandwidth(size_t{1} << 30);
+  std::cerr << "copy bandwidth (read+write): " << copy_bw / 1e9 << " GB/s\n";
+
+  const int bs = 64;
+  const int blocks_per_seq = (max_positions + bs - 1) / bs;
+  KvCaches caches = model->allocate_caches(blocks_per_seq * max_batch, bs);
+  std::mt19937 rng(1);
+  std::uniform_int_distribution<int> tok(2, c.vocab_size - 1);
+
+  std::vector<BenchRow> rows;
+  for (int batch : batches) {
+    // Prefill: `batch` prompts of prompt_len tokens in one forward pass.
+    ForwardBatch fb;
+    for (int s = 0; s < batch; ++s) {
+      std::vector<int32_t> table(blocks_per_seq);
+      std::iota(table.begin(), table.end(), s * blocks_per_seq);
+      for (int p = 0; p < prompt_len; ++p) {
+        fb.token_ids.push_back(tok(rng));
+        fb.positions.push_back(p);
+        fb.slot_mapping.push_back(table[p / bs] * bs + p % bs);
+        fb.token_seq.push_back(s);
+      }
+      fb.block_tables.push_back(table);
+      fb.context_lens.push_back(prompt_len);
+      fb.logits_indices.push_back(static_cast<int32_t>(fb.token_ids.size()) - 1);
+    }
+    fb.num_tokens = static_cast<int>(fb.token_ids.size());
+    auto t0 = Clock::now();
+    model->forward(fb, caches);
+    const double prefill_s = seconds_since(t0);
+
+    // Decode: one token per sequence per step, contexts growing from prompt_len.
+    double decode_s = 0, floor_s = 0, bytes_total = 0;
+    for (int step = 0; step <= decode_steps; ++step) {
+      ForwardBatch db;
+      for (int s = 0; s < batch; ++s) {
+        const int pos = prompt_len + step;
+        const auto& table = fb.block_tables[s];
+        db.token_ids.push_back(tok(rng));
+        db.positions.push_back(pos);
+        db.slot_mapping.push_back(table[pos / bs] * bs + pos % bs);
+        db.token_seq.push_back(s);
+        db.block_tables.push_back(table);
+        db.context_lens.push_back(pos + 1);
+        db.logits_indices.push_back(s);
+      }
+      db.num_tokens = batch;
+      t0 = Clock::now();
+      ForwardOutput out = model->forward(db, caches, /*record_routing=*/true);
+      const double dt = seconds_since(t0);
+      if (step == 0) continue;  // warm-up
+      size_t bytes = mb.dense_per_step + static_cast<size_t>(batch) * (prompt_len + step + 1) * mb.kv_per_token;
+      for (const MoeRouting& r : out.routing) {
+        std::set<int32_t> distinct(r.expert_ids.begin(), r.expert_ids.end());
+        bytes += distinct.size() * mb.per_expert;
+      }
+      decode_s += dt;
+      bytes_total += bytes;
+      floor_s += bytes / copy_bw;
+    }
+    BenchRow row;
+    row.batch = batch;
+    row.prefill_tok_s = batch * prompt_len / prefill_s;
+    row.decode_tok_s = batch * decode_steps / decode_s;
+    row.decode_step_ms = 1e3 * decode_s / decode_steps;
+    row.floor_step_ms = 1e3 * floor_s / decode_steps;
+    row.achieved_gbs = bytes_total / decode_s / 1e9;
+    rows.push_back(row);
+  }
+
+  std::ostringstream table;
+  table << "| batch | prefill tok/s | decode tok/s | decode step ms | bandwidth floor ms | achieved GB/s | of copy bw |\n"
+        << "|---:|---:|---:|---:|---:|---:|---:|\n";
+  for (const auto& r : rows) {
+    char line[256];
+    std::snprintf(line, sizeof line, "| %d | %.0f | %.1f | %.2f | %.2f | %.1f | %.0f%% |\n", r.batch, r.prefill_tok_s,
+                  r.decode_tok_s, r.decode_step_ms, r.floor_step_ms, r.achieved_gbs,
+                  100.0 * r.floor_step_ms / r.decode_step_ms);
+    table << line;
+  }
+  std::ostringstream header;
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+  header << "### dsinfer bench — " << c.architecture << " " << (dummy ? "(random weights) " : "") << "hidden "
+         << c.hidden_size << ", " << c.num_hidden_layers << " layers, " << c.n_routed_experts << " experts top-"
+         << c.num_experts_per_tok << ", backend " << backend->name() << "\n\n"
+         << "- date: " << date << "\n- machine: " << machine_description() << "\n"
+         << "- command: `dsinfer bench --model " << model_dir << " --batch-sizes " << batches_arg << " --prompt-len "
+         << prompt_len << " --decode-steps " << decode_steps << "`\n"
+         << "- measured copy bandwidth (read+write, all threads): " << copy_bw / 1e9 << " GB/s; "
+         << "prefill: " << prompt_len << "-token prompts, all of a batch in one step; decode contexts start at "
+         << prompt_len << " tokens\n\n";
+  std::cout << header.str() << table.str();
+  if (!results_path.empty()) {
+    std::ofstream f(results_path, std::ios::app);
+    f << "\n" << header.str() << table.str();
+  }
+  return 0;
+}
+
+}  // namespace
+
+DSINFER_REGISTER_COMMAND(bench, "bench", "offline prefill/decode throughput vs the memory-bandwidth floor", run_bench);
+
+}  // namespace dsinfer::cli

@@ -1,0 +1,143 @@
+// `dsinfer generate` as a user runs it: the real binary, its exit codes and JSON lines.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+namespace {
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out;  // stdout and stderr together
+};
+
+RunResult run(const std::string& args) {
+  const std::string cmd = std::string(DSINFER_BINARY) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  RunResult r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string fixture(const std::string& name) { return std::string(DSINFER_SOURCE_DIR) + "/tests/data/" + name; }
+
+std::vector<nlohmann::json> json_lines(const std::string& text) {
+  std::vector<nlohmann::json> lines;
+  std::istringstream ss(text);
+  std::string line;
+  while (std::getline(ss, line))
+    if (!line.empty() && line[0] == '{') lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+nlohmann::json reference(const std::string& name) {
+  std::ifstream f(fixture(name) + "/reference.json");
+  return nlohmann::json::parse(f);
+}
+
+std::string join_ids(const std::vector<int>& ids) {
+  std::string s;
+  for (int id : ids) s += (s.empty() ? "" : ",") + std::to_string(id);
+  return s;
+}
+
+TEST(GenerateCli, ReproducesReferenceTokens) {
+  for (const char* name : {"tiny_v3", "tiny_v2_lite", "tiny_v3_fp8"}) {
+    const auto ref = reference(name);
+    const auto& p = ref["prompts"][2];
+    const auto r = run("generate --model " + fixture(name) + " --prompt-ids " +
+                       join_ids(p["prompt_ids"].get<std::vector<int>>()) +
+                       " --temperature 0 --ignore-eos --max-tokens 24");
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    const auto lines = json_lines(r.out);
+    ASSERT_EQ(lines.size(), 1u) << r.out;
+    EXPECT_EQ(lines[0]["index"], 0);
+    EXPECT_EQ(lines[0]["finish_reason"], "length");
+    EXPECT_EQ(lines[0]["prompt_ids"], p["prompt_ids"]);
+    const auto ours = lines[0]["token_ids"].get<std::vector<int>>();
+    const auto theirs = p["greedy_ids"].get<std::vector<int>>();
+    const auto margins = p["greedy_margins"].get<std::vector<double>>();
+    ASSERT_EQ(ours.size(), 24u);
+    for (size_t i = 0; i < ours.size(); ++i) {
+      if (ours[i] != theirs[i]) {
+        EXPECT_LE(margins[i], 1e-3) << name << " token " << i;
+        break;
+      }
+    }
+  }
+}
+
+TEST(GenerateCli, JsonlInputKeepsOrderAndPerLineParameters) {
+  const auto ref = reference("tiny_v3");
+  const std::string path = ::testing::TempDir() + "/gen_input.jsonl";
+  {
+    std::ofstream f(path);
+    for (int i = 0; i < 4; ++i) {
+      nlohmann::json j{{"prompt_ids", ref["prompts"][i]["prompt_ids"]}, {"max_tokens", 3 + i}, {"temperature", 0}};
+      f << j.dump() << "\n";
+    }
+    f << "\n";  // blank lines are skipped
+  }
+  const auto r = run("generate --model " + fixture("tiny_v3") + " --input " + path + " --ignore-eos");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto lines = json_lines(r.out);
+  ASSERT_EQ(lines.size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(lines[i]["index"], i);
+    EXPECT_EQ(lines[i]["token_ids"].size(), static_cast<size_t>(3 + i));
+  }
+}
+
+TEST(GenerateCli, BadInputGetsClearErrors) {
+  auto r = run("generate --model " + fixture("tiny_v3"));  // no prompt source
+  EXPECT_NE(r.exit_code, 0);
+  r = run("generate --model " + fixture("tiny_v3") + " --prompt-ids 1,x,3");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("'x' is not a token id"), std::string::npos) << r.out;
+  r = run("generate --model " + fixture("tiny_v3") + " --prompt-ids 1,2 --temperature -1");
+  EXPECT_NE(r.exit_code, 0);
+  r = run("generate --model /nonexistent/model --prompt-ids 1,2");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("/nonexistent/model"), std::string::npos) << r.out;
+  const std::string path = ::testing::TempDir() + "/bad.jsonl";
+  std::ofstream(path) << "{\"prompt_ids\": [1, 2]}\n{not json\n";
+  r = run("generate --model " + fixture("tiny_v3") + " --input " + path);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.out.find("input line 2"), std::string::npos) << r.out;
+  r = run("generate --model " + fixture("tiny_v3") + " --prompt-ids 1,2,999999");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.out.find("outside the vocabulary"), std::string::npos) << r.out;
+  r = run("generate --model " + fixture("tiny_v3") + " --prompt \"hello\"");  // fixture has no tokenizer
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("tokenizer"), std::string::npos) << r.out;
+  r = run("no-such-command");
+  EXPECT_NE(r.exit_code, 0);
+}
+
+TEST(GenerateCli, CorruptCheckpointIsAnErrorNotACrash) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(::testing::TempDir()) / "truncated_model";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::copy_file(fixture("tiny_v3") + "/config.json", dir / "config.json");
+  {
+    std::ifstream in(fixture("tiny_v3") + "/model.safetensors", std::ios::binary);
+    std::string data((std::istreambuf_iterator<char>(in)), {});
+    std::ofstream(dir / "model.safetensors", std::ios::binary).write(data.data(), data.size() / 2);
+  }
+  const auto r = run("generate --model " + dir.string() + " --prompt-ids 1,2");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("model.safetensors"), std::string::npos) << r.out;
+}
+
+}  // namespace

@@ -1,0 +1,119 @@
+// EngineCore behaviour: validation, stop conditions, cancellation, prefix reuse accounting.
+#include "engine/engine_core.h"
+
+#include <gtest/gtest.h>
+
+#include "test_fixtures.h"
+
+namespace dsinfer {
+namespace {
+
+GenerationRequest greedy(std::vector<TokenId> prompt, int max_tokens) {
+  GenerationRequest r;
+  r.prompt_ids = std::move(prompt);
+  r.sampling.temperature = 0.0f;
+  r.sampling.max_tokens = max_tokens;
+  return r;
+}
+
+std::vector<RequestOutput> run_to_end(EngineCore& core, RequestId id) {
+  std::vector<RequestOutput> outs;
+  while (core.has_unfinished_requests())
+    for (auto& o : core.step())
+      if (o.request_id == id) outs.push_back(o);
+  return outs;
+}
+
+TEST(EngineCore, RejectsBadRequests) {
+  EngineCore core(testing::fixture_engine_config("tiny_v3"));
+  EXPECT_EQ(core.add_request(1, greedy({}, 4)).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(core.add_request(2, greedy({1, 512}, 4)).code(), StatusCode::kInvalidArgument);  // vocab 512
+  EXPECT_EQ(core.add_request(3, greedy({1, -3}, 4)).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(core.add_request(4, greedy({1, 2}, 0)).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(core.add_request(5, greedy(std::vector<TokenId>(200, 5), 57)).code(), StatusCode::kOutOfRange);
+  auto r = greedy({1, 2}, 4);
+  r.sampling.top_p = 0.0f;
+  EXPECT_EQ(core.add_request(6, r).code(), StatusCode::kInvalidArgument);
+  r.sampling.top_p = 1.0f;
+  r.sampling.temperature = -1.0f;
+  EXPECT_EQ(core.add_request(7, r).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(core.add_request(8, greedy(std::vector<TokenId>(200, 5), 56)).ok());
+  EXPECT_EQ(core.add_request(8, greedy({1}, 1)).code(), StatusCode::kInvalidArgument);  // duplicate id
+  EXPECT_TRUE(core.has_unfinished_requests());
+}
+
+TEST(EngineCore, StopsOnEosUnlessIgnored) {
+  // In the tiny_v3 reference the 64-token prompt's second greedy token is eos (id 1).
+  const auto ref = testing::fixture_reference("tiny_v3");
+  const auto& p = ref["prompts"][3];
+  ASSERT_EQ(p["greedy_ids"][1].get<int>(), 1);
+  EngineCore core(testing::fixture_engine_config("tiny_v3"));
+  ASSERT_TRUE(core.add_request(1, greedy(p["prompt_ids"].get<std::vector<TokenId>>(), 10)).ok());
+  auto outs = run_to_end(core, 1);
+  ASSERT_FALSE(outs.empty());
+  EXPECT_EQ(outs.back().finish_reason, FinishReason::kStop);
+  EXPECT_EQ(outs.back().num_generated_tokens, 2);
+
+  auto r = greedy(p["prompt_ids"].get<std::vector<TokenId>>(), 10);
+  r.sampling.ignore_eos = true;
+  ASSERT_TRUE(core.add_request(2, r).ok());
+  outs = run_to_end(core, 2);
+  EXPECT_EQ(outs.back().finish_reason, FinishReason::kLength);
+  EXPECT_EQ(outs.back().num_generated_tokens, 10);
+  int streamed = 0;
+  for (auto& o : outs) streamed += o.new_token_ids.size();
+  EXPECT_EQ(streamed, 10);
+}
+
+TEST(EngineCore, StopTokenIds) {
+  const auto ref = testing::fixture_reference("tiny_v3");
+  const auto& p = ref["prompts"][0];
+  EngineCore core(testing::fixture_engine_config("tiny_v3"));
+  auto r = greedy(p["prompt_ids"].get<std::vector<TokenId>>(), 20);
+  r.sampling.ignore_eos = true;
+  r.sampling.stop_token_ids = {p["greedy_ids"][4].get<TokenId>()};
+  ASSERT_TRUE(core.add_request(1, r).ok());
+  auto outs = run_to_end(core, 1);
+  EXPECT_EQ(outs.back().finish_reason, FinishReason::kStop);
+  EXPECT_LE(outs.back().num_generated_tokens, 5);
+}
+
+TEST(EngineCore, CancelFreesBlocksAtOnce) {
+  EngineCore core(testing::fixture_engine_config("tiny_v3"));
+  auto r = greedy(std::vector<TokenId>(150, 7), 50);
+  ASSERT_TRUE(core.add_request(1, r).ok());
+  core.step();
+  EXPECT_GT(core.stats().num_kv_blocks_used, 0);
+  auto out = core.abort_request(1);
+  ASSERT_TRUE(out.has_value());
+  EXPECT_EQ(out->finish_reason, FinishReason::kCancelled);
+  EXPECT_EQ(core.stats().num_kv_blocks_used, 0);
+  EXPECT_FALSE(core.has_unfinished_requests());
+  EXPECT_FALSE(core.abort_request(1).has_value());
+}
+
+TEST(EngineCore, PrefixHitIsAccountedAndChangesNothing) {
+  const auto ref = testing::fixture_reference("tiny_v3");
+  const auto prompt = ref["prompts"][5]["prompt_ids"].get<std::vector<TokenId>>();  // 130 tokens
+  EngineCore core(testing::fixture_engine_config("tiny_v3"));
+  auto r = greedy(prompt, 8);
+  r.sampling.ignore_eos = true;
+  ASSERT_TRUE(core.add_request(1, r).ok());
+  auto first = run_to_end(core, 1);
+  ASSERT_TRUE(core.add_request(2, r).ok());
+  auto second = run_to_end(core, 2);
+  EXPECT_EQ(first.back().prompt_cache.num_device_hit_tokens, 0);
+  EXPECT_EQ(second.back().prompt_cache.num_device_hit_tokens, 128);  // two full 64-token blocks
+  std::vector<TokenId> a, b;
+  for (auto& o : first) a.insert(a.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+  for (auto& o : second) b.insert(b.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+  EXPECT_EQ(a, b);
+  auto salted = r;
+  salted.cache_salt = "tenant-b";
+  ASSERT_TRUE(core.add_request(3, salted).ok());
+  auto third = run_to_end(core, 3);
+  EXPECT_EQ(third.back().prompt_cache.num_device_hit_tokens, 0);
+}
+
+}  // namespace
+}  // namespace dsinfer
