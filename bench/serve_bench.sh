@@ -34,6 +34,11 @@ PY
 # Two measures per run. Wall clock: output tokens/s (generate: its run minus a load-only run).
 # CPU time: output tokens per CPU-second of the serving process (engine + HTTP) against the
 # generate process (engine alone), which the other jobs of a shared machine do not distort.
+# The server listens at once and says "ready" when the model has loaded.
+wait_ready() {
+  for _ in $(seq 1200); do grep -q 'serve: ready' "$WORK/serve.log" && return 0; sleep 0.1; done
+  echo "the server did not get ready:"; cat "$WORK/serve.log"; exit 1
+}
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 wall_ratios=(); cpu_ratios=(); gen_rates=(); serve_rates=()
 for rep in $(seq "$REPEATS"); do
@@ -49,11 +54,11 @@ print(tokens / (run[0] - load[0]), tokens / ((run[1] + run[2]) - (load[1] + load
 PY
 )
   "$BIN" serve --engine model --model "$MODEL" "${WEIGHTS[@]}" --served-model-name tiny --port 0 2> "$WORK/serve.log" & SERVER=$!
-  for _ in $(seq 200); do grep -q ready "$WORK/serve.log" && break; sleep 0.05; done
+  wait_ready
   PORT=$(grep -o 'http://127.0.0.1:[0-9]*' "$WORK/serve.log" | head -1 | cut -d: -f3)
   c0=$(cpu_ticks "$SERVER")
   "$BIN" bench-serve --port "$PORT" --model tiny --num-requests "$NUM" --concurrency "$NUM" \
-      --input-tokens "$IN" --output-tokens "$OUT" --json "$WORK/serve.json" > "$WORK/serve.txt"
+      --input-tokens "$IN" --output-tokens "$OUT" --json "$WORK/serve.json" > "$WORK/serve.txt" || { cat "$WORK/serve.txt"; exit 1; }
   c1=$(cpu_ticks "$SERVER")
   kill -TERM "$SERVER"; wait "$SERVER"; SERVER=
   read -r serve_rate serve_cpu_rate < <(python3 - "$WORK/serve.json" "$c0" "$c1" "$(getconf CLK_TCK)" <<'PY'
@@ -78,7 +83,7 @@ WALL=$(printf '%.3f' "$(median "${wall_ratios[@]}")"); CPU=$(printf '%.3f' "$(me
 C1000=""
 if [ "${SMALL:-0}" != 1 ]; then
   "$BIN" serve --engine model --model "$MODEL" --served-model-name tiny --port 0 --max-queued 2000 2> "$WORK/serve.log" & SERVER=$!
-  for _ in $(seq 200); do grep -q ready "$WORK/serve.log" && break; sleep 0.05; done
+  wait_ready
   PORT=$(grep -o 'http://127.0.0.1:[0-9]*' "$WORK/serve.log" | head -1 | cut -d: -f3)
   "$BIN" bench-serve --port "$PORT" --model tiny --num-requests 1000 --concurrency 1000 --input-tokens 16 --output-tokens 16 \
       --json "$WORK/c1000.json" --plot bench/serve_c1000.png > "$WORK/c1000.txt" || true
