@@ -105,3 +105,26 @@ test('1,000 concurrent streaming connections all complete', async () => {
     assert.equal((await server.stop()).code, 0);
   }
 });
+
+test('a client that stops reading is dropped and its request cancelled', async () => {
+  const server = await startServer(['--echo-step-us', '0', '--max-context-tokens', '300000']);
+  const net = await import('node:net');
+  try {
+    const body = JSON.stringify({ model: 'echo', stream: true, ignore_eos: true, max_tokens: 250000, messages: [{ role: 'user', content: 'x' }] });
+    const socket = net.connect(server.port, '127.0.0.1');
+    await new Promise((resolve) => socket.on('connect', resolve));
+    socket.write(`POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
+    socket.pause();  // never read: the kernel buffers fill, then the server's per-connection queue
+    socket.on('error', () => {});
+    assert.ok(await waitFor(async () => {
+      const m = await metrics(server.base);
+      return m.dsinfer_requests_cancelled_total === 1 && m.dsinfer_kv_blocks_used === 0 && m.dsinfer_engine_running_requests === 0;
+    }, 60000), 'the slow client was dropped and its request cancelled');
+    const m = await metrics(server.base);
+    assert.ok(m.dsinfer_generated_tokens_total < 250000, 'cancelled before the end of its answer');
+    assert.equal((await fetch(`${server.base}/health`)).status, 200);
+    socket.destroy();
+  } finally {
+    assert.equal((await server.stop()).code, 0);
+  }
+});
