@@ -42,7 +42,6 @@ const char* reason_phrase(int status) {
 }
 
 constexpr size_t kWatchReadBytes = 4096;
-constexpr size_t kMaxPipelinedBytes = 1u << 20;  // stop watching past this much unparsed input
 constexpr size_t kMaxDrainBytes = 64u << 20;     // what a rejected oversized body may still send
 
 }  // namespace
@@ -194,14 +193,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
     responding_ = true;
     started_ = false;
     ++seq_;
-    if (!request.body_too_large) watch();
+    // With a pipelined request already buffered the client is plainly there, and the next parse
+    // must not wait behind a watch read.
+    if (!request.body_too_large && buffer_.size() == 0) watch();
     auto exchange = std::make_shared<ConnectionExchange>(shared_from_this(), server_, seq_);
     server_->handler(std::move(request), std::move(exchange));
   }
 
   // One small read while a response is pending: EOF or an error means the client left.
   void watch() {
-    if (watching_ || closed_ || buffer_.size() > kMaxPipelinedBytes) return;
+    if (watching_ || closed_) return;
     watching_ = true;
     socket_.async_read_some(buffer_.prepare(kWatchReadBytes), [self = shared_from_this()](beast::error_code ec, size_t n) {
       self->watching_ = false;
@@ -211,8 +212,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
         return;
       }
       self->buffer_.commit(n);
-      if (self->responding_) self->watch();
-      else if (self->draining_) self->drain();
+      // Bytes while a response is pending are a pipelined request: keep them for the next
+      // parse (after_flush starts it) and stop watching, the client is evidently there.
+      if (self->responding_) return;
+      if (self->draining_) self->drain();
       else if (!self->writing_ && self->keep_alive_) self->read_request();
     });
   }

@@ -126,3 +126,21 @@ test('not HTTP at all gets 400 and the server stays up', async () => {
   const ok = await fetch(`${server.base}${C}`, { method: 'POST', body: chat({}), headers: { authorization: 'Bearer k' } });
   assert.equal(ok.status, 200);
 });
+
+test('pipelined requests on one connection are answered in order', async () => {
+  const body = JSON.stringify({ model: 'echo', prompt: 'hey', max_tokens: 2 });
+  const reply = await new Promise((resolve, reject) => {
+    const s = net.connect(server.port, '127.0.0.1', () => s.write(
+      'GET /health HTTP/1.1\r\nHost: x\r\n\r\n' +
+      `POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}` +
+      'GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\nConnection: close\r\n\r\n'));
+    let data = '';
+    s.on('data', (d) => { data += d; });
+    s.on('end', () => resolve(data));
+    s.on('error', reject);
+  });
+  const statuses = [...reply.matchAll(/HTTP\/1\.1 (\d+)/g)].map((m) => Number(m[1]));
+  assert.deepEqual(statuses, [200, 200, 200]);
+  assert.ok(reply.indexOf('"status":"ok"') < reply.indexOf('"text":"he"'));
+  assert.ok(reply.indexOf('"text":"he"') < reply.indexOf('"object":"list"'));
+});
