@@ -1,8 +1,22 @@
 #include "engine_options.h"
 
 #include "command.h"
+#include "kv/kv_tier_options.h"
 
 namespace dsinfer::cli {
+namespace {
+
+std::string check_size(const std::string& v) {
+  auto r = kv::parse_byte_size(v);
+  return r.ok() ? std::string() : r.status().message();
+}
+
+std::string check_duration(const std::string& v) {
+  auto r = kv::parse_duration_ms(v);
+  return r.ok() ? std::string() : r.status().message();
+}
+
+}  // namespace
 
 void add_engine_options(CLI::App& app, EngineOptions& o) {
   app.add_option("--model", o.config.model_dir, "model directory (config.json, safetensors, tokenizer)");
@@ -18,11 +32,30 @@ void add_engine_options(CLI::App& app, EngineOptions& o) {
   app.add_option("--max-num-seqs", o.config.max_num_seqs, "requests running at once")->check(CLI::Range(1, 1 << 16));
   app.add_flag("!--no-prefix-caching", o.config.enable_prefix_caching, "disable prefix caching");
   app.add_option("--engine-seed", o.config.seed, "seed of unseeded requests' random streams");
+  app.add_option("--kv-store", o.kv_store_dir,
+                 "use a KV block store in DIR, local or a shared POSIX mount (serve: on by default in ~/.cache/dsinfer/kv)");
+  app.add_flag("--no-kv-store", o.no_kv_store, "no KV block store");
+  app.add_option("--kv-store-capacity", o.kv_store_capacity, "bound on the block store, e.g. 200G")
+      ->check(CLI::Validator(check_size, "SIZE"));
+  app.add_option("--kv-host-cache", o.kv_host_cache, "host memory for KV blocks evicted from the device, e.g. 8G")
+      ->check(CLI::Validator(check_size, "SIZE"));
+  app.add_option("--kv-ttl-agent", o.kv_ttl_agent, "block store retention of agent traffic (default 3d)")
+      ->check(CLI::Validator(check_duration, "DURATION"));
+  app.add_option("--kv-ttl-chat", o.kv_ttl_chat, "block store retention of chat traffic (default 7d)")
+      ->check(CLI::Validator(check_duration, "DURATION"));
 }
 
 EngineConfig finish_engine_options(EngineOptions& o) {
   if (o.config.model_dir.empty()) o.config.model_dir = default_model_dir();
   o.config.kv_cache_bytes = o.kv_cache_mb << 20;
+  kv::KvTierOptions& t = o.config.kv_tiers;
+  t.store_enabled = !o.no_kv_store && (o.kv_store_by_default || !o.kv_store_dir.empty());
+  t.store_directory = o.kv_store_dir;
+  // The validators above have accepted these strings.
+  if (!o.kv_store_capacity.empty()) t.store_capacity_bytes = kv::parse_byte_size(o.kv_store_capacity).value();
+  if (!o.kv_host_cache.empty()) t.host_cache_bytes = kv::parse_byte_size(o.kv_host_cache).value();
+  if (!o.kv_ttl_agent.empty()) t.ttl_agent_ms = kv::parse_duration_ms(o.kv_ttl_agent).value();
+  if (!o.kv_ttl_chat.empty()) t.ttl_chat_ms = kv::parse_duration_ms(o.kv_ttl_chat).value();
   return o.config;
 }
 

@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <string>
 
+#include "kv/kv_tier_options.h"
+
 namespace dsinfer {
 
 struct EngineConfig {
@@ -20,6 +22,7 @@ struct EngineConfig {
   bool enable_prefix_caching = true;
   uint64_t seed = 0;                // base of the random streams of unseeded requests
   bool print_load_progress = true;
+  kv::KvTierOptions kv_tiers;       // host tier and block store (both off by default)
 };
 
 }  // namespace dsinfer

@@ -52,11 +52,21 @@ EngineCore::EngineCore(const EngineConfig& config) : config_(config) {
     DS_LOG_WARN("KV cache of " << num_blocks << " blocks cannot hold one full-length request; using " << min_blocks);
     num_blocks = min_blocks;
   }
-  kv_ = std::make_unique<kv::KvCacheManager>(kv::KvCacheConfig{num_blocks, bs, config_.enable_prefix_caching,
-                                                                model_identity(config_, model_->config())});
+  kv::KvCacheConfig kv_config{num_blocks, bs, config_.enable_prefix_caching, model_identity(config_, model_->config())};
+  const kv::KvTierOptions& tiers = config_.kv_tiers;
+  if (config_.enable_prefix_caching && (tiers.host_cache_bytes > 0 || tiers.store_enabled)) {
+    kv_block_io_ = std::make_unique<KvCachesBlockIo>(*backend_, model_->config(), bs);
+    kv_config.block_io = kv_block_io_.get();
+    kv_config.host_cache_bytes = tiers.host_cache_bytes;
+    kv_config.store = kv::open_block_store(tiers);
+    kv_config.store_unit_tokens = tiers.store_unit_tokens;
+    if (kv_config.store) DS_LOG_INFO("engine: KV block store at " << kv_config.store->config().directory);
+  }
+  kv_ = std::make_unique<kv::KvCacheManager>(std::move(kv_config));
   scheduler_ = std::make_unique<Scheduler>(
       SchedulerConfig{config_.max_num_batched_tokens, config_.max_num_seqs, config_.enable_prefix_caching}, *kv_);
   runner_ = std::make_unique<ModelRunner>(*model_, *kv_, num_blocks, bs);
+  if (kv_block_io_) kv_block_io_->attach(&runner_->caches());
   DS_LOG_INFO("engine: " << model_->config().architecture << ", backend " << backend_->name() << ", "
                          << num_blocks << " KV blocks of " << bs << " tokens, max length " << max_model_len_);
 }
@@ -98,6 +108,8 @@ Status EngineCore::add_request(RequestId id, const GenerationRequest& r) {
   // Each request draws from its own stream: its samples never depend on the batch.
   req->sampler_state = SamplerState(p.seed ? *p.seed : (config_.seed * 0x9e3779b97f4a7c15ull) ^ (id + 1));
   scheduler_->add(req.get());
+  // Store reads start now, before the request's prefill is scheduled.
+  kv_->prefetch(id, req->tokens, req->cache_salt);
   requests_.emplace(id, std::move(req));
   return Status();
 }

@@ -9,6 +9,7 @@
 #include "backend/backend.h"
 #include "dsinfer/engine_types.h"
 #include "engine/engine_config.h"
+#include "engine/kv_caches_block_io.h"
 #include "engine/model_runner.h"
 #include "engine/scheduler.h"
 #include "kv/kv_cache_manager.h"
@@ -44,6 +45,7 @@ class EngineCore {
   EngineConfig config_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<DeepseekModel> model_;
+  std::unique_ptr<KvCachesBlockIo> kv_block_io_;  // before kv_: the manager uses it
   std::unique_ptr<kv::KvCacheManager> kv_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<ModelRunner> runner_;

@@ -5,6 +5,10 @@
 #include "core/check.h"
 
 namespace dsinfer {
+namespace {
+// How long an idle engine waits for a request's block-store reads before computing instead.
+constexpr int kPrefetchWaitMs = 2000;
+}  // namespace
 
 Scheduler::Scheduler(SchedulerConfig config, kv::KvCacheManager& kv) : config_(config), kv_(kv) {}
 
@@ -64,6 +68,12 @@ SchedulerOutput Scheduler::schedule() {
       Request* req = waiting_.front();
       kv::ComputedPrefix prefix;
       if (config_.enable_prefix_caching && req->num_computed_tokens == 0) {
+        // Its block-store reads are in flight: wait for them in a later step while others run,
+        // or here when there is nothing else to do.
+        if (!kv_.prefetch_ready(req->id)) {
+          if (!running_.empty() || !out.scheduled.empty()) break;
+          kv_.wait_for_prefetch(req->id, kPrefetchWaitMs);
+        }
         prefix = kv_.get_computed_blocks(req->tokens, req->cache_salt);
       }
       const int num_computed = prefix.num_tokens;
@@ -71,8 +81,9 @@ SchedulerOutput Scheduler::schedule() {
       if (!kv_.allocate_slots(req->id, num_computed + n, prefix)) break;  // wait for blocks
       waiting_.pop_front();
       if (req->prompt_cache.num_prompt_tokens == 0) {  // first admission: account the prefix hit
+        // The cached prefix never covers the whole prompt, so the tiers' counts are prompt tokens.
+        req->prompt_cache = prefix.stats;
         req->prompt_cache.num_prompt_tokens = req->num_prompt_tokens;
-        req->prompt_cache.num_device_hit_tokens = std::min(num_computed, req->num_prompt_tokens);
       }
       req->num_computed_tokens = num_computed;
       req->status = RequestStatus::kRunning;
@@ -91,7 +102,7 @@ void Scheduler::update_after_step(const SchedulerOutput& out) {
     req->num_computed_tokens += s.num_new_tokens;
     DS_CHECK(req->num_computed_tokens <= req->num_tokens());
     if (config_.enable_prefix_caching)
-      kv_.cache_full_blocks(req->id, req->tokens, req->num_computed_tokens, req->cache_salt);
+      kv_.cache_full_blocks(req->id, req->tokens, req->num_computed_tokens, req->cache_salt, req->traffic_class);
   }
 }
 

@@ -8,6 +8,7 @@
 #include "core/check.h"
 #include "core/status.h"
 #include "model/expected_tensors.h"
+#include "model/weights_fp8.h"
 
 namespace dsinfer {
 namespace {
@@ -20,16 +21,14 @@ std::vector<float> widen(const TensorInfo& info, const Checkpoint& ckpt, const M
   std::vector<float> out(info.num_elements());
   // Copy through an aligned buffer: tensors inside a mapping may be unaligned.
   std::vector<uint8_t> raw(info.data, info.data + info.num_bytes);
-  convert_to_f32(info.dtype, raw.data(), out.data(), out.size());
   if (info.dtype == DType::kF8E4M3) {
     const TensorInfo& scale = ckpt.get(info.name + "_scale_inv");
     std::vector<float> s(scale.num_elements());
     std::memcpy(s.data(), scale.data, scale.num_bytes);
-    const int64_t rows = info.shape[0], cols = info.shape[1];
-    const int br = config.fp8.block_rows, bc = config.fp8.block_cols;
-    const int64_t col_blocks = (cols + bc - 1) / bc;
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < cols; ++c) out[r * cols + c] *= s[(r / br) * col_blocks + c / bc];
+    dequantize_fp8_block(raw.data(), s.data(), info.shape[0], info.shape[1], config.fp8.block_rows,
+                         config.fp8.block_cols, out.data());
+  } else {
+    convert_to_f32(info.dtype, raw.data(), out.data(), out.size());
   }
   return out;
 }
