@@ -234,13 +234,20 @@ class MessagesEncoder : public ProtocolEncoder {
 
   void end(const UsageCounts& usage, std::string& out) override {
     json stop_sequence = stop_sequence_.empty() ? json(nullptr) : json(stop_sequence_);
+    // The prefix-cache hit is known only once the engine has admitted the request, after
+    // message_start went out; the final usage carries it (message_delta's usage overrides).
+    options_.num_prompt_tokens = usage.prompt_tokens;
+    options_.num_cached_prompt_tokens = usage.cached_prompt_tokens;
     if (!options_.stream) {
       out += dump(message_json(json(stop_reason_), stop_sequence, usage.completion_tokens));
       return;
     }
     emit("message_delta",
          {{"delta", {{"stop_reason", stop_reason_}, {"stop_sequence", stop_sequence}}},
-          {"usage", {{"output_tokens", usage.completion_tokens}}}}, out);
+          {"usage",
+           {{"input_tokens", usage.prompt_tokens - usage.cached_prompt_tokens},
+            {"cache_read_input_tokens", usage.cached_prompt_tokens},
+            {"output_tokens", usage.completion_tokens}}}}, out);
     emit("message_stop", json::object(), out);
   }
 

@@ -132,6 +132,8 @@ TEST(MessagesEncoder, EmitsBlocksAndStopReason) {
   EXPECT_EQ(f[7].data["content_block"]["type"], "tool_use");
   EXPECT_EQ(f[8].data["delta"]["type"], "input_json_delta");
   EXPECT_EQ(f[11].data["delta"]["stop_reason"], "tool_use");
+  EXPECT_EQ(f[11].data["usage"]["cache_read_input_tokens"], 4);  // known at the end
+  EXPECT_EQ(f[11].data["usage"]["input_tokens"], 6);
 }
 
 TEST(MessagesEncoder, NonStreamingStopSequence) {
