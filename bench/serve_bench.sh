@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Serving benchmarks on the CPU with a tiny real model (tests/data/tiny_v3 + a fitted
-# tokenizer, see tests/e2e/tiny_model.mjs), or with SMALL=1 the bench/configs/small_v3 config
-# (6 layers, hidden 1024, 32 experts) with random weights (--dummy-weights):
+# tokenizer, see tests/e2e/tiny_model.mjs), with DEMO=1 the trained demo model (models/demo),
+# or with SMALL=1 the bench/configs/small_v3 config with random weights (--dummy-weights):
 #  1. server overhead per streamed token: output tokens/s of `dsinfer serve` + `bench-serve`
 #     against `dsinfer generate` on the same prompts in the same run (goal: ratio >= 0.95);
 #  2. 1,000 concurrent streaming connections to the real engine: all must complete.
@@ -10,17 +10,21 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${DSINFER_BINARY:-build/dsinfer}
 NUM=${NUM:-64}; IN=${IN:-32}; OUT=${OUT:-128}; REPEATS=${REPEATS:-5}
-MODEL=$(node -e "import('./tests/e2e/tiny_model.mjs').then(m => console.log(m.makeTinyModelDir()))")
+TMP_MODEL=$(node -e "import('./tests/e2e/tiny_model.mjs').then(m => console.log(m.makeTinyModelDir()))")
+MODEL=$TMP_MODEL
 WEIGHTS=()
-DESCRIPTION="tiny_v3 random-weight model (3 layers, hidden 64)"
+DESCRIPTION="tiny_v3 random-weight model (3 layers, hidden 64), byte tokenizer"
 if [ "${SMALL:-0}" = 1 ]; then
   rm "$MODEL/config.json" "$MODEL/model.safetensors"
   cp bench/configs/small_v3/config.json "$MODEL/config.json"
   WEIGHTS=(--dummy-weights)
-  DESCRIPTION="bench/configs/small_v3 with random weights (6 layers, hidden 1024, 32 experts, top-4)"
+  DESCRIPTION="bench/configs/small_v3 with random weights (6 layers, hidden 1024, 32 experts, top-4), byte tokenizer"
+elif [ "${DEMO:-0}" = 1 ]; then
+  MODEL=models/demo
+  DESCRIPTION="the trained demo model (models/demo: 3 layers, hidden 192, 16 experts, its own 8000-id tokenizer)"
 fi
 WORK=$(mktemp -d)
-trap 'rm -rf "$MODEL" "$WORK"; [ -n "${SERVER:-}" ] && kill "$SERVER" 2>/dev/null || true' EXIT
+trap 'rm -rf "$TMP_MODEL" "$WORK"; [ -n "${SERVER:-}" ] && kill "$SERVER" 2>/dev/null || true' EXIT
 
 # The same prompts for both: NUM lines of IN token ids drawn from the byte-token range.
 python3 - "$NUM" "$IN" > "$WORK/prompts.jsonl" <<'PY'
@@ -79,7 +83,7 @@ spread() { printf '%.2f-%.2f' "$(printf '%s\n' "$@" | sort -g | head -1)" "$(pri
 GEN=$(median "${gen_rates[@]}"); SERVED=$(median "${serve_rates[@]}")
 WALL=$(printf '%.3f' "$(median "${wall_ratios[@]}")"); CPU=$(printf '%.3f' "$(median "${cpu_ratios[@]}")")
 
-# 1,000 concurrent streams against the real engine (tiny model only).
+# 1,000 concurrent streams against the real engine (not with SMALL: too slow a model).
 C1000=""
 if [ "${SMALL:-0}" != 1 ]; then
   "$BIN" serve --engine model --model "$MODEL" --served-model-name tiny --port 0 --max-queued 2000 2> "$WORK/serve.log" & SERVER=$!
@@ -98,8 +102,8 @@ fi
   echo "## Serving: server overhead per streamed token${C1000:+, and 1,000 concurrent streams}"
   echo
   echo "$(date -u +%Y-%m-%d), dev box: 2-core x86-64, Debian 12 (shared; load average $(cut -d' ' -f1 /proc/loadavg)),"
-  echo "CPU backend, $DESCRIPTION, byte tokenizer;"
-  echo "\`SMALL=${SMALL:-0} NUM=$NUM IN=$IN OUT=$OUT REPEATS=$REPEATS bench/serve_bench.sh\` (medians of paired runs)."
+  echo "CPU backend, $DESCRIPTION;"
+  echo "\`SMALL=${SMALL:-0} DEMO=${DEMO:-0} NUM=$NUM IN=$IN OUT=$OUT REPEATS=$REPEATS bench/serve_bench.sh\` (medians of paired runs)."
   echo
   echo "| measure | value |"
   echo "|---|---|"
