@@ -56,8 +56,10 @@ struct ModelBytes {
   size_t kv_per_token = 0;      // all layers
 };
 
-ModelBytes model_bytes(const ModelConfig& c) {
-  const size_t f = sizeof(float);
+// weight_bytes: bytes per weight element as the backend holds it (fp32 on cpu, bf16 on cuda);
+// the latent cache is fp32 on both.
+ModelBytes model_bytes(const ModelConfig& c, size_t weight_bytes) {
+  const size_t f = weight_bytes;
   const size_t h = c.hidden_size, heads = c.num_attention_heads, qk = c.qk_head_dim();
   size_t attn = (c.q_lora_rank ? (h * c.q_lora_rank + c.q_lora_rank * heads * qk) : h * heads * qk) +
                 h * (c.kv_lora_rank + c.qk_rope_head_dim) + c.kv_lora_rank * heads * (c.qk_nope_head_dim + c.v_head_dim) +
@@ -74,7 +76,7 @@ ModelBytes model_bytes(const ModelConfig& c) {
   ModelBytes b;
   b.dense_per_step = dense * f + static_cast<size_t>(c.vocab_size) * h * f;  // + LM head
   b.per_expert = 3 * h * c.moe_intermediate_size * f;
-  b.kv_per_token = static_cast<size_t>(c.num_hidden_layers) * (c.kv_lora_rank + c.qk_rope_head_dim) * f;
+  b.kv_per_token = static_cast<size_t>(c.num_hidden_layers) * (c.kv_lora_rank + c.qk_rope_head_dim) * sizeof(float);
   return b;
 }
 
@@ -132,16 +134,30 @@ int run_bench(int argc, char** argv) {
   const int max_batch = *std::max_element(batches.begin(), batches.end());
   const int max_positions = prompt_len + decode_steps + 2;
   std::unique_ptr<DeepseekModel> model;
+  const auto load_start = Clock::now();
   if (dummy) {
     ModelConfig config = ModelConfig::load(model_dir);
     model = std::make_unique<DeepseekModel>(config, make_random_weights(config, *backend, 7), *backend, max_positions);
   } else {
     model = load_deepseek_model(model_dir, *backend, max_positions);
   }
+  std::cerr << "model ready in " << seconds_since(load_start) << " s\n";
   const ModelConfig& c = model->config();
-  const ModelBytes mb = model_bytes(c);
-  const double copy_bw = measure_copy_bandwidth(size_t{1} << 30);
+  const bool on_device = backend_name == "cuda";
+  // Random weights are bf16 on the device (an FP8 checkpoint's weights would be half that).
+  const ModelBytes mb = model_bytes(c, on_device ? 2 : sizeof(float));
+  // The ceiling is the copy bandwidth of the memory the weights live in: device-to-device
+  // cudaMemcpy for cuda, a threaded host memcpy for cpu.
+  const double copy_bw =
+      on_device ? measure_device_copy_bandwidth(backend_name) : measure_copy_bandwidth(size_t{1} << 30);
   std::cerr << "copy bandwidth (read+write): " << copy_bw / 1e9 << " GB/s\n";
+  // Each step ends with its logits on the host, as the engine needs them: that also waits for
+  // a device backend's queued work, so the clock measures the whole step.
+  std::vector<float> logits_host;
+  auto fetch_logits = [&](const ForwardOutput& out) {
+    logits_host.resize(out.logits.num_elements());
+    if (!out.logits.empty()) backend->to_host(out.logits, logits_host.data());
+  };
 
   const int bs = 64;
   const int blocks_per_seq = (max_positions + bs - 1) / bs;
@@ -168,7 +184,7 @@ int run_bench(int argc, char** argv) {
     }
     fb.num_tokens = static_cast<int>(fb.token_ids.size());
     auto t0 = Clock::now();
-    model->forward(fb, caches);
+    fetch_logits(model->forward(fb, caches));
     const double prefill_s = seconds_since(t0);
 
     // Decode: one token per sequence per step, contexts growing from prompt_len.
@@ -189,6 +205,7 @@ int run_bench(int argc, char** argv) {
       db.num_tokens = batch;
       t0 = Clock::now();
       ForwardOutput out = model->forward(db, caches, /*record_routing=*/true);
+      fetch_logits(out);
       const double dt = seconds_since(t0);
       if (step == 0) continue;  // warm-up
       size_t bytes = mb.dense_per_step + static_cast<size_t>(batch) * (prompt_len + step + 1) * mb.kv_per_token;
@@ -208,6 +225,8 @@ int run_bench(int argc, char** argv) {
     row.floor_step_ms = 1e3 * floor_s / decode_steps;
     row.achieved_gbs = bytes_total / decode_s / 1e9;
     rows.push_back(row);
+    std::cerr << "batch " << batch << ": prefill " << row.prefill_tok_s << " tok/s, decode " << row.decode_tok_s
+              << " tok/s, step " << row.decode_step_ms << " ms (floor " << row.floor_step_ms << " ms)\n";
   }
 
   std::ostringstream table;
@@ -228,9 +247,11 @@ int run_bench(int argc, char** argv) {
          << c.hidden_size << ", " << c.num_hidden_layers << " layers, " << c.n_routed_experts << " experts top-"
          << c.num_experts_per_tok << ", backend " << backend->name() << "\n\n"
          << "- date: " << date << "\n- machine: " << machine_description() << "\n"
-         << "- command: `dsinfer bench --model " << model_dir << " --batch-sizes " << batches_arg << " --prompt-len "
+         << "- command: `dsinfer bench --backend " << backend_name << " --model " << model_dir
+         << (dummy ? " --dummy-weights" : "") << " --batch-sizes " << batches_arg << " --prompt-len "
          << prompt_len << " --decode-steps " << decode_steps << "`\n"
-         << "- measured copy bandwidth (read+write, all threads): " << copy_bw / 1e9 << " GB/s; "
+         << "- measured copy bandwidth (read+write, "
+         << (on_device ? "device-to-device cudaMemcpy" : "all threads") << "): " << copy_bw / 1e9 << " GB/s; "
          << "prefill: " << prompt_len << "-token prompts, all of a batch in one step; decode contexts start at "
          << prompt_len << " tokens\n\n";
   std::cout << header.str() << table.str();

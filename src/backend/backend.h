@@ -111,6 +111,9 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
+  // True when make_linear takes F8_E4M3 weights as stored (with scale_inv and block sizes)
+  // and keeps them in FP8; the loader then skips widening those weights to fp32.
+  virtual bool wants_raw_fp8() const { return false; }
 
   virtual Tensor empty(const std::vector<int64_t>& shape, DType dtype) = 0;
   virtual Tensor from_host(const HostTensor& host) = 0;  // widened/converted as the backend likes
@@ -135,5 +138,8 @@ class Backend {
 // "cpu" or "cuda"; throws dsinfer::Error for an unknown or unavailable backend.
 std::unique_ptr<Backend> make_backend(const std::string& name);
 bool cuda_backend_available();
+// Device-to-device copy bandwidth (bytes read + written per second) of the named backend's
+// device, measured now; 0 for backends without a device of their own (cpu).
+double measure_device_copy_bandwidth(const std::string& name);
 
 }  // namespace dsinfer

@@ -30,4 +30,11 @@ std::unique_ptr<Backend> make_backend(const std::string& name) {
   throw Error(StatusCode::kInvalidArgument, "unknown backend '" + name + "' (expected cpu or cuda)");
 }
 
+double measure_device_copy_bandwidth(const std::string& name) {
+#ifdef DSINFER_HAVE_CUDA
+  if (name == "cuda" && cuda::device_count() > 0) return cuda::measure_copy_bandwidth_bytes_per_s();
+#endif
+  return 0.0;
+}
+
 }  // namespace dsinfer

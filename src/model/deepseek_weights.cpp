@@ -1,12 +1,15 @@
 #include "model/deepseek_weights.h"
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <random>
 #include <string>
 
 #include "core/check.h"
 #include "core/status.h"
+#include "core/thread_pool.h"
 #include "model/expected_tensors.h"
 #include "model/weights_fp8.h"
 
@@ -33,22 +36,43 @@ std::vector<float> widen(const TensorInfo& info, const Checkpoint& ckpt, const M
   return out;
 }
 
+// An F8_E4M3 checkpoint weight as stored, for backends that keep FP8 (Backend::wants_raw_fp8).
+struct RawFp8 {
+  std::vector<uint8_t> bytes;  // [rows, cols] e4m3
+  std::vector<float> scales;   // [ceil(rows / block_rows), ceil(cols / block_cols)]
+};
+// Returns the raw form when the named tensor is FP8 and the backend wants it, else nothing.
+using RawFp8Fn = std::function<std::optional<RawFp8>(const std::string& name, const std::vector<int64_t>& shape)>;
+
 class WeightBuilder {
  public:
-  WeightBuilder(const ModelConfig& config, Backend& backend, FetchFn fetch)
-      : c_(config), be_(backend), fetch_(std::move(fetch)) {}
+  WeightBuilder(const ModelConfig& config, Backend& backend, FetchFn fetch, RawFp8Fn raw_fp8 = nullptr)
+      : c_(config), be_(backend), fetch_(std::move(fetch)), raw_fp8_(std::move(raw_fp8)) {}
 
   Tensor vec(const std::string& name, int64_t n) { return host({n}, fetch_(name, {n})); }
   Tensor mat(const std::string& name, int64_t rows, int64_t cols) {
     return host({rows, cols}, fetch_(name, {rows, cols}));
   }
   LinearWeight linear(const std::string& name, int64_t out, int64_t in) {
+    if (raw_fp8_) {
+      if (auto raw = raw_fp8_(name, {out, in})) return fp8_linear(*raw, out, in);
+    }
     auto data = fetch_(name, {out, in});
     HostTensor h{DType::kF32, {out, in}, data.data()};
     return be_.make_linear(h);
   }
   // gate and up stacked into one [2 * inter, in] weight, gate rows first.
   LinearWeight gate_up(const std::string& prefix, int64_t inter, int64_t in) {
+    // Raw FP8 halves stack cleanly only when the gate's rows fill whole scale blocks.
+    if (raw_fp8_ && inter % c_.fp8.block_rows == 0) {
+      auto gate = raw_fp8_(prefix + "gate_proj.weight", {inter, in});
+      auto up = gate ? raw_fp8_(prefix + "up_proj.weight", {inter, in}) : std::nullopt;
+      if (gate && up) {
+        gate->bytes.insert(gate->bytes.end(), up->bytes.begin(), up->bytes.end());
+        gate->scales.insert(gate->scales.end(), up->scales.begin(), up->scales.end());
+        return fp8_linear(*gate, 2 * inter, in);
+      }
+    }
     auto gate = fetch_(prefix + "gate_proj.weight", {inter, in});
     auto up = fetch_(prefix + "up_proj.weight", {inter, in});
     gate.insert(gate.end(), up.begin(), up.end());
@@ -152,6 +176,12 @@ class WeightBuilder {
   }
 
  private:
+  LinearWeight fp8_linear(const RawFp8& raw, int64_t out, int64_t in) {
+    HostTensor h{DType::kF8E4M3, {out, in}, raw.bytes.data(), raw.scales.data(), c_.fp8.block_rows,
+                 c_.fp8.block_cols};
+    return be_.make_linear(h);
+  }
+
   Tensor host(std::vector<int64_t> shape, std::vector<float> data) {
     HostTensor h{DType::kF32, std::move(shape), data.data()};
     return be_.from_host(h);
@@ -160,39 +190,75 @@ class WeightBuilder {
   const ModelConfig& c_;
   Backend& be_;
   FetchFn fetch_;
+  RawFp8Fn raw_fp8_;
 };
 
 }  // namespace
 
 ModelWeights load_model_weights(const ModelConfig& config, const Checkpoint& ckpt, Backend& backend) {
   validate_checkpoint(ckpt, config);
-  WeightBuilder builder(config, backend, [&](const std::string& name, const std::vector<int64_t>& shape) {
+  FetchFn fetch = [&](const std::string& name, const std::vector<int64_t>& shape) {
     const TensorInfo& info = ckpt.get(name);
     if (info.shape != shape)
       throw Error(StatusCode::kInvalidArgument, "tensor " + name + " in " + info.file + " has shape " +
                                                     shape_to_string(info.shape) + ", expected " + shape_to_string(shape));
     return widen(info, ckpt, config);
-  });
+  };
+  RawFp8Fn raw_fp8;
+  if (backend.wants_raw_fp8()) {
+    raw_fp8 = [&](const std::string& name, const std::vector<int64_t>& shape) -> std::optional<RawFp8> {
+      const TensorInfo& info = ckpt.get(name);
+      if (info.dtype != DType::kF8E4M3 || info.shape != shape || shape.size() != 2) return std::nullopt;
+      const TensorInfo& scale = ckpt.get(name + "_scale_inv");
+      const int64_t expected = ((shape[0] + config.fp8.block_rows - 1) / config.fp8.block_rows) *
+                               ((shape[1] + config.fp8.block_cols - 1) / config.fp8.block_cols);
+      if (scale.dtype != DType::kF32 || scale.num_elements() != expected)
+        throw Error(StatusCode::kInvalidArgument, "tensor " + scale.name + " in " + scale.file + " has shape " +
+                                                      shape_to_string(scale.shape) + ", expected " +
+                                                      std::to_string(expected) + " fp32 block scales");
+      RawFp8 raw;
+      raw.bytes.assign(info.data, info.data + info.num_bytes);
+      raw.scales.resize(scale.num_elements());
+      std::memcpy(raw.scales.data(), scale.data, scale.num_bytes);
+      return raw;
+    };
+  }
+  WeightBuilder builder(config, backend, fetch, raw_fp8);
   return builder.model([&](const std::string& name) { return ckpt.has(name); });
 }
 
 ModelWeights make_random_weights(const ModelConfig& config, Backend& backend, uint64_t seed) {
   WeightBuilder builder(config, backend, [&](const std::string& name, const std::vector<int64_t>& shape) {
-    // Each tensor's values depend only on its name and the seed.
-    std::mt19937_64 rng(seed ^ std::hash<std::string>{}(name));
+    // Each tensor's values depend only on its name and the seed. Large tensors are drawn in
+    // chunks of 2^16 values with their own streams, in parallel (a full-size model has ~1e10
+    // values, most in expert matrices of a few million); chunk 0 uses the tensor's base stream,
+    // so small tensors are as they always were.
+    const uint64_t base_seed = seed ^ std::hash<std::string>{}(name);
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
     std::vector<float> v(n);
     const bool is_norm = name.find("norm") != std::string::npos;
     const bool is_bias = name.find("bias") != std::string::npos;
+    const bool is_embed = name.find("embed_tokens") != std::string::npos;
     const float scale = shape.size() == 2 ? 1.0f / std::sqrt(static_cast<float>(shape[1])) : 0.1f;
-    std::normal_distribution<float> dist(0.0f, 1.0f);
-    for (auto& x : v) {
-      if (is_norm) x = 1.0f + 0.1f * dist(rng);
-      else if (is_bias) x = 0.05f * std::abs(dist(rng));
-      else if (name.find("embed_tokens") != std::string::npos) x = dist(rng);
-      else x = scale * dist(rng);
-    }
+    constexpr int64_t kChunk = int64_t{1} << 16;
+    const int64_t num_chunks = (n + kChunk - 1) / kChunk;
+    auto fill_chunks = [&](int64_t chunk_begin, int64_t chunk_end) {
+      for (int64_t c = chunk_begin; c < chunk_end; ++c) {
+        std::mt19937_64 rng(c == 0 ? base_seed : base_seed ^ (static_cast<uint64_t>(c) * 0x9E3779B97F4A7C15ull));
+        std::normal_distribution<float> dist(0.0f, 1.0f);
+        const int64_t end = std::min(n, (c + 1) * kChunk);
+        for (int64_t i = c * kChunk; i < end; ++i) {
+          float& x = v[i];
+          if (is_norm) x = 1.0f + 0.1f * dist(rng);
+          else if (is_bias) x = 0.05f * std::abs(dist(rng));
+          else if (is_embed) x = dist(rng);
+          else x = scale * dist(rng);
+        }
+      }
+    };
+    if (num_chunks <= 1) fill_chunks(0, num_chunks);
+    else global_thread_pool().parallel_for(num_chunks, fill_chunks, 1);
     return v;
   });
   return builder.model([](const std::string& name) { return true; });

@@ -1,0 +1,142 @@
+// Element-wise and per-row kernels of the CUDA backend. Activations are fp32; these kernels
+// are memory-bound and kept simple: one thread per element, or one block per row where a row
+// needs a reduction.
+#include <cuda_bf16.h>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_kernels.h"
+
+namespace dsinfer::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+int num_blocks_for(int64_t n) { return static_cast<int>((n + kThreads - 1) / kThreads); }
+
+__global__ void f32_to_bf16_kernel(const float* x, __nv_bfloat16* y, int64_t n) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) y[i] = __float2bfloat16_rn(x[i]);
+}
+
+__global__ void bf16_to_f32_rows_kernel(const __nv_bfloat16* x, int64_t ldx, int64_t rows, int64_t cols, float* y) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= rows * cols) return;
+  const int64_t r = i / cols, c = i % cols;
+  y[i] = __bfloat162float(x[r * ldx + c]);
+}
+
+__global__ void bf16_to_f32_transposed_kernel(const __nv_bfloat16* x, int64_t ldx, int64_t rows, int64_t cols,
+                                              float* y) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= rows * cols) return;
+  const int64_t r = i / cols, c = i % cols;
+  y[i] = __bfloat162float(x[c * ldx + r]);
+}
+
+// One block per row: mean square in fp32 through a block reduction, then scale.
+__global__ void rms_norm_kernel(const float* x, const float* w, float eps, int64_t n, float* out) {
+  __shared__ float warp_sums[32];
+  const float* row = x + blockIdx.x * n;
+  float* dst = out + blockIdx.x * n;
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += row[i] * row[i];
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) warp_sums[warp] = sum;
+  __syncthreads();
+  if (warp == 0) {
+    sum = lane < static_cast<int>(blockDim.x / 32) ? warp_sums[lane] : 0.0f;
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    if (lane == 0) warp_sums[0] = sum;
+  }
+  __syncthreads();
+  const float inv = rsqrtf(warp_sums[0] / static_cast<float>(n) + eps);
+  // x and out may alias: every thread reads its own elements before writing them.
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = row[i] * inv * w[i];
+}
+
+__global__ void add_kernel(float* x, const float* y, int64_t n) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) x[i] += y[i];
+}
+
+__global__ void silu_mul_kernel(const float* gate_up, int64_t rows, int64_t inter, float* out) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= rows * inter) return;
+  const int64_t r = i / inter, c = i % inter;
+  const float g = gate_up[r * 2 * inter + c];
+  const float u = gate_up[r * 2 * inter + inter + c];
+  out[i] = g / (1.0f + expf(-g)) * u;
+}
+
+__global__ void concat_cols_kernel(const float* a, const float* b, int64_t rows, int64_t na, int64_t nb, float* out) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t width = na + nb;
+  if (i >= rows * width) return;
+  const int64_t r = i / width, c = i % width;
+  out[i] = c < na ? a[r * na + c] : b[r * nb + c - na];
+}
+
+__global__ void gather_rows_kernel(const float* x, const int32_t* rows, int64_t num_rows, int64_t width, float* out) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= num_rows * width) return;
+  const int64_t r = i / width, c = i % width;
+  out[i] = x[static_cast<int64_t>(rows[r]) * width + c];
+}
+
+}  // namespace
+
+void launch_f32_to_bf16(const float* x, uint16_t* y, int64_t n, Stream stream) {
+  if (n == 0) return;
+  f32_to_bf16_kernel<<<num_blocks_for(n), kThreads, 0, stream>>>(x, reinterpret_cast<__nv_bfloat16*>(y), n);
+  DS_CUDA_CHECK_LAUNCH();
+}
+
+void launch_bf16_to_f32_rows(const uint16_t* x, int64_t ldx, int64_t rows, int64_t cols, float* y, Stream stream) {
+  if (rows * cols == 0) return;
+  bf16_to_f32_rows_kernel<<<num_blocks_for(rows * cols), kThreads, 0, stream>>>(
+      reinterpret_cast<const __nv_bfloat16*>(x), ldx, rows, cols, y);
+  DS_CUDA_CHECK_LAUNCH();
+}
+
+void launch_bf16_to_f32_transposed(const uint16_t* x, int64_t ldx, int64_t rows, int64_t cols, float* y,
+                                   Stream stream) {
+  if (rows * cols == 0) return;
+  bf16_to_f32_transposed_kernel<<<num_blocks_for(rows * cols), kThreads, 0, stream>>>(
+      reinterpret_cast<const __nv_bfloat16*>(x), ldx, rows, cols, y);
+  DS_CUDA_CHECK_LAUNCH();
+}
+
+void launch_rms_norm(const float* x, const float* w, float eps, int64_t rows, int64_t n, float* out, Stream stream) {
+  if (rows == 0) return;
+  rms_norm_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, w, eps, n, out);
+  DS_CUDA_CHECK_LAUNCH();
+}
+
+void launch_add(float* x, const float* y, int64_t n, Stream stream) {
+  if (n == 0) return;
+  add_kernel<<<num_blocks_for(n), kThreads, 0, stream>>>(x, y, n);
+  DS_CUDA_CHECK_LAUNCH();
+}
+
+void launch_silu_mul(const float* gate_up, int64_t rows, int64_t inter, float* out, Stream stream) {
+  if (rows * inter == 0) return;
+  silu_mul_kernel<<<num_blocks_for(rows * inter), kThreads, 0, stream>>>(gate_up, rows, inter, out);
+  DS_CUDA_CHECK_LAUNCH();
+}
+
+void launch_concat_cols(const float* a, const float* b, int64_t rows, int64_t na, int64_t nb, float* out,
+                        Stream stream) {
+  if (rows * (na + nb) == 0) return;
+  concat_cols_kernel<<<num_blocks_for(rows * (na + nb)), kThreads, 0, stream>>>(a, b, rows, na, nb, out);
+  DS_CUDA_CHECK_LAUNCH();
+}
+
+void launch_gather_rows(const float* x, const int32_t* rows, int64_t num_rows, int64_t width, float* out,
+                        Stream stream) {
+  if (num_rows * width == 0) return;
+  gather_rows_kernel<<<num_blocks_for(num_rows * width), kThreads, 0, stream>>>(x, rows, num_rows, width, out);
+  DS_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace dsinfer::cuda

@@ -1,0 +1,94 @@
+// Host launchers of the CUDA backend's kernels. Plain header: the stream is forward-declared so
+// that C++ files can call the launchers without including CUDA headers. Every pointer is a
+// device pointer unless its name says otherwise; all launches are asynchronous on `stream`.
+#pragma once
+
+#include <cstdint>
+
+struct CUstream_st;
+
+namespace dsinfer::cuda {
+
+using Stream = CUstream_st*;
+
+// ---- element-wise and row kernels (cuda_elementwise.cu) ----
+void launch_f32_to_bf16(const float* x, uint16_t* y, int64_t n, Stream stream);
+// y[r, c] = x[r, c] for r < rows, c < cols, from a bf16 matrix with row stride ldx.
+void launch_bf16_to_f32_rows(const uint16_t* x, int64_t ldx, int64_t rows, int64_t cols, float* y, Stream stream);
+// y[r, c] = x[c, r] for r < rows, c < cols, from a bf16 matrix [cols, ldx] (row stride ldx).
+void launch_bf16_to_f32_transposed(const uint16_t* x, int64_t ldx, int64_t rows, int64_t cols, float* y,
+                                   Stream stream);
+void launch_rms_norm(const float* x, const float* w, float eps, int64_t rows, int64_t n, float* out, Stream stream);
+void launch_add(float* x, const float* y, int64_t n, Stream stream);
+void launch_silu_mul(const float* gate_up, int64_t rows, int64_t inter, float* out, Stream stream);
+void launch_concat_cols(const float* a, const float* b, int64_t rows, int64_t na, int64_t nb, float* out,
+                        Stream stream);
+// out[i] = x[rows[i]] (rows of `width` floats).
+void launch_gather_rows(const float* x, const int32_t* rows, int64_t num_rows, int64_t width, float* out,
+                        Stream stream);
+
+// ---- FP8 (cuda_fp8.cu) ----
+// Quantises x [rows, k] to e4m3 per 1x128 tile for cuBLASLt's VEC128_32F scaling: q is
+// [rows_padded, k_padded] row-major (k_padded a multiple of 128; rows >= `rows` and padding
+// columns are zero); scales is [k_padded / 128, rows_padded] (tokens contiguous), holding the
+// dequantisation factor amax / 448 of each tile (1 for an all-zero tile).
+void launch_quantize_fp8_1x128(const float* x, int64_t rows, int64_t k, int64_t rows_padded, int64_t k_padded,
+                               uint8_t* q, float* scales, Stream stream);
+// Dequantises the [rows, cols] window of a 128x128-block scaled e4m3 weight (row stride w_ld;
+// scales with row stride scales_ld, one row per 128 weight rows) into bf16 [rows, cols].
+void launch_dequantize_fp8_to_bf16(const uint8_t* w, int64_t w_ld, const float* scales, int64_t scales_ld,
+                                   int64_t rows, int64_t cols, uint16_t* out, Stream stream);
+
+// ---- MLA attention (cuda_attention.cu) ----
+struct MlaDims {
+  int num_heads;
+  int kv_lora_rank;
+  int qk_nope_head_dim;
+  int qk_rope_head_dim;
+  int v_head_dim;
+  int block_size;
+};
+
+// Device-side token layout of one forward step (all int32, device pointers).
+struct MlaBatchView {
+  int num_tokens;
+  const int32_t* positions;      // [T]
+  const int32_t* token_seq;      // [T]
+  const int32_t* slot_mapping;   // [T]
+  const int32_t* table_offsets;  // [num_seqs] start of each sequence's block table in `tables`
+  const int32_t* tables;         // concatenated block tables
+};
+
+// Writes the new tokens into the paged fp32 cache: RMS-normalised c_kv, RoPE-rotated k_rope.
+void launch_mla_cache_write(const MlaDims& d, const MlaBatchView& b, const float* kv_a, const float* norm_w,
+                            float eps, const float* rope_cos, const float* rope_sin, float* cache, Stream stream);
+
+// Absorbed attention over the paged cache, split along the context: each (token, head, split)
+// block attends to its slice of positions 0..pos and leaves an unnormalised partial result
+// (running max, sum, latent accumulator) in the workspace; the combine kernel merges the
+// splits and projects the latent output through W_UV. num_splits == 1 is the plain kernel.
+// Workspace: num_tokens * num_heads * num_splits * (kv_lora_rank + 2) floats.
+void launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* q, const float* w_uk,
+                          const float* w_uv, const float* rope_cos, const float* rope_sin, const float* cache,
+                          float softmax_scale, int num_splits, int split_len_tokens, float* workspace, float* out,
+                          Stream stream);
+
+// ---- MoE (cuda_moe.cu) ----
+struct MoeRouteParams {
+  int num_experts;
+  int top_k;
+  int num_groups;
+  int topk_groups;
+  bool sigmoid;         // else softmax
+  int topk_method;      // 0 greedy, 1 group_limited_greedy, 2 noaux_tc
+  bool norm_topk_prob;
+  float routed_scaling_factor;
+};
+// Per token: scores, optional correction bias (may be null), group limit, top-k, weights.
+void launch_moe_route(const float* logits, int64_t num_tokens, const MoeRouteParams& p, const float* bias,
+                      int32_t* expert_ids, float* weights, Stream stream);
+// out[t] = sum_k weights[t, k] * expert_out[slot_row[t * top_k + k]] in slot order.
+void launch_moe_combine(const float* expert_out, const int32_t* slot_row, const float* weights, int64_t num_tokens,
+                        int top_k, int64_t hidden, float* out, Stream stream);
+
+}  // namespace dsinfer::cuda

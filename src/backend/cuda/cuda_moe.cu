@@ -1,0 +1,126 @@
+// MoE routing and combination on the GPU. Routing follows cpu::route_token exactly (same
+// tie-breaking: lower expert index first) so that CPU and CUDA pick the same experts whenever
+// the scores agree; one thread per token is plenty next to the expert GEMMs.
+#include <cfloat>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_kernels.h"
+
+namespace dsinfer::cuda {
+namespace {
+
+constexpr int kMaxExperts = 512;
+constexpr int kMaxTopK = 32;
+
+// Index of the largest v[i] not yet taken (ties to the lower index); marks it taken.
+__device__ int take_max(const float* v, bool* taken, int n) {
+  int best = -1;
+  for (int i = 0; i < n; ++i) {
+    if (taken[i]) continue;
+    if (best < 0 || v[i] > v[best]) best = i;
+  }
+  taken[best] = true;
+  return best;
+}
+
+__global__ void route_kernel(const float* logits, int64_t num_tokens, MoeRouteParams p, const float* bias,
+                             int32_t* expert_ids, float* weights) {
+  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (t >= num_tokens) return;
+  const int n = p.num_experts;
+  const float* lg = logits + t * n;
+  float scores[kMaxExperts], choice[kMaxExperts];
+  bool taken[kMaxExperts];
+  if (!p.sigmoid) {
+    float mx = -FLT_MAX;
+    for (int e = 0; e < n; ++e) mx = fmaxf(mx, lg[e]);
+    double sum = 0.0;
+    for (int e = 0; e < n; ++e) {
+      scores[e] = expf(lg[e] - mx);
+      sum += scores[e];
+    }
+    for (int e = 0; e < n; ++e) scores[e] = static_cast<float>(scores[e] / sum);
+  } else {
+    for (int e = 0; e < n; ++e) scores[e] = 1.0f / (1.0f + expf(-lg[e]));
+  }
+  for (int e = 0; e < n; ++e) {
+    choice[e] = scores[e] + ((p.topk_method == 2 && bias != nullptr) ? bias[e] : 0.0f);
+    taken[e] = false;
+  }
+  if (p.topk_method != 0 && p.num_groups > 1) {
+    const int per_group = n / p.num_groups;
+    float group_scores[kMaxExperts];
+    bool group_taken[kMaxExperts], kept[kMaxExperts];
+    for (int g = 0; g < p.num_groups; ++g) {
+      const float* s = choice + g * per_group;
+      if (p.topk_method == 2) {  // noaux_tc: sum of the group's top two
+        int i0 = 0;
+        for (int i = 1; i < per_group; ++i)
+          if (s[i] > s[i0]) i0 = i;
+        float second = 0.0f;
+        if (per_group > 1) {
+          int i1 = -1;
+          for (int i = 0; i < per_group; ++i)
+            if (i != i0 && (i1 < 0 || s[i] > s[i1])) i1 = i;
+          second = s[i1];
+        }
+        group_scores[g] = s[i0] + second;
+      } else {  // group_limited_greedy: the group's best score
+        float mx = s[0];
+        for (int i = 1; i < per_group; ++i) mx = fmaxf(mx, s[i]);
+        group_scores[g] = mx;
+      }
+      group_taken[g] = false;
+      kept[g] = false;
+    }
+    for (int i = 0; i < p.topk_groups; ++i) kept[take_max(group_scores, group_taken, p.num_groups)] = true;
+    for (int e = 0; e < n; ++e)
+      if (!kept[e / per_group]) choice[e] = -INFINITY;
+  }
+  float w[kMaxTopK];
+  float sum = 0.0f;
+  for (int i = 0; i < p.top_k; ++i) {
+    const int e = take_max(choice, taken, n);
+    expert_ids[t * p.top_k + i] = e;
+    w[i] = scores[e];
+    sum += w[i];
+  }
+  if (p.norm_topk_prob && p.top_k > 1)
+    for (int i = 0; i < p.top_k; ++i) w[i] /= (sum + 1e-20f);
+  for (int i = 0; i < p.top_k; ++i) weights[t * p.top_k + i] = w[i] * p.routed_scaling_factor;
+}
+
+__global__ void combine_kernel(const float* expert_out, const int32_t* slot_row, const float* weights,
+                               int64_t num_tokens, int top_k, int64_t hidden, float* out) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= num_tokens * hidden) return;
+  const int64_t t = i / hidden, c = i % hidden;
+  float acc = 0.0f;
+  for (int k = 0; k < top_k; ++k)
+    acc += weights[t * top_k + k] * expert_out[static_cast<int64_t>(slot_row[t * top_k + k]) * hidden + c];
+  out[i] = acc;
+}
+
+}  // namespace
+
+void launch_moe_route(const float* logits, int64_t num_tokens, const MoeRouteParams& p, const float* bias,
+                      int32_t* expert_ids, float* weights, Stream stream) {
+  DS_CHECK_MSG(p.num_experts <= kMaxExperts && p.top_k <= kMaxTopK && p.top_k <= p.num_experts &&
+                   p.num_groups >= 1 && p.num_experts % p.num_groups == 0 && p.topk_groups <= p.num_groups,
+               "MoE routing shape beyond the CUDA kernel's limits");
+  if (num_tokens == 0) return;
+  route_kernel<<<static_cast<unsigned>((num_tokens + 63) / 64), 64, 0, stream>>>(logits, num_tokens, p, bias,
+                                                                                  expert_ids, weights);
+  DS_CUDA_CHECK_LAUNCH();
+}
+
+void launch_moe_combine(const float* expert_out, const int32_t* slot_row, const float* weights, int64_t num_tokens,
+                        int top_k, int64_t hidden, float* out, Stream stream) {
+  const int64_t n = num_tokens * hidden;
+  if (n == 0) return;
+  combine_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(expert_out, slot_row, weights,
+                                                                             num_tokens, top_k, hidden, out);
+  DS_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace dsinfer::cuda

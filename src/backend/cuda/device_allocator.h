@@ -1,0 +1,43 @@
+// Device memory for the CUDA backend: a caching allocator for per-step activations and plain
+// cudaMalloc for long-lived weights. Never managed memory.
+//
+// The backend issues all its work on one stream, so a block handed back while kernels that use
+// it are still queued can be handed out again at once: the next user's kernels run after them.
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "backend/tensor.h"
+
+namespace dsinfer::cuda {
+
+class DeviceAllocator : public std::enable_shared_from_this<DeviceAllocator> {
+ public:
+  ~DeviceAllocator();
+
+  // A device tensor whose storage returns to this allocator's cache when the last reference
+  // goes. Throws dsinfer::Error (kResourceExhausted) when the device is out of memory.
+  Tensor cached(const std::vector<int64_t>& shape, DType dtype);
+  // A device tensor with its own cudaMalloc, freed with cudaFree: for weights and caches, which
+  // live long and would only fragment the cache.
+  Tensor persistent(const std::vector<int64_t>& shape, DType dtype);
+  // Same, sized in bytes (for packed layouts such as an FP8 weight followed by its scales).
+  Tensor persistent_bytes(size_t num_bytes);
+
+  size_t cached_bytes() const;
+  void release_cached();  // cudaFree every idle cached block
+
+ private:
+  void* device_malloc(size_t bytes);
+  void give_back(void* p, size_t bytes);
+
+  mutable std::mutex mu_;
+  std::multimap<size_t, void*> idle_;  // rounded size → block
+  size_t idle_bytes_ = 0;
+};
+
+}  // namespace dsinfer::cuda

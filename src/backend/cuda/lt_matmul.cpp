@@ -1,0 +1,173 @@
+#include "backend/cuda/lt_matmul.h"
+
+#include "backend/cuda/cuda_check.h"
+#include "core/logging.h"
+
+namespace dsinfer::cuda {
+
+struct LtMatmul::Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool ok = false;
+  bool swapped = false;  // FP8 only: A = x, B = W, D = yᵀ (see LtMatmul::fp8)
+  ~Plan() {
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (d) cublasLtMatrixLayoutDestroy(d);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+LtMatmul::LtMatmul(Stream stream) : stream_(stream) {
+  DS_CUBLAS_CHECK(cublasLtCreate(&handle_));
+  workspace_bytes_ = size_t{32} << 20;
+  DS_CUDA_CHECK(cudaMalloc(&workspace_, workspace_bytes_));
+  DS_CUDA_CHECK(cudaMalloc(&placeholder_scales_, 4096));
+}
+
+LtMatmul::~LtMatmul() {
+  plans_.clear();
+  if (workspace_) cudaFree(workspace_);
+  if (placeholder_scales_) cudaFree(placeholder_scales_);
+  if (handle_) cublasLtDestroy(handle_);
+}
+
+std::unique_ptr<LtMatmul::Plan> LtMatmul::try_plan(Kind kind, int64_t m, int64_t n, int64_t k, bool swapped,
+                                                    uint32_t alignment_bytes, int* status) {
+  auto p = std::make_unique<Plan>();
+  p->swapped = swapped;
+  cudaDataType_t ab_type = CUDA_R_16BF, cd_type = CUDA_R_32F;
+  if (kind == Kind::kF32) ab_type = CUDA_R_32F;
+  if (kind == Kind::kFp8) {
+    ab_type = CUDA_R_8F_E4M3;
+    cd_type = CUDA_R_16BF;
+  }
+  DS_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
+  DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof op_t));
+  DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof op_n));
+  if (kind == Kind::kFp8) {
+    const cublasLtMatmulMatrixScale_t w_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    const cublasLtMatmulMatrixScale_t x_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    const auto& a_mode = swapped ? x_mode : w_mode;
+    const auto& b_mode = swapped ? w_mode : x_mode;
+    DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof a_mode));
+    DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof b_mode));
+    // Block scaling modes need scale pointers to be set already when the heuristic is asked
+    // (it answers "no algorithm" otherwise); the real ones are set before every run.
+    const void* placeholder = placeholder_scales_;
+    DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &placeholder,
+                                                   sizeof placeholder));
+    DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &placeholder,
+                                                   sizeof placeholder));
+  }
+  // Plain: A = W viewed column-major [k, n]; B = x viewed column-major [k, m]; D column-major
+  // [n, m] = y row-major. Swapped (FP8): A = x, B = W, D column-major [m, n] = yᵀ row-major.
+  const int64_t a_cols = swapped ? m : n, b_cols = swapped ? n : m;
+  DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, ab_type, k, a_cols, k));
+  DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, ab_type, k, b_cols, k));
+  DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, cd_type, a_cols, b_cols, a_cols));
+  DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, cd_type, a_cols, b_cols, a_cols));
+  cublasLtMatmulPreference_t pref;
+  DS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  DS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                       &workspace_bytes_, sizeof workspace_bytes_));
+  // Plain plans take 16-byte aligned operands, not the 256 bytes the heuristic assumes by
+  // default: per-expert row slices of one buffer start anywhere on a row boundary.
+  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+    DS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &alignment_bytes, sizeof alignment_bytes));
+  cublasLtMatmulHeuristicResult_t result{};
+  int count = 0;
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->d, pref, 1, &result, &count);
+  cublasLtMatmulPreferenceDestroy(pref);
+  p->ok = st == CUBLAS_STATUS_SUCCESS && count > 0;
+  if (p->ok) p->algo = result.algo;
+  *status = static_cast<int>(st);
+  return p;
+}
+
+LtMatmul::Plan* LtMatmul::plan(Kind kind, int64_t m, int64_t n, int64_t k, bool must_exist) {
+  auto key = std::make_tuple(static_cast<int>(kind), m, n, k);
+  auto it = plans_.find(key);
+  if (it != plans_.end()) {
+    DS_CHECK_MSG(it->second->ok || !must_exist, "cuBLASLt has no algorithm for m=" << m << " n=" << n << " k=" << k);
+    return it->second.get();
+  }
+  std::unique_ptr<Plan> p;
+  int status = 0;
+  if (kind != Kind::kFp8) {
+    p = try_plan(kind, m, n, k, /*swapped=*/false, kMinAlignmentBytes, &status);
+  } else {
+    // The FP8 block-scaled kernels have operand-role and alignment requirements that the
+    // heuristic knows best: try W as A (weights' 128x128 scales on A) and x as A, each with
+    // the default 256-byte and then our 16-byte alignment, and keep the first it accepts.
+    // All FP8 operands are fresh allocations, so the default alignment holds for them.
+    for (int variant = 0; variant < 4 && !(p && p->ok); ++variant)
+      p = try_plan(kind, m, n, k, /*swapped=*/variant % 2 == 1, variant < 2 ? 256 : kMinAlignmentBytes, &status);
+    if (p->ok && !logged_fp8_plan_) {
+      logged_fp8_plan_ = true;
+      DS_LOG_INFO("cuda: FP8 weights use cuBLASLt's block-scaled matmul ("
+                  << (p->swapped ? "activations" : "weights") << " as operand A)");
+    }
+  }
+  DS_CHECK_MSG(p->ok || !must_exist, "cuBLASLt has no algorithm for kind " << static_cast<int>(kind) << " m=" << m
+                                                                            << " n=" << n << " k=" << k
+                                                                            << " (status " << status << ")");
+  Plan* raw = p.get();
+  plans_.emplace(key, std::move(p));
+  return raw;
+}
+
+int LtMatmul::run(Plan* p, const void* a, const void* b, void* d, const float* a_scales, const float* b_scales) {
+  if (a_scales != nullptr) {
+    DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scales,
+                                                   sizeof a_scales));
+    DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scales,
+                                                   sizeof b_scales));
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  return cublasLtMatmul(handle_, p->desc, &alpha, a, p->a, b, p->b, &beta, d, p->c, d, p->d, &p->algo, workspace_,
+                        workspace_bytes_, stream_);
+}
+
+void LtMatmul::bf16(const uint16_t* w, const uint16_t* x, float* y, int64_t m, int64_t n, int64_t k) {
+  if (m == 0 || n == 0) return;
+  const int st = run(plan(Kind::kBf16, m, n, k, true), w, x, y, nullptr, nullptr);
+  DS_CHECK_MSG(st == CUBLAS_STATUS_SUCCESS, "cublasLtMatmul (bf16): status " << st);
+}
+
+void LtMatmul::f32(const float* w, const float* x, float* y, int64_t m, int64_t n, int64_t k) {
+  if (m == 0 || n == 0) return;
+  const int st = run(plan(Kind::kF32, m, n, k, true), w, x, y, nullptr, nullptr);
+  DS_CHECK_MSG(st == CUBLAS_STATUS_SUCCESS, "cublasLtMatmul (fp32): status " << st);
+}
+
+bool LtMatmul::fp8(const uint8_t* w, const float* w_scales, const uint8_t* x, const float* x_scales, uint16_t* y,
+                   int64_t m, int64_t n, int64_t k) {
+  if (m == 0 || n == 0) return false;
+  DS_CHECK(m % 4 == 0 && n % 4 == 0 && k % 128 == 0);
+  Plan* p = plan(Kind::kFp8, m, n, k, !fp8_soft_fail_);
+  int st = CUBLAS_STATUS_NOT_SUPPORTED;
+  if (p->ok) st = p->swapped ? run(p, x, w, y, x_scales, w_scales) : run(p, w, x, y, w_scales, x_scales);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    DS_CHECK_MSG(fp8_soft_fail_, "cublasLtMatmul (FP8 block-scaled): status " << st);
+    fp8_failed_ = true;
+  }
+  return p->swapped;
+}
+
+bool LtMatmul::fp8_plan_ok(int64_t m, int64_t n, int64_t k) {
+  if (m % 4 != 0 || n % 4 != 0 || k % 128 != 0) return false;
+  return plan(Kind::kFp8, m, n, k, false)->ok;
+}
+
+bool LtMatmul::fp8_supported(int64_t n, int64_t k) {
+  if (n % 4 != 0 || k % 128 != 0) return false;
+  return plan(Kind::kFp8, 16, n, k, false)->ok;
+}
+
+}  // namespace dsinfer::cuda

@@ -1,0 +1,67 @@
+// cuBLASLt matrix products of the CUDA backend, all in one orientation: y = x · Wᵀ with W
+// [n, k] and x [m, k] row-major, y [m, n] row-major. In cuBLASLt's column-major terms that is
+// D[n, m] = op(A)=Wᵀ-transposed · B, i.e. the "TN" layout, which is also the only one its FP8
+// matmul accepts. Plans (descriptors + heuristic algorithm) are cached per shape.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "backend/cuda/cuda_kernels.h"
+
+struct cublasLtContext;
+
+namespace dsinfer::cuda {
+
+class LtMatmul {
+ public:
+  // Every pointer handed to LtMatmul must be aligned to this many bytes.
+  static constexpr uintptr_t kMinAlignmentBytes = 16;
+
+  explicit LtMatmul(Stream stream);
+  ~LtMatmul();
+  LtMatmul(const LtMatmul&) = delete;
+  LtMatmul& operator=(const LtMatmul&) = delete;
+
+  // bf16 W and x, fp32 accumulate, fp32 y.
+  void bf16(const uint16_t* w, const uint16_t* x, float* y, int64_t m, int64_t n, int64_t k);
+  // fp32 throughout (the router: expert choice is sensitive to rounding).
+  void f32(const float* w, const float* x, float* y, int64_t m, int64_t n, int64_t k);
+  // DeepSeek's FP8 recipe: W e4m3 with one fp32 scale per 128x128 block, laid out
+  // [ceil(n/128), k/128 rounded up to 4] (k-blocks contiguous); x e4m3 with one scale per
+  // (row, 128 columns), laid out [k/128, m] (rows contiguous). m and n multiples of 4, k of 128.
+  // y is bf16 [m, n], or [n, m] (transposed) when this returns true: cuBLASLt decides which
+  // operand may carry which scaling.
+  bool fp8(const uint8_t* w, const float* w_scales, const uint8_t* x, const float* x_scales, uint16_t* y, int64_t m,
+           int64_t n, int64_t k);
+  // Whether cuBLASLt offers an FP8 block-scaled algorithm for this (n, k) on this device.
+  bool fp8_supported(int64_t n, int64_t k);
+  // Whether the FP8 product of this exact shape has an algorithm (plans are cached).
+  bool fp8_plan_ok(int64_t m, int64_t n, int64_t k);
+  // While set, a failing FP8 matmul is recorded instead of aborting (for the start-up probe).
+  void set_fp8_soft_fail(bool on) { fp8_soft_fail_ = on; }
+  bool take_fp8_failure() { const bool f = fp8_failed_; fp8_failed_ = false; return f; }
+
+ private:
+  struct Plan;
+  enum class Kind { kBf16, kF32, kFp8 };
+  Plan* plan(Kind kind, int64_t m, int64_t n, int64_t k, bool must_exist);
+  std::unique_ptr<Plan> try_plan(Kind kind, int64_t m, int64_t n, int64_t k, bool swapped, uint32_t alignment_bytes,
+                                 int* status);
+  // Returns cuBLASLt's status (cublasStatus_t).
+  int run(Plan* p, const void* a, const void* b, void* d, const float* a_scales, const float* b_scales);
+
+  Stream stream_;
+  cublasLtContext* handle_ = nullptr;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  bool logged_fp8_plan_ = false;
+  void* placeholder_scales_ = nullptr;
+  bool fp8_soft_fail_ = false;
+  bool fp8_failed_ = false;
+  std::map<std::tuple<int, int64_t, int64_t, int64_t>, std::unique_ptr<Plan>> plans_;
+};
+
+}  // namespace dsinfer::cuda

@@ -1,0 +1,135 @@
+// MLA attention of the CUDA backend against the CPU backend: ragged batches mixing prefill and
+// decode, several block tables in shuffled block order, and contexts past 2k tokens (where the
+// decode kernel splits the context). The cache before the step is random and written through
+// write_cache_block on both backends, so every position of every context carries signal.
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "cuda_test_util.h"
+
+namespace dsinfer {
+namespace {
+
+using testing_cuda::CudaVsCpuTest;
+using testing_cuda::download;
+using testing_cuda::random_values;
+using testing_cuda::relative_error;
+using testing_cuda::upload;
+
+struct Dims {
+  int heads, lora, rope, nope, vdim;
+};
+
+struct SeqSpec {
+  int num_cached;  // tokens already in the cache
+  int num_new;     // tokens of this step
+};
+
+class CudaAttentionTest : public CudaVsCpuTest {
+ protected:
+  void run_case(const Dims& d, const std::vector<SeqSpec>& seqs, uint32_t seed) {
+    constexpr int kBlockSize = 64;
+    const int entry = d.lora + d.rope;
+    // Block tables: every sequence gets its blocks from a shuffled pool.
+    int total_blocks = 0;
+    for (const auto& s : seqs) total_blocks += (s.num_cached + s.num_new + kBlockSize - 1) / kBlockSize;
+    std::vector<int32_t> pool(total_blocks + 3);
+    std::iota(pool.begin(), pool.end(), 0);
+    std::shuffle(pool.begin(), pool.end(), std::mt19937(seed));
+    ForwardBatch batch;
+    int next_block = 0, max_pos = 0;
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      const int ctx = seqs[s].num_cached + seqs[s].num_new;
+      std::vector<int32_t> table;
+      for (int i = 0; i < (ctx + kBlockSize - 1) / kBlockSize; ++i) table.push_back(pool[next_block++]);
+      for (int p = seqs[s].num_cached; p < ctx; ++p) {
+        batch.token_ids.push_back(1);
+        batch.positions.push_back(p);
+        batch.slot_mapping.push_back(table[p / kBlockSize] * kBlockSize + p % kBlockSize);
+        batch.token_seq.push_back(static_cast<int32_t>(s));
+        max_pos = std::max(max_pos, p);
+      }
+      batch.block_tables.push_back(table);
+      batch.context_lens.push_back(ctx);
+    }
+    batch.num_tokens = static_cast<int>(batch.positions.size());
+    const int64_t t = batch.num_tokens, num_blocks = static_cast<int64_t>(pool.size());
+
+    const auto q = random_values(t * d.heads * (d.nope + d.rope), seed + 1);
+    const auto kv_a = random_values(t * entry, seed + 2, 1.5f);
+    const auto norm_w = random_values(d.lora, seed + 3, 0.1f, 1.0f);
+    const auto w_uk = random_values(static_cast<size_t>(d.heads) * d.nope * d.lora, seed + 4, 0.1f);
+    const auto w_uv = random_values(static_cast<size_t>(d.heads) * d.vdim * d.lora, seed + 5, 0.1f);
+    const int half = d.rope / 2, max_positions = max_pos + 1;
+    std::vector<float> cos_t(max_positions * half), sin_t(max_positions * half);
+    for (int p = 0; p < max_positions; ++p)
+      for (int i = 0; i < half; ++i) {
+        const double freq = std::pow(10000.0, -2.0 * i / d.rope);
+        cos_t[p * half + i] = static_cast<float>(std::cos(p * freq));
+        sin_t[p * half + i] = static_cast<float>(std::sin(p * freq));
+      }
+    const auto initial_cache = random_values(num_blocks * kBlockSize * entry, seed + 6, 0.5f);
+
+    Backend* bes[2] = {cpu_.get(), gpu_.get()};
+    std::vector<float> out[2], cache_after[2];
+    for (int b = 0; b < 2; ++b) {
+      Backend& be = *bes[b];
+      MlaWeights w;
+      w.num_heads = d.heads;
+      w.kv_lora_rank = d.lora;
+      w.qk_nope_head_dim = d.nope;
+      w.qk_rope_head_dim = d.rope;
+      w.v_head_dim = d.vdim;
+      w.kv_a_layernorm = upload(be, {d.lora}, norm_w);
+      w.w_uk = upload(be, {d.heads, d.nope, d.lora}, w_uk);
+      w.w_uv = upload(be, {d.heads, d.vdim, d.lora}, w_uv);
+      Tensor tq = upload(be, {t, d.heads * (d.nope + d.rope)}, q), tkv = upload(be, {t, entry}, kv_a);
+      Tensor tcos = upload(be, {max_positions, half}, cos_t), tsin = upload(be, {max_positions, half}, sin_t);
+      LayerKvCache cache{be.empty({num_blocks, kBlockSize, entry}, DType::kF32)};
+      for (int64_t blk = 0; blk < num_blocks; ++blk)
+        be.write_cache_block(cache, static_cast<int32_t>(blk), initial_cache.data() + blk * kBlockSize * entry);
+      Tensor tout = be.empty({t, d.heads * d.vdim}, DType::kF32);
+      MlaAttentionArgs args;
+      args.weights = &w;
+      args.q = &tq;
+      args.kv_a = &tkv;
+      args.rope_cos = &tcos;
+      args.rope_sin = &tsin;
+      args.batch = &batch;
+      args.cache = &cache;
+      args.block_size = kBlockSize;
+      args.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d.nope + d.rope));
+      args.out = &tout;
+      be.mla_attention(args);
+      out[b] = download(be, tout);
+      cache_after[b].resize(num_blocks * kBlockSize * entry);
+      for (int64_t blk = 0; blk < num_blocks; ++blk)
+        be.read_cache_block(cache, static_cast<int32_t>(blk), cache_after[b].data() + blk * kBlockSize * entry);
+    }
+    EXPECT_LT(relative_error(cache_after[1], cache_after[0]), 1e-5) << "cache after the step";
+    EXPECT_LT(relative_error(out[1], out[0]), 1e-4) << "attention output";
+  }
+};
+
+const Dims kV3Dims{4, 512, 64, 128, 128};
+const Dims kTinyDims{3, 32, 16, 24, 20};
+
+TEST_F(CudaAttentionTest, RaggedBatchMixingPrefillAndDecode) {
+  run_case(kV3Dims, {{0, 5}, {70, 1}, {130, 3}, {0, 1}, {63, 2}}, 100);
+  run_case(kTinyDims, {{0, 17}, {64, 1}, {5, 9}}, 200);
+}
+
+TEST_F(CudaAttentionTest, LongContextDecodeSplitsTheContext) {
+  run_case(kV3Dims, {{2100, 1}}, 300);                    // one sequence: many splits
+  run_case(kV3Dims, {{2500, 1}, {40, 1}, {1200, 1}}, 400);  // uneven contexts in one step
+  run_case(kTinyDims, {{3000, 1}}, 500);
+}
+
+TEST_F(CudaAttentionTest, LongPrefillChunkAfterCachedPrefix) {
+  run_case(kV3Dims, {{1900, 200}}, 600);
+  run_case({16, 512, 64, 128, 128}, {{0, 300}, {100, 2}}, 700);
+}
+
+}  // namespace
+}  // namespace dsinfer

@@ -1,0 +1,135 @@
+// Every element-wise op and `linear` (bf16 and FP8 weights) of the CUDA backend against the
+// CPU backend on random inputs at several shapes.
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "core/dtype.h"
+#include "cuda_test_util.h"
+
+namespace dsinfer {
+namespace {
+
+using testing_cuda::CudaVsCpuTest;
+using testing_cuda::download;
+using testing_cuda::random_values;
+using testing_cuda::relative_error;
+using testing_cuda::upload;
+
+class CudaOpsTest : public CudaVsCpuTest {};
+
+TEST_F(CudaOpsTest, RmsNormMatchesCpuIncludingInPlace) {
+  for (auto [rows, n] : {std::pair<int64_t, int64_t>{1, 64}, {7, 1000}, {33, 7168}}) {
+    const auto x = random_values(rows * n, 1, 2.0f, 0.5f);
+    const auto w = random_values(n, 2, 0.1f, 1.0f);
+    Backend* bes[2] = {cpu_.get(), gpu_.get()};
+    std::vector<float> res[2], res_inplace[2];
+    for (int b = 0; b < 2; ++b) {
+      Tensor tx = upload(*bes[b], {rows, n}, x), tw = upload(*bes[b], {n}, w);
+      Tensor out = bes[b]->empty({rows, n}, DType::kF32);
+      bes[b]->rms_norm(tx, tw, 1e-6f, out);
+      res[b] = download(*bes[b], out);
+      bes[b]->rms_norm(tx, tw, 1e-6f, tx);
+      res_inplace[b] = download(*bes[b], tx);
+    }
+    EXPECT_LT(relative_error(res[1], res[0]), 1e-5) << rows << "x" << n;
+    EXPECT_LT(relative_error(res_inplace[1], res[0]), 1e-5) << rows << "x" << n;
+  }
+}
+
+TEST_F(CudaOpsTest, AddSiluMulConcatGatherEmbeddingMatchCpu) {
+  const int64_t rows = 19, a_cols = 48, b_cols = 80, inter = 333, vocab = 50;
+  const auto a = random_values(rows * a_cols, 3), b = random_values(rows * b_cols, 4);
+  const auto a2 = random_values(rows * a_cols, 5);
+  const auto gu = random_values(rows * 2 * inter, 6, 3.0f);
+  const auto table = random_values(vocab * a_cols, 7);
+  const std::vector<int32_t> pick = {18, 0, 5, 5, 17, 2};
+  const std::vector<TokenId> ids = {49, 0, 7, 7, 31, 12, 3};
+  Backend* bes[2] = {cpu_.get(), gpu_.get()};
+  std::vector<float> sum[2], act[2], cat[2], gathered[2], emb[2];
+  for (int i = 0; i < 2; ++i) {
+    Backend& be = *bes[i];
+    Tensor ta = upload(be, {rows, a_cols}, a), tb = upload(be, {rows, b_cols}, b), ta2 = upload(be, {rows, a_cols}, a2);
+    be.add(ta, ta2);
+    sum[i] = download(be, ta);
+    Tensor tgu = upload(be, {rows, 2 * inter}, gu), tact = be.empty({rows, inter}, DType::kF32);
+    be.silu_mul(tgu, tact);
+    act[i] = download(be, tact);
+    Tensor tcat = be.empty({rows, a_cols + b_cols}, DType::kF32);
+    be.concat_cols(ta, tb, tcat);
+    cat[i] = download(be, tcat);
+    Tensor tg = be.empty({static_cast<int64_t>(pick.size()), a_cols + b_cols}, DType::kF32);
+    be.gather_rows(tcat, pick, tg);
+    gathered[i] = download(be, tg);
+    Tensor ttable = upload(be, {vocab, a_cols}, table), te = be.empty({static_cast<int64_t>(ids.size()), a_cols}, DType::kF32);
+    be.embedding(ttable, ids, te);
+    emb[i] = download(be, te);
+  }
+  EXPECT_LT(relative_error(sum[1], sum[0]), 1e-6);
+  EXPECT_LT(relative_error(act[1], act[0]), 1e-5);
+  EXPECT_EQ(cat[1], cat[0]);
+  EXPECT_EQ(gathered[1], gathered[0]);
+  EXPECT_EQ(emb[1], emb[0]);
+}
+
+TEST_F(CudaOpsTest, LinearBf16MatchesCpuAtSeveralShapes) {
+  struct Shape { int64_t m, n, k; };
+  for (Shape s : {Shape{1, 64, 64}, Shape{7, 200, 96}, Shape{33, 576, 2048}, Shape{130, 1000, 384}, Shape{5, 3, 24}}) {
+    const auto w = random_values(s.n * s.k, 11, 1.0f / std::sqrt(static_cast<float>(s.k)));
+    const auto x = random_values(s.m * s.k, 12);
+    std::vector<float> y[2];
+    Backend* bes[2] = {cpu_.get(), gpu_.get()};
+    for (int i = 0; i < 2; ++i) {
+      LinearWeight lw = bes[i]->make_linear(HostTensor{DType::kF32, {s.n, s.k}, w.data()});
+      Tensor tx = upload(*bes[i], {s.m, s.k}, x), ty = bes[i]->empty({s.m, s.n}, DType::kF32);
+      bes[i]->linear(tx, lw, ty);
+      y[i] = download(*bes[i], ty);
+    }
+    // bf16 operands (8 significant bits) with fp32 accumulation.
+    EXPECT_LT(relative_error(y[1], y[0]), 2e-2) << s.m << "x" << s.n << "x" << s.k;
+  }
+}
+
+TEST_F(CudaOpsTest, LinearFp8BlockScaledMatchesDequantisedCpu) {
+  struct Shape { int64_t m, n, k; };
+  for (Shape s : {Shape{1, 256, 512}, Shape{5, 576, 2048}, Shape{37, 192, 160}, Shape{130, 1000, 384}}) {
+    // An FP8 weight with 128x128 block scales that vary across blocks.
+    const int64_t rb = (s.n + 127) / 128, cb = (s.k + 127) / 128;
+    std::vector<float> scales(rb * cb);
+    for (size_t i = 0; i < scales.size(); ++i) scales[i] = 1e-3f * (1.0f + static_cast<float>(i % 5));
+    const auto w_real = random_values(s.n * s.k, 21, 0.2f);
+    std::vector<uint8_t> w_fp8(s.n * s.k);
+    for (int64_t r = 0; r < s.n; ++r)
+      for (int64_t c = 0; c < s.k; ++c)
+        w_fp8[r * s.k + c] = f32_to_fp8e4m3(w_real[r * s.k + c] / (scales[(r / 128) * cb + c / 128] * 100.0f));
+    const auto x = random_values(s.m * s.k, 22);
+    HostTensor h{DType::kF8E4M3, {s.n, s.k}, w_fp8.data(), scales.data(), 128, 128};
+    std::vector<float> y[2];
+    Backend* bes[2] = {cpu_.get(), gpu_.get()};
+    for (int i = 0; i < 2; ++i) {
+      LinearWeight lw = bes[i]->make_linear(h);
+      Tensor tx = upload(*bes[i], {s.m, s.k}, x), ty = bes[i]->empty({s.m, s.n}, DType::kF32);
+      bes[i]->linear(tx, lw, ty);
+      y[i] = download(*bes[i], ty);
+    }
+    // The weight is exact on both sides; the activations are rounded to e4m3 per 1x128 tile
+    // on the GPU (3 mantissa bits), and the output to bf16.
+    EXPECT_LT(relative_error(y[1], y[0]), 6e-2) << s.m << "x" << s.n << "x" << s.k;
+  }
+}
+
+TEST_F(CudaOpsTest, CacheBlocksRoundTrip) {
+  const int64_t num_blocks = 5, block_size = 64, entry = 576;
+  LayerKvCache cache{gpu_->empty({num_blocks, block_size, entry}, DType::kF32)};
+  const auto a = random_values(block_size * entry, 31), b = random_values(block_size * entry, 32);
+  gpu_->write_cache_block(cache, 3, a.data());
+  gpu_->write_cache_block(cache, 1, b.data());
+  std::vector<float> got(block_size * entry);
+  gpu_->read_cache_block(cache, 3, got.data());
+  EXPECT_EQ(got, a);
+  gpu_->read_cache_block(cache, 1, got.data());
+  EXPECT_EQ(got, b);
+}
+
+}  // namespace
+}  // namespace dsinfer

@@ -1,0 +1,66 @@
+// Helpers for the CUDA-vs-CPU tests: random host data, upload to a backend, error measures.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace dsinfer::testing_cuda {
+
+// Normal values (never all zeros) with an optional offset, reproducible from the seed.
+inline std::vector<float> random_values(size_t n, uint32_t seed, float stddev = 1.0f, float mean = 0.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(mean, stddev);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+inline Tensor upload(Backend& be, const std::vector<int64_t>& shape, const std::vector<float>& v) {
+  return be.from_host(HostTensor{DType::kF32, shape, v.data()});
+}
+
+inline std::vector<float> download(Backend& be, const Tensor& t) {
+  std::vector<float> v(t.num_elements());
+  be.to_host(t, v.data());
+  return v;
+}
+
+// max |got - want| / max |want|: the error relative to the result's scale.
+inline double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
+  EXPECT_EQ(got.size(), want.size());
+  double max_diff = 0, max_ref = 0;
+  for (size_t i = 0; i < want.size() && i < got.size(); ++i) {
+    max_diff = std::max(max_diff, static_cast<double>(std::abs(got[i] - want[i])));
+    max_ref = std::max(max_ref, static_cast<double>(std::abs(want[i])));
+  }
+  EXPECT_GT(max_ref, 0.0) << "reference result is all zeros: the comparison would prove nothing";
+  return max_diff / std::max(max_ref, 1e-30);
+}
+
+// The source tree (for tests/data): DSINFER_SOURCE_DIR from the environment when set, since
+// the GPU machine runs this binary from another checkout than the one it was built in.
+inline std::string source_dir() {
+  const char* env = std::getenv("DSINFER_SOURCE_DIR");
+  return env != nullptr && *env != '\0' ? std::string(env) : std::string(DSINFER_SOURCE_DIR);
+}
+
+class CudaVsCpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda_backend_available()) GTEST_SKIP() << "no CUDA device visible";
+    cpu_ = make_backend("cpu");
+    gpu_ = make_backend("cuda");
+  }
+  std::unique_ptr<Backend> cpu_, gpu_;
+};
+
+}  // namespace dsinfer::testing_cuda
