@@ -8,7 +8,7 @@ PKGS=(
   build-essential cmake ninja-build ccache pkg-config git
   libboost1.81-dev libopenblas-dev nlohmann-json3-dev libcli11-dev
   libpcre2-dev libxxhash-dev liburing-dev libspdlog-dev libfmt-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
+  libgtest-dev libgmock-dev libbenchmark-dev zlib1g-dev
   python3 python3-jinja2
 )
 missing=()

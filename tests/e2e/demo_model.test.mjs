@@ -1,0 +1,79 @@
+// `dsinfer serve` on the trained demo model (models/demo, the default model): the official
+// clients get real tool calls, and a repeated prompt reports its prefix-cache hit in each
+// protocol's usage fields.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import OpenAI from 'openai';
+import Anthropic from '@anthropic-ai/sdk';
+import { startServer } from './server.mjs';
+
+const demoDir = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../models/demo');
+const haveDemo = fs.existsSync(path.join(demoDir, 'model.safetensors'));
+
+let server;
+before(async () => {
+  if (haveDemo) server = await startServer(['--engine', 'model', '--model', demoDir, '--served-model-name', 'demo']);
+});
+after(async () => {
+  if (server) assert.equal((await server.stop()).code, 0);
+});
+
+const weatherTool = { name: 'get_weather', description: 'Get the current weather for a city',
+  parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } };
+const question = 'What is the weather in Paris?';
+
+test('Chat Completions: a weather question becomes a get_weather call, streamed and not', { skip: !haveDemo }, async () => {
+  const client = new OpenAI({ baseURL: `${server.base}/v1`, apiKey: 'x', maxRetries: 0 });
+  const body = { model: 'demo', temperature: 0, max_tokens: 100, tools: [{ type: 'function', function: weatherTool }],
+    messages: [{ role: 'user', content: question }] };
+  const whole = await client.chat.completions.create(body);
+  const streamed = await client.chat.completions.stream(body).finalChatCompletion();
+  for (const r of [whole, streamed]) {
+    assert.equal(r.choices[0].finish_reason, 'tool_calls');
+    const call = r.choices[0].message.tool_calls[0];
+    assert.equal(call.function.name, 'get_weather');
+    assert.equal(JSON.parse(call.function.arguments).city, 'Paris');
+  }
+});
+
+test('Messages and Responses: the same question gives tool_use / function_call', { skip: !haveDemo }, async () => {
+  const anthropic = new Anthropic({ baseURL: server.base, apiKey: 'x', maxRetries: 0 });
+  const m = await anthropic.messages.stream({
+    model: 'demo', max_tokens: 100, temperature: 0,
+    tools: [{ name: weatherTool.name, description: weatherTool.description, input_schema: weatherTool.parameters }],
+    messages: [{ role: 'user', content: question }],
+  }).finalMessage();
+  assert.equal(m.stop_reason, 'tool_use');
+  const use = m.content.find((b) => b.type === 'tool_use');
+  assert.equal(use.name, 'get_weather');
+  assert.equal(use.input.city, 'Paris');
+
+  const openai = new OpenAI({ baseURL: `${server.base}/v1`, apiKey: 'x', maxRetries: 0 });
+  const r = await openai.responses.create({ model: 'demo', temperature: 0, max_output_tokens: 100,
+    tools: [{ type: 'function', ...weatherTool, strict: false }], input: question });
+  const call = r.output.find((o) => o.type === 'function_call');
+  assert.equal(call.name, 'get_weather');
+  assert.equal(JSON.parse(call.arguments).city, 'Paris');
+});
+
+test('a repeated long prompt reports cached tokens in every protocol', { skip: !haveDemo }, async () => {
+  const system = 'You are a helpful assistant for a travel agency. '.repeat(20);
+  const openai = new OpenAI({ baseURL: `${server.base}/v1`, apiKey: 'x', maxRetries: 0 });
+  const chat = { model: 'demo', temperature: 0, max_tokens: 8, messages: [{ role: 'system', content: system }, { role: 'user', content: 'Hello' }] };
+  await openai.chat.completions.create(chat);
+  const again = await openai.chat.completions.create(chat);
+  assert.ok(again.usage.prompt_tokens_details.cached_tokens > 0, JSON.stringify(again.usage));
+  assert.equal(again.usage.prompt_cache_hit_tokens, again.usage.prompt_tokens_details.cached_tokens);
+  const anthropic = new Anthropic({ baseURL: server.base, apiKey: 'x', maxRetries: 0 });
+  const message = { model: 'demo', max_tokens: 8, temperature: 0, system, messages: [{ role: 'user', content: 'Hi there' }] };
+  await anthropic.messages.create(message);
+  const m = await anthropic.messages.create(message);
+  assert.ok(m.usage.cache_read_input_tokens > 0, JSON.stringify(m.usage));
+  const response = { model: 'demo', temperature: 0, max_output_tokens: 8, instructions: system, input: 'Good day' };
+  await openai.responses.create(response);
+  const r = await openai.responses.create(response);
+  assert.ok(r.usage.input_tokens_details.cached_tokens > 0, JSON.stringify(r.usage));
+});

@@ -1,0 +1,154 @@
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "codec/protocol_encoder.h"
+
+namespace dsinfer::codec {
+namespace {
+
+using nlohmann::json;
+
+struct Frame {
+  std::string event;
+  json data;
+};
+
+std::vector<Frame> frames(const std::string& sse) {
+  std::vector<Frame> out;
+  size_t pos = 0;
+  while (pos < sse.size()) {
+    size_t end = sse.find("\n\n", pos);
+    std::string block = sse.substr(pos, end - pos);
+    pos = end + 2;
+    Frame f;
+    size_t line_start = 0;
+    while (line_start < block.size()) {
+      size_t nl = block.find('\n', line_start);
+      std::string line = block.substr(line_start, nl == std::string::npos ? std::string::npos : nl - line_start);
+      if (line.rfind("event: ", 0) == 0) f.event = line.substr(7);
+      if (line.rfind("data: ", 0) == 0) f.data = line.substr(6) == "[DONE]" ? json("[DONE]") : json::parse(line.substr(6));
+      if (nl == std::string::npos) break;
+      line_start = nl + 1;
+    }
+    out.push_back(f);
+  }
+  return out;
+}
+
+void play(ProtocolEncoder& e, std::string& out) {
+  e.begin(out);
+  e.on_event(0, {OutputEventKind::kReasoning, "think", 0}, out);
+  e.on_event(0, {OutputEventKind::kContent, "Hi", 0}, out);
+  e.on_event(0, {OutputEventKind::kToolCallBegin, "f", 0}, out);
+  e.on_event(0, {OutputEventKind::kToolCallArgs, "{\"a\":", 0}, out);
+  e.on_event(0, {OutputEventKind::kToolCallArgs, "1}", 0}, out);
+  e.on_event(0, {OutputEventKind::kToolCallEnd, "", 0}, out);
+  e.end_choice(0, ChoiceEnd::kEndOfTurn, "", out);
+  e.end({10, 4, 6, 1}, out);
+}
+
+EncoderOptions options(bool stream, const char* id) {
+  EncoderOptions o;
+  o.response_id = id;
+  o.model = "m";
+  o.stream = stream;
+  o.include_usage = true;
+  o.num_prompt_tokens = 10;
+  o.num_cached_prompt_tokens = 4;
+  return o;
+}
+
+TEST(ChatEncoder, StreamsDeltasThenFinishThenUsageThenDone) {
+  auto e = make_protocol_encoder(ApiProtocol::kChatCompletions, options(true, "chatcmpl-abc"));
+  std::string out;
+  play(*e, out);
+  auto f = frames(out);
+  ASSERT_EQ(f.size(), 9u);
+  EXPECT_EQ(f[0].data["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(f[1].data["choices"][0]["delta"]["reasoning_content"], "think");
+  EXPECT_EQ(f[2].data["choices"][0]["delta"]["content"], "Hi");
+  EXPECT_EQ(f[3].data["choices"][0]["delta"]["tool_calls"][0]["function"]["name"], "f");
+  EXPECT_EQ(f[4].data["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"], "{\"a\":");
+  EXPECT_EQ(f[6].data["choices"][0]["finish_reason"], "tool_calls");
+  EXPECT_EQ(f[7].data["usage"]["prompt_tokens_details"]["cached_tokens"], 4);
+  EXPECT_EQ(f[7].data["usage"]["prompt_cache_miss_tokens"], 6);
+  EXPECT_EQ(f[8].data, "[DONE]");
+}
+
+TEST(ChatEncoder, NonStreamingBodyHasMessageAndUsage) {
+  auto e = make_protocol_encoder(ApiProtocol::kChatCompletions, options(false, "chatcmpl-abc"));
+  std::string out;
+  play(*e, out);
+  json body = json::parse(out);
+  auto& msg = body["choices"][0]["message"];
+  EXPECT_EQ(msg["content"], "Hi");
+  EXPECT_EQ(msg["reasoning_content"], "think");
+  EXPECT_EQ(msg["tool_calls"][0]["function"]["arguments"], "{\"a\":1}");
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "tool_calls");
+  EXPECT_EQ(body["usage"]["completion_tokens_details"]["reasoning_tokens"], 1);
+}
+
+TEST(ResponsesEncoder, EmitsItemLifecycleWithIncreasingSequenceNumbers) {
+  auto e = make_protocol_encoder(ApiProtocol::kResponses, options(true, "resp_abc"));
+  std::string out;
+  play(*e, out);
+  auto f = frames(out);
+  std::vector<std::string> types;
+  for (size_t i = 0; i < f.size(); ++i) {
+    EXPECT_EQ(f[i].data["sequence_number"], i);
+    EXPECT_EQ(f[i].event, f[i].data["type"]);
+    types.push_back(f[i].event);
+  }
+  std::vector<std::string> expected = {
+      "response.created", "response.in_progress",
+      "response.output_item.added", "response.content_part.added", "response.reasoning_text.delta",
+      "response.reasoning_text.done", "response.content_part.done", "response.output_item.done",
+      "response.output_item.added", "response.content_part.added", "response.output_text.delta",
+      "response.output_text.done", "response.content_part.done", "response.output_item.done",
+      "response.output_item.added", "response.function_call_arguments.delta", "response.function_call_arguments.delta",
+      "response.function_call_arguments.done", "response.output_item.done", "response.completed"};
+  EXPECT_EQ(types, expected);
+  auto& done = f.back().data["response"];
+  EXPECT_EQ(done["output"].size(), 3u);
+  EXPECT_EQ(done["output_text"], "Hi");
+  EXPECT_EQ(done["usage"]["input_tokens_details"]["cached_tokens"], 4);
+}
+
+TEST(MessagesEncoder, EmitsBlocksAndStopReason) {
+  auto e = make_protocol_encoder(ApiProtocol::kMessages, options(true, "msg_abc"));
+  std::string out;
+  play(*e, out);
+  auto f = frames(out);
+  std::vector<std::string> types;
+  for (auto& fr : f) types.push_back(fr.event);
+  std::vector<std::string> expected = {"message_start", "content_block_start", "content_block_delta", "content_block_stop",
+                                       "content_block_start", "content_block_delta", "content_block_stop",
+                                       "content_block_start", "content_block_delta", "content_block_delta",
+                                       "content_block_stop", "message_delta", "message_stop"};
+  EXPECT_EQ(types, expected);
+  EXPECT_EQ(f[0].data["message"]["usage"]["cache_read_input_tokens"], 4);
+  EXPECT_EQ(f[1].data["content_block"]["type"], "thinking");
+  EXPECT_EQ(f[7].data["content_block"]["type"], "tool_use");
+  EXPECT_EQ(f[8].data["delta"]["type"], "input_json_delta");
+  EXPECT_EQ(f[11].data["delta"]["stop_reason"], "tool_use");
+  EXPECT_EQ(f[11].data["usage"]["cache_read_input_tokens"], 4);  // known at the end
+  EXPECT_EQ(f[11].data["usage"]["input_tokens"], 6);
+}
+
+TEST(MessagesEncoder, NonStreamingStopSequence) {
+  auto e = make_protocol_encoder(ApiProtocol::kMessages, options(false, "msg_abc"));
+  std::string out;
+  e->begin(out);
+  e->on_event(0, {OutputEventKind::kContent, "abc", 0}, out);
+  e->end_choice(0, ChoiceEnd::kStopString, "END", out);
+  e->end({10, 0, 3, 0}, out);
+  json body = json::parse(out);
+  EXPECT_EQ(body["stop_reason"], "stop_sequence");
+  EXPECT_EQ(body["stop_sequence"], "END");
+  EXPECT_EQ(body["content"][0]["text"], "abc");
+  EXPECT_EQ(body["usage"]["output_tokens"], 3);
+}
+
+}  // namespace
+}  // namespace dsinfer::codec
