@@ -251,6 +251,7 @@ void ApiServer::generate(const std::string& route, ApiProtocol protocol, HttpReq
   std::vector<TokenId> prompt_ids;
   std::string echo_prompt;
   bool starts_in_reasoning = false;
+  std::string forced_output_prefix;
   if (request.raw_prompt) {
     if (request.has_prompt_ids) {
       for (TokenId id : request.prompt_ids) {
@@ -278,7 +279,8 @@ void ApiServer::generate(const std::string& route, ApiProtocol protocol, HttpReq
       case codec::ToolChoiceMode::kNone: conversation.tools.clear(); break;
       case codec::ToolChoiceMode::kAuto: break;
       case codec::ToolChoiceMode::kRequired:
-        // Without constrained decoding a call cannot be forced; the instruction makes it likely.
+        // The call itself is forced below by opening it in the prompt; the instruction helps the
+        // model choose well.
         add_instruction(conversation, "You must answer by calling one of the provided tools.");
         break;
       case codec::ToolChoiceMode::kNamed: {
@@ -298,6 +300,16 @@ void ApiServer::generate(const std::string& route, ApiProtocol protocol, HttpReq
     prompt_ids = std::move(encoded.value().ids);
     starts_in_reasoning = encoded.value().starts_in_reasoning;
     request.conversation.tools = std::move(conversation.tools);
+    // required / named: the server opens the tool call itself, so the model can only continue it.
+    const bool must_call = request.tool_choice.mode == codec::ToolChoiceMode::kRequired ||
+                           request.tool_choice.mode == codec::ToolChoiceMode::kNamed;
+    if (must_call && !request.conversation.tools.empty()) {
+      const std::string name = request.tool_choice.mode == codec::ToolChoiceMode::kNamed ? request.tool_choice.name : "";
+      if (auto forced = model_codec->forced_tool_call(name, starts_in_reasoning)) {
+        prompt_ids.insert(prompt_ids.end(), forced->ids.begin(), forced->ids.end());
+        forced_output_prefix = std::move(forced->text);
+      }
+    }
   }
   if (prompt_ids.empty()) {
     respond_error(route, protocol, *exchange, 400, "invalid_value", prompt_param(protocol), "The prompt is empty.");
@@ -337,6 +349,7 @@ void ApiServer::generate(const std::string& route, ApiProtocol protocol, HttpReq
   setup.parser.parse_tool_calls =
       !request.raw_prompt && !request.conversation.tools.empty() && request.tool_choice.mode != codec::ToolChoiceMode::kNone;
   setup.parser.starts_in_reasoning = starts_in_reasoning;
+  setup.forced_output_prefix = std::move(forced_output_prefix);
   setup.arrival = arrival;
   uint64_t session_id = next_session_++;
   auto queued = std::make_shared<bool>(true);

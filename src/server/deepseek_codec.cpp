@@ -64,6 +64,25 @@ Result<EncodedPrompt> DeepseekCodec::encode_conversation(const codec::Conversati
   return encoded;
 }
 
+std::optional<ForcedPrefix> DeepseekCodec::forced_tool_call(const std::string& tool_name, bool in_reasoning) const {
+  ForcedPrefix p;
+  // A prompt that ends inside <think> (R1, V3.1 thinking) first closes the reasoning.
+  if (in_reasoning) p.text = "\n</think>\n\n";
+  p.text += "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>";
+  if (family_ == codec::TemplateFamily::kV31) {
+    // V3.1: <｜tool▁call▁begin｜>{name}<｜tool▁sep｜>{raw json}<｜tool▁call▁end｜>
+    if (!tool_name.empty()) p.text += tool_name + "<｜tool▁sep｜>";
+  } else {
+    // V3 and R1: <｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n{args}\n```<｜tool▁call▁end｜>
+    p.text += "function<｜tool▁sep｜>";
+    if (!tool_name.empty()) p.text += tool_name + "\n```json\n";
+  }
+  p.ids = tokenizer_->encode(p.text, /*allow_special=*/true);
+  for (TokenId id : p.ids)
+    if (id >= vocab_size_) return std::nullopt;  // the model lacks the tool tokens
+  return p;
+}
+
 Result<std::vector<TokenId>> DeepseekCodec::encode_text(const std::string& text) const {
   std::vector<TokenId> ids = tokenizer_->encode(text, /*allow_special=*/true);
   // Completion prompts start with BOS, as `dsinfer generate` and the tokenizers' add_bos_token do.

@@ -36,6 +36,7 @@ class DeepseekCodec : public ModelCodec {
   bool thinking_by_default() const override { return false; }
   std::unique_ptr<TokenTextStream> make_text_stream() const override;
   std::unique_ptr<OutputEventParser> make_parser(const ParserOptions& options) const override;
+  std::optional<ForcedPrefix> forced_tool_call(const std::string& tool_name, bool in_reasoning) const override;
 
   codec::TemplateFamily family() const { return family_; }
 

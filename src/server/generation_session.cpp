@@ -115,6 +115,14 @@ void GenerationSession::process_output(int index, const RequestOutput& output) {
     c.last_token_time = now;
   }
   std::vector<OutputEvent> events;
+  if (!c.prefix_parsed && !c.ended) {
+    c.prefix_parsed = true;
+    if (!setup_.forced_output_prefix.empty()) {
+      c.parser->push(setup_.forced_output_prefix, events);
+      handle_events(index, events);
+      events.clear();
+    }
+  }
   for (TokenId id : output.new_token_ids) {
     if (c.ended) break;
     ++c.num_tokens;

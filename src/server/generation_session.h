@@ -35,6 +35,9 @@ struct SessionSetup {
   std::vector<TokenId> prompt_ids;
   std::string echo_prompt;  // Completions echo
   ParserOptions parser;
+  // Assistant text the server wrote after the prompt (forced tool calls): read by each choice's
+  // parser before the model's first token, as part of the answer.
+  std::string forced_output_prefix;
   std::chrono::steady_clock::time_point arrival;
   // Called once when the session ends (I/O thread), whatever the outcome.
   std::function<void()> on_done;
@@ -61,6 +64,7 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
     bool ended = false;
     int num_tokens = 0;
     int num_reasoning_tokens = 0;
+    bool prefix_parsed = false;
     std::unique_ptr<TokenTextStream> text;
     std::unique_ptr<OutputEventParser> parser;
     std::chrono::steady_clock::time_point last_token_time;

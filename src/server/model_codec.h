@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -45,6 +46,13 @@ struct EncodedPrompt {
   bool starts_in_reasoning = false;  // the prompt ends inside the reasoning section (<think>)
 };
 
+// The start of an assistant turn that the server writes for the model (prefill): the model
+// continues from it, and the output parser reads it as if the model had produced it.
+struct ForcedPrefix {
+  std::string text;
+  std::vector<TokenId> ids;
+};
+
 class ModelCodec {
  public:
   virtual ~ModelCodec() = default;
@@ -60,6 +68,12 @@ class ModelCodec {
   virtual bool thinking_by_default() const = 0;
   virtual std::unique_ptr<TokenTextStream> make_text_stream() const = 0;
   virtual std::unique_ptr<OutputEventParser> make_parser(const ParserOptions& options) const = 0;
+  // How to make the model call a tool (tool_choice required, or the named tool): the opening of
+  // the family's tool-call syntax, up to where the model must choose the tool (name empty) or
+  // write the arguments. Nothing when the codec has no tool-call syntax.
+  virtual std::optional<ForcedPrefix> forced_tool_call(const std::string& tool_name, bool in_reasoning) const {
+    return std::nullopt;
+  }
 };
 
 }  // namespace dsinfer::server

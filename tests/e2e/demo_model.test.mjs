@@ -77,3 +77,35 @@ test('a repeated long prompt reports cached tokens in every protocol', { skip: !
   const r = await openai.responses.create(response);
   assert.ok(r.usage.input_tokens_details.cached_tokens > 0, JSON.stringify(r.usage));
 });
+
+const calculatorTool = { name: 'calculator', description: 'Evaluate an arithmetic expression',
+  parameters: { type: 'object', properties: { expression: { type: 'string' } }, required: ['expression'] } };
+
+test('tool_choice named and required force a call, whatever the question', { skip: !haveDemo }, async () => {
+  const client = new OpenAI({ baseURL: `${server.base}/v1`, apiKey: 'x', maxRetries: 0 });
+  const tools = [{ type: 'function', function: weatherTool }, { type: 'function', function: calculatorTool }];
+  // Named: the weather question must still be answered with the calculator.
+  const named = { model: 'demo', temperature: 0, max_tokens: 80, tools, messages: [{ role: 'user', content: question }],
+    tool_choice: { type: 'function', function: { name: 'calculator' } } };
+  for (const r of [await client.chat.completions.create(named),
+                   await client.chat.completions.stream(named).finalChatCompletion()]) {
+    assert.equal(r.choices[0].finish_reason, 'tool_calls');
+    assert.equal(r.choices[0].message.tool_calls[0].function.name, 'calculator');
+    assert.equal(typeof JSON.parse(r.choices[0].message.tool_calls[0].function.arguments), 'object');
+  }
+  // Required: a question the model would answer in prose still gets a tool call.
+  const required = await client.chat.completions.create({ model: 'demo', temperature: 0, max_tokens: 80, tools,
+    tool_choice: 'required', messages: [{ role: 'user', content: 'What is the capital of France?' }] });
+  assert.equal(required.choices[0].finish_reason, 'tool_calls');
+  assert.ok(['get_weather', 'calculator'].includes(required.choices[0].message.tool_calls[0].function.name));
+  // Anthropic's forms of the same: {type: 'tool', name} and {type: 'any'}.
+  const anthropic = new Anthropic({ baseURL: server.base, apiKey: 'x', maxRetries: 0 });
+  const aTools = [weatherTool, calculatorTool].map((t) => ({ name: t.name, description: t.description, input_schema: t.parameters }));
+  const m = await anthropic.messages.create({ model: 'demo', max_tokens: 80, temperature: 0, tools: aTools,
+    tool_choice: { type: 'tool', name: 'calculator' }, messages: [{ role: 'user', content: question }] });
+  assert.equal(m.stop_reason, 'tool_use');
+  assert.equal(m.content.find((b) => b.type === 'tool_use').name, 'calculator');
+  const any = await anthropic.messages.create({ model: 'demo', max_tokens: 80, temperature: 0, tools: aTools,
+    tool_choice: { type: 'any' }, messages: [{ role: 'user', content: 'What is the capital of France?' }] });
+  assert.equal(any.stop_reason, 'tool_use');
+});
