@@ -34,6 +34,9 @@ const char* kServeDescription =
 int run_serve(int argc, char** argv) {
   CLI::App app(kServeDescription, "dsinfer serve");
   dsinfer::cli::EngineOptions engine_options;
+  // A server keeps its prompt KV on disk by default (~/.cache/dsinfer/kv, or --kv-store DIR),
+  // so restarts and sibling processes on the same directory hit it; --no-kv-store turns it off.
+  engine_options.kv_store_by_default = true;
   dsinfer::cli::add_engine_options(app, engine_options);
   dsinfer::server::HttpServerOptions http_options;
   dsinfer::server::ApiServerOptions api_options;

@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "dsinfer/engine_types.h"
 
@@ -27,6 +28,8 @@ class EngineClient {
 
   virtual EngineStats stats() const = 0;
   virtual int max_context_tokens() const = 0;  // prompt + output must fit
+  // Engine-side Prometheus text for /metrics (KV cache tiers); empty when there is none.
+  virtual std::string metrics_text() const { return {}; }
 };
 
 }  // namespace dsinfer

@@ -46,6 +46,7 @@ struct ApiRequest {
   bool include_usage = false;  // stream_options.include_usage (streamed usage chunk)
   ToolChoice tool_choice;
   std::optional<bool> thinking;  // DeepSeek thinking on/off; unset = the family's default
+  std::string traffic_class;  // KV store retention class: "chat" (default) or "agent"
   bool json_object = false;      // response_format {type: json_object}
   bool echo = false;             // /v1/completions echo
 };

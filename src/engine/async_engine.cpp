@@ -1,6 +1,7 @@
 #include "engine/async_engine.h"
 
 #include "core/logging.h"
+#include "kv/kv_metrics.h"
 
 namespace dsinfer {
 
@@ -8,6 +9,7 @@ AsyncEngine::AsyncEngine(const EngineConfig& config) : core_(std::make_unique<En
   max_context_tokens_ = core_->max_model_len();
   max_queued_ = config.max_queued_requests;
   stats_ = core_->stats();
+  kv_metrics_ = core_->kv_cache().metrics();
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -111,9 +113,20 @@ void AsyncEngine::loop() {
         }
       }
     }
+    kv::KvCacheMetrics kv_metrics = core_->kv_cache().metrics();
     std::lock_guard<std::mutex> lock(mu_);
     stats_ = core_->stats();
+    kv_metrics_ = std::move(kv_metrics);
   }
+}
+
+std::string AsyncEngine::metrics_text() const {
+  kv::KvCacheMetrics m;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    m = kv_metrics_;
+  }
+  return kv::format_kv_metrics(m);
 }
 
 }  // namespace dsinfer

@@ -26,6 +26,7 @@ class AsyncEngine final : public EngineClient {
   void cancel(RequestId id) override;
   EngineStats stats() const override;
   int max_context_tokens() const override { return max_context_tokens_; }
+  std::string metrics_text() const override;
 
   // Stops taking requests (submit answers kUnavailable); running ones continue.
   void stop_accepting();
@@ -53,6 +54,7 @@ class AsyncEngine final : public EngineClient {
   bool accepting_ = true;
   RequestId next_id_ = 1;
   EngineStats stats_;  // refreshed by the engine thread after each step
+  kv::KvCacheMetrics kv_metrics_;  // likewise
   std::unordered_map<RequestId, OutputCallback> callbacks_;  // engine thread only
   std::atomic<int> num_unfinished_{0};
   std::thread thread_;

@@ -161,12 +161,14 @@ void ApiServer::route(HttpRequest& request, const std::shared_ptr<HttpExchange>&
     gauges.num_queued_requests = num_queued_;
     gauges.num_running_requests = num_running_;
     gauges.num_open_connections = connection_counter_ ? connection_counter_() : 0;
+    std::string engine_text;
     if (EngineClient* engine = engine_.load()) {
       gauges.engine = engine->stats();
       gauges.have_engine = true;
+      engine_text = engine->metrics_text();
     }
     metrics_.count_request(label, 200);
-    exchange->respond(200, "text/plain; version=0.0.4; charset=utf-8", metrics_.render(gauges));
+    exchange->respond(200, "text/plain; version=0.0.4; charset=utf-8", metrics_.render(gauges) + engine_text);
     return;
   }
 
@@ -234,6 +236,13 @@ void ApiServer::generate(const std::string& route, ApiProtocol protocol, HttpReq
     return;
   }
   codec::ApiRequest request = std::move(parsed).value();
+  // KV store retention class (TTL) of this request's prompt blocks.
+  request.traffic_class = http_request.header("x-dsinfer-traffic-class");
+  if (!request.traffic_class.empty() && request.traffic_class != "chat" && request.traffic_class != "agent") {
+    respond_error(route, protocol, *exchange, 400, "invalid_value", "x-dsinfer-traffic-class",
+                  "Invalid 'x-dsinfer-traffic-class' header: expected 'chat' or 'agent'.");
+    return;
+  }
   if (request.model != options_.served_model_name) {
     respond_error(route, protocol, *exchange, 404, "model_not_found", "model",
                   "The model '" + request.model + "' does not exist; this server serves '" + options_.served_model_name + "'.");

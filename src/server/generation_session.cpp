@@ -32,6 +32,7 @@ std::optional<codec::ApiError> GenerationSession::start() {
     GenerationRequest engine_request;
     engine_request.prompt_ids = setup_.prompt_ids;
     engine_request.sampling = request_.sampling;
+    engine_request.traffic_class = request_.traffic_class;
     // n choices from one seed must still differ.
     if (engine_request.sampling.seed) *engine_request.sampling.seed += i;
     int choice = static_cast<int>(i);

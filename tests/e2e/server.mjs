@@ -8,7 +8,10 @@ export const binary = process.env.DSINFER_BINARY ?? path.join(here, '../../build
 
 export async function startServer(extraArgs = []) {
   const engine = extraArgs.includes('--engine') ? [] : ['--engine', 'echo'];
-  const args = ['serve', ...engine, '--port', '0', ...extraArgs];
+  // Tests never share the user's KV store (~/.cache/dsinfer/kv): a test that wants a store
+  // names its own directory with --kv-store.
+  const store = extraArgs.includes('--kv-store') ? [] : ['--no-kv-store'];
+  const args = ['serve', ...engine, '--port', '0', ...store, ...extraArgs];
   const child = spawn(binary, args, { stdio: ['ignore', 'ignore', 'pipe'] });
   let log = '';
   const exited = new Promise((resolve) => child.on('exit', (code, signal) => resolve({ code, signal })));
