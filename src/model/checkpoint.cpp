@@ -1,5 +1,7 @@
 #include "model/checkpoint.h"
 
+#include "model/json_file.h"
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -49,20 +51,8 @@ struct ShardIndex {
 };
 
 ShardIndex read_index(const std::string& index_path) {
-  std::ifstream in(index_path, std::ios::binary | std::ios::ate);
-  if (!in) throw Error(StatusCode::kNotFound, index_path + ": cannot open");
   // DeepSeek-V3's index is ~9 MB; anything far larger is not an index.
-  constexpr std::streamoff kMaxIndexBytes = 256 << 20;
-  if (in.tellg() > kMaxIndexBytes) throw Error(StatusCode::kDataLoss, index_path + ": larger than 256 MB, not an index");
-  in.seekg(0);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  json j;
-  try {
-    j = json::parse(buffer.str());
-  } catch (const json::parse_error& e) {
-    throw Error(StatusCode::kDataLoss, index_path + ": not valid JSON (at byte " + std::to_string(e.byte) + ")");
-  }
+  const json j = read_json_file(index_path, size_t{256} << 20, StatusCode::kDataLoss, "an index");
   auto it = j.is_object() ? j.find("weight_map") : j.end();
   if (it == j.end() || !it->is_object()) {
     throw Error(StatusCode::kDataLoss, index_path + ": missing \"weight_map\" object");

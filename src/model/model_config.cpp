@@ -1,5 +1,7 @@
 #include "model/model_config.h"
 
+#include "model/json_file.h"
+
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -451,21 +453,9 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& s
 
 ModelConfig ModelConfig::load(const std::string& model_dir) {
   const std::string path = model_dir + "/config.json";
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) throw Error(StatusCode::kNotFound, path + ": cannot open (does the model directory exist?)");
   // A config is a few KB; refuse to slurp something that is clearly not one.
-  constexpr std::streamoff kMaxConfigBytes = 16 << 20;
-  if (in.tellg() > kMaxConfigBytes) throw Error(StatusCode::kInvalidArgument, path + ": larger than 16 MB, not a config");
-  in.seekg(0);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  json j;
-  try {
-    j = json::parse(buffer.str());
-  } catch (const json::parse_error& e) {
-    throw Error(StatusCode::kInvalidArgument,
-                path + ": not valid JSON (at byte " + std::to_string(e.byte) + ")");
-  }
+  const json j = read_json_file(path, size_t{16} << 20, StatusCode::kInvalidArgument, "a config",
+                                " (does the model directory exist?)");
   return from_json(j, path);
 }
 

@@ -1,5 +1,6 @@
 // `dsinfer generate` as a user runs it: the real binary, its exit codes and JSON lines.
 #include <gtest/gtest.h>
+#include "run_binary.h"
 #include <sys/wait.h>
 
 #include <array>
@@ -12,22 +13,8 @@
 
 namespace {
 
-struct RunResult {
-  int exit_code = -1;
-  std::string out;  // stdout and stderr together
-};
-
-RunResult run(const std::string& args) {
-  const std::string cmd = std::string(DSINFER_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  RunResult r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using dsinfer::testing::RunResult;
+RunResult run(const std::string& args) { return dsinfer::testing::run_dsinfer(args); }
 
 std::string fixture(const std::string& name) { return std::string(DSINFER_SOURCE_DIR) + "/tests/data/" + name; }
 

@@ -1,6 +1,7 @@
 // The block store across real `dsinfer generate` processes: a prefix one process computed is
 // read by the next, and a process killed while it writes leaves no corrupt object behind.
 #include <gtest/gtest.h>
+#include "run_binary.h"
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -24,22 +25,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct RunResult {
-  int exit_code = -1;
-  std::string out;
-};
-
-RunResult run(const std::string& args) {
-  const std::string cmd = std::string(DSINFER_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  RunResult r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using dsinfer::testing::RunResult;
+RunResult run(const std::string& args) { return dsinfer::testing::run_dsinfer(args); }
 
 std::string fixture(const std::string& name) { return std::string(DSINFER_SOURCE_DIR) + "/tests/data/" + name; }
 

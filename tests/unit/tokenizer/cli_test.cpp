@@ -4,6 +4,7 @@
 #include <string>
 
 #include <gtest/gtest.h>
+#include "run_binary.h"
 #include <nlohmann/json.hpp>
 
 #include "test_data.h"
@@ -11,23 +12,8 @@
 namespace dsinfer {
 namespace {
 
-struct RunResult {
-  int exit_code = -1;
-  std::string out;
-};
-
-RunResult run(const std::string& args) {
-  const std::string cmd = std::string(DSINFER_BINARY) + " " + args + " 2>/dev/null";
-  RunResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using dsinfer::testing::RunResult;
+RunResult run(const std::string& args) { return dsinfer::testing::run_dsinfer(args); }
 
 std::string model_arg() { return "--model '" + testing::deepseek_v3_tokenizer_dir() + "'"; }
 
