@@ -1,6 +1,7 @@
 // `dsinfer generate` as a user runs it: the real binary, its exit codes and JSON lines.
 #include <gtest/gtest.h>
 #include "run_binary.h"
+#include "json_lines.h"
 #include <sys/wait.h>
 
 #include <array>
@@ -18,14 +19,7 @@ RunResult run(const std::string& args) { return dsinfer::testing::run_dsinfer(ar
 
 std::string fixture(const std::string& name) { return std::string(DSINFER_SOURCE_DIR) + "/tests/data/" + name; }
 
-std::vector<nlohmann::json> json_lines(const std::string& text) {
-  std::vector<nlohmann::json> lines;
-  std::istringstream ss(text);
-  std::string line;
-  while (std::getline(ss, line))
-    if (!line.empty() && line[0] == '{') lines.push_back(nlohmann::json::parse(line));
-  return lines;
-}
+using dsinfer::testing::json_lines;
 
 nlohmann::json reference(const std::string& name) {
   std::ifstream f(fixture(name) + "/reference.json");

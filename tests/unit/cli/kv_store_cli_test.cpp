@@ -2,6 +2,7 @@
 // read by the next, and a process killed while it writes leaves no corrupt object behind.
 #include <gtest/gtest.h>
 #include "run_binary.h"
+#include "json_lines.h"
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -30,14 +31,7 @@ RunResult run(const std::string& args) { return dsinfer::testing::run_dsinfer(ar
 
 std::string fixture(const std::string& name) { return std::string(DSINFER_SOURCE_DIR) + "/tests/data/" + name; }
 
-std::vector<nlohmann::json> json_lines(const std::string& text) {
-  std::vector<nlohmann::json> lines;
-  std::istringstream ss(text);
-  std::string line;
-  while (std::getline(ss, line))
-    if (!line.empty() && line[0] == '{') lines.push_back(nlohmann::json::parse(line));
-  return lines;
-}
+using dsinfer::testing::json_lines;
 
 class TempDir {
  public:

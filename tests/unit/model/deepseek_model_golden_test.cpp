@@ -3,6 +3,7 @@
 #include "model/deepseek_model.h"
 
 #include <gtest/gtest.h>
+#include "forward_batch_util.h"
 
 #include <algorithm>
 #include <cmath>
@@ -23,20 +24,7 @@ nlohmann::json load_reference(const std::string& dir) {
 
 // Fills a batch of one sequence whose tokens [start, start + n) are new; blocks 0..k in order.
 ForwardBatch single_sequence_batch(const std::vector<TokenId>& tokens, int start, int num_blocks) {
-  ForwardBatch b;
-  b.num_tokens = static_cast<int>(tokens.size()) - start;
-  std::vector<int32_t> table(num_blocks);
-  for (int i = 0; i < num_blocks; ++i) table[i] = num_blocks - 1 - i;  // non-trivial block order
-  for (int i = start; i < static_cast<int>(tokens.size()); ++i) {
-    b.token_ids.push_back(tokens[i]);
-    b.positions.push_back(i);
-    b.slot_mapping.push_back(table[i / kBlockSize] * kBlockSize + i % kBlockSize);
-    b.token_seq.push_back(0);
-  }
-  b.block_tables.push_back(table);
-  b.context_lens.push_back(static_cast<int32_t>(tokens.size()));
-  b.logits_indices.push_back(b.num_tokens - 1);
-  return b;
+  return testing::single_sequence_batch(tokens, start, num_blocks, kBlockSize);
 }
 
 class GoldenModelTest : public ::testing::TestWithParam<std::string> {};
