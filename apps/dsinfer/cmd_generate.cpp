@@ -36,10 +36,7 @@ std::vector<TokenId> parse_id_list(const std::string& text) {
 
 std::vector<TokenId> encode_prompt(const Tokenizer* tok, const std::string& text) {
   if (tok == nullptr) throw Error("a text prompt needs tokenizer.json in the model directory");
-  std::vector<TokenId> ids = tok->encode(text, true);
-  // Completion prompts start with BOS, as the DeepSeek tokenizers' add_bos_token asks.
-  if (tok->bos_id() && (ids.empty() || ids.front() != *tok->bos_id())) ids.insert(ids.begin(), *tok->bos_id());
-  return ids;
+  return tok->encode_prompt(text);
 }
 
 template <typename T>

@@ -18,12 +18,9 @@ AsyncEngine::~AsyncEngine() { shutdown(); }
 Result<RequestId> AsyncEngine::submit(GenerationRequest request, OutputCallback on_output) {
   // Cheap checks here so that the caller gets its error at once; the engine re-validates.
   if (request.prompt_ids.empty()) return invalid_argument("the prompt is empty");
-  const int64_t total = static_cast<int64_t>(request.prompt_ids.size()) + request.sampling.max_tokens;
-  if (total > max_context_tokens_)
-    return Status(StatusCode::kOutOfRange,
-                  "this model's maximum context length is " + std::to_string(max_context_tokens_) +
-                      " tokens; the request has " + std::to_string(request.prompt_ids.size()) +
-                      " prompt tokens and asks for " + std::to_string(request.sampling.max_tokens) + " more");
+  if (Status st = check_context_length(request.prompt_ids.size(), request.sampling.max_tokens, max_context_tokens_);
+      !st.ok())
+    return st;
   std::lock_guard<std::mutex> lock(mu_);
   if (!accepting_ || stopping_) return Status(StatusCode::kUnavailable, "the server is shutting down");
   if (static_cast<int>(inbox_.size()) + stats_.num_waiting >= max_queued_)

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <fstream>
 #include <sstream>
+#include <xxhash.h>
 
 #include "core/check.h"
 #include "core/logging.h"
@@ -12,6 +13,7 @@ namespace dsinfer {
 namespace {
 
 // Prefix-cache namespace: blocks are only shared between processes serving the same weights.
+// XXH3 rather than std::hash: the block store outlives the binary that wrote it.
 std::string model_identity(const EngineConfig& config, const ModelConfig& model) {
   std::string text;
   if (!config.dummy_weights) {
@@ -21,12 +23,19 @@ std::string model_identity(const EngineConfig& config, const ModelConfig& model)
     text = ss.str();
   }
   std::ostringstream id;
-  id << model.architecture << "/" << std::hex << std::hash<std::string>{}(text) << "/seed" << config.seed
+  id << model.architecture << "/" << std::hex << XXH3_64bits(text.data(), text.size()) << "/seed" << config.seed
      << (config.dummy_weights ? "/dummy" : "");
   return id.str();
 }
 
 }  // namespace
+
+Status check_context_length(size_t num_prompt_tokens, int max_tokens, int max_model_len) {
+  if (static_cast<int64_t>(num_prompt_tokens) + max_tokens <= max_model_len) return Status();
+  return Status(StatusCode::kOutOfRange, "this model's maximum context length is " + std::to_string(max_model_len) +
+                                             " tokens; the request has " + std::to_string(num_prompt_tokens) +
+                                             " prompt tokens and asks for " + std::to_string(max_tokens) + " more");
+}
 
 EngineCore::EngineCore(const EngineConfig& config) : config_(config) {
   backend_ = make_backend(config_.backend);
@@ -88,12 +97,7 @@ Status EngineCore::add_request(RequestId id, const GenerationRequest& r) {
   if (p.top_k < 0) return invalid_argument("top_k must be >= 0");
   if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) return invalid_argument("min_p must be in [0, 1]");
   if (p.num_logprobs < 0 || p.num_logprobs > 20) return invalid_argument("logprobs must be in [0, 20]");
-  const int64_t total = static_cast<int64_t>(r.prompt_ids.size()) + p.max_tokens;
-  if (total > max_model_len_)
-    return Status(StatusCode::kOutOfRange,
-                  "this model's maximum context length is " + std::to_string(max_model_len_) + " tokens; the request has " +
-                      std::to_string(r.prompt_ids.size()) + " prompt tokens and asks for " +
-                      std::to_string(p.max_tokens) + " more");
+  if (Status st = check_context_length(r.prompt_ids.size(), p.max_tokens, max_model_len_); !st.ok()) return st;
   if (scheduler_->num_waiting() >= config_.max_queued_requests)
     return Status(StatusCode::kResourceExhausted, "the request queue is full");
 

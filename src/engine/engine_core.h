@@ -17,6 +17,9 @@
 
 namespace dsinfer {
 
+// kOutOfRange when prompt + max_tokens does not fit max_model_len; ok otherwise.
+Status check_context_length(size_t num_prompt_tokens, int max_tokens, int max_model_len);
+
 class EngineCore {
  public:
   // Loads the model; throws Error with a clear message on a bad directory or checkpoint.

@@ -84,9 +84,7 @@ std::optional<ForcedPrefix> DeepseekCodec::forced_tool_call(const std::string& t
 }
 
 Result<std::vector<TokenId>> DeepseekCodec::encode_text(const std::string& text) const {
-  std::vector<TokenId> ids = tokenizer_->encode(text, /*allow_special=*/true);
-  // Completion prompts start with BOS, as `dsinfer generate` and the tokenizers' add_bos_token do.
-  if (auto bos = tokenizer_->bos_id(); bos && (ids.empty() || ids.front() != *bos)) ids.insert(ids.begin(), *bos);
+  std::vector<TokenId> ids = tokenizer_->encode_prompt(text);
   for (TokenId id : ids) {
     if (id >= vocab_size_) {
       return Status(StatusCode::kInvalidArgument, "the prompt encodes to token id " + std::to_string(id) +

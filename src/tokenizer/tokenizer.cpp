@@ -375,4 +375,10 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) c
   return tok::utf8_lossy(raw);
 }
 
+std::vector<int32_t> Tokenizer::encode_prompt(std::string_view text) const {
+  std::vector<int32_t> ids = encode(text, /*allow_special=*/true);
+  if (bos_id_ && (ids.empty() || ids.front() != *bos_id_)) ids.insert(ids.begin(), *bos_id_);
+  return ids;
+}
+
 }  // namespace dsinfer

@@ -48,6 +48,9 @@ class Tokenizer {
   // input cannot forge control tokens. No BOS is added. Never fails: bytes that are not valid
   // UTF-8 are encoded as their own byte tokens. Thread-safe.
   std::vector<int32_t> encode(std::string_view text, bool allow_special = true) const;
+  // A completion prompt: encode (special tokens allowed) and start with BOS, as the DeepSeek
+  // tokenizers' add_bos_token asks, unless the text already begins with it.
+  std::vector<int32_t> encode_prompt(std::string_view text) const;
   // The single-threaded reference path (same ids as encode()); for tests and benchmarks.
   std::vector<int32_t> encode_sequential(std::string_view text, bool allow_special = true) const;
 
