@@ -58,7 +58,7 @@ struct ModelBytes {
 
 // weight_bytes: bytes per weight element as the backend holds it (fp32 on cpu, bf16 on cuda);
 // the latent cache is fp32 on both.
-ModelBytes model_bytes(const ModelConfig& c, size_t weight_bytes) {
+ModelBytes model_bytes(const ModelConfig& c, size_t weight_bytes, size_t head_bytes) {
   const size_t f = weight_bytes;
   const size_t h = c.hidden_size, heads = c.num_attention_heads, qk = c.qk_head_dim();
   size_t attn = (c.q_lora_rank ? (h * c.q_lora_rank + c.q_lora_rank * heads * qk) : h * heads * qk) +
@@ -74,7 +74,7 @@ ModelBytes model_bytes(const ModelConfig& c, size_t weight_bytes) {
     }
   }
   ModelBytes b;
-  b.dense_per_step = dense * f + static_cast<size_t>(c.vocab_size) * h * f;  // + LM head
+  b.dense_per_step = dense * f + static_cast<size_t>(c.vocab_size) * h * head_bytes;  // + LM head
   b.per_expert = 3 * h * c.moe_intermediate_size * f;
   b.kv_per_token = static_cast<size_t>(c.num_hidden_layers) * (c.kv_lora_rank + c.qk_rope_head_dim) * sizeof(float);
   return b;
@@ -106,10 +106,11 @@ int run_bench(int argc, char** argv) {
   CLI::App app("Offline throughput of prefill and decode, with the memory-bandwidth floor", "dsinfer bench");
   std::string model_dir = std::string(DSINFER_SOURCE_DIR_FOR_BENCH) + "/bench/configs/small_v3";
   std::string backend_name = "cpu", batches_arg = "1,8,32", results_path;
-  bool dummy = false;
+  bool dummy = false, fp8 = false;
   int prompt_len = 128, decode_steps = 16;
   app.add_option("--model", model_dir, "model directory (config.json; weights unless --dummy-weights)");
   app.add_flag("--dummy-weights", dummy, "random weights (default when the directory has no safetensors)");
+  app.add_flag("--fp8", fp8, "random weights with the layers' projections in FP8 (e4m3, 128x128 block scales)");
   app.add_option("--backend", backend_name)->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--batch-sizes", batches_arg, "comma-separated batch sizes");
   app.add_option("--prompt-len", prompt_len, "tokens per prompt (prefill, and the decode context)")->check(CLI::Range(1, 1 << 16));
@@ -132,20 +133,22 @@ int run_bench(int argc, char** argv) {
 
   auto backend = make_backend(backend_name);
   const int max_batch = *std::max_element(batches.begin(), batches.end());
-  const int max_positions = prompt_len + decode_steps + 2;
+  const int max_positions = prompt_len + decode_steps + 4;  // + warm-up steps and the routed step
   std::unique_ptr<DeepseekModel> model;
   const auto load_start = Clock::now();
   if (dummy) {
     ModelConfig config = ModelConfig::load(model_dir);
-    model = std::make_unique<DeepseekModel>(config, make_random_weights(config, *backend, 7), *backend, max_positions);
+    model = std::make_unique<DeepseekModel>(config, make_random_weights(config, *backend, 7, fp8), *backend,
+                                            max_positions);
   } else {
     model = load_deepseek_model(model_dir, *backend, max_positions);
   }
   std::cerr << "model ready in " << seconds_since(load_start) << " s\n";
   const ModelConfig& c = model->config();
   const bool on_device = backend_name == "cuda";
-  // Random weights are bf16 on the device (an FP8 checkpoint's weights would be half that).
-  const ModelBytes mb = model_bytes(c, on_device ? 2 : sizeof(float));
+  // With --fp8 the layers' projections are e4m3 on the device (1 byte), the LM head bf16.
+  const size_t head_bytes = on_device ? 2 : sizeof(float);
+  const ModelBytes mb = model_bytes(c, on_device ? (fp8 ? 1 : 2) : sizeof(float), head_bytes);
   // The ceiling is the copy bandwidth of the memory the weights live in: device-to-device
   // cudaMemcpy for cuda, a threaded host memcpy for cpu.
   const double copy_bw =
@@ -189,7 +192,12 @@ int run_bench(int argc, char** argv) {
 
     // Decode: one token per sequence per step, contexts growing from prompt_len.
     double decode_s = 0, floor_s = 0, bytes_total = 0;
-    for (int step = 0; step <= decode_steps; ++step) {
+    size_t expert_bytes = 0;
+    std::vector<size_t> step_bytes;
+    std::vector<int32_t> greedy_ids;
+    constexpr int kWarmupSteps = 2;
+    const int last_step = decode_steps + kWarmupSteps;  // untimed, routed
+    for (int step = 0; step <= last_step; ++step) {
       ForwardBatch db;
       for (int s = 0; s < batch; ++s) {
         const int pos = prompt_len + step;
@@ -203,19 +211,28 @@ int run_bench(int argc, char** argv) {
         db.logits_indices.push_back(s);
       }
       db.num_tokens = batch;
+      // The first steps are warm-up (a device backend records its decode step on the second);
+      // the last one is untimed and records the routing, which sets how many experts a step
+      // reads (recording it would make the timed steps wait for the host).
+      const bool routed = step == last_step;
       t0 = Clock::now();
-      ForwardOutput out = model->forward(db, caches, /*record_routing=*/true);
-      fetch_logits(out);
+      ForwardOutput out = model->forward(db, caches, routed);
+      backend->argmax_rows(out.logits, greedy_ids);  // as the engine does for greedy requests
       const double dt = seconds_since(t0);
-      if (step == 0) continue;  // warm-up
-      size_t bytes = mb.dense_per_step + static_cast<size_t>(batch) * (prompt_len + step + 1) * mb.kv_per_token;
-      for (const MoeRouting& r : out.routing) {
-        std::set<int32_t> distinct(r.expert_ids.begin(), r.expert_ids.end());
-        bytes += distinct.size() * mb.per_expert;
+      if (routed) {
+        for (const MoeRouting& r : out.routing) {
+          std::set<int32_t> distinct(r.expert_ids.begin(), r.expert_ids.end());
+          expert_bytes += distinct.size() * mb.per_expert;
+        }
       }
+      if (step < kWarmupSteps || routed) continue;
+      size_t bytes = mb.dense_per_step + static_cast<size_t>(batch) * (prompt_len + step + 1) * mb.kv_per_token;
+      step_bytes.push_back(bytes);
       decode_s += dt;
-      bytes_total += bytes;
-      floor_s += bytes / copy_bw;
+    }
+    for (size_t b : step_bytes) {
+      bytes_total += b + expert_bytes;
+      floor_s += (b + expert_bytes) / copy_bw;
     }
     BenchRow row;
     row.batch = batch;
@@ -248,7 +265,7 @@ int run_bench(int argc, char** argv) {
          << c.num_experts_per_tok << ", backend " << backend->name() << "\n\n"
          << "- date: " << date << "\n- machine: " << machine_description() << "\n"
          << "- command: `dsinfer bench --backend " << backend_name << " --model " << model_dir
-         << (dummy ? " --dummy-weights" : "") << " --batch-sizes " << batches_arg << " --prompt-len "
+         << (dummy ? " --dummy-weights" : "") << (fp8 ? " --fp8" : "") << " --batch-sizes " << batches_arg << " --prompt-len "
          << prompt_len << " --decode-steps " << decode_steps << "`\n"
          << "- measured copy bandwidth (read+write, "
          << (on_device ? "device-to-device cudaMemcpy" : "all threads") << "): " << copy_bw / 1e9 << " GB/s; "

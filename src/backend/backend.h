@@ -32,6 +32,9 @@ struct LinearWeight {
   int64_t out_features = 0;
   int64_t in_features = 0;
   Tensor weight;  // backend-resident; layout and dtype are the backend's choice
+  // A gate/up pair from Backend::make_gate_up whose rows the backend packed for a fused
+  // SiLU·mul: only gated_mlp and moe may use it.
+  bool packed_gate_up = false;
 };
 
 // MLA projections of one layer that attention needs in absorbed form.
@@ -44,6 +47,7 @@ struct MlaWeights {
   Tensor kv_a_layernorm;  // [kv_lora_rank]
   Tensor w_uk;            // [num_heads, qk_nope_head_dim, kv_lora_rank] (rows of kv_b_proj)
   Tensor w_uv;            // [num_heads, v_head_dim, kv_lora_rank]
+  Tensor derived;         // backend-private, made by Backend::prepare (CUDA: W_UV transposed per head)
 };
 
 // One forward step's token layout: the struct the model runner builds from the scheduler's
@@ -99,6 +103,7 @@ struct MoeWeights {
   bool has_shared = false;
   LinearWeight shared_gate_up;    // [2 * shared_inter, hidden]
   LinearWeight shared_down;       // [hidden, shared_inter]
+  Tensor derived;                 // backend-private, made by Backend::prepare (CUDA: expert descriptors)
 };
 
 // Router decisions for a batch, exposed for tests and expert-load statistics.
@@ -119,6 +124,9 @@ class Backend {
   virtual Tensor from_host(const HostTensor& host) = 0;  // widened/converted as the backend likes
   virtual void to_host(const Tensor& t, float* dst) = 0;  // fp32 copy out
   virtual LinearWeight make_linear(const HostTensor& w) = 0;
+  // gate and up projections stacked [2 * inter, in], gate rows first; the result feeds
+  // gated_mlp and MoeWeights only (a backend may reorder rows for a fused SiLU·mul).
+  virtual LinearWeight make_gate_up(const HostTensor& w) { return make_linear(w); }
 
   virtual void embedding(const Tensor& table, std::span<const TokenId> ids, Tensor& out) = 0;
   virtual void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) = 0;
@@ -129,6 +137,29 @@ class Backend {
   virtual void gather_rows(const Tensor& x, std::span<const int32_t> rows, Tensor& out) = 0;
   virtual void mla_attention(const MlaAttentionArgs& args) = 0;
   virtual void moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRouting* routing) = 0;
+  // Called once a layer's attention or MoE weights are complete, before any forward: a backend
+  // may derive data of its own from them into `derived`.
+  virtual void prepare(MlaWeights& w) { (void)w; }
+  virtual void prepare(MoeWeights& w) { (void)w; }
+  // out = down(silu(gate(x)) · up(x)) with gate_up from make_gate_up.
+  virtual void gated_mlp(const Tensor& x, const LinearWeight& gate_up, const LinearWeight& down, Tensor& out);
+
+  // Called by the model at the start of each forward with the step's batch, before any op
+  // that reads it: a device backend uploads the step's token layout once here.
+  virtual void begin_step(const ForwardBatch& batch) { (void)batch; }
+  virtual void end_step() {}  // the step's batch may be gone after this
+  // Greedy choice per row of logits [rows, vocab]; the CPU form is the reference.
+  virtual void argmax_rows(const Tensor& logits, std::vector<int32_t>& out);
+
+  // Step recording (CUDA graphs). A backend that records may capture the work issued between
+  // begin_recording and end_recording under `key`, and later replay it instead of issuing it
+  // again. Inputs reach a replay through the buffers begin_step fills, so everything recorded
+  // must read its per-step data from there. end_recording returns false when capture failed
+  // (the work was then not run and must be issued eagerly).
+  virtual bool can_record() const { return false; }
+  virtual void begin_recording(uint64_t key) { (void)key; }
+  virtual bool end_recording(uint64_t key) { (void)key; return false; }
+  virtual bool replay(uint64_t key) { (void)key; return false; }
 
   // KV block movement for the host tier / block store: all layers of one block, fp32 bytes.
   virtual void read_cache_block(const LayerKvCache& cache, int32_t block, float* dst) = 0;

@@ -36,6 +36,23 @@ std::vector<SampledToken> ModelRunner::execute(const SchedulerOutput& out) {
   const ForwardBatch batch = build_batch(out);
   ForwardOutput fwd = model_.forward(batch, caches_);
   if (batch.logits_indices.empty()) return sampled;
+  // Greedy requests without logprobs need one id per row: the backend picks it where the
+  // logits are, and only the ids cross to the host.
+  bool all_greedy = true;
+  for (const ScheduledRequest& sr : out.scheduled) {
+    if (!sr.samples) continue;
+    const SamplingParams& p = sr.request->sampling;
+    if (!(p.temperature <= 0.0f || p.top_k == 1) || p.num_logprobs > 0) all_greedy = false;
+  }
+  if (all_greedy) {
+    model_.backend().argmax_rows(fwd.logits, greedy_ids_);
+    size_t row = 0;
+    for (const ScheduledRequest& sr : out.scheduled) {
+      if (!sr.samples) continue;
+      sampled.push_back(SampledToken{sr.request, greedy_ids_[row++], {}});
+    }
+    return sampled;
+  }
   const int vocab = model_.config().vocab_size;
   logits_host_.resize(batch.logits_indices.size() * static_cast<size_t>(vocab));
   model_.backend().to_host(fwd.logits, logits_host_.data());

@@ -29,6 +29,7 @@ class ModelRunner {
   kv::KvCacheManager& kv_;
   KvCaches caches_;
   std::vector<float> logits_host_;
+  std::vector<int32_t> greedy_ids_;
 };
 
 }  // namespace dsinfer

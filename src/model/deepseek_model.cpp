@@ -74,20 +74,93 @@ void DeepseekModel::mlp(const LayerWeights& l, const Tensor& h, Tensor& out, Moe
     backend_.moe(h, l.moe, out, routing);
     return;
   }
-  const int64_t t = h.dim(0);
-  Tensor gu = backend_.empty({t, l.dense_gate_up.out_features}, DType::kF32);
-  backend_.linear(h, l.dense_gate_up, gu);
-  Tensor act = backend_.empty({t, l.dense_gate_up.out_features / 2}, DType::kF32);
-  backend_.silu_mul(gu, act);
-  backend_.linear(act, l.dense_down, out);
+  backend_.gated_mlp(h, l.dense_gate_up, l.dense_down, out);
 }
 
 ForwardOutput DeepseekModel::forward(const ForwardBatch& batch, KvCaches& caches, bool record_routing) {
   const int64_t t = batch.num_tokens;
-  const int64_t hidden = config_.hidden_size;
   DS_CHECK(t > 0 && static_cast<int64_t>(batch.token_ids.size()) == t);
   for (int32_t p : batch.positions) DS_CHECK_MSG(p >= 0 && p < max_positions_, "position " << p << " out of range");
+  if (!record_routing && backend_.can_record()) {
+    const int bucket = decode_bucket(batch);
+    if (bucket > 0) return forward_recorded(batch, caches, bucket);
+  }
+  backend_.begin_step(batch);
+  ForwardOutput out = run_layers(batch, caches, record_routing);
+  backend_.end_step();
+  return out;
+}
 
+int DeepseekModel::decode_bucket(const ForwardBatch& batch) {
+  static constexpr int kBuckets[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256};
+  const int n = batch.num_tokens;
+  if (static_cast<int>(batch.block_tables.size()) != n || static_cast<int>(batch.logits_indices.size()) != n)
+    return 0;
+  for (int i = 0; i < n; ++i)
+    if (batch.logits_indices[i] != i || batch.token_seq[i] != i || batch.block_tables[i].empty()) return 0;
+  for (int b : kBuckets)
+    if (b >= n) return b;
+  return 0;
+}
+
+// A decode step of n sequences runs as the recording of its bucket's size. Padding sequences
+// have one token (id 0 at position 0) that attends to the first real sequence's first cache
+// entry and stores nothing (slot -1); their rows are computed and ignored.
+ForwardOutput DeepseekModel::forward_recorded(const ForwardBatch& batch, KvCaches& caches, int bucket) {
+  const int n = batch.num_tokens;
+  ForwardBatch padded = batch;
+  for (int i = n; i < bucket; ++i) {
+    padded.token_ids.push_back(0);
+    padded.positions.push_back(0);
+    padded.slot_mapping.push_back(-1);
+    padded.token_seq.push_back(i);
+    padded.block_tables.push_back({batch.block_tables[0][0]});
+    padded.context_lens.push_back(1);
+    padded.logits_indices.push_back(i);
+  }
+  padded.num_tokens = bucket;
+  // The recording holds the caches' addresses, so they are part of its key.
+  const uint64_t key = (reinterpret_cast<uintptr_t>(caches.layers.empty() ? nullptr : caches.layers[0].data.data)
+                        << 9) ^ static_cast<uint64_t>(bucket);
+  Recording& rec = recordings_[key];
+  backend_.begin_step(padded);
+  ForwardOutput out;
+  bool done = false;
+  if (rec.captured) {
+    done = backend_.replay(key);
+    if (done) out = rec.output;
+    rec.captured = done;  // the backend dropped it (its step buffers moved): record again
+  }
+  if (!done && rec.num_eager_runs > 0 && !rec.failed) {
+    backend_.begin_recording(key);
+    ForwardOutput recorded = run_layers(padded, caches, false);
+    if (backend_.end_recording(key) && backend_.replay(key)) {
+      rec.output = std::move(recorded);
+      rec.captured = true;
+      out = rec.output;
+      done = true;
+    } else {
+      rec.failed = true;
+    }
+  }
+  if (!done) {
+    // The first run of a bucket is eager: it builds whatever the backend makes lazily.
+    ++rec.num_eager_runs;
+    out = run_layers(padded, caches, false);
+  }
+  backend_.end_step();
+  auto first_rows = [n](Tensor t) {
+    if (!t.empty()) t.shape[0] = n;
+    return t;
+  };
+  out.logits = first_rows(out.logits);
+  out.hidden = first_rows(out.hidden);
+  return out;
+}
+
+ForwardOutput DeepseekModel::run_layers(const ForwardBatch& batch, KvCaches& caches, bool record_routing) {
+  const int64_t t = batch.num_tokens;
+  const int64_t hidden = config_.hidden_size;
   Tensor x = backend_.empty({t, hidden}, DType::kF32);
   backend_.embedding(weights_.embed, batch.token_ids, x);
   Tensor h = backend_.empty({t, hidden}, DType::kF32);

@@ -1,6 +1,8 @@
 // The DeepSeek V2/V3 forward pass, written once against the Backend interface.
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -40,6 +42,19 @@ class DeepseekModel {
   void attention(const LayerWeights& l, const Tensor& h, const ForwardBatch& batch, LayerKvCache& cache,
                  int block_size, Tensor& out);
   void mlp(const LayerWeights& l, const Tensor& h, Tensor& out, MoeRouting* routing);
+  ForwardOutput run_layers(const ForwardBatch& batch, KvCaches& caches, bool record_routing);
+  // Decode steps (one token per sequence, every sequence sampled) are recorded per batch-size
+  // bucket on backends that can record; 0 when the batch is not such a step.
+  static int decode_bucket(const ForwardBatch& batch);
+  ForwardOutput forward_recorded(const ForwardBatch& batch, KvCaches& caches, int bucket);
+
+  struct Recording {
+    bool captured = false;
+    bool failed = false;
+    int num_eager_runs = 0;
+    ForwardOutput output;  // the recorded step's output tensors, rewritten by each replay
+  };
+  std::map<uint64_t, Recording> recordings_;
 
   ModelConfig config_;
   ModelWeights weights_;

@@ -1,6 +1,7 @@
 #include "model/deepseek_weights.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <optional>
@@ -8,6 +9,7 @@
 #include <string>
 
 #include "core/check.h"
+#include "core/dtype.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
 #include "model/expected_tensors.h"
@@ -70,14 +72,14 @@ class WeightBuilder {
       if (gate && up) {
         gate->bytes.insert(gate->bytes.end(), up->bytes.begin(), up->bytes.end());
         gate->scales.insert(gate->scales.end(), up->scales.begin(), up->scales.end());
-        return fp8_linear(*gate, 2 * inter, in);
+        return fp8_linear(*gate, 2 * inter, in, /*gate_up=*/true);
       }
     }
     auto gate = fetch_(prefix + "gate_proj.weight", {inter, in});
     auto up = fetch_(prefix + "up_proj.weight", {inter, in});
     gate.insert(gate.end(), up.begin(), up.end());
     HostTensor h{DType::kF32, {2 * inter, in}, gate.data()};
-    return be_.make_linear(h);
+    return be_.make_gate_up(h);
   }
 
   LayerWeights layer(int index) {
@@ -114,6 +116,7 @@ class WeightBuilder {
     }
     m.w_uk = host({heads, nope, lora}, std::move(uk));
     m.w_uv = host({heads, vdim, lora}, std::move(uv));
+    be_.prepare(m);
     l.o_proj = linear(p + "self_attn.o_proj.weight", hidden, heads * vdim);
 
     l.is_moe = c_.is_moe_layer(index);
@@ -148,6 +151,7 @@ class WeightBuilder {
       moe.shared_gate_up = gate_up(p + "mlp.shared_experts.", shared_inter, hidden);
       moe.shared_down = linear(p + "mlp.shared_experts.down_proj.weight", hidden, shared_inter);
     }
+    be_.prepare(moe);
     return l;
   }
 
@@ -176,10 +180,10 @@ class WeightBuilder {
   }
 
  private:
-  LinearWeight fp8_linear(const RawFp8& raw, int64_t out, int64_t in) {
+  LinearWeight fp8_linear(const RawFp8& raw, int64_t out, int64_t in, bool gate_up = false) {
     HostTensor h{DType::kF8E4M3, {out, in}, raw.bytes.data(), raw.scales.data(), c_.fp8.block_rows,
                  c_.fp8.block_cols};
-    return be_.make_linear(h);
+    return gate_up ? be_.make_gate_up(h) : be_.make_linear(h);
   }
 
   Tensor host(std::vector<int64_t> shape, std::vector<float> data) {
@@ -227,8 +231,10 @@ ModelWeights load_model_weights(const ModelConfig& config, const Checkpoint& ckp
   return builder.model([&](const std::string& name) { return ckpt.has(name); });
 }
 
-ModelWeights make_random_weights(const ModelConfig& config, Backend& backend, uint64_t seed) {
-  WeightBuilder builder(config, backend, [&](const std::string& name, const std::vector<int64_t>& shape) {
+ModelWeights make_random_weights(const ModelConfig& model_config, Backend& backend, uint64_t seed, bool fp8_linears) {
+  ModelConfig config = model_config;
+  if (fp8_linears) config.fp8 = Fp8Quantization{true, 128, 128};
+  FetchFn fetch = [&](const std::string& name, const std::vector<int64_t>& shape) {
     // Each tensor's values depend only on its name and the seed. Large tensors are drawn in
     // chunks of 2^16 values with their own streams, in parallel (a full-size model has ~1e10
     // values, most in expert matrices of a few million); chunk 0 uses the tensor's base stream,
@@ -260,7 +266,36 @@ ModelWeights make_random_weights(const ModelConfig& config, Backend& backend, ui
     if (num_chunks <= 1) fill_chunks(0, num_chunks);
     else global_thread_pool().parallel_for(num_chunks, fill_chunks, 1);
     return v;
-  });
+  };
+  // FP8 as DeepSeek-V3 ships it: the projection matrices of the layers in e4m3 with one scale
+  // per 128x128 block (amax / 448); embeddings, norms, router and LM head stay wide.
+  RawFp8Fn raw_fp8;
+  if (fp8_linears && backend.wants_raw_fp8()) {
+    raw_fp8 = [&](const std::string& name, const std::vector<int64_t>& shape) -> std::optional<RawFp8> {
+      const bool projection = name.rfind("model.layers.", 0) == 0 && name.size() > 12 &&
+                              name.compare(name.size() - 12, 12, "_proj.weight") == 0 &&
+                              name.find("kv_b_proj") == std::string::npos;
+      if (!projection || shape.size() != 2) return std::nullopt;
+      const std::vector<float> v = fetch(name, shape);
+      const int64_t rows = shape[0], cols = shape[1], rb = (rows + 127) / 128, cb = (cols + 127) / 128;
+      RawFp8 raw;
+      raw.scales.assign(rb * cb, 0.0f);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) {
+          float& s = raw.scales[(r / 128) * cb + c / 128];
+          s = std::max(s, std::abs(v[r * cols + c]));
+        }
+      for (float& s : raw.scales) s = s > 0.0f ? s / 448.0f : 1.0f;
+      raw.bytes.resize(rows * cols);
+      global_thread_pool().parallel_for(rows, [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r)
+          for (int64_t c = 0; c < cols; ++c)
+            raw.bytes[r * cols + c] = f32_to_fp8e4m3(v[r * cols + c] / raw.scales[(r / 128) * cb + c / 128]);
+      }, 16);
+      return raw;
+    };
+  }
+  WeightBuilder builder(config, backend, fetch, raw_fp8);
   return builder.model([](const std::string& name) { return true; });
 }
 

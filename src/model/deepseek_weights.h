@@ -50,6 +50,9 @@ struct ModelWeights {
 ModelWeights load_model_weights(const ModelConfig& config, const Checkpoint& checkpoint, Backend& backend);
 
 // Random weights of the right shapes (for benchmarks without files), deterministic per seed.
-ModelWeights make_random_weights(const ModelConfig& config, Backend& backend, uint64_t seed);
+// fp8_linears: the layers' projection matrices as e4m3 with 128x128 block scales, as an FP8
+// checkpoint has them (for backends that keep FP8; others get the same values widened).
+ModelWeights make_random_weights(const ModelConfig& config, Backend& backend, uint64_t seed,
+                                 bool fp8_linears = false);
 
 }  // namespace dsinfer

@@ -1,13 +1,14 @@
 // MLA attention on the GPU in the weight-absorbed form over the paged fp32 latent cache
 // (the CPU backend's cpu_attention.cpp is the reference).
 //
-// Work split: one thread block per (split, head, token). A block absorbs W_UK into its query
-// (q_lat = q_nope · W_UK[h], 512 wide for V3) and walks its slice of the context with four
-// warps; each warp owns every fourth position and keeps an online-softmax state whose latent
-// accumulator is spread over the lanes (lane i holds columns i, i+32, …), so a position costs
-// one coalesced 576-float read and one warp reduction. A second kernel merges the splits
-// (flash-decoding style) and projects through W_UV. Decode batches with long contexts use many
-// splits so that 132 SMs have work even for one sequence; prefill uses one split per block.
+// Four kernels: (1) the queries absorb W_UK (q_lat = q_nope · W_UK[h], 512 wide for V3) in a
+// per-head GEMM that reads each weight row once per 16 tokens; (2) one thread block per
+// (split, head, token) walks its slice of the context with four warps; each warp owns every
+// fourth position and keeps an online-softmax state whose latent accumulator is spread over the
+// lanes (lane i holds columns i, i+32, …), so a position costs one coalesced 576-float read and
+// one warp reduction; (3) the splits are merged flash-decoding style into the latent output;
+// (4) that output is projected through W_UV by the same per-head GEMM. Decode batches use many
+// splits so that 132 SMs have work even for one sequence.
 #include <cfloat>
 
 #include "backend/cuda/cuda_check.h"
@@ -20,7 +21,6 @@ constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kMaxLora = 512;
 constexpr int kMaxRope = 64;
-constexpr int kMaxNope = 256;
 constexpr int kLoraPerLane = kMaxLora / 32;
 constexpr int kRopePerLane = kMaxRope / 32;
 
@@ -34,8 +34,10 @@ __global__ void cache_write_kernel(MlaDims d, MlaBatchView b, const float* kv_a,
   __shared__ float warp_sums[kWarps];
   const int t = blockIdx.x;
   const int lora = d.kv_lora_rank, rope = d.qk_rope_head_dim, entry = lora + rope, half = rope / 2;
+  const int slot = b.slot_mapping[t];
+  if (slot < 0) return;  // a padding token of a recorded batch: nothing to store
   const float* src = kv_a + static_cast<int64_t>(t) * entry;
-  float* dst = cache + static_cast<int64_t>(b.slot_mapping[t]) * entry;
+  float* dst = cache + static_cast<int64_t>(slot) * entry;
   float sum = 0.0f;
   for (int i = threadIdx.x; i < lora; i += kThreads) sum += src[i] * src[i];
   sum = warp_sum(sum);
@@ -55,35 +57,28 @@ __global__ void cache_write_kernel(MlaDims d, MlaBatchView b, const float* kv_a,
 }
 
 __global__ void __launch_bounds__(kThreads) attention_partial_kernel(MlaDims d, MlaBatchView b, const float* q,
-                                                                     const float* w_uk, const float* rope_cos,
+                                                                     const float* q_latent, const float* rope_cos,
                                                                      const float* rope_sin, const float* cache,
                                                                      float softmax_scale, int num_splits,
                                                                      int split_len, float* workspace) {
-  __shared__ float s_q_nope[kMaxNope];
   __shared__ float s_q_lat[kMaxLora];
   __shared__ float s_q_rope[kMaxRope];
   __shared__ float s_m[kWarps], s_l[kWarps];
   __shared__ float s_acc[kWarps][kMaxLora];
-  const int split = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
+  const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z;
   const int lora = d.kv_lora_rank, rope = d.qk_rope_head_dim, nope = d.qk_nope_head_dim;
   const int entry = lora + rope, half = rope / 2, bs = d.block_size;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int pos = b.positions[t];
 
   const float* qt = q + static_cast<int64_t>(t) * d.num_heads * (nope + rope) + h * (nope + rope);
-  for (int i = threadIdx.x; i < nope; i += kThreads) s_q_nope[i] = qt[i];
+  const float* ql = q_latent + (static_cast<int64_t>(t) * d.num_heads + h) * lora;
+  for (int i = threadIdx.x; i < lora; i += kThreads) s_q_lat[i] = ql[i];
   for (int i = threadIdx.x; i < half; i += kThreads) {
     const float x0 = qt[nope + 2 * i], x1 = qt[nope + 2 * i + 1];
     const float c = rope_cos[pos * half + i], s = rope_sin[pos * half + i];
     s_q_rope[2 * i] = x0 * c - x1 * s;
     s_q_rope[2 * i + 1] = x0 * s + x1 * c;
-  }
-  __syncthreads();
-  const float* uk = w_uk + static_cast<int64_t>(h) * nope * lora;  // [nope, lora]
-  for (int l = threadIdx.x; l < lora; l += kThreads) {
-    float acc = 0.0f;
-    for (int i = 0; i < nope; ++i) acc += s_q_nope[i] * uk[static_cast<int64_t>(i) * lora + l];
-    s_q_lat[l] = acc;
   }
   __syncthreads();
 
@@ -101,6 +96,9 @@ __global__ void __launch_bounds__(kThreads) attention_partial_kernel(MlaDims d, 
   }
 
   const int num_ctx = pos + 1;  // causal: positions 0..pos are in the cache by now
+  // split_len 0: this token's context is cut into num_splits equal slices (whole 16-position
+  // runs), so short and long requests of one batch each spread over all their splits.
+  if (split_len == 0) split_len = (num_ctx + 16 * num_splits - 1) / (16 * num_splits) * 16;
   const int begin = split * split_len;
   const int end = min(begin + split_len, num_ctx);
   const int32_t* table = b.tables + b.table_offsets[b.token_seq[t]];
@@ -159,12 +157,11 @@ __global__ void __launch_bounds__(kThreads) attention_partial_kernel(MlaDims d, 
   }
 }
 
+// Merges the splits of each (token, head) into the normalised latent output o_lat [T, H, lora].
 __global__ void __launch_bounds__(kThreads) attention_combine_kernel(MlaDims d, int num_splits, const float* workspace,
-                                                                     const float* w_uv, float* out) {
-  __shared__ float s_o_lat[kMaxLora];
-  const int h = blockIdx.x, t = blockIdx.y;
-  const int lora = d.kv_lora_rank, vdim = d.v_head_dim;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+                                                                     float* o_latent) {
+  const int t = blockIdx.x, h = blockIdx.y;
+  const int lora = d.kv_lora_rank;
   const float* parts = workspace + (static_cast<int64_t>(t) * d.num_heads + h) * num_splits * (lora + 2);
   float m_all = -FLT_MAX;
   for (int s = 0; s < num_splits; ++s) {
@@ -177,27 +174,82 @@ __global__ void __launch_bounds__(kThreads) attention_combine_kernel(MlaDims d, 
     if (p[lora + 1] > 0.0f) denom += p[lora + 1] * expf(p[lora] - m_all);
   }
   const float inv = 1.0f / denom;
+  float* dst = o_latent + (static_cast<int64_t>(t) * d.num_heads + h) * lora;
   for (int l = threadIdx.x; l < lora; l += kThreads) {
     float v = 0.0f;
     for (int s = 0; s < num_splits; ++s) {
       const float* p = parts + static_cast<int64_t>(s) * (lora + 2);
       if (p[lora + 1] > 0.0f) v += p[l] * expf(p[lora] - m_all);
     }
-    s_o_lat[l] = v * inv;
-  }
-  __syncthreads();
-  // One warp per output column: a coalesced read of W_UV's row, then a warp reduction.
-  for (int v = warp; v < vdim; v += kWarps) {
-    const float* row = w_uv + (static_cast<int64_t>(h) * vdim + v) * lora;
-    float part = 0.0f;
-    for (int l = lane; l < lora; l += 32) part += row[l] * s_o_lat[l];
-    part = warp_sum(part);
-    if (lane == 0) out[(static_cast<int64_t>(t) * d.num_heads + h) * vdim + v] = part;
+    dst[l] = v * inv;
   }
 }
 
+constexpr int kHeadGemmTokens = 16;
+constexpr int kHeadGemmCols = 32;
+constexpr int kHeadGemmWarps = 8;
+constexpr int kMaxHeadGemmK = 512;
+
+// y[t, h, n] = sum_k x[t, h, k] · w[h, k, n] for every head: the absorption of W_UK into the
+// queries and of W_UV into the outputs. A block owns 16 tokens × 32 columns of one head; its
+// eight warps take every eighth k (lane = column, so each weight row read is one coalesced
+// 128-byte line serving 16 tokens) and their partial sums are added in warp order, so every
+// output sums over k in the same order whatever the batch.
+__global__ void __launch_bounds__(kHeadGemmWarps * 32) head_gemm_kernel(const float* x, int64_t x_token_stride,
+                                                                      int64_t x_head_stride, const float* w, int k,
+                                                                      int n, float* y, int64_t y_token_stride,
+                                                                      int64_t y_head_stride, int num_tokens) {
+  __shared__ float s_x[kHeadGemmTokens][kMaxHeadGemmK];
+  __shared__ float s_part[kHeadGemmWarps][kHeadGemmTokens][kHeadGemmCols];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int col = blockIdx.x * kHeadGemmCols + lane, h = blockIdx.y;
+  const int t0 = blockIdx.z * kHeadGemmTokens;
+  const int rows = min(kHeadGemmTokens, num_tokens - t0);
+  for (int i = threadIdx.x; i < kHeadGemmTokens * k; i += kHeadGemmWarps * 32) {
+    const int r = i / k, c = i % k;
+    s_x[r][c] = r < rows ? x[(t0 + r) * x_token_stride + h * x_head_stride + c] : 0.0f;
+  }
+  __syncthreads();
+  float acc[kHeadGemmTokens];
+#pragma unroll
+  for (int r = 0; r < kHeadGemmTokens; ++r) acc[r] = 0.0f;
+  if (col < n) {
+    const float* wh = w + static_cast<int64_t>(h) * k * n + col;
+#pragma unroll 4
+    for (int c = warp; c < k; c += kHeadGemmWarps) {
+      const float wv = __ldg(wh + static_cast<int64_t>(c) * n);
+#pragma unroll
+      for (int r = 0; r < kHeadGemmTokens; ++r) acc[r] += s_x[r][c] * wv;
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kHeadGemmTokens; ++r) s_part[warp][r][lane] = acc[r];
+  __syncthreads();
+  for (int i = threadIdx.x; i < kHeadGemmTokens * kHeadGemmCols; i += kHeadGemmWarps * 32) {
+    const int r = i / kHeadGemmCols, c = i % kHeadGemmCols;
+    const int out_col = blockIdx.x * kHeadGemmCols + c;
+    if (r >= rows || out_col >= n) continue;
+    float v = s_part[0][r][c];
+#pragma unroll
+    for (int q = 1; q < kHeadGemmWarps; ++q) v += s_part[q][r][c];
+    y[(t0 + r) * y_token_stride + h * y_head_stride + out_col] = v;
+  }
+}
+
+void launch_head_gemm(const float* x, int64_t x_token_stride, int64_t x_head_stride, const float* w, int num_heads,
+                      int k, int n, float* y, int64_t y_token_stride, int64_t y_head_stride, int num_tokens,
+                      Stream stream) {
+  DS_CHECK_MSG(k <= kMaxHeadGemmK, "MLA absorption width " << k << " beyond the CUDA kernel's limit");
+  const int64_t token_tiles = (num_tokens + kHeadGemmTokens - 1) / kHeadGemmTokens;
+  DS_CHECK(token_tiles <= 65535 && num_heads <= 65535);
+  const dim3 grid((n + kHeadGemmCols - 1) / kHeadGemmCols, num_heads, static_cast<unsigned>(token_tiles));
+  head_gemm_kernel<<<grid, kHeadGemmWarps * 32, 0, stream>>>(x, x_token_stride, x_head_stride, w, k, n, y,
+                                                             y_token_stride, y_head_stride, num_tokens);
+  DS_CUDA_CHECK_LAUNCH();
+}
+
 void check_dims(const MlaDims& d) {
-  DS_CHECK_MSG(d.kv_lora_rank <= kMaxLora && d.qk_rope_head_dim <= kMaxRope && d.qk_nope_head_dim <= kMaxNope &&
+  DS_CHECK_MSG(d.kv_lora_rank <= kMaxLora && d.qk_rope_head_dim <= kMaxRope && d.qk_nope_head_dim <= kMaxHeadGemmK &&
                    d.qk_rope_head_dim % 2 == 0,
                "MLA dims beyond the CUDA kernel's limits: lora " << d.kv_lora_rank << " rope " << d.qk_rope_head_dim
                                                                  << " nope " << d.qk_nope_head_dim);
@@ -214,19 +266,26 @@ void launch_mla_cache_write(const MlaDims& d, const MlaBatchView& b, const float
 }
 
 void launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* q, const float* w_uk,
-                          const float* w_uv, const float* rope_cos, const float* rope_sin, const float* cache,
-                          float softmax_scale, int num_splits, int split_len_tokens, float* workspace, float* out,
-                          Stream stream) {
+                          const float* w_uv_t, const float* rope_cos, const float* rope_sin, const float* cache,
+                          float softmax_scale, int num_splits, int split_len_tokens, float* workspace,
+                          float* q_latent, float* o_latent, float* out, Stream stream) {
   check_dims(d);
   if (b.num_tokens == 0) return;
-  DS_CHECK(num_splits >= 1 && split_len_tokens >= 1 && b.num_tokens <= 65535 && d.num_heads <= 65535);
-  const dim3 grid(num_splits, d.num_heads, b.num_tokens);
-  attention_partial_kernel<<<grid, kThreads, 0, stream>>>(d, b, q, w_uk, rope_cos, rope_sin, cache, softmax_scale,
+  DS_CHECK(num_splits >= 1 && num_splits <= 65535 && split_len_tokens >= 0 && d.num_heads <= 65535);
+  const int lora = d.kv_lora_rank, qk = d.qk_nope_head_dim + d.qk_rope_head_dim;
+  // q_lat[t, h] = q_nope[t, h] · W_UK[h]
+  launch_head_gemm(q, static_cast<int64_t>(d.num_heads) * qk, qk, w_uk, d.num_heads, d.qk_nope_head_dim, lora,
+                   q_latent, static_cast<int64_t>(d.num_heads) * lora, lora, b.num_tokens, stream);
+  const dim3 grid(b.num_tokens, d.num_heads, num_splits);
+  attention_partial_kernel<<<grid, kThreads, 0, stream>>>(d, b, q, q_latent, rope_cos, rope_sin, cache, softmax_scale,
                                                           num_splits, split_len_tokens, workspace);
   DS_CUDA_CHECK_LAUNCH();
-  const dim3 grid2(d.num_heads, b.num_tokens);
-  attention_combine_kernel<<<grid2, kThreads, 0, stream>>>(d, num_splits, workspace, w_uv, out);
+  const dim3 grid2(b.num_tokens, d.num_heads);
+  attention_combine_kernel<<<grid2, kThreads, 0, stream>>>(d, num_splits, workspace, o_latent);
   DS_CUDA_CHECK_LAUNCH();
+  // out[t, h] = o_lat[t, h] · W_UVᵀ[h]
+  launch_head_gemm(o_latent, static_cast<int64_t>(d.num_heads) * lora, lora, w_uv_t, d.num_heads, lora, d.v_head_dim,
+                   out, static_cast<int64_t>(d.num_heads) * d.v_head_dim, d.v_head_dim, b.num_tokens, stream);
 }
 
 }  // namespace dsinfer::cuda

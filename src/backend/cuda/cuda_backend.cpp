@@ -1,18 +1,21 @@
 // The CUDA backend's tensors, weights and simple ops; attention and MoE are in
 // cuda_backend_layers.cpp.
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_backend_state.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_backend_factory.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_allocator.h"
+#include "backend/cuda/grouped_gemm.h"
 #include "backend/cuda/lt_matmul.h"
 #include "core/logging.h"
 #include "core/status.h"
@@ -44,11 +47,13 @@ std::vector<float> widen_host(const HostTensor& h) {
   return out;
 }
 
-// Offset of the block scales behind an FP8 weight's bytes (16-byte alignment for cuBLASLt).
-size_t fp8_scales_offset(int64_t rows_padded, int64_t cols_padded) {
-  return static_cast<size_t>(round_up(rows_padded * cols_padded, 256));
-}
+}  // namespace
 
+namespace {
+bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::string(v) == value;
+}
 }  // namespace
 
 CudaBackend::CudaBackend() {
@@ -56,13 +61,135 @@ CudaBackend::CudaBackend() {
   DS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   alloc_ = std::make_shared<DeviceAllocator>();
   matmul_ = std::make_unique<LtMatmul>(stream_);
+  step_ = std::make_unique<StepBuffers>();
+  recordings_ = std::make_unique<Recordings>();
   DS_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, 0));
+  DS_CUDA_CHECK(cudaEventCreateWithFlags(&step_->copied, cudaEventDisableTiming));
+  tile_counters_ = alloc_->persistent({kGemmMaxTileCounters}, DType::kI32);
+  DS_CUDA_CHECK(cudaMemsetAsync(tile_counters_.data, 0, tile_counters_.num_bytes(), stream_));
+  batch_invariant_ = env_is("DSINFER_BATCH_INVARIANT", "1");
+  graphs_enabled_ = !env_is("DSINFER_CUDA_GRAPHS", "0");
+  if (const char* rows = std::getenv("DSINFER_CUDA_GEMM_MAX_ROWS")) own_gemm_max_rows_ = std::max(1, std::atoi(rows));
 }
 
 CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(stream_);
+  recordings_.reset();
+  step_.reset();
   matmul_.reset();
   cudaStreamDestroy(stream_);
+}
+
+void CudaBackend::begin_step(const ForwardBatch& batch) {
+  using F = StepBuffers::Field;
+  StepBuffers& st = *step_;
+  int64_t table_ints = 0;
+  for (const auto& t : batch.block_tables) table_ints += static_cast<int64_t>(t.size());
+  const int64_t num_seqs = static_cast<int64_t>(batch.block_tables.size());
+  const int64_t need[F::kNumFields] = {batch.num_tokens, batch.num_tokens, batch.num_tokens, batch.num_tokens,
+                                       static_cast<int64_t>(batch.logits_indices.size()), num_seqs, table_ints};
+  bool grow = st.host == nullptr;
+  for (int f = 0; f < F::kNumFields; ++f) grow = grow || need[f] > st.capacity[f];
+  DS_CUDA_CHECK(cudaEventSynchronize(st.copied));
+  if (grow) {
+    DS_CHECK_MSG(!recording_, "step buffers cannot move while a step is being recorded");
+    static constexpr int64_t kMinCapacity[F::kNumFields] = {4096, 4096, 4096, 4096, 1024, 1024, 1 << 16};
+    int64_t total = 0;
+    for (int f = 0; f < F::kNumFields; ++f) {
+      st.capacity[f] = std::max({st.capacity[f], kMinCapacity[f], round_up(need[f] * 2, 64)});
+      st.offset[f] = total;
+      total += st.capacity[f];  // multiples of 64 ints: every field starts 256-byte aligned
+    }
+    if (st.host != nullptr) DS_CUDA_CHECK(cudaFreeHost(st.host));
+    st.host = nullptr;
+    DS_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&st.host), total * sizeof(int32_t)));
+    st.device = alloc_->persistent({total}, DType::kI32);
+    recordings_->clear();
+  }
+  int32_t* h = st.host;
+  auto put = [&](F f, const int32_t* src, int64_t n) {
+    if (n > 0) std::memcpy(h + st.offset[f], src, n * sizeof(int32_t));
+  };
+  put(F::kTokenIds, batch.token_ids.data(), need[F::kTokenIds]);
+  put(F::kPositions, batch.positions.data(), need[F::kPositions]);
+  put(F::kTokenSeq, batch.token_seq.data(), need[F::kTokenSeq]);
+  put(F::kSlots, batch.slot_mapping.data(), need[F::kSlots]);
+  put(F::kLogitsRows, batch.logits_indices.data(), need[F::kLogitsRows]);
+  int32_t next = 0;
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    h[st.offset[F::kTableOffsets] + i] = next;
+    std::memcpy(h + st.offset[F::kTables] + next, batch.block_tables[i].data(),
+                batch.block_tables[i].size() * sizeof(int32_t));
+    next += static_cast<int32_t>(batch.block_tables[i].size());
+  }
+  int32_t* d = st.device.as<int32_t>();
+  for (int f = 0; f < F::kNumFields; ++f) {
+    if (need[f] == 0) continue;
+    DS_CUDA_CHECK(cudaMemcpyAsync(d + st.offset[f], h + st.offset[f], need[f] * sizeof(int32_t),
+                                  cudaMemcpyHostToDevice, stream_));
+  }
+  DS_CUDA_CHECK(cudaEventRecord(st.copied, stream_));
+  step_batch_ = &batch;
+}
+
+const int32_t* CudaBackend::step_ints(const void* host_field) const {
+  if (step_batch_ == nullptr || host_field == nullptr) return nullptr;
+  if (!step_batch_->token_ids.empty() && host_field == step_batch_->token_ids.data())
+    return step_->field(StepBuffers::kTokenIds);
+  if (!step_batch_->logits_indices.empty() && host_field == step_batch_->logits_indices.data())
+    return step_->field(StepBuffers::kLogitsRows);
+  return nullptr;
+}
+
+void CudaBackend::begin_recording(uint64_t key) {
+  (void)key;
+  DS_CHECK(!recording_);
+  alloc_->set_graph_pool(true);
+  recording_ = true;
+  DS_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+}
+
+bool CudaBackend::end_recording(uint64_t key) {
+  DS_CHECK(recording_);
+  cudaGraph_t graph = nullptr;
+  cudaError_t err = cudaStreamEndCapture(stream_, &graph);
+  alloc_->set_graph_pool(false);
+  recording_ = false;
+  if (err != cudaSuccess || graph == nullptr) {
+    cudaGetLastError();
+    DS_LOG_WARN("cuda: recording a step failed (" << cudaGetErrorString(err) << "); it runs eagerly");
+    return false;
+  }
+  cudaGraphExec_t exec = nullptr;
+  err = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    DS_LOG_WARN("cuda: instantiating a recorded step failed (" << cudaGetErrorString(err) << "); it runs eagerly");
+    return false;
+  }
+  auto it = recordings_->graphs.find(key);
+  if (it != recordings_->graphs.end()) cudaGraphExecDestroy(it->second);
+  recordings_->graphs[key] = exec;
+  return true;
+}
+
+bool CudaBackend::replay(uint64_t key) {
+  auto it = recordings_->graphs.find(key);
+  if (it == recordings_->graphs.end()) return false;
+  DS_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
+  return true;
+}
+
+void CudaBackend::argmax_rows(const Tensor& logits, std::vector<int32_t>& out) {
+  DS_CHECK(logits.dtype == DType::kF32 && logits.shape.size() == 2);
+  const int64_t rows = logits.dim(0);
+  out.resize(static_cast<size_t>(rows));
+  if (rows == 0) return;
+  Tensor ids = alloc_->cached({rows}, DType::kI32);
+  launch_argmax_rows(logits.as<float>(), rows, logits.dim(1), ids.as<int32_t>(), stream_);
+  DS_CUDA_CHECK(cudaMemcpyAsync(out.data(), ids.data, rows * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+  synchronize();
 }
 
 void CudaBackend::synchronize() { DS_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
@@ -70,6 +197,7 @@ void CudaBackend::synchronize() { DS_CUDA_CHECK(cudaStreamSynchronize(stream_));
 Tensor CudaBackend::empty(const std::vector<int64_t>& shape, DType dtype) { return alloc_->cached(shape, dtype); }
 
 Tensor CudaBackend::upload_ints(const std::vector<int32_t>& v) {
+  DS_CHECK_MSG(!recording_, "a recorded step reads its inputs from the step buffers only");
   Tensor t = alloc_->cached({static_cast<int64_t>(v.size())}, DType::kI32);
   if (!v.empty())
     DS_CUDA_CHECK(cudaMemcpyAsync(t.data, v.data(), v.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
@@ -113,112 +241,63 @@ void CudaBackend::to_host(const Tensor& t, float* dst) {
   synchronize();
 }
 
-// Runs one small block-scaled FP8 product through cuBLASLt and checks it against the same
-// weight dequantised to bf16: the scale layouts are the library's convention, so the backend
-// verifies them on the device it runs on before trusting them with a model.
-bool CudaBackend::fp8_matmul_works() {
-  const int64_t n = 256, k = 384, m = 8;
-  if (!matmul_->fp8_supported(n, k) || !matmul_->fp8_plan_ok(m, n, k)) return false;
-  std::vector<uint8_t> w_bytes(n * k);
-  std::vector<float> scales = {0.5f, 0.25f, 2.0f, 1.0f, 0.125f, 4.0f};  // [2, 3] blocks
-  std::vector<float> x(m * k);
-  uint32_t state = 12345;
-  auto next = [&state]() {
-    state = state * 1664525u + 1013904223u;
-    return static_cast<float>(state >> 8) / 16777216.0f - 0.5f;
-  };
-  for (auto& b : w_bytes) b = f32_to_fp8e4m3(8.0f * next());
-  for (auto& v : x) v = next();
-  HostTensor h{DType::kF8E4M3, {n, k}, w_bytes.data(), scales.data(), 128, 128};
-  LinearWeight fp8 = make_fp8_linear(h), ref = make_bf16_linear(h);
-  Tensor tx = from_host(HostTensor{DType::kF32, {m, k}, x.data()});
-  Tensor y_fp8 = empty({m, n}, DType::kF32), y_ref = empty({m, n}, DType::kF32);
-  matmul_->set_fp8_soft_fail(true);
-  linear(tx, fp8, y_fp8);
-  matmul_->set_fp8_soft_fail(false);
-  if (matmul_->take_fp8_failure()) {
-    DS_LOG_WARN("cuda: cuBLASLt's block-scaled FP8 matmul failed to run; FP8 weights will be dequantised to bf16");
-    return false;
-  }
-  linear(tx, ref, y_ref);
-  std::vector<float> a(m * n), b(m * n);
-  to_host(y_fp8, a.data());
-  to_host(y_ref, b.data());
-  double max_diff = 0, max_ref = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    max_diff = std::max(max_diff, static_cast<double>(std::abs(a[i] - b[i])));
-    max_ref = std::max(max_ref, static_cast<double>(std::abs(b[i])));
-  }
-  const bool ok = max_ref > 0 && max_diff <= 0.08 * max_ref;
-  if (!ok)
-    DS_LOG_WARN("cuda: cuBLASLt's block-scaled FP8 matmul disagrees with the bf16 reference (max error "
-                << max_diff << " of " << max_ref << "); FP8 weights will be dequantised to bf16");
-  return ok;
-}
+LinearWeight CudaBackend::make_linear(const HostTensor& w) { return pack_weight(w, false); }
 
-LinearWeight CudaBackend::make_linear(const HostTensor& w) {
+LinearWeight CudaBackend::make_gate_up(const HostTensor& w) { return pack_weight(w, true); }
+
+LinearWeight CudaBackend::pack_weight(const HostTensor& w, bool gate_up) {
   DS_CHECK(w.shape.size() == 2);
-  if (w.dtype == DType::kF8E4M3) {
-    if (fp8_state_ == 0) {
-      // The block-scaled FP8 matmul is opt-in (DSINFER_CUDA_FP8=1): its single-product probe
-      // passes, but whole FP8 models through it still disagree with the reference (see
-      // tests/unit/cuda), so FP8 weights are dequantised to bf16 by default.
-      const char* env = std::getenv("DSINFER_CUDA_FP8");
-      const bool allowed = env != nullptr && std::string(env) == "1";
-      fp8_state_ = allowed && fp8_matmul_works() ? 1 : -1;
-    }
-    if (fp8_state_ > 0 && w.scale_inv != nullptr && w.block_rows == 128 && w.block_cols == 128 &&
-        matmul_->fp8_supported(round_up(w.shape[0], 4), round_up(w.shape[1], 128)))
-      return make_fp8_linear(w);
-    if (!warned_fp8_fallback_) {
-      warned_fp8_fallback_ = true;
-      DS_LOG_WARN("cuda: FP8 matmul not used for a [" << w.shape[0] << ", " << w.shape[1]
-                                                       << "] weight; dequantising FP8 weights to bf16");
-    }
-  }
-  return make_bf16_linear(w);
-}
-
-LinearWeight CudaBackend::make_bf16_linear(const HostTensor& w) {
-  LinearWeight lw;
-  lw.out_features = w.shape[0];
-  lw.in_features = w.shape[1];
-  lw.weight = alloc_->persistent(w.shape, DType::kBF16);
-  const int64_t n = lw.out_features * lw.in_features;
-  if (w.dtype == DType::kBF16) {
-    DS_CUDA_CHECK(cudaMemcpyAsync(lw.weight.data, w.data, n * 2, cudaMemcpyHostToDevice, stream_));
-    return lw;
-  }
-  // Round to bf16 on the host (all threads) so that only 2 bytes per weight cross PCIe.
-  std::vector<float> wide;
-  const float* src = static_cast<const float*>(w.data);
-  if (w.dtype != DType::kF32) {
-    wide = widen_host(w);
-    src = wide.data();
-  }
-  std::vector<uint16_t> narrow(n);
-  global_thread_pool().parallel_for(n, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) narrow[i] = f32_to_bf16(src[i]);
-  }, int64_t{1} << 16);
-  DS_CUDA_CHECK(cudaMemcpyAsync(lw.weight.data, narrow.data(), n * 2, cudaMemcpyHostToDevice, stream_));
-  return lw;
-}
-
-LinearWeight CudaBackend::make_fp8_linear(const HostTensor& w) {
   const int64_t rows = w.shape[0], cols = w.shape[1];
-  const int64_t rows_p = round_up(rows, 4), cols_p = round_up(cols, 128);
-  const int64_t row_blocks = (rows + 127) / 128, col_blocks = (cols + 127) / 128;
-  const int64_t col_blocks_p = round_up(col_blocks, 4);
-  // Host image of [weight bytes, zero-padded | scales [row_blocks, col_blocks_p]].
-  const size_t scales_at = fp8_scales_offset(rows_p, cols_p);
-  // 256 bytes of slack behind the scales: the kernels' reads are the library's business.
-  std::vector<uint8_t> image(scales_at + row_blocks * col_blocks_p * sizeof(float) + 256, 0);
-  const uint8_t* src = static_cast<const uint8_t*>(w.data);
-  for (int64_t r = 0; r < rows; ++r) std::memcpy(image.data() + r * cols_p, src + r * cols, cols);
-  float* scales = reinterpret_cast<float*>(image.data() + scales_at);
-  for (int64_t rb = 0; rb < row_blocks; ++rb)
-    for (int64_t cb = 0; cb < col_blocks_p; ++cb)
-      scales[rb * col_blocks_p + cb] = cb < col_blocks ? w.scale_inv[rb * col_blocks + cb] : 1.0f;
+  DS_CHECK_MSG(!gate_up || rows % 2 == 0, "gate/up weight with an odd row count " << rows);
+  const int64_t inter = rows / 2;
+  // e4m3 stays e4m3 when its scale blocks cover whole 16-row groups of the packed layout.
+  const bool fp8 = w.dtype == DType::kF8E4M3 && w.scale_inv != nullptr && w.block_rows % 16 == 0 &&
+                   w.block_cols == 128 && (!gate_up || inter % 16 == 0);
+  const int64_t k_p = round_up(cols, kGemmChunkK);
+  const int64_t n_p = gate_up ? 2 * round_up(inter, kGemmTileRows) : round_up(rows, kGemmTileRows);
+  DS_CHECK_MSG(n_p <= INT32_MAX && k_p <= INT32_MAX, "weight [" << rows << ", " << cols << "] too large");
+  // Source row of packed row r (-1: zero padding).
+  auto source_row = [&](int64_t r) -> int64_t {
+    if (!gate_up) return r < rows ? r : -1;
+    const int64_t tile = r / kGemmTileRows, within = r % kGemmTileRows;
+    const int64_t j = tile * kGemmGateUpHalf + within % kGemmGateUpHalf;
+    if (j >= inter) return -1;
+    return within < kGemmGateUpHalf ? j : inter + j;
+  };
+  const int64_t elem_bytes = fp8 ? 1 : 2;
+  const size_t data_bytes = static_cast<size_t>(round_up(n_p * k_p * elem_bytes, 256));
+  const int64_t scale_cols = (k_p + 127) / 128;
+  const size_t scale_bytes = fp8 ? static_cast<size_t>(n_p / 16 * scale_cols) * sizeof(float) : 0;
+  std::vector<uint8_t> image(data_bytes + scale_bytes, 0);
+  if (fp8) {
+    const uint8_t* src = static_cast<const uint8_t*>(w.data);
+    const int64_t col_blocks = (cols + 127) / 128;
+    float* scales = reinterpret_cast<float*>(image.data() + data_bytes);
+    for (int64_t r = 0; r < n_p; ++r) {
+      const int64_t s = source_row(r);
+      if (s >= 0) std::memcpy(image.data() + r * k_p, src + s * cols, cols);
+      if (r % 16 != 0) continue;
+      for (int64_t cb = 0; cb < scale_cols; ++cb)
+        scales[(r / 16) * scale_cols + cb] =
+            (s >= 0 && cb < col_blocks) ? w.scale_inv[(s / w.block_rows) * col_blocks + cb] : 1.0f;
+    }
+  } else {
+    std::vector<float> wide;
+    const float* src = static_cast<const float*>(w.data);
+    if (w.dtype != DType::kF32) {
+      wide = widen_host(w);
+      src = wide.data();
+    }
+    uint16_t* dst = reinterpret_cast<uint16_t*>(image.data());
+    // Round to bf16 on the host (all threads) so that only 2 bytes per weight cross PCIe.
+    global_thread_pool().parallel_for(n_p, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        const int64_t s = source_row(r);
+        if (s < 0) continue;
+        for (int64_t c = 0; c < cols; ++c) dst[r * k_p + c] = f32_to_bf16(src[s * cols + c]);
+      }
+    }, std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, cols)));
+  }
   Tensor storage = alloc_->persistent_bytes(image.size());
   DS_CUDA_CHECK(cudaMemcpyAsync(storage.data, image.data(), image.size(), cudaMemcpyHostToDevice, stream_));
   synchronize();  // the host image goes out of scope
@@ -226,61 +305,129 @@ LinearWeight CudaBackend::make_fp8_linear(const HostTensor& w) {
   lw.out_features = rows;
   lw.in_features = cols;
   lw.weight = storage;
-  lw.weight.shape = {rows_p, cols_p};
-  lw.weight.dtype = DType::kF8E4M3;
+  lw.weight.shape = {n_p, k_p};
+  lw.weight.dtype = fp8 ? DType::kF8E4M3 : DType::kBF16;
+  lw.packed_gate_up = gate_up;
   return lw;
+}
+
+GemmWeight gemm_weight_of(const LinearWeight& w) {
+  DS_CHECK(w.weight.dtype == DType::kBF16 || w.weight.dtype == DType::kF8E4M3);
+  GemmWeight g;
+  g.data = w.weight.data;
+  g.n_padded = static_cast<int32_t>(w.weight.dim(0));
+  g.k_padded = static_cast<int32_t>(w.weight.dim(1));
+  if (w.weight.dtype == DType::kF8E4M3)
+    g.scales = reinterpret_cast<const float*>(static_cast<const char*>(w.weight.data) +
+                                              round_up(w.weight.dim(0) * w.weight.dim(1), 256));
+  return g;
+}
+
+Tensor CudaBackend::to_bf16_padded(const Tensor& x, int64_t k_padded) {
+  DS_CHECK(x.dtype == DType::kF32 && x.shape.size() == 2 && x.dim(1) <= k_padded);
+  Tensor xb = alloc_->cached({x.dim(0), k_padded}, DType::kBF16);
+  launch_f32_to_bf16_padded(x.as<float>(), x.dim(0), x.dim(1), k_padded, xb.as<uint16_t>(), stream_);
+  return xb;
+}
+
+void CudaBackend::gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, int epilogue, void* y,
+                       int64_t ldy, int64_t n_out) {
+  if (rows == 0) return;
+  const GemmWeight g = gemm_weight_of(w);
+  const auto kind = static_cast<GemmEpilogue>(epilogue);
+  if (!batch_invariant_ && rows > own_gemm_max_rows_) {
+    // Many rows: compute-bound, cuBLASLt's bf16 GEMM (e4m3 weights widened for the call).
+    const uint16_t* wb = w.weight.as<uint16_t>();
+    Tensor widened;
+    if (g.scales != nullptr) {
+      widened = alloc_->cached({g.n_padded, g.k_padded}, DType::kBF16);
+      launch_gemm_weight_to_bf16(g, widened.as<uint16_t>(), stream_);
+      wb = widened.as<uint16_t>();
+    }
+    const bool direct = kind == GemmEpilogue::kStoreF32 && ldy == g.n_padded &&
+                        reinterpret_cast<uintptr_t>(y) % LtMatmul::kMinAlignmentBytes == 0;
+    if (direct) {
+      matmul_->bf16(wb, x_bf16.as<uint16_t>(), static_cast<float*>(y), rows, g.n_padded, g.k_padded);
+      return;
+    }
+    Tensor full = alloc_->cached({rows, g.n_padded}, DType::kF32);
+    matmul_->bf16(wb, x_bf16.as<uint16_t>(), full.as<float>(), rows, g.n_padded, g.k_padded);
+    if (kind == GemmEpilogue::kSiluMulBf16) {
+      DS_CHECK(ldy == g.n_padded / 2);
+      launch_silu_mul_interleaved(full.as<float>(), rows, g.n_padded / 2, static_cast<uint16_t*>(y), stream_);
+    } else {
+      DS_CUDA_CHECK(cudaMemcpy2DAsync(y, ldy * sizeof(float), full.data, g.n_padded * sizeof(float),
+                                      n_out * sizeof(float), rows, cudaMemcpyDeviceToDevice, stream_));
+    }
+    return;
+  }
+  GroupedGemmArgs a;
+  a.ldx = g.k_padded;
+  a.dense = g;
+  a.weights_fp8 = g.scales != nullptr;
+  a.epilogue = kind;
+  a.ldy = ldy;
+  a.n_out = static_cast<int>(n_out);
+  a.k_splits = gemm_k_splits(g.n_padded, g.k_padded);
+  a.tile_counters = tile_counters_.as<int>();
+  // Split-K products keep their partial tiles in a workspace: at most 1024 rows per launch.
+  const int64_t rows_per_launch = a.k_splits > 1 ? 1024 : rows;
+  const size_t y_elem_bytes = kind == GemmEpilogue::kStoreF32 ? sizeof(float) : sizeof(uint16_t);
+  for (int64_t row0 = 0; row0 < rows; row0 += rows_per_launch) {
+    const int64_t n_rows = std::min(rows_per_launch, rows - row0);
+    Tensor partials;
+    if (a.k_splits > 1) {
+      partials = alloc_->cached({a.k_splits, n_rows, g.n_padded}, DType::kF32);
+      a.partials = partials.as<float>();
+    }
+    a.x = x_bf16.as<uint16_t>() + row0 * g.k_padded;
+    a.y = static_cast<char*>(y) + row0 * ldy * y_elem_bytes;
+    a.dense_rows = static_cast<int>(n_rows);
+    launch_grouped_gemm(a, g.n_padded, static_cast<int>((n_rows + kGemmRowsPerBlock - 1) / kGemmRowsPerBlock),
+                        static_cast<int>(n_rows), stream_);
+  }
 }
 
 void CudaBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   DS_CHECK_MSG(x.dim(1) == w.in_features, "linear: input width " << x.dim(1) << " vs " << w.in_features);
-  DS_CHECK(x.dtype == DType::kF32 && out.dtype == DType::kF32);
-  const int64_t m = x.dim(0), n = w.out_features, k = w.in_features;
+  DS_CHECK_MSG(!w.packed_gate_up, "linear: a packed gate/up weight goes through gated_mlp or moe");
+  DS_CHECK(x.dtype == DType::kF32 && out.dtype == DType::kF32 && out.dim(1) == w.out_features);
+  const int64_t m = x.dim(0);
   if (m == 0) return;
-  if (w.weight.dtype == DType::kBF16) {
-    Tensor xb = alloc_->cached({m, k}, DType::kBF16);
-    launch_f32_to_bf16(x.as<float>(), xb.as<uint16_t>(), m * k, stream_);
-    if (reinterpret_cast<uintptr_t>(out.data) % LtMatmul::kMinAlignmentBytes == 0) {
-      matmul_->bf16(w.weight.as<uint16_t>(), xb.as<uint16_t>(), out.as<float>(), m, n, k);
-      return;
-    }
-    // A row slice that starts off alignment: compute aside, then copy.
-    Tensor y = alloc_->cached({m, n}, DType::kF32);
-    matmul_->bf16(w.weight.as<uint16_t>(), xb.as<uint16_t>(), y.as<float>(), m, n, k);
-    DS_CUDA_CHECK(cudaMemcpyAsync(out.data, y.data, y.num_bytes(), cudaMemcpyDeviceToDevice, stream_));
-    return;
-  }
-  DS_CHECK(w.weight.dtype == DType::kF8E4M3);
-  const int64_t n_p = w.weight.dim(0), k_p = w.weight.dim(1), m_p = round_up(m, 4);
-  const uint8_t* wq = w.weight.as<uint8_t>();
-  const float* w_scales = reinterpret_cast<const float*>(wq + fp8_scales_offset(n_p, k_p));
-  if (!matmul_->fp8_plan_ok(m_p, n_p, k_p)) {
-    // No FP8 algorithm for this token count: dequantise the weight for this call instead.
-    Tensor wb = alloc_->cached({n, k}, DType::kBF16);
-    launch_dequantize_fp8_to_bf16(wq, k_p, w_scales, round_up((k + 127) / 128, 4), n, k, wb.as<uint16_t>(), stream_);
-    Tensor xb = alloc_->cached({m, k}, DType::kBF16);
-    launch_f32_to_bf16(x.as<float>(), xb.as<uint16_t>(), m * k, stream_);
-    Tensor y = alloc_->cached({m, n}, DType::kF32);
-    matmul_->bf16(wb.as<uint16_t>(), xb.as<uint16_t>(), y.as<float>(), m, n, k);
-    DS_CUDA_CHECK(cudaMemcpyAsync(out.data, y.data, y.num_bytes(), cudaMemcpyDeviceToDevice, stream_));
-    return;
-  }
-  Tensor xq = alloc_->cached({m_p, k_p}, DType::kU8);
-  Tensor xs = alloc_->cached({k_p / 128, m_p}, DType::kF32);
-  launch_quantize_fp8_1x128(x.as<float>(), m, k, m_p, k_p, xq.as<uint8_t>(), xs.as<float>(), stream_);
-  Tensor yb = alloc_->cached({m_p, n_p}, DType::kBF16);
-  if (matmul_->fp8(wq, w_scales, xq.as<uint8_t>(), xs.as<float>(), yb.as<uint16_t>(), m_p, n_p, k_p))
-    launch_bf16_to_f32_transposed(yb.as<uint16_t>(), m_p, m, n, out.as<float>(), stream_);
-  else
-    launch_bf16_to_f32_rows(yb.as<uint16_t>(), n_p, m, n, out.as<float>(), stream_);
+  Tensor xb = to_bf16_padded(x, w.weight.dim(1));
+  gemm(xb, m, w, static_cast<int>(GemmEpilogue::kStoreF32), out.data, w.out_features, w.out_features);
+}
+
+void CudaBackend::gated_mlp_bf16(const Tensor& x_bf16, int64_t rows, const LinearWeight& gate_up,
+                                 const LinearWeight& down, float* out, int64_t ldo) {
+  const int64_t inter_p = gate_up.weight.dim(0) / 2;
+  DS_CHECK_MSG(down.weight.dim(1) == inter_p && down.in_features == gate_up.out_features / 2,
+               "gated MLP: down projection takes " << down.in_features << " inputs, gate/up gives "
+                                                   << gate_up.out_features / 2);
+  Tensor act = alloc_->cached({rows, inter_p}, DType::kBF16);
+  gemm(x_bf16, rows, gate_up, static_cast<int>(GemmEpilogue::kSiluMulBf16), act.data, inter_p, inter_p);
+  gemm(act, rows, down, static_cast<int>(GemmEpilogue::kStoreF32), out, ldo, down.out_features);
+}
+
+void CudaBackend::gated_mlp(const Tensor& x, const LinearWeight& gate_up, const LinearWeight& down, Tensor& out) {
+  DS_CHECK_MSG(gate_up.packed_gate_up, "gated_mlp: the gate/up weight must come from make_gate_up");
+  DS_CHECK(x.dim(1) == gate_up.in_features && out.dim(1) == down.out_features);
+  const int64_t m = x.dim(0);
+  if (m == 0) return;
+  Tensor xb = to_bf16_padded(x, gate_up.weight.dim(1));
+  gated_mlp_bf16(xb, m, gate_up, down, out.as<float>(), out.dim(1));
 }
 
 void CudaBackend::embedding(const Tensor& table, std::span<const TokenId> ids, Tensor& out) {
   const int64_t vocab = table.dim(0), hidden = table.dim(1);
-  std::vector<int32_t> rows(ids.begin(), ids.end());
-  for (int32_t id : rows) DS_CHECK_MSG(id >= 0 && id < vocab, "token id " << id << " outside vocab " << vocab);
-  Tensor d_rows = upload_ints(rows);
-  launch_gather_rows(table.as<float>(), d_rows.as<int32_t>(), static_cast<int64_t>(rows.size()), hidden,
-                     out.as<float>(), stream_);
+  for (TokenId id : ids) DS_CHECK_MSG(id >= 0 && id < vocab, "token id " << id << " outside vocab " << vocab);
+  const int32_t* d_ids = step_ints(ids.data());
+  Tensor uploaded;
+  if (d_ids == nullptr) {
+    uploaded = upload_ints(std::vector<int32_t>(ids.begin(), ids.end()));
+    d_ids = uploaded.as<int32_t>();
+  }
+  launch_gather_rows(table.as<float>(), d_ids, static_cast<int64_t>(ids.size()), hidden, out.as<float>(), stream_);
 }
 
 void CudaBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) {
@@ -302,11 +449,14 @@ void CudaBackend::concat_cols(const Tensor& a, const Tensor& b, Tensor& out) {
 
 void CudaBackend::gather_rows(const Tensor& x, std::span<const int32_t> rows, Tensor& out) {
   const int64_t num_rows = x.dim(0);
-  std::vector<int32_t> r(rows.begin(), rows.end());
-  for (int32_t i : r) DS_CHECK_MSG(i >= 0 && i < num_rows, "gather_rows: row " << i << " of " << num_rows);
-  Tensor d_rows = upload_ints(r);
-  launch_gather_rows(x.as<float>(), d_rows.as<int32_t>(), static_cast<int64_t>(r.size()), x.dim(1), out.as<float>(),
-                     stream_);
+  for (int32_t i : rows) DS_CHECK_MSG(i >= 0 && i < num_rows, "gather_rows: row " << i << " of " << num_rows);
+  const int32_t* d_rows = step_ints(rows.data());
+  Tensor uploaded;
+  if (d_rows == nullptr) {
+    uploaded = upload_ints(std::vector<int32_t>(rows.begin(), rows.end()));
+    d_rows = uploaded.as<int32_t>();
+  }
+  launch_gather_rows(x.as<float>(), d_rows, static_cast<int64_t>(rows.size()), x.dim(1), out.as<float>(), stream_);
 }
 
 void CudaBackend::read_cache_block(const LayerKvCache& cache, int32_t block, float* dst) {

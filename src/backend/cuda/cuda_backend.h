@@ -1,27 +1,40 @@
 // The CUDA backend (Hopper, sm_90a), checked op by op against the CPU backend.
 //
-// Choices of this first version:
-// - Activations are fp32 device tensors, as the model allocates them; `linear` converts its
-//   input to bf16 (or quantises it to FP8 per 1x128 tile) on the fly, so every GEMM reads
-//   narrow operands while norms, softmax and residual sums stay fp32.
-// - Weights from make_linear are bf16 [out, in]; F8_E4M3 checkpoint weights stay FP8 with their
-//   128x128 block scales when cuBLASLt offers the block-scaled FP8 matmul for the shape
-//   (padded to out % 4 == 0, in % 128 == 0), else they are dequantised to bf16 on upload.
-// - Other tensors (norm weights, embeddings, router, W_UK/W_UV, RoPE tables) are fp32.
-// - The paged latent cache is fp32, so read_cache_block/write_cache_block are plain copies.
-// - All work runs on one stream; the host waits only in to_host, in cache block reads and in
-//   moe (which needs the routing on the host to plan its per-expert GEMMs).
+// Choices:
+// - Activations are fp32 device tensors, as the model allocates them; a GEMM converts its input
+//   to bf16 on the fly, so every product reads narrow operands while norms, softmax and
+//   residual sums stay fp32.
+// - Weights are packed for the backend's own GEMM (grouped_gemm.h): bf16, or e4m3 with their
+//   block scales, zero padded to whole tiles; gate/up pairs interleave their rows so that the
+//   GEMM's epilogue applies SiLU·mul. Decode-sized products run through that kernel; products
+//   with many rows go to cuBLASLt (bf16), unless batch invariance is asked for
+//   (DSINFER_BATCH_INVARIANT=1), which keeps every product and attention on summation orders
+//   that do not depend on the batch.
+// - MoE runs without the host: the router kernel writes the expert of every entry, a planning
+//   kernel groups the entries by expert, and the grouped GEMM reads that layout.
+// - Other tensors (norm weights, embeddings, router, W_UK/W_UV, RoPE tables) are fp32, and so
+//   is the paged latent cache (read_cache_block/write_cache_block are plain copies).
+// - begin_step uploads the step's token layout once into fixed device buffers; with them a
+//   decode step can be recorded as a CUDA graph and replayed (DSINFER_CUDA_GRAPHS=0 turns that
+//   off). All work runs on one stream; the host waits only in to_host, argmax_rows, cache block
+//   reads and when routing is recorded for inspection.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/grouped_gemm.h"
 
 namespace dsinfer::cuda {
 
 class DeviceAllocator;
 class LtMatmul;
+
+// The kernel's view of a weight made by CudaBackend::make_linear / make_gate_up.
+GemmWeight gemm_weight_of(const LinearWeight& w);
 
 class CudaBackend final : public Backend {
  public:
@@ -44,26 +57,61 @@ class CudaBackend final : public Backend {
   void gather_rows(const Tensor& x, std::span<const int32_t> rows, Tensor& out) override;
   void mla_attention(const MlaAttentionArgs& args) override;
   void moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRouting* routing) override;
+  LinearWeight make_gate_up(const HostTensor& w) override;
+  void prepare(MlaWeights& w) override;
+  void prepare(MoeWeights& w) override;
+  void gated_mlp(const Tensor& x, const LinearWeight& gate_up, const LinearWeight& down, Tensor& out) override;
+  void begin_step(const ForwardBatch& batch) override;
+  void end_step() override { step_batch_ = nullptr; }
+  void argmax_rows(const Tensor& logits, std::vector<int32_t>& out) override;
+  bool can_record() const override { return graphs_enabled_; }
+  void begin_recording(uint64_t key) override;
+  bool end_recording(uint64_t key) override;
+  bool replay(uint64_t key) override;
 
   void read_cache_block(const LayerKvCache& cache, int32_t block, float* dst) override;
   void write_cache_block(LayerKvCache& cache, int32_t block, const float* src) override;
 
   void synchronize();
+  bool batch_invariant() const { return batch_invariant_; }
 
  private:
+  struct StepBuffers;  // the step's token layout, host (pinned) and device
+  struct Recordings;   // CUDA graphs by key
+
   // Copies host ints to a fresh device tensor (stream-ordered).
   Tensor upload_ints(const std::vector<int32_t>& v);
   Tensor view_rows(const Tensor& t, int64_t row_begin, int64_t num_rows) const;
-  LinearWeight make_fp8_linear(const HostTensor& w);
-  LinearWeight make_bf16_linear(const HostTensor& w);
-  bool fp8_matmul_works();
+  // Packs w [rows, cols] for the GEMM; gate_up: rows are gate then up, interleaved per tile.
+  LinearWeight pack_weight(const HostTensor& w, bool gate_up);
+  // y (epilogue's layout) = x · Wᵀ for bf16 x [rows, w's k_padded]; own kernel or cuBLASLt.
+  void gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, int epilogue, void* y, int64_t ldy,
+            int64_t n_out);
+  Tensor to_bf16_padded(const Tensor& x, int64_t k_padded);
+  void moe_experts_grouped(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
+                           const int32_t* block_offsets, const int32_t* src_rows, int64_t num_entries,
+                           Tensor& expert_out);
+  void moe_experts_host_planned(const MoeWeights& w, const Tensor& x, const int32_t* row_offsets,
+                                const int32_t* src_rows, int64_t num_entries, Tensor& expert_out);
+  // x · gate_up → SiLU·mul → down for bf16 x [rows, gate_up's k_padded].
+  void gated_mlp_bf16(const Tensor& x_bf16, int64_t rows, const LinearWeight& gate_up, const LinearWeight& down,
+                      float* out, int64_t ldo);
+
+  const int32_t* step_ints(const void* host_field) const;
 
   Stream stream_ = nullptr;
   int num_sms_ = 132;
-  bool warned_fp8_fallback_ = false;
-  int fp8_state_ = 0;  // 0 not yet probed, 1 FP8 matmul verified, -1 dequantise FP8 to bf16
+  bool batch_invariant_ = false;
+  bool graphs_enabled_ = true;
+  bool recording_ = false;
+  int own_gemm_max_rows_ = 128;  // above this many rows a GEMM goes to cuBLASLt (not invariant)
+  const ForwardBatch* step_batch_ = nullptr;
+  Tensor tile_counters_;  // [kGemmMaxTileCounters] split-K arrival counts, zero between GEMMs
   std::shared_ptr<DeviceAllocator> alloc_;
   std::unique_ptr<LtMatmul> matmul_;
+  std::unique_ptr<StepBuffers> step_;
+  std::unique_ptr<Recordings> recordings_;
+
 };
 
 }  // namespace dsinfer::cuda

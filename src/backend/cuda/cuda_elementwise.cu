@@ -84,7 +84,81 @@ __global__ void gather_rows_kernel(const float* x, const int32_t* rows, int64_t 
   out[i] = x[static_cast<int64_t>(rows[r]) * width + c];
 }
 
+__global__ void f32_to_bf16_padded_kernel(const float* x, int64_t rows, int64_t k, int64_t ldy, __nv_bfloat16* y) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= rows * ldy) return;
+  const int64_t r = i / ldy, c = i % ldy;
+  y[i] = __float2bfloat16_rn(c < k ? x[r * k + c] : 0.0f);
+}
+
+__global__ void silu_mul_interleaved_kernel(const float* gate_up, int64_t rows, int64_t inter_padded,
+                                            __nv_bfloat16* out) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= rows * inter_padded) return;
+  const int64_t r = i / inter_padded, j = i % inter_padded;
+  // Output j's gate is row 32 (j / 16) + j % 16 of the weight, its up 16 rows further.
+  const float* row = gate_up + r * 2 * inter_padded;
+  const int64_t g_col = (j / 16) * 32 + j % 16;
+  const float g = row[g_col], u = row[g_col + 16];
+  out[i] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * u);
+}
+
+// One block per row: each thread scans a stride, then a shared-memory tree keeps the larger
+// value and, on ties, the lower index.
+__global__ void argmax_rows_kernel(const float* x, int64_t n, int32_t* out) {
+  __shared__ float s_val[kThreads];
+  __shared__ int32_t s_idx[kThreads];
+  const float* row = x + blockIdx.x * n;
+  float best = -INFINITY;
+  int32_t best_i = 0x7fffffff;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) {
+    const float v = row[i];
+    if (v > best || (best_i == 0x7fffffff)) {
+      best = v;
+      best_i = static_cast<int32_t>(i);
+    }
+  }
+  s_val[threadIdx.x] = best;
+  s_idx[threadIdx.x] = best_i;
+  __syncthreads();
+  for (int stride = kThreads / 2; stride > 0; stride >>= 1) {
+    if (threadIdx.x < stride) {
+      const float v = s_val[threadIdx.x + stride];
+      const int32_t j = s_idx[threadIdx.x + stride];
+      if (v > s_val[threadIdx.x] || (v == s_val[threadIdx.x] && j < s_idx[threadIdx.x])) {
+        s_val[threadIdx.x] = v;
+        s_idx[threadIdx.x] = j;
+      }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[blockIdx.x] = s_idx[0] == 0x7fffffff ? 0 : s_idx[0];
+}
+
 }  // namespace
+
+void launch_f32_to_bf16_padded(const float* x, int64_t rows, int64_t k, int64_t ldy, uint16_t* y, Stream stream) {
+  const int64_t n = rows * ldy;
+  if (n == 0) return;
+  f32_to_bf16_padded_kernel<<<num_blocks_for(n), kThreads, 0, stream>>>(x, rows, k, ldy,
+                                                                         reinterpret_cast<__nv_bfloat16*>(y));
+  DS_CUDA_CHECK_LAUNCH();
+}
+
+void launch_silu_mul_interleaved(const float* gate_up, int64_t rows, int64_t inter_padded, uint16_t* out,
+                                 Stream stream) {
+  const int64_t n = rows * inter_padded;
+  if (n == 0) return;
+  silu_mul_interleaved_kernel<<<num_blocks_for(n), kThreads, 0, stream>>>(gate_up, rows, inter_padded,
+                                                                           reinterpret_cast<__nv_bfloat16*>(out));
+  DS_CUDA_CHECK_LAUNCH();
+}
+
+void launch_argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, Stream stream) {
+  if (rows == 0) return;
+  argmax_rows_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, n, out);
+  DS_CUDA_CHECK_LAUNCH();
+}
 
 void launch_f32_to_bf16(const float* x, uint16_t* y, int64_t n, Stream stream) {
   if (n == 0) return;

@@ -23,6 +23,14 @@ void launch_add(float* x, const float* y, int64_t n, Stream stream);
 void launch_silu_mul(const float* gate_up, int64_t rows, int64_t inter, float* out, Stream stream);
 void launch_concat_cols(const float* a, const float* b, int64_t rows, int64_t na, int64_t nb, float* out,
                         Stream stream);
+// x fp32 [rows, k] → y bf16 [rows, ldy], columns k..ldy zero.
+void launch_f32_to_bf16_padded(const float* x, int64_t rows, int64_t k, int64_t ldy, uint16_t* y, Stream stream);
+// gate_up fp32 [rows, 2 * inter_padded] from a weight whose rows interleave 16 gate and 16 up
+// rows → out bf16 [rows, inter_padded] = silu(gate) · up.
+void launch_silu_mul_interleaved(const float* gate_up, int64_t rows, int64_t inter_padded, uint16_t* out,
+                                 Stream stream);
+// out[r] = index of the largest x[r, :] (the first on ties), x fp32 [rows, n].
+void launch_argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, Stream stream);
 // out[i] = x[rows[i]] (rows of `width` floats).
 void launch_gather_rows(const float* x, const int32_t* rows, int64_t num_rows, int64_t width, float* out,
                         Stream stream);
@@ -63,15 +71,20 @@ struct MlaBatchView {
 void launch_mla_cache_write(const MlaDims& d, const MlaBatchView& b, const float* kv_a, const float* norm_w,
                             float eps, const float* rope_cos, const float* rope_sin, float* cache, Stream stream);
 
-// Absorbed attention over the paged cache, split along the context: each (token, head, split)
-// block attends to its slice of positions 0..pos and leaves an unnormalised partial result
-// (running max, sum, latent accumulator) in the workspace; the combine kernel merges the
-// splits and projects the latent output through W_UV. num_splits == 1 is the plain kernel.
-// Workspace: num_tokens * num_heads * num_splits * (kv_lora_rank + 2) floats.
+// Absorbed attention over the paged cache, split along the context: q_lat = q_nope · W_UK per
+// head, then each (token, head, split) block attends to its slice of positions 0..pos and leaves
+// an unnormalised partial result (running max, sum, latent accumulator) in the workspace; the
+// splits are merged into o_lat, which is projected through W_UV. num_splits == 1 is the plain
+// kernel. split_len_tokens 0 sizes each token's splits from its own context length (the launch
+// then depends on the batch's shape only, not on its contents, as a recorded graph needs); a
+// fixed length keeps the summation order of a token independent of the rest of the batch.
+// w_uv_t is W_UV transposed per head: [heads, kv_lora_rank, v_head_dim].
+// Workspace: num_tokens * num_heads * num_splits * (kv_lora_rank + 2) floats; q_latent and
+// o_latent: num_tokens * num_heads * kv_lora_rank floats each.
 void launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* q, const float* w_uk,
-                          const float* w_uv, const float* rope_cos, const float* rope_sin, const float* cache,
-                          float softmax_scale, int num_splits, int split_len_tokens, float* workspace, float* out,
-                          Stream stream);
+                          const float* w_uv_t, const float* rope_cos, const float* rope_sin, const float* cache,
+                          float softmax_scale, int num_splits, int split_len_tokens, float* workspace,
+                          float* q_latent, float* o_latent, float* out, Stream stream);
 
 // ---- MoE (cuda_moe.cu) ----
 struct MoeRouteParams {
@@ -87,8 +100,18 @@ struct MoeRouteParams {
 // Per token: scores, optional correction bias (may be null), group limit, top-k, weights.
 void launch_moe_route(const float* logits, int64_t num_tokens, const MoeRouteParams& p, const float* bias,
                       int32_t* expert_ids, float* weights, Stream stream);
-// out[t] = sum_k weights[t, k] * expert_out[slot_row[t * top_k + k]] in slot order.
-void launch_moe_combine(const float* expert_out, const int32_t* slot_row, const float* weights, int64_t num_tokens,
-                        int top_k, int64_t hidden, float* out, Stream stream);
+// Router logits in fp32: logits [T, E] = x [T, hidden] · gate [E, hidden]ᵀ, batch-invariant.
+void launch_router_logits(const float* x, const float* gate, int64_t num_tokens, int hidden, int num_experts,
+                          float* logits, Stream stream);
+// Groups the T * top_k routed entries by expert: row_offsets / block_offsets [E + 1] (block =
+// rows_per_block rows), src_rows [T * top_k] (source token of each grouped row), slot_rows
+// [T * top_k] (grouped row of each entry).
+void launch_moe_plan(const int32_t* expert_ids, int num_entries, int top_k, int num_experts, int rows_per_block,
+                     int32_t* row_offsets, int32_t* block_offsets, int32_t* src_rows, int32_t* slot_rows,
+                     Stream stream);
+// out[t] = sum_k weights[t, k] * expert_out[slot_row[t * top_k + k]] in slot order, + shared[t]
+// when shared is not null.
+void launch_moe_combine(const float* expert_out, const int32_t* slot_row, const float* weights, const float* shared,
+                        int64_t num_tokens, int top_k, int64_t hidden, float* out, Stream stream);
 
 }  // namespace dsinfer::cuda

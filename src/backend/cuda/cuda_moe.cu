@@ -23,12 +23,10 @@ __device__ int take_max(const float* v, bool* taken, int n) {
   return best;
 }
 
-__global__ void route_kernel(const float* logits, int64_t num_tokens, MoeRouteParams p, const float* bias,
-                             int32_t* expert_ids, float* weights) {
-  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (t >= num_tokens) return;
+// Routes token t from its router logits `lg` (one thread).
+__device__ void route_token(const float* lg, int64_t t, const MoeRouteParams& p, const float* bias,
+                            int32_t* expert_ids, float* weights) {
   const int n = p.num_experts;
-  const float* lg = logits + t * n;
   float scores[kMaxExperts], choice[kMaxExperts];
   bool taken[kMaxExperts];
   if (!p.sigmoid) {
@@ -90,35 +88,127 @@ __global__ void route_kernel(const float* logits, int64_t num_tokens, MoeRoutePa
   for (int i = 0; i < p.top_k; ++i) weights[t * p.top_k + i] = w[i] * p.routed_scaling_factor;
 }
 
+__global__ void route_kernel(const float* logits, int64_t num_tokens, MoeRouteParams p, const float* bias,
+                             int32_t* expert_ids, float* weights) {
+  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (t < num_tokens) route_token(logits + t * p.num_experts, t, p, bias, expert_ids, weights);
+}
+
+constexpr int kLogitWarps = 8;
+
+// Router logits in fp32: block (token, 8 experts), one warp per expert, lanes strided over the
+// hidden size and a fixed shuffle tree, so a logit has the same bits whatever the batch.
+__global__ void __launch_bounds__(kLogitWarps * 32) router_logits_kernel(const float* x, const float* gate,
+                                                                         int hidden, int num_experts, float* logits) {
+  const int64_t t = blockIdx.x;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int e = blockIdx.y * kLogitWarps + warp;
+  if (e >= num_experts) return;
+  const float* xr = x + t * hidden;
+  const float* g = gate + static_cast<int64_t>(e) * hidden;
+  float acc = 0.0f;
+  if (hidden % 4 == 0) {
+    const float4* x4 = reinterpret_cast<const float4*>(xr);
+    const float4* g4 = reinterpret_cast<const float4*>(g);
+#pragma unroll 4
+    for (int i = lane; i < hidden / 4; i += 32) {
+      const float4 a = x4[i], b = __ldg(g4 + i);
+      acc += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+    }
+  } else {
+    for (int i = lane; i < hidden; i += 32) acc += xr[i] * g[i];
+  }
+  for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (lane == 0) logits[t * num_experts + e] = acc;
+}
+
+constexpr int kPlanThreads = 1024;
+
+// Groups the (token, slot) entries by expert in one block: counts, offsets in rows and in GEMM
+// row-blocks, then each entry's row. Rows within an expert land in any order; every row is
+// computed on its own and the combine reads them by slot, so the result does not depend on it.
+__global__ void __launch_bounds__(kPlanThreads) plan_kernel(const int32_t* expert_ids, int num_entries, int top_k,
+                                                            int num_experts, int rows_per_block, int32_t* row_offsets,
+                                                            int32_t* block_offsets, int32_t* src_rows,
+                                                            int32_t* slot_rows) {
+  __shared__ int counts[kMaxExperts];
+  __shared__ int fill[kMaxExperts];
+  for (int e = threadIdx.x; e < num_experts; e += kPlanThreads) counts[e] = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < num_entries; i += kPlanThreads) atomicAdd(&counts[expert_ids[i]], 1);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int rows = 0, blocks = 0;
+    for (int e = 0; e < num_experts; ++e) {
+      row_offsets[e] = rows;
+      block_offsets[e] = blocks;
+      fill[e] = rows;
+      rows += counts[e];
+      blocks += (counts[e] + rows_per_block - 1) / rows_per_block;
+    }
+    row_offsets[num_experts] = rows;
+    block_offsets[num_experts] = blocks;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < num_entries; i += kPlanThreads) {
+    const int row = atomicAdd(&fill[expert_ids[i]], 1);
+    src_rows[row] = i / top_k;
+    slot_rows[i] = row;
+  }
+}
+
 __global__ void combine_kernel(const float* expert_out, const int32_t* slot_row, const float* weights,
-                               int64_t num_tokens, int top_k, int64_t hidden, float* out) {
+                               const float* shared, int64_t num_tokens, int top_k, int64_t hidden, float* out) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= num_tokens * hidden) return;
   const int64_t t = i / hidden, c = i % hidden;
   float acc = 0.0f;
   for (int k = 0; k < top_k; ++k)
     acc += weights[t * top_k + k] * expert_out[static_cast<int64_t>(slot_row[t * top_k + k]) * hidden + c];
+  if (shared != nullptr) acc += shared[i];
   out[i] = acc;
 }
 
 }  // namespace
 
-void launch_moe_route(const float* logits, int64_t num_tokens, const MoeRouteParams& p, const float* bias,
-                      int32_t* expert_ids, float* weights, Stream stream) {
+void check_route_params(const MoeRouteParams& p) {
   DS_CHECK_MSG(p.num_experts <= kMaxExperts && p.top_k <= kMaxTopK && p.top_k <= p.num_experts &&
                    p.num_groups >= 1 && p.num_experts % p.num_groups == 0 && p.topk_groups <= p.num_groups,
                "MoE routing shape beyond the CUDA kernel's limits");
+}
+
+void launch_moe_route(const float* logits, int64_t num_tokens, const MoeRouteParams& p, const float* bias,
+                      int32_t* expert_ids, float* weights, Stream stream) {
+  check_route_params(p);
   if (num_tokens == 0) return;
   route_kernel<<<static_cast<unsigned>((num_tokens + 63) / 64), 64, 0, stream>>>(logits, num_tokens, p, bias,
                                                                                   expert_ids, weights);
   DS_CUDA_CHECK_LAUNCH();
 }
 
-void launch_moe_combine(const float* expert_out, const int32_t* slot_row, const float* weights, int64_t num_tokens,
-                        int top_k, int64_t hidden, float* out, Stream stream) {
+void launch_router_logits(const float* x, const float* gate, int64_t num_tokens, int hidden, int num_experts,
+                          float* logits, Stream stream) {
+  if (num_tokens == 0) return;
+  DS_CHECK(num_tokens <= 0x7fffffff);
+  const dim3 grid(static_cast<unsigned>(num_tokens), (num_experts + kLogitWarps - 1) / kLogitWarps);
+  router_logits_kernel<<<grid, kLogitWarps * 32, 0, stream>>>(x, gate, hidden, num_experts, logits);
+  DS_CUDA_CHECK_LAUNCH();
+}
+
+void launch_moe_plan(const int32_t* expert_ids, int num_entries, int top_k, int num_experts, int rows_per_block,
+                     int32_t* row_offsets, int32_t* block_offsets, int32_t* src_rows, int32_t* slot_rows,
+                     Stream stream) {
+  DS_CHECK(num_experts <= kMaxExperts);
+  plan_kernel<<<1, kPlanThreads, 0, stream>>>(expert_ids, num_entries, top_k, num_experts, rows_per_block,
+                                              row_offsets, block_offsets, src_rows, slot_rows);
+  DS_CUDA_CHECK_LAUNCH();
+}
+
+void launch_moe_combine(const float* expert_out, const int32_t* slot_row, const float* weights, const float* shared,
+                        int64_t num_tokens, int top_k, int64_t hidden, float* out, Stream stream) {
   const int64_t n = num_tokens * hidden;
   if (n == 0) return;
-  combine_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(expert_out, slot_row, weights,
+  combine_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(expert_out, slot_row, weights, shared,
                                                                              num_tokens, top_k, hidden, out);
   DS_CUDA_CHECK_LAUNCH();
 }

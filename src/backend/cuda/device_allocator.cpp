@@ -21,7 +21,15 @@ size_t round_size(size_t bytes) {
 
 }  // namespace
 
-DeviceAllocator::~DeviceAllocator() { release_cached(); }
+DeviceAllocator::~DeviceAllocator() {
+  release_cached();
+  for (void* p : graph_blocks_) cudaFree(p);
+}
+
+void DeviceAllocator::set_graph_pool(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  current_pool_ = on ? kGraphPool : kEagerPool;
+}
 
 void* DeviceAllocator::device_malloc(size_t bytes) {
   void* p = nullptr;
@@ -46,20 +54,30 @@ Tensor DeviceAllocator::cached(const std::vector<int64_t>& shape, DType dtype) {
   const size_t bytes = round_size(t.num_bytes());
   void* p = nullptr;
   size_t block_bytes = bytes;
+  int pool = kEagerPool;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = idle_.lower_bound(bytes);
+    pool = current_pool_;
+    auto& idle = idle_[pool];
+    auto it = idle.lower_bound(bytes);
     // Take a block of at most 1.25x the request so large idle blocks are not pinned by small users.
-    if (it != idle_.end() && it->first <= bytes + bytes / 4) {
+    if (it != idle.end() && it->first <= bytes + bytes / 4) {
       p = it->second;
       block_bytes = it->first;
-      idle_bytes_ -= it->first;
-      idle_.erase(it);
+      if (pool == kEagerPool) idle_bytes_ -= it->first;
+      idle.erase(it);
     }
   }
-  if (p == nullptr) p = device_malloc(bytes);
+  if (p == nullptr) {
+    p = device_malloc(bytes);
+    if (pool == kGraphPool) {
+      std::lock_guard<std::mutex> lock(mu_);
+      graph_blocks_.push_back(p);
+    }
+  }
   auto self = shared_from_this();
-  t.storage = std::shared_ptr<void>(p, [self, block_bytes](void* q) { self->give_back(q, block_bytes); });
+  t.storage =
+      std::shared_ptr<void>(p, [self, pool, block_bytes](void* q) { self->give_back(pool, q, block_bytes); });
   t.data = p;
   return t;
 }
@@ -78,10 +96,10 @@ Tensor DeviceAllocator::persistent_bytes(size_t num_bytes) {
   return persistent({static_cast<int64_t>(num_bytes)}, DType::kU8);
 }
 
-void DeviceAllocator::give_back(void* p, size_t bytes) {
+void DeviceAllocator::give_back(int pool, void* p, size_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
-  idle_.emplace(bytes, p);
-  idle_bytes_ += bytes;
+  idle_[pool].emplace(bytes, p);
+  if (pool == kEagerPool) idle_bytes_ += bytes;
 }
 
 size_t DeviceAllocator::cached_bytes() const {
@@ -91,8 +109,8 @@ size_t DeviceAllocator::cached_bytes() const {
 
 void DeviceAllocator::release_cached() {
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [bytes, p] : idle_) cudaFree(p);
-  idle_.clear();
+  for (auto& [bytes, p] : idle_[kEagerPool]) cudaFree(p);
+  idle_[kEagerPool].clear();
   idle_bytes_ = 0;
 }
 

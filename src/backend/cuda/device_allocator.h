@@ -29,15 +29,25 @@ class DeviceAllocator : public std::enable_shared_from_this<DeviceAllocator> {
   Tensor persistent_bytes(size_t num_bytes);
 
   size_t cached_bytes() const;
-  void release_cached();  // cudaFree every idle cached block
+  void release_cached();  // cudaFree every idle cached block of the eager pool
+
+  // While a CUDA graph is being captured, cached() serves from a pool of its own: recorded
+  // kernels keep the addresses they were captured with, so those blocks must never be freed
+  // or handed to eager work. Captures run one at a time and replays are stream-ordered, so
+  // the graph pool's blocks may be shared between graphs.
+  void set_graph_pool(bool on);
 
  private:
+  static constexpr int kEagerPool = 0;
+  static constexpr int kGraphPool = 1;
   void* device_malloc(size_t bytes);
-  void give_back(void* p, size_t bytes);
+  void give_back(int pool, void* p, size_t bytes);
 
   mutable std::mutex mu_;
-  std::multimap<size_t, void*> idle_;  // rounded size → block
-  size_t idle_bytes_ = 0;
+  int current_pool_ = kEagerPool;
+  std::multimap<size_t, void*> idle_[2];  // per pool: rounded size → block
+  size_t idle_bytes_ = 0;                 // eager pool
+  std::vector<void*> graph_blocks_;       // every block ever given to the graph pool
 };
 
 }  // namespace dsinfer::cuda

@@ -84,6 +84,7 @@ class CudaAttentionTest : public CudaVsCpuTest {
       w.kv_a_layernorm = upload(be, {d.lora}, norm_w);
       w.w_uk = upload(be, {d.heads, d.nope, d.lora}, w_uk);
       w.w_uv = upload(be, {d.heads, d.vdim, d.lora}, w_uv);
+      be.prepare(w);
       Tensor tq = upload(be, {t, d.heads * (d.nope + d.rope)}, q), tkv = upload(be, {t, entry}, kv_a);
       Tensor tcos = upload(be, {max_positions, half}, cos_t), tsin = upload(be, {max_positions, half}, sin_t);
       LayerKvCache cache{be.empty({num_blocks, kBlockSize, entry}, DType::kF32)};

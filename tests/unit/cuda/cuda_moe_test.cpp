@@ -4,6 +4,7 @@
 
 #include <set>
 
+#include "core/dtype.h"
 #include "cuda_test_util.h"
 
 namespace dsinfer {
@@ -26,7 +27,20 @@ struct GateSpec {
 
 class CudaMoeTest : public CudaVsCpuTest {
  protected:
-  MoeWeights build(Backend& be, const GateSpec& g, int64_t hidden, int64_t inter, uint32_t seed) {
+  // An e4m3 weight [rows, cols] with 128x128 block scales that vary across blocks.
+  static LinearWeight fp8_weight(Backend& be, int64_t rows, int64_t cols, uint32_t seed, bool gate_up,
+                                 std::vector<std::vector<uint8_t>>& keep_bytes, std::vector<std::vector<float>>& keep_scales) {
+    const int64_t rb = (rows + 127) / 128, cb = (cols + 127) / 128;
+    auto& scales = keep_scales.emplace_back(rb * cb);
+    for (int64_t i = 0; i < rb * cb; ++i) scales[i] = 0.002f * (1 + (seed + i) % 5);
+    const auto v = random_values(rows * cols, seed, 100.0f);
+    auto& bytes = keep_bytes.emplace_back(rows * cols);
+    for (int64_t i = 0; i < rows * cols; ++i) bytes[i] = f32_to_fp8e4m3(v[i]);
+    HostTensor h{DType::kF8E4M3, {rows, cols}, bytes.data(), scales.data(), 128, 128};
+    return gate_up ? be.make_gate_up(h) : be.make_linear(h);
+  }
+
+  MoeWeights build(Backend& be, const GateSpec& g, int64_t hidden, int64_t inter, uint32_t seed, bool fp8 = false) {
     MoeWeights w;
     w.num_experts = g.num_experts;
     w.top_k = g.top_k;
@@ -42,30 +56,38 @@ class CudaMoeTest : public CudaVsCpuTest {
       w.score_correction_bias = upload(be, {g.num_experts}, bias);
     }
     const float s_in = 1.0f / std::sqrt(static_cast<float>(hidden)), s_mid = 1.0f / std::sqrt(static_cast<float>(inter));
+    std::vector<std::vector<uint8_t>> bytes;
+    std::vector<std::vector<float>> scales;
     for (int e = 0; e < g.num_experts; ++e) {
+      if (fp8) {
+        w.expert_gate_up.push_back(fp8_weight(be, 2 * inter, hidden, seed + 10 + 2 * e, true, bytes, scales));
+        w.expert_down.push_back(fp8_weight(be, hidden, inter, seed + 11 + 2 * e, false, bytes, scales));
+        continue;
+      }
       auto gu = random_values(2 * inter * hidden, seed + 10 + 2 * e, s_in);
       auto down = random_values(hidden * inter, seed + 11 + 2 * e, s_mid);
-      w.expert_gate_up.push_back(be.make_linear(HostTensor{DType::kF32, {2 * inter, hidden}, gu.data()}));
+      w.expert_gate_up.push_back(be.make_gate_up(HostTensor{DType::kF32, {2 * inter, hidden}, gu.data()}));
       w.expert_down.push_back(be.make_linear(HostTensor{DType::kF32, {hidden, inter}, down.data()}));
     }
     w.has_shared = g.shared;
     if (g.shared) {
       auto gu = random_values(4 * inter * hidden, seed + 5, s_in);
       auto down = random_values(hidden * 2 * inter, seed + 6, s_mid);
-      w.shared_gate_up = be.make_linear(HostTensor{DType::kF32, {4 * inter, hidden}, gu.data()});
+      w.shared_gate_up = be.make_gate_up(HostTensor{DType::kF32, {4 * inter, hidden}, gu.data()});
       w.shared_down = be.make_linear(HostTensor{DType::kF32, {hidden, 2 * inter}, down.data()});
     }
+    be.prepare(w);
     return w;
   }
 
-  void run_case(const GateSpec& g, int64_t num_tokens, uint32_t seed) {
-    const int64_t hidden = 256, inter = 96;
+  void run_case(const GateSpec& g, int64_t num_tokens, uint32_t seed, int64_t hidden = 256, int64_t inter = 96,
+                bool fp8 = false) {
     const auto x = random_values(num_tokens * hidden, seed + 1000);
     Backend* bes[2] = {cpu_.get(), gpu_.get()};
     std::vector<float> out[2];
     MoeRouting routing[2];
     for (int b = 0; b < 2; ++b) {
-      MoeWeights w = build(*bes[b], g, hidden, inter, seed);
+      MoeWeights w = build(*bes[b], g, hidden, inter, seed, fp8);
       Tensor tx = upload(*bes[b], {num_tokens, hidden}, x), tout = bes[b]->empty({num_tokens, hidden}, DType::kF32);
       bes[b]->moe(tx, w, tout, &routing[b]);
       out[b] = download(*bes[b], tout);
@@ -91,6 +113,20 @@ TEST_F(CudaMoeTest, GreedySoftmaxV2Style) {
   const GateSpec g{64, 6, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, false, 1.0f, true};
   run_case(g, 1, 1);
   run_case(g, 37, 2);
+}
+
+TEST_F(CudaMoeTest, PaddedShapesAndManyRowsPerExpert) {
+  // hidden 80 and inter 24 are not whole GEMM tiles; 300 tokens over 8 experts give several
+  // row blocks per expert, and the shared expert's 300 rows take the cuBLASLt path.
+  const GateSpec g{8, 2, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, true, 1.0f, true};
+  run_case(g, 300, 11, 80, 24);
+  run_case(g, 5, 12, 80, 24);
+}
+
+TEST_F(CudaMoeTest, Fp8ExpertsMatchDequantisedCpu) {
+  const GateSpec g{8, 2, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, true, 1.0f, false};
+  run_case(g, 3, 13, 256, 128, /*fp8=*/true);
+  run_case(g, 90, 14, 256, 128, /*fp8=*/true);
 }
 
 TEST_F(CudaMoeTest, GroupLimitedGreedySoftmax) {

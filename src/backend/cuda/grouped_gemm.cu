@@ -1,0 +1,334 @@
+// The grouped GEMM kernel (see grouped_gemm.h for the contract and the shape of the work).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <mma.h>
+
+#include <algorithm>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/grouped_gemm.h"
+
+namespace dsinfer::cuda {
+namespace {
+
+using namespace nvcuda;
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kStages = 4;
+// Shared-memory row of a chunk: 32 bf16 + 8 of padding (80 bytes) keeps fragment loads off a
+// single bank group while every fragment start stays 32-byte aligned.
+constexpr int kLd = kGemmChunkK + 8;
+constexpr int kWeightTileBytes = kGemmTileRows * kLd * 2;
+constexpr int kScaleCols = 128;  // e4m3 scale block width along k
+
+template <int kFrags>
+struct Layout {
+  static constexpr int kRows = 8 * kFrags;  // rows of x per pass
+  static constexpr int kXTileBytes = kRows * kLd * 2;
+  static constexpr int kStageBytes = kWeightTileBytes + kXTileBytes;
+  // Per warp: its pipeline stages, then one bf16 tile that e4m3 chunks are widened into.
+  static constexpr int kWarpBytes = kStages * kStageBytes + kWeightTileBytes;
+  static constexpr int kBytes = kWarps * kWarpBytes;
+  static constexpr int kReduceBytes = kWarps * kGemmTileRows * kRows * 4;
+  static_assert(kReduceBytes <= kBytes, "partial tiles reuse the pipeline's memory");
+  static_assert(kStageBytes % 32 == 0 && kWarpBytes % 32 == 0, "fragments need 32-byte alignment");
+};
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int src_bytes = valid ? 16 : 0;  // 0: the 16 bytes are zero-filled
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// The last split of a tile to finish adds the partial tiles in split order and applies the
+// epilogue; it then resets the tile's counter for the next launch.
+__device__ void finish_split_tile(const GroupedGemmArgs& a, const GemmWeight& w, int n0, int row_begin, int row_end) {
+  __shared__ int s_is_last;
+  __threadfence();  // this block's partials are visible before it is counted
+  __syncthreads();
+  const int tile = blockIdx.y * gridDim.x + blockIdx.x;
+  if (threadIdx.x == 0) s_is_last = atomicAdd(a.tile_counters + tile, 1) == a.k_splits - 1;
+  __syncthreads();
+  if (!s_is_last) return;
+  __threadfence();
+  const int64_t split_stride = static_cast<int64_t>(a.dense_rows) * w.n_padded;
+  auto total = [&](int row, int col) {
+    const float* p = a.partials + static_cast<int64_t>(row) * w.n_padded + col;
+    float v = __ldcg(p);
+    for (int s = 1; s < a.k_splits; ++s) v += __ldcg(p + s * split_stride);
+    return v;
+  };
+  const int rows = row_end - row_begin;
+  if (a.epilogue == GemmEpilogue::kStoreF32) {
+    float* y = static_cast<float*>(a.y);
+    for (int idx = threadIdx.x; idx < kGemmTileRows * rows; idx += kThreads) {
+      const int r = idx % kGemmTileRows, row = row_begin + idx / kGemmTileRows;
+      if (n0 + r < a.n_out) y[static_cast<int64_t>(row) * a.ldy + n0 + r] = total(row, n0 + r);
+    }
+  } else {
+    __nv_bfloat16* y = static_cast<__nv_bfloat16*>(a.y);
+    for (int idx = threadIdx.x; idx < kGemmGateUpHalf * rows; idx += kThreads) {
+      const int i = idx % kGemmGateUpHalf, row = row_begin + idx / kGemmGateUpHalf;
+      const int col = n0 / 2 + i;
+      if (col >= a.n_out) continue;
+      const float g = total(row, n0 + i), u = total(row, n0 + kGemmGateUpHalf + i);
+      y[static_cast<int64_t>(row) * a.ldy + col] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * u);
+    }
+  }
+  if (threadIdx.x == 0) a.tile_counters[tile] = 0;
+}
+
+template <int kFrags, bool kFp8>
+__global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedGemmArgs a) {
+  using L = Layout<kFrags>;
+  constexpr int kRows = L::kRows;
+  extern __shared__ __align__(128) unsigned char smem[];
+
+  // This block's weight and rows.
+  GemmWeight w;
+  int row_begin = 0, row_end = 0;
+  if (a.groups == nullptr) {
+    w = a.dense;
+    row_begin = blockIdx.y * kGemmRowsPerBlock;
+    if (row_begin >= a.dense_rows) return;
+    row_end = min(row_begin + kGemmRowsPerBlock, a.dense_rows);
+  } else {
+    const int block = blockIdx.y;
+    if (block >= a.block_offsets[a.num_groups]) return;
+    // The last group whose first row-block is at or before ours (empty groups share offsets
+    // with their successor, so the search lands on the group that owns the block).
+    int lo = 0, hi = a.num_groups - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (a.block_offsets[mid] <= block) lo = mid;
+      else hi = mid - 1;
+    }
+    w = a.groups[lo];
+    row_begin = a.row_offsets[lo] + (block - a.block_offsets[lo]) * kGemmRowsPerBlock;
+    row_end = min(row_begin + kGemmRowsPerBlock, a.row_offsets[lo + 1]);
+  }
+  const int n0 = blockIdx.x * kGemmTileRows;
+  if (n0 >= w.n_padded) return;
+
+  const int k_padded = w.k_padded;
+  const int num_chunks = k_padded / kGemmChunkK;
+  const int split = blockIdx.z;
+  const int chunk_begin = num_chunks * split / a.k_splits, chunk_end = num_chunks * (split + 1) / a.k_splits;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int split_chunks = chunk_end - chunk_begin;
+  const int my_chunks = split_chunks > warp ? (split_chunks - warp + kWarps - 1) / kWarps : 0;
+  unsigned char* warp_smem = smem + warp * L::kWarpBytes;
+  __nv_bfloat16* widened = reinterpret_cast<__nv_bfloat16*>(warp_smem + kStages * L::kStageBytes);
+  const int scale_cols = (k_padded + kScaleCols - 1) / kScaleCols;
+
+  for (int pass_begin = row_begin; pass_begin < row_end; pass_begin += kRows) {
+    const int pass_rows = min(kRows, row_end - pass_begin);
+    // The x rows this lane copies: rows lane / 4 + 8 f, 16 bytes at (lane % 4) * 8 elements.
+    const __nv_bfloat16* x_src[kFrags];
+    bool x_valid[kFrags];
+#pragma unroll
+    for (int f = 0; f < kFrags; ++f) {
+      const int t = lane / 4 + 8 * f;
+      x_valid[f] = t < pass_rows;
+      int64_t row = 0;
+      if (x_valid[f]) row = a.src_rows != nullptr ? a.src_rows[pass_begin + t] : pass_begin + t;
+      x_src[f] = reinterpret_cast<const __nv_bfloat16*>(a.x) + row * a.ldx + (lane % 4) * 8;
+    }
+
+    auto issue = [&](int i) {
+      unsigned char* stage = warp_smem + (i % kStages) * L::kStageBytes;
+      const int k0 = (chunk_begin + warp + i * kWarps) * kGemmChunkK;
+      if constexpr (kFp8) {
+        const uint8_t* wq = static_cast<const uint8_t*>(w.data);
+#pragma unroll
+        for (int c = lane; c < kGemmTileRows * 2; c += 32) {
+          const int r = c / 2, part = c % 2;
+          cp_async16(stage + r * kGemmChunkK + part * 16, wq + static_cast<int64_t>(n0 + r) * k_padded + k0 + part * 16,
+                     true);
+        }
+      } else {
+        const __nv_bfloat16* wb = static_cast<const __nv_bfloat16*>(w.data);
+#pragma unroll
+        for (int c = lane; c < kGemmTileRows * 4; c += 32) {
+          const int r = c / 4, part = c % 4;
+          cp_async16(stage + (r * kLd + part * 8) * 2, wb + static_cast<int64_t>(n0 + r) * k_padded + k0 + part * 8,
+                     true);
+        }
+      }
+      unsigned char* x_tile = stage + kWeightTileBytes;
+#pragma unroll
+      for (int f = 0; f < kFrags; ++f) {
+        const int t = lane / 4 + 8 * f;
+        cp_async16(x_tile + (t * kLd + (lane % 4) * 8) * 2, x_src[f] + k0, x_valid[f]);
+      }
+    };
+
+    wmma::fragment<wmma::accumulator, 32, 8, 16, float> acc[kFrags];
+#pragma unroll
+    for (int f = 0; f < kFrags; ++f) wmma::fill_fragment(acc[f], 0.0f);
+
+#pragma unroll
+    for (int i = 0; i < kStages - 1; ++i) {
+      if (i < my_chunks) issue(i);
+      cp_async_commit();
+    }
+    for (int i = 0; i < my_chunks; ++i) {
+      // Refill the stage consumed one iteration ago; a commit per iteration keeps the group
+      // count in step with the chunk index even when there is nothing left to load.
+      if (i + kStages - 1 < my_chunks) issue(i + kStages - 1);
+      cp_async_commit();
+      cp_async_wait<kStages - 1>();
+      __syncwarp();
+      const unsigned char* stage = warp_smem + (i % kStages) * L::kStageBytes;
+      const __nv_bfloat16* w_tile = reinterpret_cast<const __nv_bfloat16*>(stage);
+      if constexpr (kFp8) {
+        // Lane r widens weight row r of the chunk, applying its block scale.
+        const int k0 = (chunk_begin + warp + i * kWarps) * kGemmChunkK;
+        const float scale = w.scales[((n0 + lane) / 16) * scale_cols + k0 / kScaleCols];
+        const uint8_t* src = stage + lane * kGemmChunkK;
+        __nv_bfloat16* dst = widened + lane * kLd;
+#pragma unroll
+        for (int c = 0; c < kGemmChunkK; c += 2) {
+          const __half2_raw h2 =
+              __nv_cvt_fp8x2_to_halfraw2(*reinterpret_cast<const __nv_fp8x2_storage_t*>(src + c), __NV_E4M3);
+          const float2 v = __half22float2(__half2(h2));
+          dst[c] = __float2bfloat16_rn(v.x * scale);
+          dst[c + 1] = __float2bfloat16_rn(v.y * scale);
+        }
+        __syncwarp();
+        w_tile = widened;
+      }
+      const __nv_bfloat16* x_tile = reinterpret_cast<const __nv_bfloat16*>(stage + kWeightTileBytes);
+#pragma unroll
+      for (int kk = 0; kk < kGemmChunkK; kk += 16) {
+        wmma::fragment<wmma::matrix_a, 32, 8, 16, __nv_bfloat16, wmma::row_major> fa;
+        wmma::load_matrix_sync(fa, w_tile + kk, kLd);
+#pragma unroll
+        for (int f = 0; f < kFrags; ++f) {
+          wmma::fragment<wmma::matrix_b, 32, 8, 16, __nv_bfloat16, wmma::col_major> fb;
+          wmma::load_matrix_sync(fb, x_tile + f * 8 * kLd + kk, kLd);
+          wmma::mma_sync(acc[f], fa, fb, acc[f]);
+        }
+      }
+      __syncwarp();  // the stage is refilled next iteration
+    }
+
+    // Partial tiles [warp][32 weight rows][kRows x rows] in the pipeline's memory, summed in warp order.
+    __syncthreads();
+    float* partial = reinterpret_cast<float*>(smem);
+#pragma unroll
+    for (int f = 0; f < kFrags; ++f)
+      wmma::store_matrix_sync(partial + warp * kGemmTileRows * kRows + f * 8, acc[f], kRows, wmma::mem_row_major);
+    __syncthreads();
+    constexpr int kWarpStride = kGemmTileRows * kRows;
+    if (a.k_splits > 1) {
+      // This split's share of the tile, summed over warps; the epilogue waits for all splits.
+      float* part = a.partials + (static_cast<int64_t>(split) * a.dense_rows) * w.n_padded;
+      for (int idx = threadIdx.x; idx < kGemmTileRows * kRows; idx += kThreads) {
+        const int r = idx % kGemmTileRows, t = idx / kGemmTileRows;
+        if (t >= pass_rows) continue;
+        float v = partial[r * kRows + t];
+#pragma unroll
+        for (int q = 1; q < kWarps; ++q) v += partial[q * kWarpStride + r * kRows + t];
+        part[static_cast<int64_t>(pass_begin + t) * w.n_padded + n0 + r] = v;
+      }
+    } else if (a.epilogue == GemmEpilogue::kStoreF32) {
+      float* y = static_cast<float*>(a.y);
+      for (int idx = threadIdx.x; idx < kGemmTileRows * kRows; idx += kThreads) {
+        const int r = idx % kGemmTileRows, t = idx / kGemmTileRows;
+        if (t >= pass_rows || n0 + r >= a.n_out) continue;
+        float v = partial[r * kRows + t];
+#pragma unroll
+        for (int q = 1; q < kWarps; ++q) v += partial[q * kWarpStride + r * kRows + t];
+        y[static_cast<int64_t>(pass_begin + t) * a.ldy + n0 + r] = v;
+      }
+    } else {
+      __nv_bfloat16* y = static_cast<__nv_bfloat16*>(a.y);
+      for (int idx = threadIdx.x; idx < kGemmGateUpHalf * kRows; idx += kThreads) {
+        const int i = idx % kGemmGateUpHalf, t = idx / kGemmGateUpHalf;
+        const int col = n0 / 2 + i;
+        if (t >= pass_rows || col >= a.n_out) continue;
+        float g = partial[i * kRows + t], u = partial[(kGemmGateUpHalf + i) * kRows + t];
+#pragma unroll
+        for (int q = 1; q < kWarps; ++q) {
+          g += partial[q * kWarpStride + i * kRows + t];
+          u += partial[q * kWarpStride + (kGemmGateUpHalf + i) * kRows + t];
+        }
+        y[static_cast<int64_t>(pass_begin + t) * a.ldy + col] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * u);
+      }
+    }
+    __syncthreads();  // the next pass refills the pipeline's memory
+  }
+  if (a.k_splits > 1) finish_split_tile(a, w, n0, row_begin, row_end);
+}
+
+template <int kFrags, bool kFp8>
+void launch_with(const GroupedGemmArgs& args, dim3 grid, Stream stream) {
+  constexpr int bytes = Layout<kFrags>::kBytes;
+  static const bool configured = [] {
+    DS_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<kFrags, kFp8>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    return true;
+  }();
+  (void)configured;
+  grouped_gemm_kernel<kFrags, kFp8><<<grid, kThreads, bytes, stream>>>(args);
+  DS_CUDA_CHECK_LAUNCH();
+}
+
+__global__ void weight_to_bf16_kernel(GemmWeight w, __nv_bfloat16* out) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t n = static_cast<int64_t>(w.n_padded) * w.k_padded;
+  if (i >= n) return;
+  const int64_t r = i / w.k_padded, c = i % w.k_padded;
+  const int scale_cols = (w.k_padded + kScaleCols - 1) / kScaleCols;
+  const uint8_t b = static_cast<const uint8_t*>(w.data)[i];
+  const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(b), __NV_E4M3);
+  out[i] = __float2bfloat16_rn(__half2float(__half(h)) * w.scales[(r / 16) * scale_cols + c / kScaleCols]);
+}
+
+}  // namespace
+
+void launch_grouped_gemm(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks, int rows_hint,
+                         Stream stream) {
+  DS_CHECK(max_n_padded % kGemmTileRows == 0 && args.ldx % 8 == 0);
+  if (max_n_padded == 0 || max_row_blocks <= 0) return;
+  DS_CHECK_MSG(max_row_blocks <= 65535, "grouped GEMM: " << max_row_blocks << " row blocks is beyond the grid");
+  DS_CHECK(args.k_splits >= 1 && (args.k_splits == 1 || (args.groups == nullptr && args.partials != nullptr &&
+                                                            args.tile_counters != nullptr)));
+  DS_CHECK(args.k_splits == 1 || static_cast<int64_t>(max_n_padded / kGemmTileRows) * max_row_blocks <=
+                                     kGemmMaxTileCounters);
+  const dim3 grid(max_n_padded / kGemmTileRows, max_row_blocks, args.k_splits);
+  const bool fp8 = args.weights_fp8;
+  // The fragment count follows the rows a group typically has; it never changes the result.
+  if (rows_hint <= 8) {
+    fp8 ? launch_with<1, true>(args, grid, stream) : launch_with<1, false>(args, grid, stream);
+  } else if (rows_hint <= 16) {
+    fp8 ? launch_with<2, true>(args, grid, stream) : launch_with<2, false>(args, grid, stream);
+  } else {
+    fp8 ? launch_with<4, true>(args, grid, stream) : launch_with<4, false>(args, grid, stream);
+  }
+}
+
+int gemm_k_splits(int n_padded, int k_padded) {
+  const int n_tiles = n_padded / kGemmTileRows, num_chunks = k_padded / kGemmChunkK;
+  if (n_tiles >= 256) return 1;
+  // About 512 blocks, each of whose warps still gets two K chunks or more.
+  return std::max(1, std::min({16, 512 / n_tiles, num_chunks / (2 * kWarps)}));
+}
+
+void launch_gemm_weight_to_bf16(const GemmWeight& w, uint16_t* out, Stream stream) {
+  const int64_t n = static_cast<int64_t>(w.n_padded) * w.k_padded;
+  if (n == 0) return;
+  weight_to_bf16_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(
+      w, reinterpret_cast<__nv_bfloat16*>(out));
+  DS_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace dsinfer::cuda

@@ -1,0 +1,96 @@
+// The CUDA backend's own GEMM: y = x · Wᵀ over groups of rows, each group with its own weight
+// (the routed experts of an MoE layer), or one group (a dense linear). Plain header: usable from
+// C++ files without CUDA headers.
+//
+// Why our own: decode multiplies a few rows per expert by weights that are read once, so the
+// product is bound by weight bandwidth; cuBLASLt has no grouped matmul and its per-call plans
+// need the group sizes on the host. This kernel reads the group layout from device memory (the
+// routing kernel writes it), so a whole MoE layer runs without the host, and a step can be
+// recorded as a CUDA graph.
+//
+// Shape of the work: a thread block owns 32 weight rows (outputs) and up to 64 rows of x; its
+// four warps split K four ways (warp w takes the 32-wide K chunks w, w + 4, …), stream their
+// chunks through a cp.async pipeline into tensor-core products (bf16 in, fp32 accumulate, the
+// weight as the 32-row operand, 8 rows of x per fragment), and sum their partial tiles in a
+// fixed order. The summation order of an output element therefore never depends on how many
+// rows the batch has, which keeps greedy decoding batch-invariant.
+//
+// FP8 weights (e4m3) are converted to bf16 in shared memory with their block scale as they
+// arrive: a decode step then reads one byte per weight.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/cuda_kernels.h"
+
+namespace dsinfer::cuda {
+
+// Rows per weight-row tile, the granularity of padding and of e4m3 scales along n.
+constexpr int kGemmTileRows = 32;
+// K granularity of the kernel (one pipeline chunk).
+constexpr int kGemmChunkK = 32;
+// Rows of x one thread block handles (the grouped layout counts tiles of this many rows).
+constexpr int kGemmRowsPerBlock = 64;
+// Gate/up interleaving of fused weights: within each 32-row tile, 16 gate rows then the 16 up
+// rows of the same outputs.
+constexpr int kGemmGateUpHalf = 16;
+
+// A weight packed for the kernel: [n_padded, k_padded] row-major, zero padded, bf16 or e4m3.
+// e4m3 weights carry one fp32 scale per 16 rows × 128 columns: scales[(row / 16) * scale_cols
+// + col / 128] with scale_cols = ceil(k_padded / 128).
+struct GemmWeight {
+  const void* data = nullptr;
+  const float* scales = nullptr;  // null: bf16 weight
+  int32_t n_padded = 0;           // multiple of kGemmTileRows
+  int32_t k_padded = 0;           // multiple of kGemmChunkK
+};
+
+enum class GemmEpilogue : int32_t {
+  kStoreF32 = 0,     // y fp32 [rows, ldy]: columns below n_out
+  kSiluMulBf16 = 1,  // y bf16 [rows, ldy]: y[:, j] = silu(gate_j) · up_j from an interleaved weight
+};
+
+struct GroupedGemmArgs {
+  const uint16_t* x = nullptr;  // bf16 [*, ldx], zero beyond each row's k
+  int64_t ldx = 0;              // multiple of 8, >= every weight's k_padded
+  const int32_t* src_rows = nullptr;  // [num_rows] x row of each output row; null: the same row
+  // Grouped form: device arrays of num_groups weights, the first output row of each group
+  // ([num_groups + 1]) and the first row-block of each group ([num_groups + 1], blocks of
+  // kGemmRowsPerBlock rows). Dense form (groups == nullptr): `dense` over rows [0, dense_rows).
+  const GemmWeight* groups = nullptr;
+  const int32_t* row_offsets = nullptr;
+  const int32_t* block_offsets = nullptr;
+  int num_groups = 0;
+  GemmWeight dense;
+  int dense_rows = 0;
+  bool weights_fp8 = false;  // every weight of the call is e4m3 (else bf16)
+  GemmEpilogue epilogue = GemmEpilogue::kStoreF32;
+  void* y = nullptr;
+  int64_t ldy = 0;
+  int n_out = 0;  // kStoreF32: columns written; kSiluMulBf16: outputs written (<= n_padded / 2)
+  // Split K over k_splits thread blocks per tile (dense form only): each writes its partial
+  // tile to `partials` [k_splits, dense_rows, n_padded] fp32, and the last to finish (counted in
+  // tile_counters, zero before and after the call) adds them in split order and applies the
+  // epilogue. The split count must depend on the weight's shape only, never on the rows, for
+  // the result of a row to stay independent of the batch.
+  int k_splits = 1;
+  float* partials = nullptr;
+  int* tile_counters = nullptr;
+};
+
+// The split count the backend uses for a dense weight of this padded shape: enough thread
+// blocks to keep the GPU's memory system busy when the product has a single row-block.
+int gemm_k_splits(int n_padded, int k_padded);
+// tile_counters must hold this many ints for a launch (zeroed once).
+constexpr int kGemmMaxTileCounters = 1 << 16;
+
+// max_n_padded: the largest n_padded of any group; max_row_blocks: an upper bound of the number
+// of row-blocks (dense: ceil(dense_rows / 64); grouped: total_rows / 64 + num_groups);
+// rows_hint: typical rows per group, which picks the fragment count (never the result).
+void launch_grouped_gemm(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks, int rows_hint,
+                         Stream stream);
+
+// Dequantises an e4m3 weight in the kernel's layout to bf16 [n_padded, k_padded].
+void launch_gemm_weight_to_bf16(const GemmWeight& w, uint16_t* out, Stream stream);
+
+}  // namespace dsinfer::cuda
