@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The one script run on the GPU machine (see GPU.md, "Build here, run there"): environment
 # facts, the CUDA unit tests (CPU-vs-CUDA consistency and the golden fixtures), a short
-# compute-sanitizer pass, then the V2-Lite-shaped decode benchmark with the device copy
-# bandwidth measured in the same run. Logs go to $OUT; a short summary is printed last.
+# compute-sanitizer pass, then three V2-Lite-shaped benchmarks with random weights, each under
+# its own timeout: decode against the device copy bandwidth, prefill against the bf16 GEMM
+# ceiling (both measured in the same run), and an offline workload through the whole engine.
+# Logs go to $OUT; a short summary is printed last.
 #
 # Run from the repository root:
 #   scripts/build_gpu.sh                      # here: stripped binaries in build-gpu/bin
@@ -17,6 +19,15 @@ SANITIZER_TIMEOUT_S="${SANITIZER_TIMEOUT_S:-45}"
 BENCH_TIMEOUT_S="${BENCH_TIMEOUT_S:-200}"
 BATCHES="${BATCHES:-1,16,64}"
 BENCH_ARGS="${BENCH_ARGS:-}"  # e.g. "--decode-steps 8"
+# Prefill: 4 prompts of 4096 tokens in one step, its model FLOP rate over the GEMM ceiling.
+PREFILL_TIMEOUT_S="${PREFILL_TIMEOUT_S:-240}"
+PREFILL_BATCHES="${PREFILL_BATCHES:-4}"
+PREFILL_LEN="${PREFILL_LEN:-4096}"
+PREFILL_ARGS="${PREFILL_ARGS:-}"
+# Offline workload NUMxINxOUT through the engine (0 or empty skips it).
+WORKLOAD_TIMEOUT_S="${WORKLOAD_TIMEOUT_S:-300}"
+WORKLOAD="${WORKLOAD:-200x1000x100}"
+WORKLOAD_ARGS="${WORKLOAD_ARGS:-}"  # e.g. "--max-batched-tokens 16384"
 mkdir -p "$OUT"
 export DSINFER_SOURCE_DIR="$PWD"
 # cuBLASLt is linked dynamically; CUDA's own library folder may not be on the loader's path.
@@ -45,9 +56,51 @@ timeout "$BENCH_TIMEOUT_S" "$BIN_DIR/dsinfer" bench --backend cuda --dummy-weigh
   --batch-sizes "$BATCHES" --results "$OUT/RESULTS.md" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
 bench_rc=$?
 
+# A binary older than these modes would fail on the unknown flag with a CLI11 message that is
+# easy to misread in a log; say so plainly instead.
+bench_help="$("$BIN_DIR/dsinfer" bench --help 2>&1)"
+prefill_rc=skipped
+if [ "$PREFILL_TIMEOUT_S" -le 0 ]; then
+  echo "prefill bench skipped (PREFILL_TIMEOUT_S=0)" > "$OUT/prefill.log"
+elif ! grep -q -- "--prefill-only" <<< "$bench_help"; then
+  echo "prefill bench skipped: this dsinfer has no 'bench --prefill-only' (rebuild from a newer tree)" > "$OUT/prefill.log"
+  prefill_rc=missing-flag
+else
+  timeout "$PREFILL_TIMEOUT_S" "$BIN_DIR/dsinfer" bench --backend cuda --dummy-weights --model "$MODEL_DIR" \
+    --batch-sizes "$PREFILL_BATCHES" --prompt-len "$PREFILL_LEN" --prefill-only --results "$OUT/RESULTS.md" \
+    ${PREFILL_ARGS:-} > "$OUT/prefill.log" 2>&1
+  prefill_rc=$?
+fi
+
+workload_rc=skipped
+if [ -z "$WORKLOAD" ] || [ "$WORKLOAD" = "0" ] || [ "$WORKLOAD_TIMEOUT_S" -le 0 ]; then
+  echo "workload bench skipped (WORKLOAD or WORKLOAD_TIMEOUT_S empty/0)" > "$OUT/workload.log"
+elif ! grep -q -- "--workload" <<< "$bench_help"; then
+  echo "workload bench skipped: this dsinfer has no 'bench --workload' (rebuild from a newer tree)" > "$OUT/workload.log"
+  workload_rc=missing-flag
+else
+  timeout "$WORKLOAD_TIMEOUT_S" "$BIN_DIR/dsinfer" bench --backend cuda --dummy-weights --model "$MODEL_DIR" \
+    --workload "$WORKLOAD" --results "$OUT/RESULTS.md" ${WORKLOAD_ARGS:-} > "$OUT/workload.log" 2>&1
+  workload_rc=$?
+fi
+
+# 124 is timeout(1)'s "ran out of time".
+explain_rc() {
+  case "$1" in
+    0) echo "ok" ;;
+    124) echo "timed out" ;;
+    *[!0-9]*) echo "$1" ;;
+    *) echo "rc $1" ;;
+  esac
+}
+
 echo "=== unit_cuda (rc $unit_rc)"
 grep -E "^\[  (FAILED|PASSED|SKIPPED) |agreement|Failure|error|cuda: " "$OUT/unit_cuda.log" | sort -u | head -40
 echo "=== compute-sanitizer (rc $sanitizer_rc)"
 grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/sanitizer.log" 2>/dev/null | tail -4
-echo "=== bench (rc $bench_rc)"
+echo "=== decode bench ($(explain_rc "$bench_rc"))"
 tail -12 "$OUT/bench.log"
+echo "=== prefill bench $PREFILL_BATCHES x $PREFILL_LEN ($(explain_rc "$prefill_rc"))"
+grep -E "GEMM ceiling|^\| |error|skipped" "$OUT/prefill.log" | tail -8
+echo "=== workload $WORKLOAD ($(explain_rc "$workload_rc"))"
+grep -E "GEMM ceiling|^completed|^- engine|^\| |error|skipped" "$OUT/workload.log" | tail -10

@@ -13,15 +13,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <numeric>
 #include <random>
 #include <set>
 #include <sstream>
-#include <sys/utsname.h>
 
 #include "backend/backend.h"
 #include "bench_report.h"
@@ -147,6 +144,10 @@ int run_bench(int argc, char** argv) {
     std::string item;
     while (std::getline(ss, item, ',')) batches.push_back(std::max(1, std::atoi(item.c_str())));
   }
+  if (batches.empty()) {
+    std::cerr << "error: --batch-sizes needs at least one batch size, e.g. 1,8,32\n";
+    return 2;
+  }
   const bool has_weights = std::filesystem::exists(model_dir + "/model.safetensors") ||
                            std::filesystem::exists(model_dir + "/model.safetensors.index.json");
   dummy = dummy || !has_weights;
@@ -186,11 +187,16 @@ int run_bench(int argc, char** argv) {
   const int max_positions = prompt_len + decode_steps + 2;
   std::unique_ptr<DeepseekModel> model;
   const auto load_start = Clock::now();
-  if (dummy) {
-    ModelConfig config = ModelConfig::load(model_dir);
-    model = std::make_unique<DeepseekModel>(config, make_random_weights(config, *backend, 7), *backend, max_positions);
-  } else {
-    model = load_deepseek_model(model_dir, *backend, max_positions);
+  try {
+    if (dummy) {
+      ModelConfig config = ModelConfig::load(model_dir);
+      model = std::make_unique<DeepseekModel>(config, make_random_weights(config, *backend, 7), *backend, max_positions);
+    } else {
+      model = load_deepseek_model(model_dir, *backend, max_positions);
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
   }
   std::cerr << "model ready in " << seconds_since(load_start) << " s\n";
   const ModelConfig& c = model->config();
