@@ -1,7 +1,8 @@
 // `dsinfer bench --workload NUMxINxOUT`: an offline workload through the real engine
 // (EngineCore: scheduler, KV cache manager, model runner, sampler), as `dsinfer generate` runs it.
 // NUM requests are submitted at once, each with IN random prompt tokens, each generating exactly
-// OUT tokens (greedy, eos ignored); the run reports throughput and time to first token.
+// OUT tokens (greedy, eos ignored); the run reports throughput and time to first token. One
+// warm-up request of the same prompt length runs first, off the clock.
 #pragma once
 
 #include <cstdint>
