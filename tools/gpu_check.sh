@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # The one script run on the GPU machine (see GPU.md, "Build here, run there"): environment
 # facts, the CUDA unit tests (CPU-vs-CUDA consistency and the golden fixtures), a short
-# compute-sanitizer pass, then the V2-Lite-shaped decode benchmark with the device copy
-# bandwidth measured in the same run. Logs go to $OUT; a short summary is printed last.
+# compute-sanitizer pass, then three V2-Lite-shaped benchmarks with random weights, each under
+# its own timeout: decode against the device copy bandwidth, prefill against the bf16 GEMM
+# ceiling (both measured in the same run), and an offline workload through the whole engine.
+# Logs go to $OUT; a short summary is printed last.
 #
 # Run from the repository root:
 #   scripts/build_gpu.sh                      # here: stripped binaries in build-gpu/bin
 #   BIN_DIR=build-gpu/bin tools/gpu_check.sh  # there
-# BIN_DIR holds the stripped dsinfer and unit_cuda; MODEL_DIR the bench config.
+# BIN_DIR holds the stripped dsinfer and unit_cuda; MODEL_DIR the bench config. Each step's
+# limit is an env variable (*_TIMEOUT_S; 0 skips the prefill and workload steps), as are the
+# shapes (BATCHES, PREFILL_BATCHES, PREFILL_LEN, WORKLOAD) and extra flags (*_ARGS).
 set -uo pipefail
 BIN_DIR="${BIN_DIR:-build-gpu/bin}"
 MODEL_DIR="${MODEL_DIR:-bench/configs/v2_lite}"
@@ -17,6 +21,19 @@ SANITIZER_TIMEOUT_S="${SANITIZER_TIMEOUT_S:-45}"
 BENCH_TIMEOUT_S="${BENCH_TIMEOUT_S:-200}"
 BATCHES="${BATCHES:-1,16,64}"
 BENCH_ARGS="${BENCH_ARGS:-}"  # e.g. "--decode-steps 8"
+# Prefill: 4 prompts of 4096 tokens in one step, its model FLOP rate over the GEMM ceiling.
+PREFILL_TIMEOUT_S="${PREFILL_TIMEOUT_S:-150}"
+PREFILL_BATCHES="${PREFILL_BATCHES:-4}"
+PREFILL_LEN="${PREFILL_LEN:-4096}"
+PREFILL_ARGS="${PREFILL_ARGS:-}"
+# Offline workload NUMxINxOUT through the engine (0 or empty skips it).
+WORKLOAD_TIMEOUT_S="${WORKLOAD_TIMEOUT_S:-240}"
+WORKLOAD="${WORKLOAD:-200x1000x100}"
+WORKLOAD_ARGS="${WORKLOAD_ARGS:-}"  # e.g. "--max-batched-tokens 16384"
+# The device runs one command for at most 600 s: the last two steps get what is left of this
+# budget (at most their own timeout), so a slow early step shortens them rather than having the
+# whole call killed before the summary is printed.
+TOTAL_BUDGET_S="${TOTAL_BUDGET_S:-570}"
 mkdir -p "$OUT"
 export DSINFER_SOURCE_DIR="$PWD"
 # cuBLASLt is linked dynamically; CUDA's own library folder may not be on the loader's path.
@@ -45,9 +62,61 @@ timeout "$BENCH_TIMEOUT_S" "$BIN_DIR/dsinfer" bench --backend cuda --dummy-weigh
   --batch-sizes "$BATCHES" --results "$OUT/RESULTS.md" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
 bench_rc=$?
 
+# Seconds the next step may take: its own timeout, capped by what is left of TOTAL_BUDGET_S
+# (10 s kept for the summary); 0 when nothing is left.
+step_budget() {
+  local left=$((TOTAL_BUDGET_S - SECONDS - 10))
+  [ "$left" -lt 0 ] && left=0
+  if [ "$1" -lt "$left" ]; then echo "$1"; else echo "$left"; fi
+}
+
+# A binary older than these modes would fail on the unknown flag with a CLI11 message that is
+# easy to misread in a log; say so plainly instead.
+bench_help="$("$BIN_DIR/dsinfer" bench --help 2>&1)"
+prefill_rc=skipped
+prefill_s=$(step_budget "$PREFILL_TIMEOUT_S")
+if [ "$prefill_s" -le 0 ]; then
+  echo "prefill bench skipped (PREFILL_TIMEOUT_S=0 or TOTAL_BUDGET_S spent)" > "$OUT/prefill.log"
+elif ! grep -q -- "--prefill-only" <<< "$bench_help"; then
+  echo "prefill bench skipped: this dsinfer has no 'bench --prefill-only' (rebuild from a newer tree)" > "$OUT/prefill.log"
+  prefill_rc=missing-flag
+else
+  timeout "$prefill_s" "$BIN_DIR/dsinfer" bench --backend cuda --dummy-weights --model "$MODEL_DIR" \
+    --batch-sizes "$PREFILL_BATCHES" --prompt-len "$PREFILL_LEN" --prefill-only --results "$OUT/RESULTS.md" \
+    ${PREFILL_ARGS:-} > "$OUT/prefill.log" 2>&1
+  prefill_rc=$?
+fi
+
+workload_rc=skipped
+workload_s=$(step_budget "$WORKLOAD_TIMEOUT_S")
+if [ -z "$WORKLOAD" ] || [ "$WORKLOAD" = "0" ] || [ "$workload_s" -le 0 ]; then
+  echo "workload bench skipped (WORKLOAD empty/0, WORKLOAD_TIMEOUT_S=0 or TOTAL_BUDGET_S spent)" > "$OUT/workload.log"
+elif ! grep -q -- "--workload" <<< "$bench_help"; then
+  echo "workload bench skipped: this dsinfer has no 'bench --workload' (rebuild from a newer tree)" > "$OUT/workload.log"
+  workload_rc=missing-flag
+else
+  timeout "$workload_s" "$BIN_DIR/dsinfer" bench --backend cuda --dummy-weights --model "$MODEL_DIR" \
+    --workload "$WORKLOAD" --results "$OUT/RESULTS.md" ${WORKLOAD_ARGS:-} > "$OUT/workload.log" 2>&1
+  workload_rc=$?
+fi
+
+# 124 is timeout(1)'s "ran out of time".
+explain_rc() {
+  case "$1" in
+    0) echo "ok" ;;
+    124) echo "timed out" ;;
+    *[!0-9]*) echo "$1" ;;
+    *) echo "rc $1" ;;
+  esac
+}
+
 echo "=== unit_cuda (rc $unit_rc)"
 grep -E "^\[  (FAILED|PASSED|SKIPPED) |agreement|Failure|error|cuda: " "$OUT/unit_cuda.log" | sort -u | head -40
 echo "=== compute-sanitizer (rc $sanitizer_rc)"
 grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/sanitizer.log" 2>/dev/null | tail -4
-echo "=== bench (rc $bench_rc)"
+echo "=== decode bench ($(explain_rc "$bench_rc"))"
 tail -12 "$OUT/bench.log"
+echo "=== prefill bench $PREFILL_BATCHES x $PREFILL_LEN ($(explain_rc "$prefill_rc"), limit ${prefill_s}s)"
+grep -E "GEMM ceiling|^\| |error|skipped" "$OUT/prefill.log" | tail -8
+echo "=== workload $WORKLOAD ($(explain_rc "$workload_rc"), limit ${workload_s}s)"
+grep -E "GEMM ceiling|^completed|^- engine|^\| |error|skipped" "$OUT/workload.log" | tail -10

@@ -172,5 +172,9 @@ bool cuda_backend_available();
 // Device-to-device copy bandwidth (bytes read + written per second) of the named backend's
 // device, measured now; 0 for backends without a device of their own (cpu).
 double measure_device_copy_bandwidth(const std::string& name);
+// Dense GEMM rate (FLOP/s) of the named backend's compute, measured now, in the precision its
+// linear layers use: cuBLASLt bf16 8192³ on the device for cuda, the backend's own fp32 matmul
+// on all threads for cpu. The ceiling that prefill FLOP rates are compared with.
+double measure_device_gemm_flops(const std::string& backend_name);
 
 }  // namespace dsinfer

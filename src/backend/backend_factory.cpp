@@ -1,10 +1,12 @@
 // make_backend(): the one place that knows which backends exist.
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_gemm_ceiling.h"
 #include "core/status.h"
 
 #ifdef DSINFER_HAVE_CUDA
 #include "backend/cuda/cuda_backend_factory.h"
+#include "backend/cuda/gemm_ceiling.h"
 #endif
 
 namespace dsinfer {
@@ -33,6 +35,14 @@ std::unique_ptr<Backend> make_backend(const std::string& name) {
 double measure_device_copy_bandwidth(const std::string& name) {
 #ifdef DSINFER_HAVE_CUDA
   if (name == "cuda" && cuda::device_count() > 0) return cuda::measure_copy_bandwidth_bytes_per_s();
+#endif
+  return 0.0;
+}
+
+double measure_device_gemm_flops(const std::string& backend_name) {
+  if (backend_name == "cpu") return cpu::measure_matmul_flops_per_s();
+#ifdef DSINFER_HAVE_CUDA
+  if (backend_name == "cuda" && cuda::device_count() > 0) return cuda::measure_bf16_gemm_flops_per_s();
 #endif
   return 0.0;
 }

@@ -12,6 +12,7 @@ struct EngineConfig {
   std::string model_dir;
   std::string backend = "cpu";
   bool dummy_weights = false;       // random weights of the config's shapes (benchmarks)
+  bool dummy_fp8 = false;           // with dummy_weights: the layers' projections in FP8, as V3 ships them
   int block_size_tokens = 64;
   int64_t kv_cache_bytes = int64_t{1} << 30;  // device (here: host) memory for latent KV
   int num_kv_blocks = 0;            // overrides kv_cache_bytes when > 0

@@ -24,7 +24,7 @@ std::string model_identity(const EngineConfig& config, const ModelConfig& model)
   }
   std::ostringstream id;
   id << model.architecture << "/" << std::hex << XXH3_64bits(text.data(), text.size()) << "/seed" << config.seed
-     << (config.dummy_weights ? "/dummy" : "");
+     << (config.dummy_weights ? "/dummy" : "") << (config.dummy_weights && config.dummy_fp8 ? "-fp8" : "");
   return id.str();
 }
 
@@ -43,7 +43,7 @@ EngineCore::EngineCore(const EngineConfig& config) : config_(config) {
   max_model_len_ = config_.max_model_len > 0 ? std::min(config_.max_model_len, mc.max_position_embeddings)
                                              : mc.max_position_embeddings;
   if (config_.dummy_weights) {
-    ModelWeights w = make_random_weights(mc, *backend_, config_.seed + 1);
+    ModelWeights w = make_random_weights(mc, *backend_, config_.seed + 1, config_.dummy_fp8);
     model_ = std::make_unique<DeepseekModel>(mc, std::move(w), *backend_, max_model_len_);
   } else {
     model_ = load_deepseek_model(config_.model_dir, *backend_, max_model_len_, config_.print_load_progress);

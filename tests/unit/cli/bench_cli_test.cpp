@@ -1,0 +1,107 @@
+// `dsinfer bench` as a user runs it on the CPU backend: the offline workload through the real
+// engine, its counts and its results section; the prefill FLOP columns.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "run_binary.h"
+
+namespace {
+
+using dsinfer::testing::run_dsinfer;
+
+std::string tiny_v3() { return std::string(DSINFER_SOURCE_DIR) + "/tests/data/tiny_v3"; }
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// A results file that already holds something, as bench/RESULTS.md does.
+std::string fresh_results(const std::string& name) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  std::ofstream(path) << "# results\n\nearlier section\n";
+  return path;
+}
+
+TEST(BenchCli, WorkloadReportsEveryRequestAndAppendsItsSection) {
+  const std::string results = fresh_results("bench_workload_results.md");
+  const auto r = run_dsinfer("bench --backend cpu --model " + tiny_v3() + " --workload 6x20x5 --results " + results);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("completed: 6 of 6 requests, 30 output tokens (5 each), 120 prompt tokens"),
+            std::string::npos)
+      << r.out;
+  const std::string text = read_file(results);
+  EXPECT_EQ(text.rfind("# results\n\nearlier section\n", 0), 0u) << "the file must be appended to, not rewritten";
+  const size_t section = text.find("### dsinfer bench --workload 6x20x5");
+  ASSERT_NE(section, std::string::npos) << text;
+  const std::string tail = text.substr(section);
+  EXPECT_NE(tail.find("- date: "), std::string::npos);
+  EXPECT_NE(tail.find("- machine: "), std::string::npos);
+  EXPECT_NE(tail.find("- command: `dsinfer bench --backend cpu"), std::string::npos);
+  EXPECT_NE(tail.find("--workload 6x20x5"), std::string::npos);
+  EXPECT_NE(tail.find("completed: 6 of 6 requests, 30 output tokens"), std::string::npos);
+  EXPECT_NE(tail.find("| wall s | requests/s | output tok/s |"), std::string::npos);
+}
+
+TEST(BenchCli, WorkloadWithTooSmallScheduleStillCompletesEveryRequest) {
+  // Two requests at a time, a 16-token step budget: chunked prefill and queueing, same counts.
+  const auto r = run_dsinfer("bench --backend cpu --model " + tiny_v3() +
+                             " --workload 5x30x4 --max-num-seqs 2 --max-batched-tokens 16");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("completed: 5 of 5 requests, 20 output tokens (4 each), 150 prompt tokens"),
+            std::string::npos)
+      << r.out;
+}
+
+TEST(BenchCli, WorkloadLongerThanTheModelFailsWithAClearMessage) {
+  // tiny_v3 holds 256 positions; 250 + 10 does not fit.
+  const std::string results = fresh_results("bench_workload_too_long.md");
+  const auto r = run_dsinfer("bench --backend cpu --model " + tiny_v3() + " --workload 2x250x10 --results " + results);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.exit_code, -1) << "must not crash: " << r.out;
+  EXPECT_NE(r.out.find("maximum context length"), std::string::npos) << r.out;
+  EXPECT_EQ(read_file(results).find("--workload"), std::string::npos) << "a failed run must not be recorded";
+}
+
+TEST(BenchCli, MalformedWorkloadIsRejected) {
+  for (const char* bad : {"6x20", "6x0x5", "ax20x5", "6x20x5x1", "0x20x5", "6*20*5"}) {
+    const auto r = run_dsinfer(std::string("bench --backend cpu --model ") + tiny_v3() + " --workload " + bad);
+    EXPECT_EQ(r.exit_code, 2) << bad << ": " << r.out;
+    EXPECT_NE(r.out.find("NUMxINxOUT"), std::string::npos) << bad << ": " << r.out;
+  }
+}
+
+TEST(BenchCli, PrefillOnlyPrintsFlopRateAndRatioToTheGemmCeiling) {
+  const std::string results = fresh_results("bench_prefill_results.md");
+  const auto r = run_dsinfer("bench --backend cpu --model " + tiny_v3() +
+                             " --batch-sizes 1,2 --prompt-len 16 --prefill-only --results " + results);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("| batch | prefill tok/s | prefill TFLOP/s | of GEMM ceiling |"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("decode tok/s"), std::string::npos) << r.out;
+  // One row per batch size, each with a percentage (the CPU ceiling is measured, never n/a).
+  for (const char* row : {"\n| 1 | ", "\n| 2 | "}) {
+    const size_t at = r.out.find(row);
+    ASSERT_NE(at, std::string::npos) << r.out;
+    const std::string line = r.out.substr(at + 1, r.out.find('\n', at + 1) - at - 1);
+    EXPECT_NE(line.find("% |"), std::string::npos) << line;
+  }
+  EXPECT_NE(read_file(results).find("GEMM ceiling"), std::string::npos);
+}
+
+TEST(BenchCli, PrefillAndDecodeTableKeepsTheBandwidthColumns) {
+  const auto r = run_dsinfer("bench --backend cpu --model " + tiny_v3() +
+                             " --batch-sizes 2 --prompt-len 8 --decode-steps 2");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("| of GEMM ceiling | decode tok/s | decode step ms | bandwidth floor ms | achieved GB/s | of copy bw |"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("\n| 2 | "), std::string::npos) << r.out;
+}
+
+}  // namespace
