@@ -30,6 +30,11 @@ PREFILL_ARGS="${PREFILL_ARGS:-}"
 WORKLOAD_TIMEOUT_S="${WORKLOAD_TIMEOUT_S:-240}"
 WORKLOAD="${WORKLOAD:-200x1000x100}"
 WORKLOAD_ARGS="${WORKLOAD_ARGS:-}"  # e.g. "--max-batched-tokens 16384"
+# Decode with the layers' projections in FP8 (e4m3 weights, 128x128 block scales) last; empty
+# FP8_BATCHES skips it.
+FP8_TIMEOUT_S="${FP8_TIMEOUT_S:-200}"
+FP8_BATCHES="${FP8_BATCHES:-1,64}"
+FP8_ARGS="${FP8_ARGS:-}"
 # The device runs one command for at most 600 s: the last two steps get what is left of this
 # budget (at most their own timeout), so a slow early step shortens them rather than having the
 # whole call killed before the summary is printed.
@@ -100,6 +105,19 @@ else
   workload_rc=$?
 fi
 
+fp8_rc=skipped
+fp8_s=$(step_budget "$FP8_TIMEOUT_S")
+if [ -z "$FP8_BATCHES" ] || [ "$fp8_s" -le 0 ]; then
+  echo "FP8 decode bench skipped (FP8_BATCHES empty or TOTAL_BUDGET_S spent)" > "$OUT/fp8.log"
+elif ! grep -q -- "--fp8" <<< "$bench_help"; then
+  echo "FP8 decode bench skipped: this dsinfer has no 'bench --fp8'" > "$OUT/fp8.log"
+  fp8_rc=missing-flag
+else
+  timeout "$fp8_s" "$BIN_DIR/dsinfer" bench --backend cuda --dummy-weights --fp8 --model "$MODEL_DIR" \
+    --batch-sizes "$FP8_BATCHES" --results "$OUT/RESULTS.md" ${FP8_ARGS:-} > "$OUT/fp8.log" 2>&1
+  fp8_rc=$?
+fi
+
 # 124 is timeout(1)'s "ran out of time".
 explain_rc() {
   case "$1" in
@@ -120,3 +138,5 @@ echo "=== prefill bench $PREFILL_BATCHES x $PREFILL_LEN ($(explain_rc "$prefill_
 grep -E "GEMM ceiling|^\| |error|skipped" "$OUT/prefill.log" | tail -8
 echo "=== workload $WORKLOAD ($(explain_rc "$workload_rc"), limit ${workload_s}s)"
 grep -E "GEMM ceiling|^completed|^- engine|^\| |error|skipped" "$OUT/workload.log" | tail -10
+echo "=== FP8 decode bench $FP8_BATCHES ($(explain_rc "$fp8_rc"), limit ${fp8_s}s)"
+grep -E "^\| |error|skipped" "$OUT/fp8.log" | tail -6

@@ -280,11 +280,14 @@ ModelWeights make_random_weights(const ModelConfig& model_config, Backend& backe
       const int64_t rows = shape[0], cols = shape[1], rb = (rows + 127) / 128, cb = (cols + 127) / 128;
       RawFp8 raw;
       raw.scales.assign(rb * cb, 0.0f);
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < cols; ++c) {
-          float& s = raw.scales[(r / 128) * cb + c / 128];
-          s = std::max(s, std::abs(v[r * cols + c]));
-        }
+      global_thread_pool().parallel_for(rb, [&](int64_t b, int64_t e) {
+        for (int64_t block_row = b; block_row < e; ++block_row)
+          for (int64_t r = block_row * 128; r < std::min(rows, (block_row + 1) * 128); ++r)
+            for (int64_t c = 0; c < cols; ++c) {
+              float& s = raw.scales[block_row * cb + c / 128];
+              s = std::max(s, std::abs(v[r * cols + c]));
+            }
+      }, 1);
       for (float& s : raw.scales) s = s > 0.0f ? s / 448.0f : 1.0f;
       raw.bytes.resize(rows * cols);
       global_thread_pool().parallel_for(rows, [&](int64_t b, int64_t e) {

@@ -9,6 +9,7 @@
 // one warp reduction; (3) the splits are merged flash-decoding style into the latent output;
 // (4) that output is projected through W_UV by the same per-head GEMM. Decode batches use many
 // splits so that 132 SMs have work even for one sequence.
+#include <algorithm>
 #include <cfloat>
 
 #include "backend/cuda/cuda_check.h"
@@ -60,12 +61,15 @@ __global__ void __launch_bounds__(kThreads) attention_partial_kernel(MlaDims d, 
                                                                      const float* q_latent, const float* rope_cos,
                                                                      const float* rope_sin, const float* cache,
                                                                      float softmax_scale, int num_splits,
-                                                                     int split_len, float* workspace) {
+                                                                     int split_len, int token_base,
+                                                                     float* workspace) {
   __shared__ float s_q_lat[kMaxLora];
   __shared__ float s_q_rope[kMaxRope];
   __shared__ float s_m[kWarps], s_l[kWarps];
   __shared__ float s_acc[kWarps][kMaxLora];
-  const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z;
+  // Heads vary fastest across blocks: the heads of a token read the same cache entries at about
+  // the same time, so a sequence's latent cache comes from memory once and from L2 for the rest.
+  const int h = blockIdx.x, t = token_base + blockIdx.y, split = blockIdx.z;
   const int lora = d.kv_lora_rank, rope = d.qk_rope_head_dim, nope = d.qk_nope_head_dim;
   const int entry = lora + rope, half = rope / 2, bs = d.block_size;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -157,31 +161,44 @@ __global__ void __launch_bounds__(kThreads) attention_partial_kernel(MlaDims d, 
   }
 }
 
-// Merges the splits of each (token, head) into the normalised latent output o_lat [T, H, lora].
+constexpr int kMaxSplits = 64;
+
+// Merges the splits of each (token, head) into the normalised latent output o_lat [T, H, lora]:
+// the first warp turns the splits' (max, sum) pairs into one weight per split, then every
+// thread adds its columns' partial accumulators with those weights in split order.
 __global__ void __launch_bounds__(kThreads) attention_combine_kernel(MlaDims d, int num_splits, const float* workspace,
                                                                      float* o_latent) {
+  __shared__ float s_weight[kMaxSplits];
   const int t = blockIdx.x, h = blockIdx.y;
   const int lora = d.kv_lora_rank;
   const float* parts = workspace + (static_cast<int64_t>(t) * d.num_heads + h) * num_splits * (lora + 2);
-  float m_all = -FLT_MAX;
-  for (int s = 0; s < num_splits; ++s) {
-    const float* p = parts + static_cast<int64_t>(s) * (lora + 2);
-    if (p[lora + 1] > 0.0f) m_all = fmaxf(m_all, p[lora]);
-  }
-  float denom = 0.0f;
-  for (int s = 0; s < num_splits; ++s) {
-    const float* p = parts + static_cast<int64_t>(s) * (lora + 2);
-    if (p[lora + 1] > 0.0f) denom += p[lora + 1] * expf(p[lora] - m_all);
-  }
-  const float inv = 1.0f / denom;
-  float* dst = o_latent + (static_cast<int64_t>(t) * d.num_heads + h) * lora;
-  for (int l = threadIdx.x; l < lora; l += kThreads) {
-    float v = 0.0f;
-    for (int s = 0; s < num_splits; ++s) {
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    float m[2], l[2];
+    for (int j = 0; j < 2; ++j) {
+      const int s = lane + 32 * j;
       const float* p = parts + static_cast<int64_t>(s) * (lora + 2);
-      if (p[lora + 1] > 0.0f) v += p[l] * expf(p[lora] - m_all);
+      const bool used = s < num_splits && p[lora + 1] > 0.0f;
+      m[j] = used ? p[lora] : -FLT_MAX;
+      l[j] = used ? p[lora + 1] : 0.0f;
     }
-    dst[l] = v * inv;
+    float m_all = fmaxf(m[0], m[1]);
+    for (int off = 16; off > 0; off >>= 1) m_all = fmaxf(m_all, __shfl_xor_sync(0xffffffffu, m_all, off));
+    float e[2], denom = 0.0f;
+    for (int j = 0; j < 2; ++j) {
+      e[j] = l[j] > 0.0f ? expf(m[j] - m_all) : 0.0f;
+      denom += l[j] * e[j];
+    }
+    denom = warp_sum(denom);
+    for (int j = 0; j < 2; ++j)
+      if (lane + 32 * j < num_splits) s_weight[lane + 32 * j] = e[j] / denom;
+  }
+  __syncthreads();
+  float* dst = o_latent + (static_cast<int64_t>(t) * d.num_heads + h) * lora;
+  for (int c = threadIdx.x; c < lora; c += kThreads) {
+    float v = 0.0f;
+    for (int s = 0; s < num_splits; ++s) v += parts[static_cast<int64_t>(s) * (lora + 2) + c] * s_weight[s];
+    dst[c] = v;
   }
 }
 
@@ -268,21 +285,31 @@ void launch_mla_cache_write(const MlaDims& d, const MlaBatchView& b, const float
 void launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* q, const float* w_uk,
                           const float* w_uv_t, const float* rope_cos, const float* rope_sin, const float* cache,
                           float softmax_scale, int num_splits, int split_len_tokens, float* workspace,
-                          float* q_latent, float* o_latent, float* out, Stream stream) {
+                          float* q_latent, float* o_latent, float* out, const int32_t* prefill_tiles,
+                          int num_prefill_tiles, Stream stream) {
   check_dims(d);
   if (b.num_tokens == 0) return;
-  DS_CHECK(num_splits >= 1 && num_splits <= 65535 && split_len_tokens >= 0 && d.num_heads <= 65535);
+  DS_CHECK(num_splits >= 1 && num_splits <= kMaxSplits && split_len_tokens >= 0 && d.num_heads <= 65535);
   const int lora = d.kv_lora_rank, qk = d.qk_nope_head_dim + d.qk_rope_head_dim;
   // q_lat[t, h] = q_nope[t, h] · W_UK[h]
   launch_head_gemm(q, static_cast<int64_t>(d.num_heads) * qk, qk, w_uk, d.num_heads, d.qk_nope_head_dim, lora,
                    q_latent, static_cast<int64_t>(d.num_heads) * lora, lora, b.num_tokens, stream);
-  const dim3 grid(b.num_tokens, d.num_heads, num_splits);
-  attention_partial_kernel<<<grid, kThreads, 0, stream>>>(d, b, q, q_latent, rope_cos, rope_sin, cache, softmax_scale,
-                                                          num_splits, split_len_tokens, workspace);
-  DS_CUDA_CHECK_LAUNCH();
-  const dim3 grid2(b.num_tokens, d.num_heads);
-  attention_combine_kernel<<<grid2, kThreads, 0, stream>>>(d, num_splits, workspace, o_latent);
-  DS_CUDA_CHECK_LAUNCH();
+  if (num_prefill_tiles > 0) {
+    launch_mla_prefill_attention(d, b, q, q_latent, rope_cos, rope_sin, cache, softmax_scale, prefill_tiles,
+                                 num_prefill_tiles, o_latent, stream);
+  } else {
+    constexpr int kMaxGridY = 65535;
+    for (int token_base = 0; token_base < b.num_tokens; token_base += kMaxGridY) {
+      const dim3 grid(d.num_heads, std::min(kMaxGridY, b.num_tokens - token_base), num_splits);
+      attention_partial_kernel<<<grid, kThreads, 0, stream>>>(d, b, q, q_latent, rope_cos, rope_sin, cache,
+                                                              softmax_scale, num_splits, split_len_tokens, token_base,
+                                                              workspace);
+      DS_CUDA_CHECK_LAUNCH();
+    }
+    const dim3 grid2(b.num_tokens, d.num_heads);
+    attention_combine_kernel<<<grid2, kThreads, 0, stream>>>(d, num_splits, workspace, o_latent);
+    DS_CUDA_CHECK_LAUNCH();
+  }
   // out[t, h] = o_lat[t, h] · W_UVᵀ[h]
   launch_head_gemm(o_latent, static_cast<int64_t>(d.num_heads) * lora, lora, w_uv_t, d.num_heads, lora, d.v_head_dim,
                    out, static_cast<int64_t>(d.num_heads) * d.v_head_dim, d.v_head_dim, b.num_tokens, stream);

@@ -331,11 +331,11 @@ Tensor CudaBackend::to_bf16_padded(const Tensor& x, int64_t k_padded) {
 }
 
 void CudaBackend::gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, int epilogue, void* y,
-                       int64_t ldy, int64_t n_out) {
+                       int64_t ldy, int64_t n_out, bool library_gemm) {
   if (rows == 0) return;
   const GemmWeight g = gemm_weight_of(w);
   const auto kind = static_cast<GemmEpilogue>(epilogue);
-  if (!batch_invariant_ && rows > own_gemm_max_rows_) {
+  if (!batch_invariant_ && (library_gemm || rows > own_gemm_max_rows_)) {
     // Many rows: compute-bound, cuBLASLt's bf16 GEMM (e4m3 weights widened for the call).
     const uint16_t* wb = w.weight.as<uint16_t>();
     Tensor widened;

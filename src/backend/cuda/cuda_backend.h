@@ -85,8 +85,9 @@ class CudaBackend final : public Backend {
   // Packs w [rows, cols] for the GEMM; gate_up: rows are gate then up, interleaved per tile.
   LinearWeight pack_weight(const HostTensor& w, bool gate_up);
   // y (epilogue's layout) = x · Wᵀ for bf16 x [rows, w's k_padded]; own kernel or cuBLASLt.
+  // library_gemm: use cuBLASLt whatever the row count (unless batch invariance is asked for).
   void gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, int epilogue, void* y, int64_t ldy,
-            int64_t n_out);
+            int64_t n_out, bool library_gemm = false);
   Tensor to_bf16_padded(const Tensor& x, int64_t k_padded);
   void moe_experts_grouped(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
                            const int32_t* block_offsets, const int32_t* src_rows, int64_t num_entries,

@@ -75,13 +75,34 @@ void CudaBackend::mla_attention(const MlaAttentionArgs& args) {
   } else if (work < 2 * num_sms_) {
     num_splits = static_cast<int>(std::min<int64_t>((2 * num_sms_ + work - 1) / work, 64));
   }
-  Tensor workspace = alloc_->cached({work * num_splits * (w.kv_lora_rank + 2)}, DType::kF32);
+  // Prefill chunks (a sequence with 16 new tokens or more) go to the tensor-core kernel, which
+  // reads each cache entry once per 16 queries; every token of the batch then runs in tiles.
+  std::vector<int32_t> tiles;
+  if (!batch_invariant_ && !recording_ && mla_prefill_supported(dims)) {
+    bool long_chunk = false;
+    for (int t = 0; t < num_tokens;) {
+      int n = 1;
+      while (t + n < num_tokens && n < kMlaPrefillTileTokens && batch.token_seq[t + n] == batch.token_seq[t]) ++n;
+      long_chunk = long_chunk || n == kMlaPrefillTileTokens;
+      tiles.push_back(t);
+      tiles.push_back(n);
+      t += n;
+    }
+    if (!long_chunk || tiles.size() / 2 > 65535) tiles.clear();
+  }
+  Tensor d_tiles;
+  if (!tiles.empty()) {
+    d_tiles = upload_ints(tiles);
+    num_splits = 1;
+  }
+  Tensor workspace = alloc_->cached({tiles.empty() ? work * num_splits * (w.kv_lora_rank + 2) : 1}, DType::kF32);
   Tensor q_latent = alloc_->cached({work * w.kv_lora_rank}, DType::kF32);
   Tensor o_latent = alloc_->cached({work * w.kv_lora_rank}, DType::kF32);
   launch_mla_attention(dims, view, args.q->as<float>(), w.w_uk.as<float>(), w.derived.as<float>(),
                        args.rope_cos->as<float>(), args.rope_sin->as<float>(), cache, args.softmax_scale, num_splits,
                        split_len, workspace.as<float>(), q_latent.as<float>(), o_latent.as<float>(),
-                       args.out->as<float>(), stream_);
+                       args.out->as<float>(), tiles.empty() ? nullptr : d_tiles.as<int32_t>(),
+                       static_cast<int>(tiles.size() / 2), stream_);
 }
 
 // W_UV transposed per head, [heads, kv_lora_rank, v_head_dim], for the output projection's
@@ -256,10 +277,11 @@ void CudaBackend::moe_experts_host_planned(const MoeWeights& w, const Tensor& x,
     if (n == 0) continue;
     Tensor x_rows = view_rows(xeb, begin, n);
     void* act_rows = act.as<uint16_t>() + begin * inter_p;
-    gemm(x_rows, n, w.expert_gate_up[e], static_cast<int>(GemmEpilogue::kSiluMulBf16), act_rows, inter_p, inter_p);
+    gemm(x_rows, n, w.expert_gate_up[e], static_cast<int>(GemmEpilogue::kSiluMulBf16), act_rows, inter_p, inter_p,
+         /*library_gemm=*/true);
     Tensor a_rows = view_rows(act, begin, n);
     gemm(a_rows, n, w.expert_down[e], static_cast<int>(GemmEpilogue::kStoreF32),
-         expert_out.as<float>() + begin * hidden, hidden, hidden);
+         expert_out.as<float>() + begin * hidden, hidden, hidden, /*library_gemm=*/true);
   }
 }
 

@@ -105,13 +105,15 @@ __global__ void silu_mul_interleaved_kernel(const float* gate_up, int64_t rows, 
 
 // One block per row: each thread scans a stride, then a shared-memory tree keeps the larger
 // value and, on ties, the lower index.
-__global__ void argmax_rows_kernel(const float* x, int64_t n, int32_t* out) {
-  __shared__ float s_val[kThreads];
-  __shared__ int32_t s_idx[kThreads];
+constexpr int kArgmaxThreads = 1024;
+
+__global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const float* x, int64_t n, int32_t* out) {
+  __shared__ float s_val[kArgmaxThreads];
+  __shared__ int32_t s_idx[kArgmaxThreads];
   const float* row = x + blockIdx.x * n;
   float best = -INFINITY;
   int32_t best_i = 0x7fffffff;
-  for (int64_t i = threadIdx.x; i < n; i += kThreads) {
+  for (int64_t i = threadIdx.x; i < n; i += kArgmaxThreads) {
     const float v = row[i];
     if (v > best || (best_i == 0x7fffffff)) {
       best = v;
@@ -121,7 +123,7 @@ __global__ void argmax_rows_kernel(const float* x, int64_t n, int32_t* out) {
   s_val[threadIdx.x] = best;
   s_idx[threadIdx.x] = best_i;
   __syncthreads();
-  for (int stride = kThreads / 2; stride > 0; stride >>= 1) {
+  for (int stride = kArgmaxThreads / 2; stride > 0; stride >>= 1) {
     if (threadIdx.x < stride) {
       const float v = s_val[threadIdx.x + stride];
       const int32_t j = s_idx[threadIdx.x + stride];
@@ -156,7 +158,7 @@ void launch_silu_mul_interleaved(const float* gate_up, int64_t rows, int64_t int
 
 void launch_argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, Stream stream) {
   if (rows == 0) return;
-  argmax_rows_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, n, out);
+  argmax_rows_kernel<<<static_cast<unsigned>(rows), kArgmaxThreads, 0, stream>>>(x, n, out);
   DS_CUDA_CHECK_LAUNCH();
 }
 

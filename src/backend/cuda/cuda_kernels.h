@@ -81,10 +81,23 @@ void launch_mla_cache_write(const MlaDims& d, const MlaBatchView& b, const float
 // w_uv_t is W_UV transposed per head: [heads, kv_lora_rank, v_head_dim].
 // Workspace: num_tokens * num_heads * num_splits * (kv_lora_rank + 2) floats; q_latent and
 // o_latent: num_tokens * num_heads * kv_lora_rank floats each.
+// prefill_tiles (device, [num_prefill_tiles, 2] = first token, count; tokens of one sequence
+// with consecutive positions, at most 16) switches the middle two steps to the tensor-core
+// prefill kernel of mla_prefill.cu, which covers every token of the batch through its tiles.
 void launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* q, const float* w_uk,
                           const float* w_uv_t, const float* rope_cos, const float* rope_sin, const float* cache,
                           float softmax_scale, int num_splits, int split_len_tokens, float* workspace,
-                          float* q_latent, float* o_latent, float* out, Stream stream);
+                          float* q_latent, float* o_latent, float* out, const int32_t* prefill_tiles,
+                          int num_prefill_tiles, Stream stream);
+
+// ---- MLA prefill on tensor cores (mla_prefill.cu) ----
+constexpr int kMlaPrefillTileTokens = 16;
+bool mla_prefill_supported(const MlaDims& d);
+// o_latent [T, H, lora] for the tokens of the tiles (bf16 operands, fp32 softmax and sums).
+void launch_mla_prefill_attention(const MlaDims& d, const MlaBatchView& b, const float* q, const float* q_latent,
+                                  const float* rope_cos, const float* rope_sin, const float* cache,
+                                  float softmax_scale, const int32_t* tiles, int num_tiles, float* o_latent,
+                                  Stream stream);
 
 // ---- MoE (cuda_moe.cu) ----
 struct MoeRouteParams {

@@ -1,6 +1,6 @@
-// MoE routing and combination on the GPU. Routing follows cpu::route_token exactly (same
-// tie-breaking: lower expert index first) so that CPU and CUDA pick the same experts whenever
-// the scores agree; one thread per token is plenty next to the expert GEMMs.
+// MoE routing, planning and combination on the GPU. Routing follows cpu::route_token exactly
+// (same tie-breaking: lower expert index first) so that CPU and CUDA pick the same experts
+// whenever the scores agree; a block per token keeps a decode step's routing short.
 #include <cfloat>
 
 #include "backend/cuda/cuda_check.h"
@@ -12,86 +12,136 @@ namespace {
 constexpr int kMaxExperts = 512;
 constexpr int kMaxTopK = 32;
 
-// Index of the largest v[i] not yet taken (ties to the lower index); marks it taken.
-__device__ int take_max(const float* v, bool* taken, int n) {
-  int best = -1;
-  for (int i = 0; i < n; ++i) {
-    if (taken[i]) continue;
-    if (best < 0 || v[i] > v[best]) best = i;
-  }
-  taken[best] = true;
-  return best;
+constexpr int kRouteThreads = 128;
+constexpr int kRouteWarps = kRouteThreads / 32;
+
+struct Best {
+  float v;
+  int i;
+};
+// The larger value wins; equal values go to the lower index (cpu::route_token's rule).
+__device__ __forceinline__ Best better(Best a, Best b) {
+  if (b.i < 0) return a;
+  if (a.i < 0) return b;
+  return (b.v > a.v || (b.v == a.v && b.i < a.i)) ? b : a;
 }
 
-// Routes token t from its router logits `lg` (one thread).
-__device__ void route_token(const float* lg, int64_t t, const MoeRouteParams& p, const float* bias,
-                            int32_t* expert_ids, float* weights) {
+// Block-wide best of the entries not yet taken (every thread calls; all get the result).
+__device__ Best block_best(const float* v, const bool* taken, int n, Best* s_warp) {
+  Best best{0.0f, -1};
+  for (int e = threadIdx.x; e < n; e += kRouteThreads)
+    if (!taken[e]) best = better(best, Best{v[e], e});
+  for (int off = 16; off > 0; off >>= 1) {
+    Best other{__shfl_xor_sync(0xffffffffu, best.v, off), __shfl_xor_sync(0xffffffffu, best.i, off)};
+    best = better(best, other);
+  }
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) s_warp[threadIdx.x / 32] = best;
+  __syncthreads();
+  Best all = s_warp[0];
+  for (int w = 1; w < kRouteWarps; ++w) all = better(all, s_warp[w]);
+  return all;
+}
+
+__device__ float block_sum(float v, float* s_warp) {
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) s_warp[threadIdx.x / 32] = v;
+  __syncthreads();
+  float total = 0.0f;
+  for (int w = 0; w < kRouteWarps; ++w) total += s_warp[w];
+  return total;
+}
+
+// One block per token: scores, optional correction bias, group limit, top-k and weights, with
+// the selection rules of cpu::route_token (the same experts whenever the scores agree).
+__global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logits, MoeRouteParams p,
+                                                              const float* bias, int32_t* expert_ids,
+                                                              float* weights) {
+  __shared__ float s_score[kMaxExperts], s_choice[kMaxExperts], s_group[kMaxExperts];
+  __shared__ bool s_taken[kMaxExperts], s_group_taken[kMaxExperts], s_kept[kMaxExperts];
+  __shared__ Best s_best[kRouteWarps];
+  __shared__ float s_sum[kRouteWarps];
+  __shared__ int s_ids[kMaxTopK];
+  const int64_t t = blockIdx.x;
   const int n = p.num_experts;
-  float scores[kMaxExperts], choice[kMaxExperts];
-  bool taken[kMaxExperts];
+  const float* lg = logits + t * n;
+  for (int e = threadIdx.x; e < n; e += kRouteThreads) s_taken[e] = false;
+  __syncthreads();
   if (!p.sigmoid) {
-    float mx = -FLT_MAX;
-    for (int e = 0; e < n; ++e) mx = fmaxf(mx, lg[e]);
-    double sum = 0.0;
-    for (int e = 0; e < n; ++e) {
-      scores[e] = expf(lg[e] - mx);
-      sum += scores[e];
+    const float max_logit = block_best(lg, s_taken, n, s_best).v;
+    float part = 0.0f;
+    for (int e = threadIdx.x; e < n; e += kRouteThreads) {
+      s_score[e] = expf(lg[e] - max_logit);
+      part += s_score[e];
     }
-    for (int e = 0; e < n; ++e) scores[e] = static_cast<float>(scores[e] / sum);
+    const float sum = block_sum(part, s_sum);
+    for (int e = threadIdx.x; e < n; e += kRouteThreads) s_score[e] /= sum;
   } else {
-    for (int e = 0; e < n; ++e) scores[e] = 1.0f / (1.0f + expf(-lg[e]));
+    for (int e = threadIdx.x; e < n; e += kRouteThreads) s_score[e] = 1.0f / (1.0f + expf(-lg[e]));
   }
-  for (int e = 0; e < n; ++e) {
-    choice[e] = scores[e] + ((p.topk_method == 2 && bias != nullptr) ? bias[e] : 0.0f);
-    taken[e] = false;
-  }
+  for (int e = threadIdx.x; e < n; e += kRouteThreads)
+    s_choice[e] = s_score[e] + ((p.topk_method == 2 && bias != nullptr) ? bias[e] : 0.0f);
+  __syncthreads();
   if (p.topk_method != 0 && p.num_groups > 1) {
     const int per_group = n / p.num_groups;
-    float group_scores[kMaxExperts];
-    bool group_taken[kMaxExperts], kept[kMaxExperts];
-    for (int g = 0; g < p.num_groups; ++g) {
-      const float* s = choice + g * per_group;
-      if (p.topk_method == 2) {  // noaux_tc: sum of the group's top two
+    for (int g = threadIdx.x; g < p.num_groups; g += kRouteThreads) {
+      const float* c = s_choice + g * per_group;
+      if (p.topk_method == 2) {  // noaux_tc: the sum of the group's top two
         int i0 = 0;
         for (int i = 1; i < per_group; ++i)
-          if (s[i] > s[i0]) i0 = i;
+          if (c[i] > c[i0]) i0 = i;
         float second = 0.0f;
         if (per_group > 1) {
           int i1 = -1;
           for (int i = 0; i < per_group; ++i)
-            if (i != i0 && (i1 < 0 || s[i] > s[i1])) i1 = i;
-          second = s[i1];
+            if (i != i0 && (i1 < 0 || c[i] > c[i1])) i1 = i;
+          second = c[i1];
         }
-        group_scores[g] = s[i0] + second;
-      } else {  // group_limited_greedy: the group's best score
-        float mx = s[0];
-        for (int i = 1; i < per_group; ++i) mx = fmaxf(mx, s[i]);
-        group_scores[g] = mx;
+        s_group[g] = c[i0] + second;
+      } else {  // group_limited_greedy: the group's best
+        float mx = c[0];
+        for (int i = 1; i < per_group; ++i) mx = fmaxf(mx, c[i]);
+        s_group[g] = mx;
       }
-      group_taken[g] = false;
-      kept[g] = false;
+      s_group_taken[g] = false;
+      s_kept[g] = false;
     }
-    for (int i = 0; i < p.topk_groups; ++i) kept[take_max(group_scores, group_taken, p.num_groups)] = true;
-    for (int e = 0; e < n; ++e)
-      if (!kept[e / per_group]) choice[e] = -INFINITY;
+    __syncthreads();
+    for (int i = 0; i < p.topk_groups; ++i) {
+      const Best b = block_best(s_group, s_group_taken, p.num_groups, s_best);
+      if (threadIdx.x == 0) {
+        s_group_taken[b.i] = true;
+        s_kept[b.i] = true;
+      }
+      __syncthreads();
+    }
+    for (int e = threadIdx.x; e < n; e += kRouteThreads)
+      if (!s_kept[e / per_group]) s_choice[e] = -INFINITY;
+    __syncthreads();
   }
-  float w[kMaxTopK];
-  float sum = 0.0f;
   for (int i = 0; i < p.top_k; ++i) {
-    const int e = take_max(choice, taken, n);
-    expert_ids[t * p.top_k + i] = e;
-    w[i] = scores[e];
-    sum += w[i];
+    const Best b = block_best(s_choice, s_taken, n, s_best);
+    if (threadIdx.x == 0) {
+      s_taken[b.i] = true;
+      s_ids[i] = b.i;
+    }
+    __syncthreads();
   }
-  if (p.norm_topk_prob && p.top_k > 1)
-    for (int i = 0; i < p.top_k; ++i) w[i] /= (sum + 1e-20f);
-  for (int i = 0; i < p.top_k; ++i) weights[t * p.top_k + i] = w[i] * p.routed_scaling_factor;
-}
-
-__global__ void route_kernel(const float* logits, int64_t num_tokens, MoeRouteParams p, const float* bias,
-                             int32_t* expert_ids, float* weights) {
-  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (t < num_tokens) route_token(logits + t * p.num_experts, t, p, bias, expert_ids, weights);
+  if (threadIdx.x == 0) {
+    float w[kMaxTopK];
+    float sum = 0.0f;
+    for (int i = 0; i < p.top_k; ++i) {
+      w[i] = s_score[s_ids[i]];
+      sum += w[i];
+    }
+    if (p.norm_topk_prob && p.top_k > 1)
+      for (int i = 0; i < p.top_k; ++i) w[i] /= (sum + 1e-20f);
+    for (int i = 0; i < p.top_k; ++i) {
+      expert_ids[t * p.top_k + i] = s_ids[i];
+      weights[t * p.top_k + i] = w[i] * p.routed_scaling_factor;
+    }
+  }
 }
 
 constexpr int kLogitWarps = 8;
@@ -181,8 +231,8 @@ void launch_moe_route(const float* logits, int64_t num_tokens, const MoeRoutePar
                       int32_t* expert_ids, float* weights, Stream stream) {
   check_route_params(p);
   if (num_tokens == 0) return;
-  route_kernel<<<static_cast<unsigned>((num_tokens + 63) / 64), 64, 0, stream>>>(logits, num_tokens, p, bias,
-                                                                                  expert_ids, weights);
+  DS_CHECK(num_tokens <= 0x7fffffff);
+  route_kernel<<<static_cast<unsigned>(num_tokens), kRouteThreads, 0, stream>>>(logits, p, bias, expert_ids, weights);
   DS_CUDA_CHECK_LAUNCH();
 }
 

@@ -109,7 +109,11 @@ class CudaAttentionTest : public CudaVsCpuTest {
         be.read_cache_block(cache, static_cast<int32_t>(blk), cache_after[b].data() + blk * kBlockSize * entry);
     }
     EXPECT_LT(relative_error(cache_after[1], cache_after[0]), 1e-5) << "cache after the step";
-    EXPECT_LT(relative_error(out[1], out[0]), 1e-4) << "attention output";
+    // A step with a prefill chunk of 16 tokens or more runs on tensor cores (bf16 queries, cache
+    // entries and probabilities, fp32 sums); decode-only steps stay in fp32.
+    bool prefill_chunk = false;
+    for (const auto& sq : seqs) prefill_chunk = prefill_chunk || sq.num_new >= 16;
+    EXPECT_LT(relative_error(out[1], out[0]), prefill_chunk ? 2e-2 : 1e-4) << "attention output";
   }
 };
 
@@ -130,6 +134,8 @@ TEST_F(CudaAttentionTest, LongContextDecodeSplitsTheContext) {
 TEST_F(CudaAttentionTest, LongPrefillChunkAfterCachedPrefix) {
   run_case(kV3Dims, {{1900, 200}}, 600);
   run_case({16, 512, 64, 128, 128}, {{0, 300}, {100, 2}}, 700);
+  // Chunks that are not whole 16-token tiles or 32-position key chunks, next to decodes.
+  run_case(kTinyDims, {{0, 37}, {45, 1}, {70, 19}, {3, 16}}, 800);
 }
 
 }  // namespace

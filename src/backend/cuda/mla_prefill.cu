@@ -1,0 +1,196 @@
+// MLA attention for prefill chunks on tensor cores (the decode kernel of cuda_attention.cu
+// reads a sequence's cache once per query token, which is quadratic in traffic for a long
+// prompt). A thread block owns a tile of up to 16 consecutive query tokens of one sequence and
+// one head, and walks the sequence's cache 32 positions at a time: each chunk of latent
+// entries is read once for the 16 queries, widened to bf16 in shared memory, and used twice,
+// as keys (scores = q_lat·c_kv + q_rope·k_rope, all 576 columns) and as values (the first 512
+// columns), flash-attention style with an online softmax per query row. The output is the
+// normalised latent o_lat, projected through W_UV by the caller as in decode.
+#include <cuda_bf16.h>
+#include <mma.h>
+
+#include <cfloat>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_kernels.h"
+
+namespace dsinfer::cuda {
+namespace {
+
+using namespace nvcuda;
+
+constexpr int kTileTokens = 16;
+constexpr int kChunk = 32;
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kMaxEntry = 576;  // kv_lora_rank + qk_rope_head_dim
+constexpr int kMaxLora = 512;
+constexpr int kLdEntry = kMaxEntry + 8;  // bf16 rows of queries and cache entries
+constexpr int kLdScores = kChunk + 4;
+constexpr int kLdProbs = kChunk + 8;
+constexpr int kLdOut = kMaxLora + 4;
+
+struct Smem {
+  __nv_bfloat16 q[kTileTokens][kLdEntry];
+  __nv_bfloat16 kv[kChunk][kLdEntry];
+  float scores[kTileTokens][kLdScores];
+  __nv_bfloat16 probs[kTileTokens][kLdProbs];
+  float out[kTileTokens][kLdOut];
+  float row_max[kTileTokens], row_sum[kTileTokens], row_scale[kTileTokens];
+  int positions[kTileTokens];
+};
+
+__device__ float warp_max(float v) {
+  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
+__device__ float warp_sum(float v) {
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+// tiles: [num_tiles, 2] (first token, token count); the tokens of a tile belong to one sequence
+// and have consecutive positions.
+__global__ void __launch_bounds__(kThreads) prefill_kernel(MlaDims d, MlaBatchView b, const float* q,
+                                                           const float* q_latent, const float* rope_cos,
+                                                           const float* rope_sin, const float* cache,
+                                                           float softmax_scale, const int32_t* tiles,
+                                                           float* o_latent) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  Smem& s = *reinterpret_cast<Smem*>(smem_raw);
+  const int h = blockIdx.x, tile = blockIdx.y;  // heads of a tile side by side: they share its cache reads
+  const int t0 = tiles[2 * tile], count = tiles[2 * tile + 1];
+  const int lora = d.kv_lora_rank, rope = d.qk_rope_head_dim, nope = d.qk_nope_head_dim;
+  const int entry = lora + rope, half = rope / 2, bs = d.block_size;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int32_t* table = b.tables + b.table_offsets[b.token_seq[t0]];
+
+  // Queries: q_lat | rotated q_rope, in bf16; rows past the tile's tokens are zero.
+  for (int i = threadIdx.x; i < kTileTokens * entry; i += kThreads) {
+    const int r = i / entry, c = i % entry;
+    float v = 0.0f;
+    if (r < count) {
+      const int t = t0 + r;
+      if (c < lora) {
+        v = q_latent[(static_cast<int64_t>(t) * d.num_heads + h) * lora + c];
+      } else {
+        const int j = (c - lora) / 2, pos = b.positions[t];
+        const float* qr = q + (static_cast<int64_t>(t) * d.num_heads + h) * (nope + rope) + nope;
+        const float x0 = qr[2 * j], x1 = qr[2 * j + 1];
+        const float cs = rope_cos[pos * half + j], sn = rope_sin[pos * half + j];
+        v = (c - lora) % 2 == 0 ? x0 * cs - x1 * sn : x0 * sn + x1 * cs;
+      }
+    }
+    s.q[r][c] = __float2bfloat16_rn(v);
+  }
+  for (int i = threadIdx.x; i < kTileTokens * lora; i += kThreads) s.out[i / lora][i % lora] = 0.0f;
+  if (threadIdx.x < kTileTokens) {
+    const int r = threadIdx.x;
+    s.positions[r] = r < count ? b.positions[t0 + r] : -1;
+    s.row_max[r] = -FLT_MAX;
+    s.row_sum[r] = 0.0f;
+  }
+  __syncthreads();
+  const int last_pos = s.positions[count - 1];
+  const int num_chunks = last_pos / kChunk + 1;
+
+  for (int chunk = 0; chunk < num_chunks; ++chunk) {
+    // Cache entries of positions chunk*32 .. +31, widened to bf16 (float4 reads).
+    const int vec_per_row = entry / 4;
+    for (int i = threadIdx.x; i < kChunk * vec_per_row; i += kThreads) {
+      const int j = i / vec_per_row, c = (i % vec_per_row) * 4;
+      const int kpos = chunk * kChunk + j;
+      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (kpos <= last_pos) {
+        const int64_t slot = static_cast<int64_t>(table[kpos / bs]) * bs + kpos % bs;
+        v = *reinterpret_cast<const float4*>(cache + slot * entry + c);
+      }
+      s.kv[j][c] = __float2bfloat16_rn(v.x);
+      s.kv[j][c + 1] = __float2bfloat16_rn(v.y);
+      s.kv[j][c + 2] = __float2bfloat16_rn(v.z);
+      s.kv[j][c + 3] = __float2bfloat16_rn(v.w);
+    }
+    __syncthreads();
+    // Scores [16 x 32]: warps 0 and 1 take 16 positions each.
+    if (warp < 2) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+      wmma::fill_fragment(acc, 0.0f);
+      for (int k = 0; k < entry; k += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fq;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fk;
+        wmma::load_matrix_sync(fq, &s.q[0][k], kLdEntry);
+        wmma::load_matrix_sync(fk, &s.kv[warp * 16][k], kLdEntry);
+        wmma::mma_sync(acc, fq, fk, acc);
+      }
+      wmma::store_matrix_sync(&s.scores[0][warp * 16], acc, kLdScores, wmma::mem_row_major);
+    }
+    __syncthreads();
+    // Online softmax: warp w owns rows 4w..4w+3, lane j position chunk*32 + j.
+    for (int r = warp * 4; r < warp * 4 + 4; ++r) {
+      const int qpos = s.positions[r];
+      const int kpos = chunk * kChunk + lane;
+      const bool visible = qpos >= 0 && kpos <= qpos;
+      const float score = visible ? s.scores[r][lane] * softmax_scale : -FLT_MAX;
+      const float m_old = s.row_max[r];
+      const float m_new = fmaxf(m_old, warp_max(score));
+      const float p = visible ? expf(score - m_new) : 0.0f;
+      const float sum = warp_sum(p);
+      s.probs[r][lane] = __float2bfloat16_rn(p);
+      if (lane == 0) {
+        const float scale = m_old == -FLT_MAX ? 0.0f : expf(m_old - m_new);
+        s.row_scale[r] = scale;
+        s.row_sum[r] = s.row_sum[r] * scale + sum;
+        s.row_max[r] = m_new;
+      }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < kTileTokens * lora; i += kThreads) s.out[i / lora][i % lora] *= s.row_scale[i / lora];
+    __syncthreads();
+    // out [16 x lora] += probs [16 x 32] · values [32 x lora]: warp w owns column blocks w, w+4, ...
+    for (int f = warp; f < lora / 16; f += kWarps) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+      wmma::load_matrix_sync(acc, &s.out[0][f * 16], kLdOut, wmma::mem_row_major);
+      for (int k = 0; k < kChunk; k += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fp;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fv;
+        wmma::load_matrix_sync(fp, &s.probs[0][k], kLdProbs);
+        wmma::load_matrix_sync(fv, &s.kv[k][f * 16], kLdEntry);
+        wmma::mma_sync(acc, fp, fv, acc);
+      }
+      wmma::store_matrix_sync(&s.out[0][f * 16], acc, kLdOut, wmma::mem_row_major);
+    }
+    __syncthreads();
+  }
+  for (int i = threadIdx.x; i < count * lora; i += kThreads) {
+    const int r = i / lora, c = i % lora;
+    o_latent[(static_cast<int64_t>(t0 + r) * d.num_heads + h) * lora + c] = s.out[r][c] / s.row_sum[r];
+  }
+}
+
+}  // namespace
+
+bool mla_prefill_supported(const MlaDims& d) {
+  const int entry = d.kv_lora_rank + d.qk_rope_head_dim;
+  return d.kv_lora_rank <= kMaxLora && entry <= kMaxEntry && d.kv_lora_rank % 16 == 0 && entry % 16 == 0 &&
+         d.qk_rope_head_dim % 2 == 0;
+}
+
+void launch_mla_prefill_attention(const MlaDims& d, const MlaBatchView& b, const float* q, const float* q_latent,
+                                  const float* rope_cos, const float* rope_sin, const float* cache,
+                                  float softmax_scale, const int32_t* tiles, int num_tiles, float* o_latent,
+                                  Stream stream) {
+  DS_CHECK(mla_prefill_supported(d) && num_tiles <= 65535);
+  if (num_tiles == 0) return;
+  static const bool configured = [] {
+    DS_CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(sizeof(Smem))));
+    return true;
+  }();
+  (void)configured;
+  const dim3 grid(d.num_heads, num_tiles);
+  prefill_kernel<<<grid, kThreads, sizeof(Smem), stream>>>(d, b, q, q_latent, rope_cos, rope_sin, cache,
+                                                           softmax_scale, tiles, o_latent);
+  DS_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace dsinfer::cuda
