@@ -141,6 +141,12 @@ const int32_t* CudaBackend::step_ints(const void* host_field) const {
   return nullptr;
 }
 
+const int32_t* CudaBackend::device_ints(std::span<const int32_t> host, Tensor& uploaded) {
+  if (const int32_t* d = step_ints(host.data())) return d;
+  uploaded = upload_ints(std::vector<int32_t>(host.begin(), host.end()));
+  return uploaded.as<int32_t>();
+}
+
 void CudaBackend::begin_recording(uint64_t key) {
   (void)key;
   DS_CHECK(!recording_);
@@ -421,12 +427,8 @@ void CudaBackend::gated_mlp(const Tensor& x, const LinearWeight& gate_up, const 
 void CudaBackend::embedding(const Tensor& table, std::span<const TokenId> ids, Tensor& out) {
   const int64_t vocab = table.dim(0), hidden = table.dim(1);
   for (TokenId id : ids) DS_CHECK_MSG(id >= 0 && id < vocab, "token id " << id << " outside vocab " << vocab);
-  const int32_t* d_ids = step_ints(ids.data());
   Tensor uploaded;
-  if (d_ids == nullptr) {
-    uploaded = upload_ints(std::vector<int32_t>(ids.begin(), ids.end()));
-    d_ids = uploaded.as<int32_t>();
-  }
+  const int32_t* d_ids = device_ints(ids, uploaded);
   launch_gather_rows(table.as<float>(), d_ids, static_cast<int64_t>(ids.size()), hidden, out.as<float>(), stream_);
 }
 
@@ -450,12 +452,8 @@ void CudaBackend::concat_cols(const Tensor& a, const Tensor& b, Tensor& out) {
 void CudaBackend::gather_rows(const Tensor& x, std::span<const int32_t> rows, Tensor& out) {
   const int64_t num_rows = x.dim(0);
   for (int32_t i : rows) DS_CHECK_MSG(i >= 0 && i < num_rows, "gather_rows: row " << i << " of " << num_rows);
-  const int32_t* d_rows = step_ints(rows.data());
   Tensor uploaded;
-  if (d_rows == nullptr) {
-    uploaded = upload_ints(std::vector<int32_t>(rows.begin(), rows.end()));
-    d_rows = uploaded.as<int32_t>();
-  }
+  const int32_t* d_rows = device_ints(rows, uploaded);
   launch_gather_rows(x.as<float>(), d_rows, static_cast<int64_t>(rows.size()), x.dim(1), out.as<float>(), stream_);
 }
 

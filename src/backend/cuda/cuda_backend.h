@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "backend/backend.h"
@@ -98,7 +99,11 @@ class CudaBackend final : public Backend {
   void gated_mlp_bf16(const Tensor& x_bf16, int64_t rows, const LinearWeight& gate_up, const LinearWeight& down,
                       float* out, int64_t ldo);
 
+  // The device copy of a field of the current step's batch, or null for other host data.
   const int32_t* step_ints(const void* host_field) const;
+  // Device ints for `host`: the step buffers' copy when it is a field of the step, else a fresh
+  // upload kept alive by `uploaded`.
+  const int32_t* device_ints(std::span<const int32_t> host, Tensor& uploaded);
 
   Stream stream_ = nullptr;
   int num_sms_ = 132;

@@ -189,18 +189,25 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedGemmArgs 
       const unsigned char* stage = warp_smem + (i % kStages) * L::kStageBytes;
       const __nv_bfloat16* w_tile = reinterpret_cast<const __nv_bfloat16*>(stage);
       if constexpr (kFp8) {
-        // Lane r widens weight row r of the chunk, applying its block scale.
+        // The 32x32-byte chunk as 256 words, lane-consecutive (no bank conflicts): word q is
+        // row q / 8, bytes (q % 8) * 4 .. +3, widened with its row group's block scale.
         const int k0 = (chunk_begin + warp + i * kWarps) * kGemmChunkK;
-        const float scale = w.scales[((n0 + lane) / 16) * scale_cols + k0 / kScaleCols];
-        const uint8_t* src = stage + lane * kGemmChunkK;
-        __nv_bfloat16* dst = widened + lane * kLd;
+        const float scale_lo = w.scales[(n0 / 16) * scale_cols + k0 / kScaleCols];
+        const float scale_hi = w.scales[(n0 / 16 + 1) * scale_cols + k0 / kScaleCols];
+        const uint32_t* words = reinterpret_cast<const uint32_t*>(stage);
 #pragma unroll
-        for (int c = 0; c < kGemmChunkK; c += 2) {
-          const __half2_raw h2 =
-              __nv_cvt_fp8x2_to_halfraw2(*reinterpret_cast<const __nv_fp8x2_storage_t*>(src + c), __NV_E4M3);
-          const float2 v = __half22float2(__half2(h2));
-          dst[c] = __float2bfloat16_rn(v.x * scale);
-          dst[c + 1] = __float2bfloat16_rn(v.y * scale);
+        for (int j = 0; j < 8; ++j) {
+          const int q = lane + 32 * j, row = q / 8, col = (q % 8) * 4;
+          const uint32_t packed = words[q];
+          const float scale = row < 16 ? scale_lo : scale_hi;
+          const auto pair_lo = static_cast<__nv_fp8x2_storage_t>(packed & 0xffffu);
+          const auto pair_hi = static_cast<__nv_fp8x2_storage_t>(packed >> 16);
+          const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(pair_lo, __NV_E4M3);
+          const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(pair_hi, __NV_E4M3);
+          const float2 a = __half22float2(__half2(lo)), b = __half22float2(__half2(hi));
+          __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(widened + row * kLd + col);
+          dst[0] = __floats2bfloat162_rn(a.x * scale, a.y * scale);
+          dst[1] = __floats2bfloat162_rn(b.x * scale, b.y * scale);
         }
         __syncwarp();
         w_tile = widened;
