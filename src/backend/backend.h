@@ -56,7 +56,7 @@ struct ForwardBatch {
   int num_tokens = 0;
   std::vector<TokenId> token_ids;       // [num_tokens]
   std::vector<int32_t> positions;       // [num_tokens]
-  std::vector<int32_t> slot_mapping;    // [num_tokens] block_id * block_size + offset
+  std::vector<int32_t> slot_mapping;    // [num_tokens] block_id * block_size + offset; -1: padding, not stored
   std::vector<int32_t> token_seq;       // [num_tokens] index of the token's sequence
   // Per sequence: its block table and its context length after this step (cached + new).
   std::vector<std::vector<int32_t>> block_tables;

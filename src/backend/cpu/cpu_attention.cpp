@@ -40,6 +40,7 @@ void CpuBackend::mla_attention(const MlaAttentionArgs& args) {
 
   // 1. New tokens into the cache: normalised latent, rotated key rope part.
   for (int t = 0; t < num_tokens; ++t) {
+    if (batch.slot_mapping[t] < 0) continue;  // a padding token: nothing to store
     const float* src = args.kv_a->as<float>() + static_cast<int64_t>(t) * entry;
     float* dst = cache + static_cast<int64_t>(batch.slot_mapping[t]) * entry;
     cpu::rms_norm_row(src, w.kv_a_layernorm.as<float>(), lora, args.latent_norm_eps, dst);

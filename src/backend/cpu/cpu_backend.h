@@ -6,7 +6,7 @@
 
 namespace dsinfer {
 
-class CpuBackend final : public Backend {
+class CpuBackend : public Backend {
  public:
   std::string name() const override { return "cpu"; }
 

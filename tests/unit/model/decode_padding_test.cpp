@@ -1,0 +1,112 @@
+// Decode steps on a backend that records run as their batch bucket, with padding sequences
+// added. Here the backend claims to record but every recording fails, so the model runs the
+// padded batch eagerly: its real rows and the cache it leaves must match the plain batch's bit
+// for bit (the CPU backend's arithmetic does not depend on the batch).
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "model/deepseek_model.h"
+#include "model/deepseek_weights.h"
+#include "model/model_config.h"
+
+namespace dsinfer {
+namespace {
+
+class FailingRecorderBackend : public CpuBackend {
+ public:
+  bool can_record() const override { return true; }
+  void begin_recording(uint64_t) override { ++num_begun; }
+  bool end_recording(uint64_t) override { return false; }
+  bool replay(uint64_t) override { return false; }
+  void begin_step(const ForwardBatch& batch) override { step_sizes.push_back(batch.num_tokens); }
+  int num_begun = 0;
+  std::vector<int> step_sizes;
+};
+
+constexpr int kBlockSize = 64;
+
+// Three sequences at different lengths, one new token each.
+ForwardBatch decode_batch(int step, int vocab) {
+  ForwardBatch b;
+  const int lengths[3] = {5, 70, 33};
+  for (int s = 0; s < 3; ++s) {
+    const std::vector<int32_t> table = {2 * s + 1, 2 * s};
+    const int pos = lengths[s] + step;
+    b.token_ids.push_back((pos * 7 + s * 13) % vocab);
+    b.positions.push_back(pos);
+    b.slot_mapping.push_back(table[pos / kBlockSize] * kBlockSize + pos % kBlockSize);
+    b.token_seq.push_back(s);
+    b.block_tables.push_back(table);
+    b.context_lens.push_back(pos + 1);
+    b.logits_indices.push_back(s);
+  }
+  b.num_tokens = 3;
+  return b;
+}
+
+// The prompts before the decode steps, one forward over all three sequences.
+ForwardBatch prefill_batch(int vocab) {
+  ForwardBatch b;
+  const int lengths[3] = {5, 70, 33};
+  for (int s = 0; s < 3; ++s) {
+    const std::vector<int32_t> table = {2 * s + 1, 2 * s};
+    for (int pos = 0; pos < lengths[s]; ++pos) {
+      b.token_ids.push_back((pos * 5 + s) % vocab);
+      b.positions.push_back(pos);
+      b.slot_mapping.push_back(table[pos / kBlockSize] * kBlockSize + pos % kBlockSize);
+      b.token_seq.push_back(s);
+    }
+    b.block_tables.push_back(table);
+    b.context_lens.push_back(lengths[s]);
+    b.logits_indices.push_back(static_cast<int32_t>(b.token_ids.size()) - 1);
+  }
+  b.num_tokens = static_cast<int>(b.token_ids.size());
+  return b;
+}
+
+std::vector<float> host_copy(Backend& be, const Tensor& t) {
+  std::vector<float> v(t.num_elements());
+  be.to_host(t, v.data());
+  return v;
+}
+
+TEST(DecodePadding, PaddedBucketGivesTheRowsAndCacheOfThePlainBatch) {
+  const ModelConfig config = ModelConfig::load(std::string(DSINFER_SOURCE_DIR) + "/tests/data/tiny_v3");
+  CpuBackend plain;
+  FailingRecorderBackend recorder;
+  DeepseekModel plain_model(config, make_random_weights(config, plain, 5), plain, 256);
+  DeepseekModel padded_model(config, make_random_weights(config, recorder, 5), recorder, 256);
+  KvCaches plain_caches = plain_model.allocate_caches(8, kBlockSize);
+  KvCaches padded_caches = padded_model.allocate_caches(8, kBlockSize);
+  // Unused blocks hold a marker that a stray write of a padding token would overwrite.
+  std::vector<float> marker(plain_caches.layers[0].data.num_elements());
+  std::iota(marker.begin(), marker.end(), 0.5f);
+  for (KvCaches* caches : {&plain_caches, &padded_caches})
+    for (LayerKvCache& layer : caches->layers) std::copy(marker.begin(), marker.end(), layer.data.as<float>());
+
+  const ForwardBatch prompts = prefill_batch(config.vocab_size);
+  plain_model.forward(prompts, plain_caches);
+  padded_model.forward(prompts, padded_caches);
+  for (int step = 0; step < 3; ++step) {
+    const ForwardBatch batch = decode_batch(step, config.vocab_size);
+    const ForwardOutput a = plain_model.forward(batch, plain_caches);
+    const ForwardOutput b = padded_model.forward(batch, padded_caches);
+    ASSERT_EQ(b.logits.dim(0), 3) << "the caller sees its own rows only";
+    EXPECT_EQ(host_copy(recorder, b.logits), host_copy(plain, a.logits)) << "step " << step;
+    EXPECT_EQ(host_copy(recorder, b.hidden), host_copy(plain, a.hidden)) << "step " << step;
+  }
+  for (size_t l = 0; l < plain_caches.layers.size(); ++l)
+    EXPECT_EQ(host_copy(recorder, padded_caches.layers[l].data), host_copy(plain, plain_caches.layers[l].data))
+        << "layer " << l;
+  // The decode steps ran as the 4-sequence bucket; the second tried to record (and failed, so
+  // the third did not try again).
+  EXPECT_EQ(recorder.step_sizes, (std::vector<int>{prompts.num_tokens, 4, 4, 4}));
+  EXPECT_EQ(recorder.num_begun, 1);
+}
+
+}  // namespace
+}  // namespace dsinfer
