@@ -13,26 +13,6 @@ constexpr int kThreads = 256;
 
 int num_blocks_for(int64_t n) { return static_cast<int>((n + kThreads - 1) / kThreads); }
 
-__global__ void f32_to_bf16_kernel(const float* x, __nv_bfloat16* y, int64_t n) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i < n) y[i] = __float2bfloat16_rn(x[i]);
-}
-
-__global__ void bf16_to_f32_rows_kernel(const __nv_bfloat16* x, int64_t ldx, int64_t rows, int64_t cols, float* y) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= rows * cols) return;
-  const int64_t r = i / cols, c = i % cols;
-  y[i] = __bfloat162float(x[r * ldx + c]);
-}
-
-__global__ void bf16_to_f32_transposed_kernel(const __nv_bfloat16* x, int64_t ldx, int64_t rows, int64_t cols,
-                                              float* y) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= rows * cols) return;
-  const int64_t r = i / cols, c = i % cols;
-  y[i] = __bfloat162float(x[c * ldx + r]);
-}
-
 // One block per row: mean square in fp32 through a block reduction, then scale.
 __global__ void rms_norm_kernel(const float* x, const float* w, float eps, int64_t n, float* out) {
   __shared__ float warp_sums[32];
@@ -159,27 +139,6 @@ void launch_silu_mul_interleaved(const float* gate_up, int64_t rows, int64_t int
 void launch_argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, Stream stream) {
   if (rows == 0) return;
   argmax_rows_kernel<<<static_cast<unsigned>(rows), kArgmaxThreads, 0, stream>>>(x, n, out);
-  DS_CUDA_CHECK_LAUNCH();
-}
-
-void launch_f32_to_bf16(const float* x, uint16_t* y, int64_t n, Stream stream) {
-  if (n == 0) return;
-  f32_to_bf16_kernel<<<num_blocks_for(n), kThreads, 0, stream>>>(x, reinterpret_cast<__nv_bfloat16*>(y), n);
-  DS_CUDA_CHECK_LAUNCH();
-}
-
-void launch_bf16_to_f32_rows(const uint16_t* x, int64_t ldx, int64_t rows, int64_t cols, float* y, Stream stream) {
-  if (rows * cols == 0) return;
-  bf16_to_f32_rows_kernel<<<num_blocks_for(rows * cols), kThreads, 0, stream>>>(
-      reinterpret_cast<const __nv_bfloat16*>(x), ldx, rows, cols, y);
-  DS_CUDA_CHECK_LAUNCH();
-}
-
-void launch_bf16_to_f32_transposed(const uint16_t* x, int64_t ldx, int64_t rows, int64_t cols, float* y,
-                                   Stream stream) {
-  if (rows * cols == 0) return;
-  bf16_to_f32_transposed_kernel<<<num_blocks_for(rows * cols), kThreads, 0, stream>>>(
-      reinterpret_cast<const __nv_bfloat16*>(x), ldx, rows, cols, y);
   DS_CUDA_CHECK_LAUNCH();
 }
 

@@ -12,12 +12,6 @@ namespace dsinfer::cuda {
 using Stream = CUstream_st*;
 
 // ---- element-wise and row kernels (cuda_elementwise.cu) ----
-void launch_f32_to_bf16(const float* x, uint16_t* y, int64_t n, Stream stream);
-// y[r, c] = x[r, c] for r < rows, c < cols, from a bf16 matrix with row stride ldx.
-void launch_bf16_to_f32_rows(const uint16_t* x, int64_t ldx, int64_t rows, int64_t cols, float* y, Stream stream);
-// y[r, c] = x[c, r] for r < rows, c < cols, from a bf16 matrix [cols, ldx] (row stride ldx).
-void launch_bf16_to_f32_transposed(const uint16_t* x, int64_t ldx, int64_t rows, int64_t cols, float* y,
-                                   Stream stream);
 void launch_rms_norm(const float* x, const float* w, float eps, int64_t rows, int64_t n, float* out, Stream stream);
 void launch_add(float* x, const float* y, int64_t n, Stream stream);
 void launch_silu_mul(const float* gate_up, int64_t rows, int64_t inter, float* out, Stream stream);
@@ -34,18 +28,6 @@ void launch_argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, S
 // out[i] = x[rows[i]] (rows of `width` floats).
 void launch_gather_rows(const float* x, const int32_t* rows, int64_t num_rows, int64_t width, float* out,
                         Stream stream);
-
-// ---- FP8 (cuda_fp8.cu) ----
-// Quantises x [rows, k] to e4m3 per 1x128 tile for cuBLASLt's VEC128_32F scaling: q is
-// [rows_padded, k_padded] row-major (k_padded a multiple of 128; rows >= `rows` and padding
-// columns are zero); scales is [k_padded / 128, rows_padded] (tokens contiguous), holding the
-// dequantisation factor amax / 448 of each tile (1 for an all-zero tile).
-void launch_quantize_fp8_1x128(const float* x, int64_t rows, int64_t k, int64_t rows_padded, int64_t k_padded,
-                               uint8_t* q, float* scales, Stream stream);
-// Dequantises the [rows, cols] window of a 128x128-block scaled e4m3 weight (row stride w_ld;
-// scales with row stride scales_ld, one row per 128 weight rows) into bf16 [rows, cols].
-void launch_dequantize_fp8_to_bf16(const uint8_t* w, int64_t w_ld, const float* scales, int64_t scales_ld,
-                                   int64_t rows, int64_t cols, uint16_t* out, Stream stream);
 
 // ---- MLA attention (cuda_attention.cu) ----
 struct MlaDims {

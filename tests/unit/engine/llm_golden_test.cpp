@@ -52,7 +52,9 @@ TEST_P(LlmGoldenTest, GreedyTokensMatchReference) {
     num_compared += std::max(agree, 0);
   }
   EXPECT_GT(num_compared, 80);
-  if (v.num_kv_blocks > 0) EXPECT_GT(llm.engine().stats().num_preemptions, 0);
+  if (v.num_kv_blocks > 0) {
+    EXPECT_GT(llm.engine().stats().num_preemptions, 0);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
