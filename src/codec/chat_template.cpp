@@ -40,6 +40,13 @@ void append_system_prompt(const Conversation& c, std::string& out) {
   }
 }
 
+// One tool result: <｜tool▁output▁begin｜>content<｜tool▁output▁end｜>.
+void append_tool_output(std::string_view content, std::string& out) {
+  out += kOutputBegin;
+  out += content;
+  out += kOutputEnd;
+}
+
 // The V3 / R1 tool call body: type, name and the arguments in a json fence.
 void append_fenced_call(const ToolCall& call, std::string& out) {
   out += "function";
@@ -100,18 +107,9 @@ std::string render_v3(const Conversation& c, const RenderOptions& o, const std::
         break;
       case Role::kTool:
         is_tool = true;
-        if (is_output_first) {
-          out += kOutputsBegin;
-          out += kOutputBegin;
-          out += m.content;
-          out += kOutputEnd;
-          is_output_first = false;
-        } else {
-          out += "\n";
-          out += kOutputBegin;
-          out += m.content;
-          out += kOutputEnd;
-        }
+        out += is_output_first ? kOutputsBegin : std::string_view("\n");
+        is_output_first = false;
+        append_tool_output(m.content, out);
         break;
     }
   }
@@ -173,9 +171,7 @@ std::string render_r1(const Conversation& c, const RenderOptions& o, const std::
           out += kOutputsBegin;
           is_output_first = false;
         }
-        out += kOutputBegin;
-        out += m.content;
-        out += kOutputEnd;
+        append_tool_output(m.content, out);
         break;
     }
   }
@@ -248,9 +244,7 @@ std::string render_v31(const Conversation& c, const RenderOptions& o, const std:
       case Role::kTool:
         is_last_user = false;
         is_tool = true;
-        out += kOutputBegin;
-        out += m.content;
-        out += kOutputEnd;
+        append_tool_output(m.content, out);
         break;
     }
   }

@@ -27,6 +27,12 @@ namespace {
 
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
+// Bytes of a packed weight's elements; an e4m3 weight's scales follow at this offset (256-byte
+// aligned).
+size_t packed_data_bytes(int64_t n_padded, int64_t k_padded, int64_t elem_bytes) {
+  return static_cast<size_t>(round_up(n_padded * k_padded * elem_bytes, 256));
+}
+
 int64_t num_elements_of(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -271,7 +277,7 @@ LinearWeight CudaBackend::pack_weight(const HostTensor& w, bool gate_up) {
     return within < kGemmGateUpHalf ? j : inter + j;
   };
   const int64_t elem_bytes = fp8 ? 1 : 2;
-  const size_t data_bytes = static_cast<size_t>(round_up(n_p * k_p * elem_bytes, 256));
+  const size_t data_bytes = packed_data_bytes(n_p, k_p, elem_bytes);
   const int64_t scale_cols = (k_p + 127) / 128;
   const size_t scale_bytes = fp8 ? static_cast<size_t>(n_p / 16 * scale_cols) * sizeof(float) : 0;
   std::vector<uint8_t> image(data_bytes + scale_bytes, 0);
@@ -325,7 +331,7 @@ GemmWeight gemm_weight_of(const LinearWeight& w) {
   g.k_padded = static_cast<int32_t>(w.weight.dim(1));
   if (w.weight.dtype == DType::kF8E4M3)
     g.scales = reinterpret_cast<const float*>(static_cast<const char*>(w.weight.data) +
-                                              round_up(w.weight.dim(0) * w.weight.dim(1), 256));
+                                              packed_data_bytes(w.weight.dim(0), w.weight.dim(1), 1));
   return g;
 }
 

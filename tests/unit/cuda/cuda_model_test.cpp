@@ -110,26 +110,16 @@ TEST(CudaModelBatchTest, RaggedBatchMatchesCpu) {
   // Sequence s owns blocks {3s+2, 3s, 3s+1}.
   auto table_of = [](int s) { return std::vector<int32_t>{3 * s + 2, 3 * s, 3 * s + 1}; };
   auto add_tokens = [&](ForwardBatch& b, int s, int first_pos, int count) {
-    const auto table = table_of(s);
-    for (int p = first_pos; p < first_pos + count; ++p) {
-      b.token_ids.push_back((p * 7 + s * 13) % config.vocab_size);
-      b.positions.push_back(p);
-      b.slot_mapping.push_back(table[p / kBlockSize] * kBlockSize + p % kBlockSize);
-      b.token_seq.push_back(static_cast<int32_t>(b.block_tables.size()));
-    }
-    b.block_tables.push_back(table);
-    b.context_lens.push_back(first_pos + count);
-    b.logits_indices.push_back(static_cast<int32_t>(b.token_ids.size()) - 1);
+    testing::append_sequence(b, table_of(s), first_pos, count,
+                             [&](int p) { return (p * 7 + s * 13) % config.vocab_size; }, kBlockSize);
   };
   // Step 1: prefill of sequences 0 and 1. Step 2: seq 0 decodes, seq 1 continues, seq 2 starts.
   ForwardBatch step1, step2;
   add_tokens(step1, 0, 0, 70);
   add_tokens(step1, 1, 0, 30);
-  step1.num_tokens = static_cast<int>(step1.token_ids.size());
   add_tokens(step2, 0, 70, 1);
   add_tokens(step2, 1, 30, 40);
   add_tokens(step2, 2, 0, 9);
-  step2.num_tokens = static_cast<int>(step2.token_ids.size());
   std::vector<float> logits[2][2];
   DeepseekModel* models[2] = {&cpu_model, &gpu_model};
   Backend* bes[2] = {cpu.get(), gpu.get()};

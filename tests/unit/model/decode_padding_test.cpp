@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "forward_batch_util.h"
 #include "model/deepseek_model.h"
 #include "model/deepseek_weights.h"
 #include "model/model_config.h"
@@ -28,43 +29,26 @@ class FailingRecorderBackend : public CpuBackend {
 };
 
 constexpr int kBlockSize = 64;
+constexpr int kPromptLengths[3] = {5, 70, 33};
 
-// Three sequences at different lengths, one new token each.
-ForwardBatch decode_batch(int step, int vocab) {
-  ForwardBatch b;
-  const int lengths[3] = {5, 70, 33};
-  for (int s = 0; s < 3; ++s) {
-    const std::vector<int32_t> table = {2 * s + 1, 2 * s};
-    const int pos = lengths[s] + step;
-    b.token_ids.push_back((pos * 7 + s * 13) % vocab);
-    b.positions.push_back(pos);
-    b.slot_mapping.push_back(table[pos / kBlockSize] * kBlockSize + pos % kBlockSize);
-    b.token_seq.push_back(s);
-    b.block_tables.push_back(table);
-    b.context_lens.push_back(pos + 1);
-    b.logits_indices.push_back(s);
-  }
-  b.num_tokens = 3;
-  return b;
-}
+// Sequence s owns blocks {2s + 1, 2s}.
+std::vector<int32_t> table_of(int s) { return {2 * s + 1, 2 * s}; }
 
 // The prompts before the decode steps, one forward over all three sequences.
 ForwardBatch prefill_batch(int vocab) {
   ForwardBatch b;
-  const int lengths[3] = {5, 70, 33};
-  for (int s = 0; s < 3; ++s) {
-    const std::vector<int32_t> table = {2 * s + 1, 2 * s};
-    for (int pos = 0; pos < lengths[s]; ++pos) {
-      b.token_ids.push_back((pos * 5 + s) % vocab);
-      b.positions.push_back(pos);
-      b.slot_mapping.push_back(table[pos / kBlockSize] * kBlockSize + pos % kBlockSize);
-      b.token_seq.push_back(s);
-    }
-    b.block_tables.push_back(table);
-    b.context_lens.push_back(lengths[s]);
-    b.logits_indices.push_back(static_cast<int32_t>(b.token_ids.size()) - 1);
-  }
-  b.num_tokens = static_cast<int>(b.token_ids.size());
+  for (int s = 0; s < 3; ++s)
+    testing::append_sequence(b, table_of(s), 0, kPromptLengths[s], [&](int p) { return (p * 5 + s) % vocab; },
+                             kBlockSize);
+  return b;
+}
+
+// Three sequences at different lengths, one new token each.
+ForwardBatch decode_batch(int step, int vocab) {
+  ForwardBatch b;
+  for (int s = 0; s < 3; ++s)
+    testing::append_sequence(b, table_of(s), kPromptLengths[s] + step, 1,
+                             [&](int p) { return (p * 7 + s * 13) % vocab; }, kBlockSize);
   return b;
 }
 
