@@ -28,12 +28,12 @@ PREFILL_LEN="${PREFILL_LEN:-4096}"
 PREFILL_ARGS="${PREFILL_ARGS:-}"
 # Offline workload NUMxINxOUT through the engine (0 or empty skips it).
 WORKLOAD_TIMEOUT_S="${WORKLOAD_TIMEOUT_S:-240}"
-WORKLOAD="${WORKLOAD:-200x1000x100}"
+WORKLOAD="${WORKLOAD-200x1000x100}"
 WORKLOAD_ARGS="${WORKLOAD_ARGS:-}"  # e.g. "--max-batched-tokens 16384"
 # Decode with the layers' projections in FP8 (e4m3 weights, 128x128 block scales) last; empty
 # FP8_BATCHES skips it.
 FP8_TIMEOUT_S="${FP8_TIMEOUT_S:-200}"
-FP8_BATCHES="${FP8_BATCHES:-1,64}"
+FP8_BATCHES="${FP8_BATCHES-1,64}"
 FP8_ARGS="${FP8_ARGS:-}"
 # The device runs one command for at most 600 s: the last two steps get what is left of this
 # budget (at most their own timeout), so a slow early step shortens them rather than having the

@@ -197,7 +197,8 @@ __global__ void __launch_bounds__(kThreads) attention_combine_kernel(MlaDims d, 
   float* dst = o_latent + (static_cast<int64_t>(t) * d.num_heads + h) * lora;
   for (int c = threadIdx.x; c < lora; c += kThreads) {
     float v = 0.0f;
-    for (int s = 0; s < num_splits; ++s) v += parts[static_cast<int64_t>(s) * (lora + 2) + c] * s_weight[s];
+    for (int s = 0; s < num_splits; ++s)
+      if (s_weight[s] != 0.0f) v += parts[static_cast<int64_t>(s) * (lora + 2) + c] * s_weight[s];
     dst[c] = v;
   }
 }
@@ -286,7 +287,7 @@ void launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
                           const float* w_uv_t, const float* rope_cos, const float* rope_sin, const float* cache,
                           float softmax_scale, int num_splits, int split_len_tokens, float* workspace,
                           float* q_latent, float* o_latent, float* out, const int32_t* prefill_tiles,
-                          int num_prefill_tiles, Stream stream) {
+                          int num_prefill_tiles, bool decode_head_tiles, Stream stream) {
   check_dims(d);
   if (b.num_tokens == 0) return;
   DS_CHECK(num_splits >= 1 && num_splits <= kMaxSplits && split_len_tokens >= 0 && d.num_heads <= 65535);
@@ -297,6 +298,12 @@ void launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
   if (num_prefill_tiles > 0) {
     launch_mla_prefill_attention(d, b, q, q_latent, rope_cos, rope_sin, cache, softmax_scale, prefill_tiles,
                                  num_prefill_tiles, o_latent, stream);
+  } else if (decode_head_tiles) {
+    launch_mla_decode_head_tiles(d, b, q, q_latent, rope_cos, rope_sin, cache, softmax_scale, num_splits,
+                                 split_len_tokens, workspace, stream);
+    const dim3 grid2(b.num_tokens, d.num_heads);
+    attention_combine_kernel<<<grid2, kThreads, 0, stream>>>(d, num_splits, workspace, o_latent);
+    DS_CUDA_CHECK_LAUNCH();
   } else {
     constexpr int kMaxGridY = 65535;
     for (int token_base = 0; token_base < b.num_tokens; token_base += kMaxGridY) {

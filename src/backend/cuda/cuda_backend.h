@@ -93,11 +93,19 @@ class CudaBackend final : public Backend {
   void moe_experts_grouped(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
                            const int32_t* block_offsets, const int32_t* src_rows, int64_t num_entries,
                            Tensor& expert_out);
-  void moe_experts_host_planned(const MoeWeights& w, const Tensor& x, const int32_t* row_offsets,
+  void moe_experts_host_planned(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
                                 const int32_t* src_rows, int64_t num_entries, Tensor& expert_out);
   // x · gate_up → SiLU·mul → down for bf16 x [rows, gate_up's k_padded].
   void gated_mlp_bf16(const Tensor& x_bf16, int64_t rows, const LinearWeight& gate_up, const LinearWeight& down,
                       float* out, int64_t ldo);
+
+  // MLA attention (cuda_backend_mla.cpp) in the absorbed form for the tokens of `view`
+  // (token_seq: their sequences, on the host), and in the expanded form for one sequence's
+  // chunk of new tokens, the last of its context_len positions.
+  void mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView& view, std::span<const int32_t> token_seq,
+                    const float* q, float* out);
+  void mla_expanded(const MlaAttentionArgs& args, const MlaBatchView& view, int first_token, int num_tokens,
+                    int context_len, int32_t table_offset);
 
   // The device copy of a field of the current step's batch, or null for other host data.
   const int32_t* step_ints(const void* host_field) const;

@@ -64,6 +64,23 @@ __global__ void gather_rows_kernel(const float* x, const int32_t* rows, int64_t 
   out[i] = x[static_cast<int64_t>(rows[r]) * width + c];
 }
 
+// Rows of 16-byte vectors.
+__global__ void gather_vector_rows_kernel(const uint4* x, const int32_t* rows, int64_t num_rows, int64_t width,
+                                          uint4* out) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= num_rows * width) return;
+  const int64_t r = i / width, c = i % width;
+  out[i] = x[static_cast<int64_t>(rows[r]) * width + c];
+}
+
+__global__ void scatter_rows_kernel(const float* x, const int32_t* rows, int64_t num_rows, int64_t width,
+                                    float* out) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= num_rows * width) return;
+  const int64_t r = i / width, c = i % width;
+  out[static_cast<int64_t>(rows[r]) * width + c] = x[i];
+}
+
 __global__ void f32_to_bf16_padded_kernel(const float* x, int64_t rows, int64_t k, int64_t ldy, __nv_bfloat16* y) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= rows * ldy) return;
@@ -171,6 +188,23 @@ void launch_gather_rows(const float* x, const int32_t* rows, int64_t num_rows, i
                         Stream stream) {
   if (num_rows * width == 0) return;
   gather_rows_kernel<<<num_blocks_for(num_rows * width), kThreads, 0, stream>>>(x, rows, num_rows, width, out);
+  DS_CUDA_CHECK_LAUNCH();
+}
+
+void launch_gather_rows_bf16(const uint16_t* x, const int32_t* rows, int64_t num_rows, int64_t width, uint16_t* out,
+                             Stream stream) {
+  DS_CHECK_MSG(width % 8 == 0, "gather_rows_bf16: width " << width << " is not a multiple of 8");
+  const int64_t vectors = width / 8;
+  if (num_rows * vectors == 0) return;
+  gather_vector_rows_kernel<<<num_blocks_for(num_rows * vectors), kThreads, 0, stream>>>(
+      reinterpret_cast<const uint4*>(x), rows, num_rows, vectors, reinterpret_cast<uint4*>(out));
+  DS_CUDA_CHECK_LAUNCH();
+}
+
+void launch_scatter_rows(const float* x, const int32_t* rows, int64_t num_rows, int64_t width, float* out,
+                         Stream stream) {
+  if (num_rows * width == 0) return;
+  scatter_rows_kernel<<<num_blocks_for(num_rows * width), kThreads, 0, stream>>>(x, rows, num_rows, width, out);
   DS_CUDA_CHECK_LAUNCH();
 }
 

@@ -65,14 +65,15 @@ void launch_mla_cache_write(const MlaDims& d, const MlaBatchView& b, const float
 // o_latent: num_tokens * num_heads * kv_lora_rank floats each.
 // prefill_tiles (device, [num_prefill_tiles, 2] = first token, count; tokens of one sequence
 // with consecutive positions, at most 16) switches the middle two steps to the tensor-core
-// prefill kernel of mla_prefill.cu, which covers every token of the batch through its tiles.
+// prefill kernel of mla_tensor_core.cu, which covers every token of the batch through its tiles;
+// otherwise decode_head_tiles switches the partial step to that file's head-tile kernel.
 void launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* q, const float* w_uk,
                           const float* w_uv_t, const float* rope_cos, const float* rope_sin, const float* cache,
                           float softmax_scale, int num_splits, int split_len_tokens, float* workspace,
                           float* q_latent, float* o_latent, float* out, const int32_t* prefill_tiles,
-                          int num_prefill_tiles, Stream stream);
+                          int num_prefill_tiles, bool decode_head_tiles, Stream stream);
 
-// ---- MLA prefill on tensor cores (mla_prefill.cu) ----
+// ---- absorbed MLA attention on tensor cores (mla_tensor_core.cu) ----
 constexpr int kMlaPrefillTileTokens = 16;
 bool mla_prefill_supported(const MlaDims& d);
 // o_latent [T, H, lora] for the tokens of the tiles (bf16 operands, fp32 softmax and sums).
@@ -80,6 +81,35 @@ void launch_mla_prefill_attention(const MlaDims& d, const MlaBatchView& b, const
                                   const float* rope_cos, const float* rope_sin, const float* cache,
                                   float softmax_scale, const int32_t* tiles, int num_tiles, float* o_latent,
                                   Stream stream);
+// Decode in head tiles (up to 16 heads of a token per block; bf16 operands, fp32 softmax and
+// sums): the partial results of each (token, head, split) in the workspace layout of
+// launch_mla_attention, splits cut the same way, for its combine kernel.
+void launch_mla_decode_head_tiles(const MlaDims& d, const MlaBatchView& b, const float* q, const float* q_latent,
+                                  const float* rope_cos, const float* rope_sin, const float* cache,
+                                  float softmax_scale, int num_splits, int split_len_tokens, float* workspace,
+                                  Stream stream);
+
+// ---- MLA prefill in the expanded form (mla_expanded.cu) ----
+// latent bf16 [num_positions, ld_latent] = the cache entries of positions 0..num_positions-1 of
+// one sequence (its block table `table`), columns entry..ld_latent zero.
+void launch_mla_gather_latent(const float* cache, const int32_t* table, int block_size, int entry, int num_positions,
+                              int ld_latent, uint16_t* latent, Stream stream);
+// q_out bf16 [T, heads, qk_padded] = q fp32 [T, heads, nope + rope] with the rope part rotated
+// at each token's position, columns nope + rope..qk_padded zero.
+void launch_mla_expanded_queries(const MlaDims& d, const float* q, const int32_t* positions, int num_tokens,
+                                 const float* rope_cos, const float* rope_sin, int qk_padded, uint16_t* q_out,
+                                 Stream stream);
+// probs bf16 = softmax(scale · scores) per row of scores fp32 [heads, rows, ld] (num_keys used
+// columns), causal: the query of row i sits at position first_query_pos + i and sees keys
+// 0..that position; the keys after it get probability 0.
+void launch_causal_softmax(const float* scores, int64_t ld, int num_heads, int rows, int num_keys, int first_query_pos,
+                           float softmax_scale, uint16_t* probs, Stream stream);
+// The same for bf16 rows; width a multiple of 8 (16-byte copies).
+void launch_gather_rows_bf16(const uint16_t* x, const int32_t* rows, int64_t num_rows, int64_t width, uint16_t* out,
+                             Stream stream);
+// out[rows[i]] = x[i] (rows of `width` floats).
+void launch_scatter_rows(const float* x, const int32_t* rows, int64_t num_rows, int64_t width, float* out,
+                         Stream stream);
 
 // ---- MoE (cuda_moe.cu) ----
 struct MoeRouteParams {

@@ -140,6 +140,72 @@ void LtMatmul::bf16(const uint16_t* w, const uint16_t* x, float* y, int64_t m, i
   DS_CHECK_MSG(st == CUBLAS_STATUS_SUCCESS, "cublasLtMatmul (bf16): status " << st);
 }
 
+// Column-major, cuBLASLt sees yᵀ (n x m, ld_y) = op(A) · B with B = xᵀ (k x m, ld_x) and
+// A = w: stored k x n and transposed when w's rows are n, else stored n x k as it is.
+std::unique_ptr<LtMatmul::Plan> LtMatmul::make_strided_plan(const Strided& s) {
+  auto p = std::make_unique<Plan>();
+  DS_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t op_a = s.w_rows_are_n ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = CUBLAS_OP_N;
+  DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+  DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+  const cudaDataType_t y_type = s.y_bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  if (s.w_rows_are_n)
+    DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, s.k, s.n, s.ld_w));
+  else
+    DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, s.n, s.k, s.ld_w));
+  DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, s.k, s.m, s.ld_x));
+  DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, y_type, s.n, s.m, s.ld_y));
+  DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, y_type, s.n, s.m, s.ld_y));
+  if (s.batch > 1) {
+    const int32_t count = s.batch;
+    const std::pair<cublasLtMatrixLayout_t, int64_t> layouts[] = {
+        {p->a, s.stride_w}, {p->b, s.stride_x}, {p->c, s.stride_y}, {p->d, s.stride_y}};
+    for (const auto& [layout, stride] : layouts) {
+      DS_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+      DS_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                       sizeof stride));
+    }
+  }
+  cublasLtMatmulPreference_t pref;
+  DS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  DS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                       &workspace_bytes_, sizeof workspace_bytes_));
+  const uint32_t alignment_bytes = kMinAlignmentBytes;
+  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+    DS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &alignment_bytes, sizeof alignment_bytes));
+  cublasLtMatmulHeuristicResult_t result{};
+  int count = 0;
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->d, pref, 1, &result, &count);
+  cublasLtMatmulPreferenceDestroy(pref);
+  p->ok = st == CUBLAS_STATUS_SUCCESS && count > 0;
+  if (p->ok) p->algo = result.algo;
+  DS_CHECK_MSG(p->ok, "cuBLASLt has no algorithm for the strided product m=" << s.m << " n=" << s.n << " k=" << s.k
+                                                                               << " batch=" << s.batch << " (status "
+                                                                               << static_cast<int>(st) << ")");
+  return p;
+}
+
+void LtMatmul::bf16_strided(const Strided& s, const uint16_t* x, const uint16_t* w, void* y) {
+  if (s.m == 0 || s.n == 0 || s.batch == 0) return;
+  const size_t y_elem = s.y_bf16 ? 2 : 4;
+  const auto aligned = [](uintptr_t v) { return v % kMinAlignmentBytes == 0; };
+  DS_CHECK_MSG(aligned(reinterpret_cast<uintptr_t>(x)) && aligned(reinterpret_cast<uintptr_t>(w)) &&
+                   aligned(reinterpret_cast<uintptr_t>(y)) && aligned(s.ld_x * 2) && aligned(s.ld_w * 2) &&
+                   aligned(s.ld_y * y_elem) && aligned(s.stride_x * 2) && aligned(s.stride_w * 2) &&
+                   aligned(s.stride_y * y_elem),
+               "strided product: operands must be aligned to " << kMinAlignmentBytes << " bytes");
+  auto it = strided_plans_.find(s.key());
+  if (it == strided_plans_.end()) {
+    // Attention products take their shapes from context lengths: keep the cache bounded.
+    if (strided_plans_.size() >= kMaxStridedPlans) strided_plans_.clear();
+    it = strided_plans_.emplace(s.key(), make_strided_plan(s)).first;
+  }
+  const int st = run(it->second.get(), w, x, y, nullptr, nullptr);
+  DS_CHECK_MSG(st == CUBLAS_STATUS_SUCCESS, "cublasLtMatmul (strided bf16): status " << st);
+}
+
 void LtMatmul::f32(const float* w, const float* x, float* y, int64_t m, int64_t n, int64_t k) {
   if (m == 0 || n == 0) return;
   const int st = run(plan(Kind::kF32, m, n, k, true), w, x, y, nullptr, nullptr);

@@ -27,6 +27,24 @@ class LtMatmul {
 
   // bf16 W and x, fp32 accumulate, fp32 y.
   void bf16(const uint16_t* w, const uint16_t* x, float* y, int64_t m, int64_t n, int64_t k);
+  // Row-major products with explicit leading dimensions, batched with strides (all counted in
+  // elements): y[b] (m x n) = x[b] (m x k) · w[b]ᵀ when w_rows_are_n (w[b] is [n, k]), else
+  // x[b] · w[b] (w[b] is [k, n]). bf16 x and w, fp32 accumulate, y fp32 or bf16. Pointers and
+  // the byte size of every leading dimension and stride must be multiples of 16.
+  using StridedKey = std::tuple<int64_t, int64_t, int64_t, int, bool, bool, int64_t, int64_t, int64_t, int64_t,
+                                int64_t, int64_t>;
+  struct Strided {
+    int64_t m = 0, n = 0, k = 0;
+    int batch = 1;
+    bool w_rows_are_n = true;
+    bool y_bf16 = false;
+    int64_t ld_x = 0, ld_w = 0, ld_y = 0;
+    int64_t stride_x = 0, stride_w = 0, stride_y = 0;
+    StridedKey key() const {
+      return StridedKey(m, n, k, batch, w_rows_are_n, y_bf16, ld_x, ld_w, ld_y, stride_x, stride_w, stride_y);
+    }
+  };
+  void bf16_strided(const Strided& shape, const uint16_t* x, const uint16_t* w, void* y);
   // fp32 throughout (the router: expert choice is sensitive to rounding).
   void f32(const float* w, const float* x, float* y, int64_t m, int64_t n, int64_t k);
   // DeepSeek's FP8 recipe: W e4m3 with one fp32 scale per 128x128 block, laid out
@@ -61,7 +79,10 @@ class LtMatmul {
   void* placeholder_scales_ = nullptr;
   bool fp8_soft_fail_ = false;
   bool fp8_failed_ = false;
+  static constexpr size_t kMaxStridedPlans = 1024;
+  std::unique_ptr<Plan> make_strided_plan(const Strided& s);
   std::map<std::tuple<int, int64_t, int64_t, int64_t>, std::unique_ptr<Plan>> plans_;
+  std::map<StridedKey, std::unique_ptr<Plan>> strided_plans_;
 };
 
 }  // namespace dsinfer::cuda

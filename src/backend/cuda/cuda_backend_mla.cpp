@@ -1,0 +1,336 @@
+// The CUDA backend's MLA attention: host-side planning around the kernels of cuda_attention.cu,
+// mla_tensor_core.cu and mla_expanded.cu.
+//
+// Two forms of the same attention:
+// - absorbed (decode, short chunks): queries absorb W_UK and attend over the 576-wide latent
+//   cache directly; per query-key pair that is 576 + 512 multiply-adds per head, but nothing is
+//   up-projected, so it is the form for few queries over a long context;
+// - expanded (prefill chunks of kExpandedMinTokens tokens or more): the chunk's context is
+//   up-projected once into per-head keys and values, and attention runs as ordinary multi-head
+//   attention through cuBLASLt products: 192 + 128 multiply-adds per head and pair (V3), on
+//   the GEMM rate of the device.
+// A batch mixing both runs the expanded chunks first, then the rest of its tokens, compacted,
+// through the absorbed kernels.
+#include <algorithm>
+#include <span>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_backend_state.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_allocator.h"
+#include "backend/cuda/lt_matmul.h"
+#include "core/dtype.h"
+
+namespace dsinfer::cuda {
+namespace {
+
+// A sequence with this many new tokens in a step attends in the expanded form.
+constexpr int kExpandedMinTokens = 64;
+// Queries per score block: smaller blocks skip more of the causal upper triangle, larger ones
+// make larger products.
+constexpr int kExpandedMaxQueryRows = 512;
+// Score block size (heads × queries × keys fp32, plus bf16 probabilities of the same shape).
+constexpr int64_t kExpandedScoreElements = int64_t{1} << 27;
+// Decode batches of this many tokens or more attend in head tiles (mla_tensor_core.cu).
+constexpr int kHeadTileMinTokens = 16;
+// Up-projected keys and values of one context above this size stay in the absorbed form.
+constexpr int64_t kExpandedMaxKvBytes = int64_t{4} << 30;
+
+int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+// Widths of the expanded form, padded so that every cuBLASLt operand starts on 16 bytes. Per
+// head the up-projection writes [k_nope | k_rope | pad | v | pad]: the keys' rope part is the
+// cache's own rotated k_rope, copied through identity rows of the projection.
+struct ExpandedLayout {
+  int64_t qk_padded, v_padded, head_width, ld_latent;
+  explicit ExpandedLayout(const MlaWeights& w)
+      : qk_padded(round_up(w.qk_nope_head_dim + w.qk_rope_head_dim, 8)),
+        v_padded(round_up(w.v_head_dim, 8)),
+        head_width(qk_padded + v_padded),
+        ld_latent(round_up(w.kv_lora_rank + w.qk_rope_head_dim, 8)) {}
+  // The fp32 output rows [T, heads * v] must start on 16 bytes per head.
+  static bool supported(const MlaWeights& w) { return w.v_head_dim % 4 == 0; }
+};
+
+// MlaWeights::derived on this backend: W_UV transposed per head (fp32 [heads, lora, v], for the
+// absorbed output projection), then the expanded up-projection (bf16 [heads * head_width,
+// ld_latent]) at this byte offset.
+size_t expanded_weight_offset_bytes(const MlaWeights& w) {
+  return static_cast<size_t>(round_up(static_cast<int64_t>(w.num_heads) * w.kv_lora_rank * w.v_head_dim * 4, 256));
+}
+
+// A sequence of the batch whose new tokens attend in the expanded form.
+struct ExpandedChunk {
+  int first_token;
+  int num_tokens;
+  int context_len;      // positions 0..context_len-1, the chunk being the last num_tokens
+  int32_t table_offset;  // of the sequence's block table in the step's concatenated tables
+};
+
+}  // namespace
+
+// See ExpandedLayout and expanded_weight_offset_bytes for the layout of `derived`.
+void CudaBackend::prepare(MlaWeights& w) {
+  const int64_t heads = w.num_heads, vdim = w.v_head_dim, lora = w.kv_lora_rank, nope = w.qk_nope_head_dim;
+  const int64_t rope = w.qk_rope_head_dim;
+  std::vector<float> uk(heads * nope * lora), uv(heads * vdim * lora), uv_t(uv.size());
+  to_host(w.w_uk, uk.data());
+  to_host(w.w_uv, uv.data());
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t v = 0; v < vdim; ++v)
+      for (int64_t l = 0; l < lora; ++l) uv_t[(h * lora + l) * vdim + v] = uv[(h * vdim + v) * lora + l];
+  const ExpandedLayout layout(w);
+  std::vector<uint16_t> up(heads * layout.head_width * layout.ld_latent, 0);
+  const uint16_t one = f32_to_bf16(1.0f);
+  for (int64_t h = 0; h < heads; ++h) {
+    uint16_t* rows = up.data() + h * layout.head_width * layout.ld_latent;
+    for (int64_t r = 0; r < nope; ++r)
+      for (int64_t l = 0; l < lora; ++l) rows[r * layout.ld_latent + l] = f32_to_bf16(uk[(h * nope + r) * lora + l]);
+    for (int64_t r = 0; r < rope; ++r) rows[(nope + r) * layout.ld_latent + lora + r] = one;
+    for (int64_t v = 0; v < vdim; ++v)
+      for (int64_t l = 0; l < lora; ++l)
+        rows[(layout.qk_padded + v) * layout.ld_latent + l] = f32_to_bf16(uv[(h * vdim + v) * lora + l]);
+  }
+  const size_t offset = expanded_weight_offset_bytes(w);
+  w.derived = alloc_->persistent_bytes(offset + up.size() * sizeof(uint16_t));
+  DS_CUDA_CHECK(cudaMemcpyAsync(w.derived.data, uv_t.data(), uv_t.size() * sizeof(float), cudaMemcpyHostToDevice,
+                                stream_));
+  DS_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(w.derived.data) + offset, up.data(),
+                                up.size() * sizeof(uint16_t), cudaMemcpyHostToDevice, stream_));
+  synchronize();
+}
+
+void CudaBackend::mla_attention(const MlaAttentionArgs& args) {
+  const MlaWeights& w = *args.weights;
+  DS_CHECK_MSG(!w.derived.empty(), "mla_attention: the layer's weights were not prepared (Backend::prepare)");
+  const ForwardBatch& batch = *args.batch;
+  const int num_tokens = batch.num_tokens;
+  if (num_tokens == 0) return;
+  MlaBatchView view{num_tokens, nullptr, nullptr, nullptr, nullptr, nullptr};
+  Tensor d_ints;
+  if (&batch == step_batch_) {
+    view.positions = step_->field(StepBuffers::kPositions);
+    view.token_seq = step_->field(StepBuffers::kTokenSeq);
+    view.slot_mapping = step_->field(StepBuffers::kSlots);
+    view.table_offsets = step_->field(StepBuffers::kTableOffsets);
+    view.tables = step_->field(StepBuffers::kTables);
+  } else {
+    // A batch from outside a model step (tests): one upload of positions | token_seq |
+    // slot_mapping | table_offsets | concatenated block tables.
+    std::vector<int32_t> ints;
+    ints.reserve(3 * num_tokens + batch.block_tables.size() * 9);
+    ints.insert(ints.end(), batch.positions.begin(), batch.positions.end());
+    ints.insert(ints.end(), batch.token_seq.begin(), batch.token_seq.end());
+    ints.insert(ints.end(), batch.slot_mapping.begin(), batch.slot_mapping.end());
+    int32_t offset = 0;
+    for (const auto& table : batch.block_tables) {
+      ints.push_back(offset);
+      offset += static_cast<int32_t>(table.size());
+    }
+    for (const auto& table : batch.block_tables) ints.insert(ints.end(), table.begin(), table.end());
+    d_ints = upload_ints(ints);
+    const int32_t* base = d_ints.as<int32_t>();
+    view.positions = base;
+    view.token_seq = base + num_tokens;
+    view.slot_mapping = base + 2 * num_tokens;
+    view.table_offsets = base + 3 * num_tokens;
+    view.tables = base + 3 * num_tokens + batch.block_tables.size();
+  }
+  const MlaDims dims{w.num_heads, w.kv_lora_rank, w.qk_nope_head_dim, w.qk_rope_head_dim, w.v_head_dim,
+                     args.block_size};
+  launch_mla_cache_write(dims, view, args.kv_a->as<float>(), w.kv_a_layernorm.as<float>(), args.latent_norm_eps,
+                         args.rope_cos->as<float>(), args.rope_sin->as<float>(), args.cache->data.as<float>(),
+                         stream_);
+
+  // Long prefill chunks go to the expanded form, unless the batch must be invariant (that form's
+  // summation order depends on the chunk) or is being recorded (its plan is made on the host).
+  std::vector<ExpandedChunk> chunks;
+  const ExpandedLayout layout(w);
+  if (!batch_invariant_ && !recording_ && ExpandedLayout::supported(w)) {
+    std::vector<int32_t> table_offsets(batch.block_tables.size());
+    for (size_t s = 1; s < table_offsets.size(); ++s)
+      table_offsets[s] = table_offsets[s - 1] + static_cast<int32_t>(batch.block_tables[s - 1].size());
+    for (int t = 0; t < num_tokens;) {
+      int n = 1;
+      while (t + n < num_tokens && batch.token_seq[t + n] == batch.token_seq[t] &&
+             batch.positions[t + n] == batch.positions[t] + n)
+        ++n;
+      const int context_len = batch.positions[t + n - 1] + 1;
+      const int64_t kv_bytes = int64_t{context_len} * w.num_heads * layout.head_width * 2;
+      if (n >= kExpandedMinTokens && kv_bytes <= kExpandedMaxKvBytes && batch.slot_mapping[t] >= 0)
+        chunks.push_back({t, n, context_len, table_offsets[batch.token_seq[t]]});
+      t += n;
+    }
+  }
+  if (chunks.empty()) {
+    mla_absorbed(args, view, batch.token_seq, args.q->as<float>(), args.out->as<float>());
+    return;
+  }
+  std::vector<char> expanded(num_tokens, 0);
+  for (const ExpandedChunk& c : chunks) {
+    mla_expanded(args, view, c.first_token, c.num_tokens, c.context_len, c.table_offset);
+    std::fill(expanded.begin() + c.first_token, expanded.begin() + c.first_token + c.num_tokens, 1);
+  }
+
+  // The other tokens, compacted: [rows | positions | token_seq | slots] in one upload.
+  std::vector<int32_t> rest;
+  for (int t = 0; t < num_tokens; ++t)
+    if (!expanded[t]) rest.push_back(t);
+  const int num_rest = static_cast<int>(rest.size());
+  if (num_rest == 0) return;
+  std::vector<int32_t> ints(rest), rest_seq;
+  for (int32_t t : rest) ints.push_back(batch.positions[t]);
+  for (int32_t t : rest) rest_seq.push_back(batch.token_seq[t]);
+  ints.insert(ints.end(), rest_seq.begin(), rest_seq.end());
+  for (int32_t t : rest) ints.push_back(batch.slot_mapping[t]);
+  Tensor d_rest = upload_ints(ints);
+  const int32_t* rest_rows = d_rest.as<int32_t>();
+  MlaBatchView rest_view{num_rest,        rest_rows + num_rest, rest_rows + 2 * num_rest, rest_rows + 3 * num_rest,
+                         view.table_offsets, view.tables};
+  const int64_t q_width = int64_t{w.num_heads} * (w.qk_nope_head_dim + w.qk_rope_head_dim);
+  const int64_t out_width = int64_t{w.num_heads} * w.v_head_dim;
+  Tensor q_rest = alloc_->cached({num_rest, q_width}, DType::kF32);
+  Tensor out_rest = alloc_->cached({num_rest, out_width}, DType::kF32);
+  launch_gather_rows(args.q->as<float>(), rest_rows, num_rest, q_width, q_rest.as<float>(), stream_);
+  mla_absorbed(args, rest_view, rest_seq, q_rest.as<float>(), out_rest.as<float>());
+  launch_scatter_rows(out_rest.as<float>(), rest_rows, num_rest, out_width, args.out->as<float>(), stream_);
+}
+
+void CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView& view,
+                               std::span<const int32_t> token_seq, const float* q, float* out) {
+  const MlaWeights& w = *args.weights;
+  const int num_tokens = view.num_tokens;
+  const MlaDims dims{w.num_heads, w.kv_lora_rank, w.qk_nope_head_dim, w.qk_rope_head_dim, w.v_head_dim,
+                     args.block_size};
+  // The split count depends on the batch's shape only (a recording replays it for any
+  // contents): split the context when the blocks alone cannot fill the GPU twice over, each
+  // token cutting its own context into that many slices. Batch-invariant mode cuts
+  // every context into slices of a length fixed by the model instead, so a token's summation
+  // order is the same in any batch.
+  const int64_t work = static_cast<int64_t>(num_tokens) * w.num_heads;
+  int num_splits = 1, split_len = 0;
+  if (batch_invariant_) {
+    // Slices of at least 256 positions, at most 64 of them for the model's longest context.
+    const int64_t max_positions = args.rope_cos->dim(0);
+    split_len = static_cast<int>(std::max<int64_t>(256, (max_positions + 64 * 256 - 1) / (64 * 256) * 256));
+    num_splits = static_cast<int>((max_positions + split_len - 1) / split_len);
+  }
+  // Decode batches of kHeadTileMinTokens tokens or more run in head tiles on tensor cores (up
+  // to 16 heads of a token per block, sharing its cache reads; bf16 operands). Smaller ones keep
+  // the fp32 kernel: their (token, head, split) blocks fill the GPU without the tiles' fixed
+  // cost, and single-sequence decode stays at fp32 accuracy.
+  const bool head_tiles = !batch_invariant_ && num_tokens >= kHeadTileMinTokens && mla_prefill_supported(dims);
+  const int64_t blocks = head_tiles ? num_tokens * ((w.num_heads + kMlaPrefillTileTokens - 1) / kMlaPrefillTileTokens)
+                                    : work;
+  if (!batch_invariant_ && blocks < 2 * num_sms_)
+    num_splits = static_cast<int>(std::min<int64_t>((2 * num_sms_ + blocks - 1) / blocks, 64));
+  // Prefill chunks (a sequence with 16 new tokens or more) go to the tensor-core kernel, which
+  // reads each cache entry once per 16 queries; every token of the batch then runs in tiles.
+  std::vector<int32_t> tiles;
+  if (!batch_invariant_ && !recording_ && mla_prefill_supported(dims)) {
+    bool long_chunk = false;
+    for (int t = 0; t < num_tokens;) {
+      int n = 1;
+      while (t + n < num_tokens && n < kMlaPrefillTileTokens && token_seq[t + n] == token_seq[t]) ++n;
+      long_chunk = long_chunk || n == kMlaPrefillTileTokens;
+      tiles.push_back(t);
+      tiles.push_back(n);
+      t += n;
+    }
+    if (!long_chunk || tiles.size() / 2 > 65535) tiles.clear();
+  }
+  Tensor d_tiles;
+  if (!tiles.empty()) {
+    d_tiles = upload_ints(tiles);
+    num_splits = 1;
+  }
+  Tensor workspace = alloc_->cached({tiles.empty() ? work * num_splits * (w.kv_lora_rank + 2) : 1}, DType::kF32);
+  Tensor q_latent = alloc_->cached({work * w.kv_lora_rank}, DType::kF32);
+  Tensor o_latent = alloc_->cached({work * w.kv_lora_rank}, DType::kF32);
+  launch_mla_attention(dims, view, q, w.w_uk.as<float>(), w.derived.as<float>(), args.rope_cos->as<float>(),
+                       args.rope_sin->as<float>(), args.cache->data.as<float>(), args.softmax_scale, num_splits,
+                       split_len, workspace.as<float>(), q_latent.as<float>(), o_latent.as<float>(), out,
+                       tiles.empty() ? nullptr : d_tiles.as<int32_t>(), static_cast<int>(tiles.size() / 2), head_tiles,
+                       stream_);
+}
+
+// One sequence's chunk of new tokens [first_token, first_token + num_tokens), the last tokens of
+// its context_len positions, whose cache entries are written already:
+//   latent = its context's cache entries (bf16), kv = latent · W_upᵀ, then per block of query
+//   rows: scores = Q · Kᵀ per head, causal softmax, out rows = P · V per head.
+void CudaBackend::mla_expanded(const MlaAttentionArgs& args, const MlaBatchView& view, int first_token,
+                               int num_tokens, int context_len, int32_t table_offset) {
+  const MlaWeights& w = *args.weights;
+  const ExpandedLayout layout(w);
+  const int heads = w.num_heads, vdim = w.v_head_dim;
+  const int entry = w.kv_lora_rank + w.qk_rope_head_dim;
+  const int first_pos = context_len - num_tokens;
+  const MlaDims dims{heads, w.kv_lora_rank, w.qk_nope_head_dim, w.qk_rope_head_dim, vdim, args.block_size};
+
+  Tensor latent = alloc_->cached({context_len, layout.ld_latent}, DType::kBF16);
+  launch_mla_gather_latent(args.cache->data.as<float>(), view.tables + table_offset, args.block_size, entry,
+                           context_len, static_cast<int>(layout.ld_latent), latent.as<uint16_t>(), stream_);
+  const int64_t kv_width = heads * layout.head_width;
+  Tensor kv = alloc_->cached({context_len, kv_width}, DType::kBF16);
+  LtMatmul::Strided up;
+  up.m = context_len;
+  up.n = kv_width;
+  up.k = layout.ld_latent;
+  up.y_bf16 = true;
+  up.ld_x = up.ld_w = layout.ld_latent;
+  up.ld_y = kv_width;
+  const auto* w_up =
+      reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(w.derived.data) + expanded_weight_offset_bytes(w));
+  matmul_->bf16_strided(up, latent.as<uint16_t>(), w_up, kv.data);
+
+  const int64_t q_width = heads * layout.qk_padded;
+  Tensor queries = alloc_->cached({num_tokens, q_width}, DType::kBF16);
+  const int64_t q_in_width = int64_t{heads} * (w.qk_nope_head_dim + w.qk_rope_head_dim);
+  launch_mla_expanded_queries(dims, args.q->as<float>() + first_token * q_in_width, view.positions + first_token, num_tokens, args.rope_cos->as<float>(),
+                              args.rope_sin->as<float>(), static_cast<int>(layout.qk_padded), queries.as<uint16_t>(),
+                              stream_);
+
+  const int64_t max_ld = round_up(context_len, 8);
+  const int rows_per_block = static_cast<int>(std::clamp<int64_t>(kExpandedScoreElements / (heads * max_ld), 16,
+                                                                  kExpandedMaxQueryRows));
+  const int block_rows = std::min(rows_per_block, num_tokens);
+  Tensor scores = alloc_->cached({heads * block_rows * max_ld}, DType::kF32);
+  Tensor probs = alloc_->cached({heads * block_rows * max_ld}, DType::kBF16);
+  const auto* kv_bf16 = kv.as<uint16_t>();
+  for (int i0 = 0; i0 < num_tokens; i0 += block_rows) {
+    const int rows = std::min(block_rows, num_tokens - i0);
+    const int num_keys = first_pos + i0 + rows;
+    const int64_t ld = round_up(num_keys, 8);
+    LtMatmul::Strided qk;
+    qk.m = rows;
+    qk.n = num_keys;
+    qk.k = layout.qk_padded;
+    qk.batch = heads;
+    qk.ld_x = q_width;
+    qk.stride_x = layout.qk_padded;
+    qk.ld_w = kv_width;
+    qk.stride_w = layout.head_width;
+    qk.ld_y = ld;
+    qk.stride_y = rows * ld;
+    matmul_->bf16_strided(qk, queries.as<uint16_t>() + int64_t{i0} * q_width, kv_bf16, scores.data);
+    launch_causal_softmax(scores.as<float>(), ld, heads, rows, num_keys, first_pos + i0, args.softmax_scale,
+                          probs.as<uint16_t>(), stream_);
+    LtMatmul::Strided pv;
+    pv.m = rows;
+    pv.n = vdim;
+    pv.k = num_keys;
+    pv.batch = heads;
+    pv.w_rows_are_n = false;
+    pv.ld_x = ld;
+    pv.stride_x = rows * ld;
+    pv.ld_w = kv_width;
+    pv.stride_w = layout.head_width;
+    pv.ld_y = int64_t{heads} * vdim;
+    pv.stride_y = vdim;
+    matmul_->bf16_strided(pv, probs.as<uint16_t>(), kv_bf16 + layout.qk_padded,
+                          args.out->as<float>() + (int64_t{first_token} + i0) * heads * vdim);
+  }
+}
+
+}  // namespace dsinfer::cuda

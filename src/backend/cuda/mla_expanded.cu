@@ -1,0 +1,127 @@
+// Kernels of MLA prefill in the expanded (non-absorbed) form; the products between them are
+// cuBLASLt calls made by cuda_backend_mla.cpp. A long prefill chunk is cheaper as ordinary
+// multi-head attention over up-projected keys and values (192 + 128 multiply-adds per head and
+// query-key pair for V3) than in the absorbed form that decode uses (576 + 512).
+#include <cuda_bf16.h>
+
+#include <cfloat>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_kernels.h"
+
+namespace dsinfer::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void gather_latent_kernel(const float* cache, const int32_t* table, int block_size, int entry,
+                                     int ld_latent, uint16_t* latent) {
+  const int p = blockIdx.x;
+  const float* src = cache + (static_cast<int64_t>(table[p / block_size]) * block_size + p % block_size) * entry;
+  __nv_bfloat16* dst = reinterpret_cast<__nv_bfloat16*>(latent) + static_cast<int64_t>(p) * ld_latent;
+  for (int c = threadIdx.x; c < ld_latent; c += blockDim.x) dst[c] = __float2bfloat16(c < entry ? src[c] : 0.0f);
+}
+
+__global__ void expanded_queries_kernel(MlaDims d, const float* q, const int32_t* positions, const float* rope_cos,
+                                        const float* rope_sin, int qk_padded, uint16_t* q_out) {
+  const int i = blockIdx.x;
+  const int nope = d.qk_nope_head_dim, rope = d.qk_rope_head_dim, half = rope / 2, qk = nope + rope;
+  const int pos = positions[i];
+  const float* src = q + static_cast<int64_t>(i) * d.num_heads * qk;
+  __nv_bfloat16* dst = reinterpret_cast<__nv_bfloat16*>(q_out) + static_cast<int64_t>(i) * d.num_heads * qk_padded;
+  for (int e = threadIdx.x; e < d.num_heads * qk_padded; e += blockDim.x) {
+    const int h = e / qk_padded, c = e % qk_padded;
+    const float* qh = src + h * qk;
+    float v = 0.0f;
+    if (c < nope) {
+      v = qh[c];
+    } else if (c < qk) {
+      const int r = c - nope, pair = r / 2;
+      const float x0 = qh[nope + 2 * pair], x1 = qh[nope + 2 * pair + 1];
+      const float cs = rope_cos[pos * half + pair], sn = rope_sin[pos * half + pair];
+      v = r % 2 == 0 ? x0 * cs - x1 * sn : x0 * sn + x1 * cs;
+    }
+    dst[e] = __float2bfloat16(v);
+  }
+}
+
+__device__ void merge_max_sum(float& m, float& s, float m2, float s2) {
+  const float m_new = fmaxf(m, m2);
+  s = (m == -FLT_MAX ? 0.0f : s * exp2f(m - m_new)) + (m2 == -FLT_MAX ? 0.0f : s2 * exp2f(m2 - m_new));
+  m = m_new;
+}
+
+// One block per (head, query row): online max and sum over the row's visible keys, then the
+// normalised probabilities; keys after the query's position get 0. The first kCachedPerThread
+// scores of each thread stay in registers between the two passes, so rows of up to 4096 keys
+// are read from memory once.
+constexpr int kCachedPerThread = 16;
+
+__global__ void __launch_bounds__(kThreads) causal_softmax_kernel(const float* scores, int64_t ld, int rows,
+                                                                    int num_keys, int first_query_pos, float scale_log2,
+                                                                    uint16_t* probs) {
+  __shared__ float s_m[kThreads / 32], s_s[kThreads / 32];
+  const int64_t r = blockIdx.x;
+  const int visible = min(num_keys, first_query_pos + static_cast<int>(r % rows) + 1);
+  const float* row = scores + r * ld;
+  float cached[kCachedPerThread];
+  float m = -FLT_MAX, s = 0.0f;
+#pragma unroll
+  for (int u = 0; u < kCachedPerThread; ++u) {
+    const int j = threadIdx.x + u * kThreads;
+    cached[u] = j < visible ? row[j] * scale_log2 : -FLT_MAX;
+  }
+#pragma unroll
+  for (int u = 0; u < kCachedPerThread; ++u)
+    if (cached[u] != -FLT_MAX) merge_max_sum(m, s, cached[u], 1.0f);
+  for (int j = threadIdx.x + kCachedPerThread * kThreads; j < visible; j += kThreads)
+    merge_max_sum(m, s, row[j] * scale_log2, 1.0f);
+  for (int off = 16; off > 0; off >>= 1)
+    merge_max_sum(m, s, __shfl_xor_sync(0xffffffffu, m, off), __shfl_xor_sync(0xffffffffu, s, off));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    s_m[warp] = m;
+    s_s[warp] = s;
+  }
+  __syncthreads();
+  m = -FLT_MAX;
+  s = 0.0f;
+  for (int w = 0; w < kThreads / 32; ++w) merge_max_sum(m, s, s_m[w], s_s[w]);
+  const float inv = 1.0f / s;
+  __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(probs) + r * ld;
+#pragma unroll
+  for (int u = 0; u < kCachedPerThread; ++u) {
+    const int j = threadIdx.x + u * kThreads;
+    if (j < num_keys) out[j] = __float2bfloat16(j < visible ? exp2f(cached[u] - m) * inv : 0.0f);
+  }
+  for (int j = threadIdx.x + kCachedPerThread * kThreads; j < num_keys; j += kThreads)
+    out[j] = __float2bfloat16(j < visible ? exp2f(row[j] * scale_log2 - m) * inv : 0.0f);
+}
+
+}  // namespace
+
+void launch_mla_gather_latent(const float* cache, const int32_t* table, int block_size, int entry, int num_positions,
+                              int ld_latent, uint16_t* latent, Stream stream) {
+  if (num_positions == 0) return;
+  gather_latent_kernel<<<num_positions, 128, 0, stream>>>(cache, table, block_size, entry, ld_latent, latent);
+  DS_CUDA_CHECK_LAUNCH();
+}
+
+void launch_mla_expanded_queries(const MlaDims& d, const float* q, const int32_t* positions, int num_tokens,
+                                 const float* rope_cos, const float* rope_sin, int qk_padded, uint16_t* q_out,
+                                 Stream stream) {
+  if (num_tokens == 0) return;
+  expanded_queries_kernel<<<num_tokens, kThreads, 0, stream>>>(d, q, positions, rope_cos, rope_sin, qk_padded, q_out);
+  DS_CUDA_CHECK_LAUNCH();
+}
+
+void launch_causal_softmax(const float* scores, int64_t ld, int num_heads, int rows, int num_keys, int first_query_pos,
+                           float softmax_scale, uint16_t* probs, Stream stream) {
+  if (num_heads * rows == 0) return;
+  constexpr float kLog2e = 1.4426950408889634f;
+  causal_softmax_kernel<<<num_heads * rows, kThreads, 0, stream>>>(scores, ld, rows, num_keys, first_query_pos,
+                                                                   softmax_scale * kLog2e, probs);
+  DS_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace dsinfer::cuda
