@@ -15,17 +15,18 @@ void Backend::gated_mlp(const Tensor& x, const LinearWeight& gate_up, const Line
 }
 
 void Backend::argmax_rows(const Tensor& logits, std::vector<int32_t>& out) {
-  const int64_t rows = logits.dim(0), n = logits.dim(1);
-  std::vector<float> host(static_cast<size_t>(rows * n));
+  const std::vector<RowSampling> greedy(static_cast<size_t>(logits.dim(0)));
+  Backend::sample_rows(logits, greedy, out);
+}
+
+void Backend::sample_rows(const Tensor& logits, std::span<const RowSampling> rows, std::vector<int32_t>& out) {
+  const int64_t num_rows = logits.dim(0), vocab = logits.dim(1);
+  DS_CHECK_MSG(static_cast<int64_t>(rows.size()) == num_rows,
+               "sample_rows: " << rows.size() << " parameter rows for " << num_rows << " logit rows");
+  std::vector<float> host(static_cast<size_t>(num_rows * vocab));
   to_host(logits, host.data());
-  out.assign(static_cast<size_t>(rows), 0);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row = host.data() + r * n;
-    int64_t best = 0;
-    for (int64_t i = 1; i < n; ++i)
-      if (row[i] > row[best]) best = i;  // the first maximum wins, as in the sampler
-    out[r] = static_cast<int32_t>(best);
-  }
+  out.assign(static_cast<size_t>(num_rows), 0);
+  for (int64_t r = 0; r < num_rows; ++r) out[r] = choose_token(host.data() + r * vocab, static_cast<int>(vocab), rows[r]);
 }
 
 }  // namespace dsinfer

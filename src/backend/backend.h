@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/tensor.h"
+#include "backend/token_choice.h"
 #include "dsinfer/engine_types.h"
 
 namespace dsinfer {
@@ -150,6 +151,9 @@ class Backend {
   virtual void end_step() {}  // the step's batch may be gone after this
   // Greedy choice per row of logits [rows, vocab]; the CPU form is the reference.
   virtual void argmax_rows(const Tensor& logits, std::vector<int32_t>& out);
+  // One token per row of logits [rows, vocab] as choose_token picks it with that row's
+  // parameters and draw; the CPU form (choose_token on copied logits) is the reference.
+  virtual void sample_rows(const Tensor& logits, std::span<const RowSampling> rows, std::vector<int32_t>& out);
 
   // Step recording (CUDA graphs). A backend that records may capture the work issued between
   // begin_recording and end_recording under `key`, and later replay it instead of issuing it

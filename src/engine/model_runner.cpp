@@ -36,20 +36,27 @@ std::vector<SampledToken> ModelRunner::execute(const SchedulerOutput& out) {
   const ForwardBatch batch = build_batch(out);
   ForwardOutput fwd = model_.forward(batch, caches_);
   if (batch.logits_indices.empty()) return sampled;
-  // Greedy requests without logprobs need one id per row: the backend picks it where the
-  // logits are, and only the ids cross to the host.
-  bool all_greedy = true;
-  for (const ScheduledRequest& sr : out.scheduled) {
-    if (!sr.samples) continue;
-    const SamplingParams& p = sr.request->sampling;
-    if (!(p.temperature <= 0.0f || p.top_k == 1) || p.num_logprobs > 0) all_greedy = false;
-  }
-  if (all_greedy) {
-    model_.backend().argmax_rows(fwd.logits, greedy_ids_);
+  // Without logprobs a row needs only its token: the backend chooses it where the logits are
+  // (each request's draw taken from its own stream here), and only the ids cross to the host.
+  bool want_logprobs = false;
+  for (const ScheduledRequest& sr : out.scheduled)
+    want_logprobs = want_logprobs || (sr.samples && sr.request->sampling.num_logprobs > 0);
+  if (!want_logprobs) {
+    row_sampling_.clear();
+    bool all_greedy = true;
+    for (const ScheduledRequest& sr : out.scheduled) {
+      if (!sr.samples) continue;
+      row_sampling_.push_back(row_sampling(sr.request->sampling, sr.request->sampler_state));
+      all_greedy = all_greedy && is_greedy(row_sampling_.back());
+    }
+    if (all_greedy)
+      model_.backend().argmax_rows(fwd.logits, chosen_ids_);
+    else
+      model_.backend().sample_rows(fwd.logits, row_sampling_, chosen_ids_);
     size_t row = 0;
     for (const ScheduledRequest& sr : out.scheduled) {
       if (!sr.samples) continue;
-      sampled.push_back(SampledToken{sr.request, greedy_ids_[row++], {}});
+      sampled.push_back(SampledToken{sr.request, chosen_ids_[row++], {}});
     }
     return sampled;
   }

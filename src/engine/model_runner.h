@@ -29,7 +29,8 @@ class ModelRunner {
   kv::KvCacheManager& kv_;
   KvCaches caches_;
   std::vector<float> logits_host_;
-  std::vector<int32_t> greedy_ids_;
+  std::vector<RowSampling> row_sampling_;  // per sampled row of the step
+  std::vector<int32_t> chosen_ids_;
 };
 
 }  // namespace dsinfer

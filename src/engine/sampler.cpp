@@ -17,13 +17,6 @@ uint64_t splitmix64(uint64_t& x) {
 
 uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
-int argmax(const float* v, int n) {
-  int best = 0;
-  for (int i = 1; i < n; ++i)
-    if (v[i] > v[best]) best = i;  // ties: the lowest id
-  return best;
-}
-
 void fill_logprobs(const float* logits, int vocab, TokenId chosen, int num_top, TokenLogprob* out) {
   const float mx = *std::max_element(logits, logits + vocab);
   double sum = 0.0;
@@ -62,58 +55,15 @@ uint64_t SamplerState::next_u64() {
 
 double SamplerState::next_uniform() { return (next_u64() >> 11) * 0x1.0p-53; }
 
+RowSampling row_sampling(const SamplingParams& p, SamplerState& state) {
+  RowSampling row{p.temperature, p.top_k, p.top_p, p.min_p, 0.0};
+  if (!is_greedy(row)) row.uniform = state.next_uniform();
+  return row;
+}
+
 TokenId sample_token(const float* logits, int vocab, const SamplingParams& p, SamplerState& state,
                      TokenLogprob* logprob) {
-  TokenId chosen;
-  if (p.temperature <= 0.0f || p.top_k == 1) {
-    chosen = argmax(logits, vocab);
-  } else {
-    // Candidates sorted by logit (descending, ties by id), then truncated by top-k, top-p, min-p.
-    std::vector<int> idx(vocab);
-    std::iota(idx.begin(), idx.end(), 0);
-    int n = vocab;
-    if (p.top_k > 0 && p.top_k < vocab) {
-      n = p.top_k;
-      std::partial_sort(idx.begin(), idx.begin() + n, idx.end(),
-                        [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
-    } else {
-      std::sort(idx.begin(), idx.end(),
-                [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
-    }
-    const double inv_t = 1.0 / p.temperature;
-    const double mx = logits[idx[0]];
-    std::vector<double> probs(n);
-    double sum = 0.0;
-    for (int i = 0; i < n; ++i) sum += probs[i] = std::exp((logits[idx[i]] - mx) * inv_t);
-    for (auto& q : probs) q /= sum;
-    if (p.min_p > 0.0f) {
-      const double floor = p.min_p * probs[0];
-      int keep = 1;
-      while (keep < n && probs[keep] >= floor) ++keep;
-      n = keep;
-    }
-    if (p.top_p < 1.0f) {
-      double cum = 0.0;
-      int keep = 0;
-      while (keep < n) {
-        cum += probs[keep++];
-        if (cum >= p.top_p) break;
-      }
-      n = std::max(1, keep);
-    }
-    double total = 0.0;
-    for (int i = 0; i < n; ++i) total += probs[i];
-    const double r = state.next_uniform() * total;
-    double acc = 0.0;
-    chosen = idx[n - 1];
-    for (int i = 0; i < n; ++i) {
-      acc += probs[i];
-      if (r < acc) {
-        chosen = idx[i];
-        break;
-      }
-    }
-  }
+  const TokenId chosen = choose_token(logits, vocab, row_sampling(p, state));
   if (logprob != nullptr) fill_logprobs(logits, vocab, chosen, p.num_logprobs, logprob);
   return chosen;
 }

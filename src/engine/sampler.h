@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "backend/token_choice.h"
 #include "dsinfer/engine_types.h"
 
 namespace dsinfer {
@@ -20,7 +21,11 @@ class SamplerState {
   uint64_t s_[4];
 };
 
-// Samples one token from logits [vocab]. Fills *logprob (when non-null) with the chosen token's
+// A request's parameters for one row, with the uniform draw taken from its stream (one draw per
+// non-greedy row, none for greedy ones): what choose_token or Backend::sample_rows needs.
+RowSampling row_sampling(const SamplingParams& p, SamplerState& state);
+
+// Samples one token from logits [vocab] (choose_token with row_sampling's draw). Fills *logprob (when non-null) with the chosen token's
 // log-probability under the unmodified model distribution and the top num_logprobs tokens.
 TokenId sample_token(const float* logits, int vocab, const SamplingParams& params, SamplerState& state,
                      TokenLogprob* logprob);

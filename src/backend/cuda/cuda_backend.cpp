@@ -204,6 +204,25 @@ void CudaBackend::argmax_rows(const Tensor& logits, std::vector<int32_t>& out) {
   synchronize();
 }
 
+void CudaBackend::sample_rows(const Tensor& logits, std::span<const RowSampling> rows, std::vector<int32_t>& out) {
+  DS_CHECK(logits.dtype == DType::kF32 && logits.shape.size() == 2);
+  const int64_t num_rows = logits.dim(0), vocab = logits.dim(1);
+  DS_CHECK_MSG(static_cast<int64_t>(rows.size()) == num_rows,
+               "sample_rows: " << rows.size() << " parameter rows for " << num_rows << " logit rows");
+  out.resize(static_cast<size_t>(num_rows));
+  if (num_rows == 0) return;
+  const size_t params_bytes = rows.size() * sizeof(RowSampling);
+  Tensor params = alloc_->cached({static_cast<int64_t>(params_bytes)}, DType::kU8);
+  DS_CUDA_CHECK(cudaMemcpyAsync(params.data, rows.data(), params_bytes, cudaMemcpyHostToDevice, stream_));
+  const size_t workspace_bytes = sample_rows_workspace_bytes(num_rows, vocab);
+  Tensor workspace = alloc_->cached({static_cast<int64_t>(workspace_bytes)}, DType::kU8);
+  Tensor ids = alloc_->cached({num_rows}, DType::kI32);
+  launch_sample_rows(logits.as<float>(), num_rows, vocab, static_cast<const RowSampling*>(params.data),
+                     workspace.data, workspace_bytes, ids.as<int32_t>(), stream_);
+  DS_CUDA_CHECK(cudaMemcpyAsync(out.data(), ids.data, num_rows * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+  synchronize();
+}
+
 void CudaBackend::synchronize() { DS_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
 Tensor CudaBackend::empty(const std::vector<int64_t>& shape, DType dtype) { return alloc_->cached(shape, dtype); }

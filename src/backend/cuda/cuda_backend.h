@@ -16,8 +16,8 @@
 //   is the paged latent cache (read_cache_block/write_cache_block are plain copies).
 // - begin_step uploads the step's token layout once into fixed device buffers; with them a
 //   decode step can be recorded as a CUDA graph and replayed (DSINFER_CUDA_GRAPHS=0 turns that
-//   off). All work runs on one stream; the host waits only in to_host, argmax_rows, cache block
-//   reads and when routing is recorded for inspection.
+//   off). All work runs on one stream; the host waits only in to_host, argmax_rows,
+//   sample_rows, cache block reads and when routing is recorded for inspection.
 #pragma once
 
 #include <cstdint>
@@ -65,6 +65,7 @@ class CudaBackend final : public Backend {
   void begin_step(const ForwardBatch& batch) override;
   void end_step() override { step_batch_ = nullptr; }
   void argmax_rows(const Tensor& logits, std::vector<int32_t>& out) override;
+  void sample_rows(const Tensor& logits, std::span<const RowSampling> rows, std::vector<int32_t>& out) override;
   bool can_record() const override { return graphs_enabled_; }
   void begin_recording(uint64_t key) override;
   bool end_recording(uint64_t key) override;

@@ -3,7 +3,10 @@
 // device pointer unless its name says otherwise; all launches are asynchronous on `stream`.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+
+#include "backend/token_choice.h"
 
 struct CUstream_st;
 
@@ -28,6 +31,13 @@ void launch_argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, S
 // out[i] = x[rows[i]] (rows of `width` floats).
 void launch_gather_rows(const float* x, const int32_t* rows, int64_t num_rows, int64_t width, float* out,
                         Stream stream);
+
+// ---- token choice (cuda_sampling.cu) ----
+// out[r] = choose_token(logits row r, params[r]) for logits fp32 [rows, vocab] and params on the
+// device; the workspace holds sample_rows_workspace_bytes(rows, vocab) bytes.
+size_t sample_rows_workspace_bytes(int64_t rows, int64_t vocab);
+void launch_sample_rows(const float* logits, int64_t rows, int64_t vocab, const RowSampling* params, void* workspace,
+                        size_t workspace_bytes, int32_t* out, Stream stream);
 
 // ---- MLA attention (cuda_attention.cu) ----
 struct MlaDims {

@@ -1,9 +1,13 @@
 #include "engine/sampler.h"
 
+#include "backend/backend.h"
+
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <random>
 #include <vector>
 
 namespace dsinfer {
@@ -97,6 +101,46 @@ TEST(Sampler, LogprobsAreOfTheModelDistribution) {
   ASSERT_EQ(lp.top.size(), 3u);
   EXPECT_EQ(lp.top[1].first, 1);
   EXPECT_NEAR(lp.top[2].second, std::log(0.15), 1e-5);
+}
+
+
+// The engine's batched path (one row_sampling per request, then Backend::sample_rows) picks what
+// sample_token picks from the same streams: greedy rows draw nothing, the others one number.
+TEST(Sampler, BackendRowsFollowTheRequestStreams) {
+  auto cpu = make_backend("cpu");
+  constexpr int kVocab = 50, kRows = 6, kSteps = 40;
+  std::vector<SamplingParams> params(kRows);
+  params[0].temperature = 0.0f;
+  params[1].top_k = 5;
+  params[2].top_p = 0.7f;
+  params[3].temperature = 0.6f;
+  params[3].min_p = 0.1f;
+  params[4].top_k = 1;
+  params[5].temperature = 1.5f;
+  std::vector<SamplerState> batched, single;
+  for (int r = 0; r < kRows; ++r) {
+    batched.emplace_back(100 + r);
+    single.emplace_back(100 + r);
+  }
+  std::mt19937 rng(4);
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  int differs_from_greedy = 0;
+  for (int step = 0; step < kSteps; ++step) {
+    std::vector<float> logits(kRows * kVocab);
+    for (auto& x : logits) x = dist(rng);
+    std::vector<RowSampling> rows;
+    for (int r = 0; r < kRows; ++r) rows.push_back(row_sampling(params[r], batched[r]));
+    std::vector<int32_t> chosen;
+    Tensor t = cpu->from_host(HostTensor{DType::kF32, {kRows, kVocab}, logits.data()});
+    cpu->sample_rows(t, rows, chosen);
+    ASSERT_EQ(chosen.size(), static_cast<size_t>(kRows));
+    for (int r = 0; r < kRows; ++r) {
+      const float* row = logits.data() + r * kVocab;
+      EXPECT_EQ(chosen[r], sample_token(row, kVocab, params[r], single[r], nullptr)) << "step " << step << " row " << r;
+      differs_from_greedy += chosen[r] != std::max_element(row, row + kVocab) - row;
+    }
+  }
+  EXPECT_GT(differs_from_greedy, kSteps);  // the sampled rows did sample
 }
 
 }  // namespace

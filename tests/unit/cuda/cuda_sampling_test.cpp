@@ -1,0 +1,72 @@
+// Token choice on the CUDA backend against the CPU reference (choose_token on copied logits):
+// every kind of row (greedy, temperature alone, top-k, top-p, min-p and their mixes, tied
+// maxima) in one call, with each row's own draw, at a small vocabulary and at V2's.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "cuda_test_util.h"
+
+namespace dsinfer {
+namespace {
+
+using testing_cuda::CudaVsCpuTest;
+using testing_cuda::random_values;
+using testing_cuda::upload;
+
+class CudaSamplingTest : public CudaVsCpuTest {
+ protected:
+  void run_case(int num_rows, int vocab, uint32_t seed) {
+    auto logits = random_values(static_cast<size_t>(num_rows) * vocab, seed, 3.0f);
+    const RowSampling kinds[] = {
+        {0.0f, 0, 1.0f, 0.0f, 0.0},    // greedy
+        {0.8f, 1, 1.0f, 0.0f, 0.0},    // top_k 1: greedy whatever the temperature
+        {1.0f, 0, 1.0f, 0.0f, 0.0},    // the whole vocabulary
+        {0.7f, 0, 1.0f, 0.0f, 0.0},    // temperature alone
+        {1.3f, 50, 1.0f, 0.0f, 0.0},   // top-k
+        {1.0f, 0, 0.9f, 0.0f, 0.0},    // top-p
+        {1.0f, 0, 1.0f, 0.05f, 0.0},   // min-p
+        {0.9f, 200, 0.8f, 0.02f, 0.0}, // all three
+        {0.5f, 0, 0.5f, 0.0f, 0.0},    // a narrow nucleus
+        {2.0f, 3, 1.0f, 0.0f, 0.0},    // a top-k smaller than a tile
+    };
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<double> uniform(0.0, 1.0);
+    std::vector<RowSampling> rows;
+    for (int r = 0; r < num_rows; ++r) {
+      RowSampling row = kinds[r % std::size(kinds)];
+      row.uniform = uniform(rng);
+      rows.push_back(row);
+      // Every fifth row: its largest logit twice, the lower id must win a greedy choice.
+      if (r % 5 == 4) {
+        float* row_logits = logits.data() + static_cast<size_t>(r) * vocab;
+        const float best = *std::max_element(row_logits, row_logits + vocab) + 1.0f;
+        row_logits[vocab / 3] = best;
+        row_logits[vocab / 2] = best;
+      }
+    }
+    std::vector<int32_t> got[2];
+    Backend* bes[2] = {cpu_.get(), gpu_.get()};
+    for (int b = 0; b < 2; ++b) {
+      Tensor t = upload(*bes[b], {num_rows, vocab}, logits);
+      bes[b]->sample_rows(t, rows, got[b]);
+    }
+    ASSERT_EQ(got[0].size(), static_cast<size_t>(num_rows));
+    int not_argmax = 0;
+    for (int r = 0; r < num_rows; ++r) {
+      EXPECT_EQ(got[1][r], got[0][r]) << "row " << r << " (kind " << r % std::size(kinds) << ")";
+      const float* row_logits = logits.data() + static_cast<size_t>(r) * vocab;
+      not_argmax += got[0][r] != std::max_element(row_logits, row_logits + vocab) - row_logits;
+    }
+    // The draws must matter: most sampled rows pick something other than the argmax.
+    EXPECT_GT(not_argmax, num_rows / 4);
+  }
+};
+
+TEST_F(CudaSamplingTest, RowsMatchTheReferenceChoice) {
+  run_case(60, 5003, 1);
+  run_case(20, 102400, 2);
+}
+
+}  // namespace
+}  // namespace dsinfer
