@@ -57,16 +57,9 @@ __global__ void concat_cols_kernel(const float* a, const float* b, int64_t rows,
   out[i] = c < na ? a[r * na + c] : b[r * nb + c - na];
 }
 
-__global__ void gather_rows_kernel(const float* x, const int32_t* rows, int64_t num_rows, int64_t width, float* out) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= num_rows * width) return;
-  const int64_t r = i / width, c = i % width;
-  out[i] = x[static_cast<int64_t>(rows[r]) * width + c];
-}
-
-// Rows of 16-byte vectors.
-__global__ void gather_vector_rows_kernel(const uint4* x, const int32_t* rows, int64_t num_rows, int64_t width,
-                                          uint4* out) {
+// out[i] = x[rows[i]] for rows of `width` elements (floats, or 16-byte vectors of bf16).
+template <typename T>
+__global__ void gather_rows_kernel(const T* x, const int32_t* rows, int64_t num_rows, int64_t width, T* out) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= num_rows * width) return;
   const int64_t r = i / width, c = i % width;
@@ -196,7 +189,7 @@ void launch_gather_rows_bf16(const uint16_t* x, const int32_t* rows, int64_t num
   DS_CHECK_MSG(width % 8 == 0, "gather_rows_bf16: width " << width << " is not a multiple of 8");
   const int64_t vectors = width / 8;
   if (num_rows * vectors == 0) return;
-  gather_vector_rows_kernel<<<num_blocks_for(num_rows * vectors), kThreads, 0, stream>>>(
+  gather_rows_kernel<<<num_blocks_for(num_rows * vectors), kThreads, 0, stream>>>(
       reinterpret_cast<const uint4*>(x), rows, num_rows, vectors, reinterpret_cast<uint4*>(out));
   DS_CUDA_CHECK_LAUNCH();
 }

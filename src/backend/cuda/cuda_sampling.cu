@@ -28,10 +28,25 @@ __device__ double probability(const float* keys, int i, double max_logit, double
   return exp((static_cast<double>(keys[i]) - max_logit) * inv_t) * inv_sum;
 }
 
+using Scan = cub::BlockScan<double, kThreads>;
+
+// The probabilities of positions base + threadIdx.x of a sorted row (0 from `end` on) and their
+// cumulative sum from the row's start: `carry` holds the sum before the tile and is advanced
+// past it, the same in every thread.
+__device__ void scan_tile(typename Scan::TempStorage& storage, const float* keys, int base, int end,
+                          double max_logit, double inv_t, double inv_sum, double& carry, double& q, double& cum) {
+  const int i = base + threadIdx.x;
+  q = i < end ? probability(keys, i, max_logit, inv_t, inv_sum) : 0.0;
+  double tile_total;
+  __syncthreads();  // the scan's storage may still be read by the previous tile
+  Scan(storage).InclusiveSum(q, cum, tile_total);
+  cum += carry;
+  carry += tile_total;
+}
+
 __global__ void __launch_bounds__(kThreads) choose_sorted_kernel(const float* sorted_logits, const int32_t* sorted_ids,
                                                                  int vocab, const RowSampling* params, int32_t* out) {
   using Reduce = cub::BlockReduce<double, kThreads>;
-  using Scan = cub::BlockScan<double, kThreads>;
   __shared__ union {
     typename Reduce::TempStorage reduce;
     typename Scan::TempStorage scan;
@@ -67,12 +82,8 @@ __global__ void __launch_bounds__(kThreads) choose_sorted_kernel(const float* so
     double carry = 0.0;
     for (int base = 0; base < n; base += kThreads) {
       const int i = base + tid;
-      const double q = i < n ? probability(keys, i, max_logit, inv_t, inv_sum) : 0.0;
-      double cum, tile_total;
-      __syncthreads();
-      Scan(tmp.scan).InclusiveSum(q, cum, tile_total);
-      cum += carry;
-      carry += tile_total;
+      double q, cum;
+      scan_tile(tmp.scan, keys, base, n, max_logit, inv_t, inv_sum, carry, q, cum);
       if (i < n) {
         if (p.min_p > 0.0f && i >= 1 && q < floor) atomicMin(&s_cut, i);
         if (p.top_p < 1.0f && cum >= p.top_p) atomicMin(&s_cut, i + 1);
@@ -97,12 +108,8 @@ __global__ void __launch_bounds__(kThreads) choose_sorted_kernel(const float* so
   double carry = 0.0;
   for (int base = 0; base < kept; base += kThreads) {
     const int i = base + tid;
-    const double q = i < kept ? probability(keys, i, max_logit, inv_t, inv_sum) : 0.0;
-    double acc, tile_total;
-    __syncthreads();
-    Scan(tmp.scan).InclusiveSum(q, acc, tile_total);
-    acc += carry;
-    carry += tile_total;
+    double q, acc;
+    scan_tile(tmp.scan, keys, base, kept, max_logit, inv_t, inv_sum, carry, q, acc);
     if (i < kept && target < acc) atomicMin(&s_cut, i);
     __syncthreads();
     if (s_cut < kept - 1 || carry > target) break;

@@ -34,6 +34,24 @@ LtMatmul::~LtMatmul() {
   if (handle_) cublasLtDestroy(handle_);
 }
 
+int LtMatmul::pick_algorithm(Plan* p, uint32_t alignment_bytes) {
+  cublasLtMatmulPreference_t pref;
+  DS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  DS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                       &workspace_bytes_, sizeof workspace_bytes_));
+  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+    DS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &alignment_bytes, sizeof alignment_bytes));
+  cublasLtMatmulHeuristicResult_t result{};
+  int count = 0;
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->d, pref, 1, &result, &count);
+  cublasLtMatmulPreferenceDestroy(pref);
+  p->ok = st == CUBLAS_STATUS_SUCCESS && count > 0;
+  if (p->ok) p->algo = result.algo;
+  return static_cast<int>(st);
+}
+
 std::unique_ptr<LtMatmul::Plan> LtMatmul::try_plan(Kind kind, int64_t m, int64_t n, int64_t k, bool swapped,
                                                     uint32_t alignment_bytes, int* status) {
   auto p = std::make_unique<Plan>();
@@ -70,23 +88,9 @@ std::unique_ptr<LtMatmul::Plan> LtMatmul::try_plan(Kind kind, int64_t m, int64_t
   DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, ab_type, k, b_cols, k));
   DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, cd_type, a_cols, b_cols, a_cols));
   DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, cd_type, a_cols, b_cols, a_cols));
-  cublasLtMatmulPreference_t pref;
-  DS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  DS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                       &workspace_bytes_, sizeof workspace_bytes_));
   // Plain plans take 16-byte aligned operands, not the 256 bytes the heuristic assumes by
   // default: per-expert row slices of one buffer start anywhere on a row boundary.
-  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
-    DS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &alignment_bytes, sizeof alignment_bytes));
-  cublasLtMatmulHeuristicResult_t result{};
-  int count = 0;
-  const cublasStatus_t st =
-      cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->d, pref, 1, &result, &count);
-  cublasLtMatmulPreferenceDestroy(pref);
-  p->ok = st == CUBLAS_STATUS_SUCCESS && count > 0;
-  if (p->ok) p->algo = result.algo;
-  *status = static_cast<int>(st);
+  *status = pick_algorithm(p.get(), alignment_bytes);
   return p;
 }
 
@@ -166,24 +170,10 @@ std::unique_ptr<LtMatmul::Plan> LtMatmul::make_strided_plan(const Strided& s) {
                                                        sizeof stride));
     }
   }
-  cublasLtMatmulPreference_t pref;
-  DS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  DS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                       &workspace_bytes_, sizeof workspace_bytes_));
-  const uint32_t alignment_bytes = kMinAlignmentBytes;
-  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
-    DS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &alignment_bytes, sizeof alignment_bytes));
-  cublasLtMatmulHeuristicResult_t result{};
-  int count = 0;
-  const cublasStatus_t st =
-      cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->d, pref, 1, &result, &count);
-  cublasLtMatmulPreferenceDestroy(pref);
-  p->ok = st == CUBLAS_STATUS_SUCCESS && count > 0;
-  if (p->ok) p->algo = result.algo;
+  const int st = pick_algorithm(p.get(), kMinAlignmentBytes);
   DS_CHECK_MSG(p->ok, "cuBLASLt has no algorithm for the strided product m=" << s.m << " n=" << s.n << " k=" << s.k
                                                                                << " batch=" << s.batch << " (status "
-                                                                               << static_cast<int>(st) << ")");
+                                                                               << st << ")");
   return p;
 }
 

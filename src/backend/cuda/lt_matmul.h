@@ -68,6 +68,8 @@ class LtMatmul {
   Plan* plan(Kind kind, int64_t m, int64_t n, int64_t k, bool must_exist);
   std::unique_ptr<Plan> try_plan(Kind kind, int64_t m, int64_t n, int64_t k, bool swapped, uint32_t alignment_bytes,
                                  int* status);
+  // Asks the heuristic for p's algorithm (p->ok, p->algo); returns cuBLASLt's status.
+  int pick_algorithm(Plan* p, uint32_t alignment_bytes);
   // Returns cuBLASLt's status (cublasStatus_t).
   int run(Plan* p, const void* a, const void* b, void* d, const float* a_scales, const float* b_scales);
 
