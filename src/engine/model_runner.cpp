@@ -36,42 +36,32 @@ std::vector<SampledToken> ModelRunner::execute(const SchedulerOutput& out) {
   const ForwardBatch batch = build_batch(out);
   ForwardOutput fwd = model_.forward(batch, caches_);
   if (batch.logits_indices.empty()) return sampled;
-  // Without logprobs a row needs only its token: the backend chooses it where the logits are
-  // (each request's draw taken from its own stream here), and only the ids cross to the host.
-  bool want_logprobs = false;
-  for (const ScheduledRequest& sr : out.scheduled)
-    want_logprobs = want_logprobs || (sr.samples && sr.request->sampling.num_logprobs > 0);
-  if (!want_logprobs) {
-    row_sampling_.clear();
-    bool all_greedy = true;
-    for (const ScheduledRequest& sr : out.scheduled) {
-      if (!sr.samples) continue;
-      row_sampling_.push_back(row_sampling(sr.request->sampling, sr.request->sampler_state));
-      all_greedy = all_greedy && is_greedy(row_sampling_.back());
-    }
-    if (all_greedy)
-      model_.backend().argmax_rows(fwd.logits, chosen_ids_);
-    else
-      model_.backend().sample_rows(fwd.logits, row_sampling_, chosen_ids_);
-    size_t row = 0;
-    for (const ScheduledRequest& sr : out.scheduled) {
-      if (!sr.samples) continue;
-      sampled.push_back(SampledToken{sr.request, chosen_ids_[row++], {}});
-    }
-    return sampled;
+  // The backend chooses every row's token where the logits are (each request's draw taken
+  // from its own stream here); only the ids cross to the host, and the logits too when some
+  // request asks for logprobs.
+  row_sampling_.clear();
+  bool all_greedy = true, want_logprobs = false;
+  for (const ScheduledRequest& sr : out.scheduled) {
+    if (!sr.samples) continue;
+    row_sampling_.push_back(row_sampling(sr.request->sampling, sr.request->sampler_state));
+    all_greedy = all_greedy && is_greedy(row_sampling_.back());
+    want_logprobs = want_logprobs || sr.request->sampling.num_logprobs > 0;
   }
+  if (all_greedy)
+    model_.backend().argmax_rows(fwd.logits, chosen_ids_);
+  else
+    model_.backend().sample_rows(fwd.logits, row_sampling_, chosen_ids_);
   const int vocab = model_.config().vocab_size;
-  logits_host_.resize(batch.logits_indices.size() * static_cast<size_t>(vocab));
-  model_.backend().to_host(fwd.logits, logits_host_.data());
+  if (want_logprobs) {
+    logits_host_.resize(batch.logits_indices.size() * static_cast<size_t>(vocab));
+    model_.backend().to_host(fwd.logits, logits_host_.data());
+  }
   size_t row = 0;
   for (const ScheduledRequest& sr : out.scheduled) {
     if (!sr.samples) continue;
-    Request& req = *sr.request;
-    SampledToken st;
-    st.request = &req;
-    const bool want_logprobs = req.sampling.num_logprobs > 0;
-    st.token = sample_token(logits_host_.data() + row * vocab, vocab, req.sampling, req.sampler_state,
-                            want_logprobs ? &st.logprob : nullptr);
+    SampledToken st{sr.request, chosen_ids_[row], {}};
+    const int num_top = sr.request->sampling.num_logprobs;
+    if (num_top > 0) token_logprobs(logits_host_.data() + row * vocab, vocab, st.token, num_top, &st.logprob);
     sampled.push_back(std::move(st));
     ++row;
   }

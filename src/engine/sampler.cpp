@@ -17,23 +17,6 @@ uint64_t splitmix64(uint64_t& x) {
 
 uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
-void fill_logprobs(const float* logits, int vocab, TokenId chosen, int num_top, TokenLogprob* out) {
-  const float mx = *std::max_element(logits, logits + vocab);
-  double sum = 0.0;
-  for (int i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - mx);
-  const double log_z = mx + std::log(sum);
-  out->token_id = chosen;
-  out->logprob = static_cast<float>(logits[chosen] - log_z);
-  out->top.clear();
-  if (num_top <= 0) return;
-  num_top = std::min(num_top, vocab);
-  std::vector<int> idx(vocab);
-  std::iota(idx.begin(), idx.end(), 0);
-  std::partial_sort(idx.begin(), idx.begin() + num_top, idx.end(),
-                    [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
-  for (int i = 0; i < num_top; ++i) out->top.emplace_back(idx[i], static_cast<float>(logits[idx[i]] - log_z));
-}
-
 }  // namespace
 
 SamplerState::SamplerState(uint64_t seed) {
@@ -61,10 +44,27 @@ RowSampling row_sampling(const SamplingParams& p, SamplerState& state) {
   return row;
 }
 
+void token_logprobs(const float* logits, int vocab, TokenId chosen, int num_top, TokenLogprob* out) {
+  const float mx = *std::max_element(logits, logits + vocab);
+  double sum = 0.0;
+  for (int i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - mx);
+  const double log_z = mx + std::log(sum);
+  out->token_id = chosen;
+  out->logprob = static_cast<float>(logits[chosen] - log_z);
+  out->top.clear();
+  if (num_top <= 0) return;
+  num_top = std::min(num_top, vocab);
+  std::vector<int> idx(vocab);
+  std::iota(idx.begin(), idx.end(), 0);
+  std::partial_sort(idx.begin(), idx.begin() + num_top, idx.end(),
+                    [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+  for (int i = 0; i < num_top; ++i) out->top.emplace_back(idx[i], static_cast<float>(logits[idx[i]] - log_z));
+}
+
 TokenId sample_token(const float* logits, int vocab, const SamplingParams& p, SamplerState& state,
                      TokenLogprob* logprob) {
   const TokenId chosen = choose_token(logits, vocab, row_sampling(p, state));
-  if (logprob != nullptr) fill_logprobs(logits, vocab, chosen, p.num_logprobs, logprob);
+  if (logprob != nullptr) token_logprobs(logits, vocab, chosen, p.num_logprobs, logprob);
   return chosen;
 }
 

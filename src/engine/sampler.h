@@ -25,6 +25,10 @@ class SamplerState {
 // non-greedy row, none for greedy ones): what choose_token or Backend::sample_rows needs.
 RowSampling row_sampling(const SamplingParams& p, SamplerState& state);
 
+// The chosen token's log-probability under the unmodified model distribution, and the top
+// num_top tokens' (ties by id), from logits [vocab]; no full sort.
+void token_logprobs(const float* logits, int vocab, TokenId chosen, int num_top, TokenLogprob* out);
+
 // Samples one token from logits [vocab] (choose_token with row_sampling's draw). Fills *logprob (when non-null) with the chosen token's
 // log-probability under the unmodified model distribution and the top num_logprobs tokens.
 TokenId sample_token(const float* logits, int vocab, const SamplingParams& params, SamplerState& state,

@@ -115,5 +115,44 @@ TEST(EngineCore, PrefixHitIsAccountedAndChangesNothing) {
   EXPECT_EQ(third.back().prompt_cache.num_device_hit_tokens, 0);
 }
 
+
+// Logprobs ride along with the token choice: asking for them changes no token of a seeded
+// sampled request, and each generated token carries its own log-probability and the top ones.
+TEST(EngineCore, LogprobsDoNotChangeSampledTokens) {
+  const auto ref = testing::fixture_reference("tiny_v3");
+  const auto prompt = ref["prompts"][0]["prompt_ids"].get<std::vector<TokenId>>();
+  EngineCore core(testing::fixture_engine_config("tiny_v3"));
+  GenerationRequest r;
+  r.prompt_ids = prompt;
+  r.sampling.temperature = 1.2f;
+  r.sampling.top_p = 0.95f;
+  r.sampling.seed = 77;
+  r.sampling.max_tokens = 12;
+  r.sampling.ignore_eos = true;
+  GenerationRequest with_logprobs = r;
+  with_logprobs.sampling.num_logprobs = 3;
+  ASSERT_TRUE(core.add_request(1, r).ok());
+  ASSERT_TRUE(core.add_request(2, with_logprobs).ok());
+  std::vector<TokenId> tokens[2];
+  std::vector<TokenLogprob> logprobs;
+  while (core.has_unfinished_requests())
+    for (auto& o : core.step()) {
+      tokens[o.request_id - 1].insert(tokens[o.request_id - 1].end(), o.new_token_ids.begin(), o.new_token_ids.end());
+      if (o.request_id == 2) logprobs.insert(logprobs.end(), o.logprobs.begin(), o.logprobs.end());
+    }
+  ASSERT_EQ(tokens[0].size(), 12u);
+  EXPECT_EQ(tokens[1], tokens[0]);
+  ASSERT_EQ(logprobs.size(), tokens[1].size());
+  for (size_t i = 0; i < logprobs.size(); ++i) {
+    const TokenLogprob& lp = logprobs[i];
+    EXPECT_EQ(lp.token_id, tokens[1][i]);
+    EXPECT_LE(lp.logprob, 0.0f);
+    ASSERT_EQ(lp.top.size(), 3u);
+    EXPECT_GE(lp.top[0].second, lp.top[1].second);
+    EXPECT_GE(lp.top[1].second, lp.top[2].second);
+    EXPECT_GE(lp.top[0].second, lp.logprob);  // the best is at least as likely as the chosen
+  }
+}
+
 }  // namespace
 }  // namespace dsinfer
