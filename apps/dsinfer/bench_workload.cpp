@@ -204,6 +204,7 @@ int run_workload(WorkloadOptions o) {
     << ", " << mc.num_hidden_layers << " layers, backend " << cfg.backend << "\n\n"
     << "- date: " << utc_timestamp() << "\n- machine: " << o.machine << "\n- command: `" << o.command << "`\n"
     << "- engine: max batched tokens " << cfg.max_num_batched_tokens << ", max sequences " << cfg.max_num_seqs
+    << (cfg.async_scheduling ? ", asynchronous scheduling" : "")
     << ", " << stats.num_kv_blocks_total << " KV blocks of " << cfg.block_size_tokens << " tokens; "
     << stats.num_steps << " steps, " << stats.num_preemptions << " preemptions\n"
     << "- all requests submitted at once after one warm-up request; random prompt ids (seed " << o.prompt_seed

@@ -126,6 +126,8 @@ int run_bench(int argc, char** argv) {
   app.add_option("--max-batched-tokens", wl.max_num_batched_tokens, "--workload: token budget per engine step")
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--max-num-seqs", wl.max_num_seqs, "--workload: requests running at once")->check(CLI::Range(1, 1 << 16));
+  app.add_flag("--async-scheduling", wl.async_scheduling,
+               "--workload: launch each engine step before the previous one's tokens are back");
   app.add_option("--num-kv-blocks", wl.num_kv_blocks, "--workload: KV blocks (default: every running request at full length)")
       ->check(CLI::Range(0, 1 << 24));
   app.add_option("--kv-cache-mb", kv_cache_mb, "--workload: KV cache memory, MiB (instead of --num-kv-blocks)")

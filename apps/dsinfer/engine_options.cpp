@@ -31,6 +31,9 @@ void add_engine_options(CLI::App& app, EngineOptions& o) {
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--max-num-seqs", o.config.max_num_seqs, "requests running at once")->check(CLI::Range(1, 1 << 16));
   app.add_flag("!--no-prefix-caching", o.config.enable_prefix_caching, "disable prefix caching");
+  app.add_flag("--async-scheduling", o.config.async_scheduling,
+               "launch each engine step before the previous one's tokens are back (the device never waits on "
+               "the scheduler; a request that stops computes one extra row)");
   app.add_option("--engine-seed", o.config.seed, "seed of unseeded requests' random streams");
   app.add_option("--kv-store", o.kv_store_dir,
                  "use a KV block store in DIR, local or a shared POSIX mount (serve: on by default in ~/.cache/dsinfer/kv)");

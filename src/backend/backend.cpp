@@ -1,6 +1,8 @@
 // Default implementations of the Backend operations that are compositions of others.
 #include "backend/backend.h"
 
+#include <algorithm>
+
 #include "core/check.h"
 
 namespace dsinfer {
@@ -27,6 +29,46 @@ void Backend::sample_rows(const Tensor& logits, std::span<const RowSampling> row
   to_host(logits, host.data());
   out.assign(static_cast<size_t>(num_rows), 0);
   for (int64_t r = 0; r < num_rows; ++r) out[r] = choose_token(host.data() + r * vocab, static_cast<int>(vocab), rows[r]);
+}
+
+uint64_t Backend::choose_async(const Tensor& logits, std::span<const RowSampling> rows) {
+  bool all_greedy = true;
+  for (const RowSampling& r : rows) all_greedy = all_greedy && is_greedy(r);
+  std::vector<int32_t> ids;
+  if (all_greedy)
+    argmax_rows(logits, ids);
+  else
+    sample_rows(logits, rows, ids);
+  latest_choice_ = ids;
+  const uint64_t ticket = next_ticket_++;
+  choices_.emplace(ticket, std::move(ids));
+  return ticket;
+}
+
+std::vector<int32_t> Backend::wait_choice(uint64_t ticket) {
+  auto it = choices_.find(ticket);
+  DS_CHECK_MSG(it != choices_.end(), "wait_choice: unknown ticket " << ticket);
+  std::vector<int32_t> ids = std::move(it->second);
+  choices_.erase(it);
+  return ids;
+}
+
+std::span<const TokenId> Backend::input_ids(const ForwardBatch& batch) {
+  bool placeholders = false;
+  for (TokenId id : batch.token_ids) placeholders = placeholders || id < 0;
+  if (!placeholders) return batch.token_ids;
+  // resize + copy keeps the buffer (and the span a device backend compares against) in place
+  // when the same batch is resolved again.
+  resolved_ids_.resize(batch.token_ids.size());
+  std::copy(batch.token_ids.begin(), batch.token_ids.end(), resolved_ids_.begin());
+  for (TokenId& id : resolved_ids_) {
+    if (id >= 0) continue;
+    const size_t row = static_cast<size_t>(-1 - id);
+    DS_CHECK_MSG(row < latest_choice_.size(), "token placeholder for row " << row << " of a choice of "
+                                                                           << latest_choice_.size() << " rows");
+    id = latest_choice_[row];
+  }
+  return resolved_ids_;
 }
 
 }  // namespace dsinfer

@@ -6,6 +6,7 @@
 // dtype (F32/F16/BF16, or F8_E4M3 with 128x128 block scales) into a backend-resident form.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -154,6 +155,17 @@ class Backend {
   // One token per row of logits [rows, vocab] as choose_token picks it with that row's
   // parameters and draw; the CPU form (choose_token on copied logits) is the reference.
   virtual void sample_rows(const Tensor& logits, std::span<const RowSampling> rows, std::vector<int32_t>& out);
+  // Asynchronous token choice, for an engine that schedules one step ahead: choose_async
+  // enqueues the choice of every row (the argmax when every row is greedy) and returns a
+  // ticket at once; wait_choice returns a ticket's ids (tickets are waited in order, at most
+  // two outstanding). A later step's token id -1 - r names row r of the latest choice: a
+  // device backend resolves it in begin_step, others through input_ids. The default chooses
+  // at once.
+  virtual uint64_t choose_async(const Tensor& logits, std::span<const RowSampling> rows);
+  virtual std::vector<int32_t> wait_choice(uint64_t ticket);
+  // The ids the embedding reads: the batch's, with every -1 - r replaced from the latest
+  // choice by the default; a device backend that resolves them itself returns them as they are.
+  virtual std::span<const TokenId> input_ids(const ForwardBatch& batch);
 
   // Step recording (CUDA graphs). A backend that records may capture the work issued between
   // begin_recording and end_recording under `key`, and later replay it instead of issuing it
@@ -168,6 +180,13 @@ class Backend {
   // KV block movement for the host tier / block store: all layers of one block, fp32 bytes.
   virtual void read_cache_block(const LayerKvCache& cache, int32_t block, float* dst) = 0;
   virtual void write_cache_block(LayerKvCache& cache, int32_t block, const float* src) = 0;
+
+ private:
+  // The default asynchronous choice: ids by ticket, the latest choice, resolved input ids.
+  std::map<uint64_t, std::vector<int32_t>> choices_;
+  std::vector<int32_t> latest_choice_;
+  std::vector<TokenId> resolved_ids_;
+  uint64_t next_ticket_ = 1;
 };
 
 // "cpu" or "cuda"; throws dsinfer::Error for an unknown or unavailable backend.

@@ -21,6 +21,10 @@ struct EngineConfig {
   int max_num_seqs = 256;
   int max_queued_requests = 4096;
   bool enable_prefix_caching = true;
+  // Schedule and launch step N+1 before waiting for step N's tokens, so that the device never
+  // waits on the host between steps. A request that stops at step N (eos, a stop token) has
+  // one more row computed in step N+1, which is dropped.
+  bool async_scheduling = false;
   uint64_t seed = 0;                // base of the random streams of unseeded requests
   bool print_load_progress = true;
   kv::KvTierOptions kv_tiers;       // host tier and block store (both off by default)

@@ -106,6 +106,7 @@ Status EngineCore::add_request(RequestId id, const GenerationRequest& r) {
   req->arrival_index = next_arrival_++;
   req->tokens = r.prompt_ids;
   req->num_prompt_tokens = static_cast<int>(r.prompt_ids.size());
+  req->max_num_tokens = req->num_prompt_tokens + p.max_tokens;
   req->sampling = p;
   req->cache_salt = r.cache_salt;
   req->traffic_class = r.traffic_class;
@@ -138,10 +139,18 @@ std::optional<RequestOutput> EngineCore::abort_request(RequestId id) {
   if (it == requests_.end()) return std::nullopt;
   Request& req = *it->second;
   req.finish_reason = FinishReason::kCancelled;
-  scheduler_->remove(&req);
   RequestOutput out = make_output(req);
-  requests_.erase(it);
+  retire(id);
   return out;
+}
+
+void EngineCore::retire(RequestId id) {
+  auto it = requests_.find(id);
+  DS_CHECK(it != requests_.end());
+  it->second->status = RequestStatus::kFinished;
+  scheduler_->remove(it->second.get());
+  retired_now_.push_back(std::move(it->second));
+  requests_.erase(it);
 }
 
 bool EngineCore::check_stop(Request& req, TokenId token) const {
@@ -150,30 +159,51 @@ bool EngineCore::check_stop(Request& req, TokenId token) const {
     req.finish_reason = FinishReason::kStop;
   } else if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) != p.stop_token_ids.end()) {
     req.finish_reason = FinishReason::kStop;
-  } else if (req.num_generated_tokens() >= p.max_tokens || req.num_tokens() >= max_model_len_) {
+  } else if (req.num_generated_tokens() >= p.max_tokens || static_cast<int>(req.tokens.size()) >= max_model_len_) {
     req.finish_reason = FinishReason::kLength;
   }
   return req.finish_reason != FinishReason::kNone;
 }
 
+// One step: schedule and launch the next forward, then finish the step before it (with
+// asynchronous scheduling, the one launched by the previous call, which the device has been
+// running meanwhile; otherwise the one just launched).
 std::vector<RequestOutput> EngineCore::step() {
+  std::optional<LaunchedStep> next;
+  SchedulerOutput sched = scheduler_->schedule();
+  if (!sched.empty()) {
+    ++num_steps_;
+    next = runner_->submit(std::move(sched));
+    scheduler_->advance(next->sched);
+  }
   std::vector<RequestOutput> outputs;
-  const SchedulerOutput sched = scheduler_->schedule();
-  if (sched.empty()) return outputs;
-  ++num_steps_;
-  std::vector<SampledToken> sampled = runner_->execute(sched);
-  scheduler_->update_after_step(sched);
+  if (config_.async_scheduling) {
+    if (in_flight_) outputs = finish_step(*in_flight_);
+    in_flight_ = std::move(next);
+  } else if (next) {
+    outputs = finish_step(*next);
+  }
+  // Requests retired before this call's finish are in no launched step any more.
+  retired_before_ = std::move(retired_now_);
+  retired_now_.clear();
+  return outputs;
+}
+
+std::vector<RequestOutput> EngineCore::finish_step(LaunchedStep& step) {
+  std::vector<SampledToken> sampled = runner_->collect(step);
+  // The step's inputs are all known now: its full blocks may be reused.
+  scheduler_->register_full_blocks(step.sched, step.computed);
+  std::vector<RequestOutput> outputs;
   for (SampledToken& st : sampled) {
     Request& req = *st.request;
+    DS_CHECK(!req.pending.empty() && req.pending.front().step == step.number);
+    req.pending.pop_front();
+    if (req.finish_reason != FinishReason::kNone) continue;  // stopped or cancelled while the step ran
     req.tokens.push_back(st.token);
     if (req.sampling.num_logprobs > 0) req.pending_logprobs.push_back(std::move(st.logprob));
     check_stop(req, st.token);
     outputs.push_back(make_output(req));
-    if (req.finish_reason != FinishReason::kNone) {
-      const RequestId id = req.id;
-      scheduler_->remove(&req);
-      requests_.erase(id);
-    }
+    if (req.finish_reason != FinishReason::kNone) retire(req.id);
   }
   return outputs;
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -34,7 +35,7 @@ class EngineCore {
   // One engine step; returns the increments of every request that produced tokens or finished.
   std::vector<RequestOutput> step();
 
-  bool has_unfinished_requests() const { return !requests_.empty(); }
+  bool has_unfinished_requests() const { return !requests_.empty() || in_flight_.has_value(); }
   EngineStats stats() const;
   const ModelConfig& model_config() const { return model_->config(); }
   int max_model_len() const { return max_model_len_; }
@@ -44,6 +45,10 @@ class EngineCore {
  private:
   RequestOutput make_output(Request& req);
   bool check_stop(Request& req, TokenId token) const;
+  // Waits for a launched step's tokens and turns them into outputs.
+  std::vector<RequestOutput> finish_step(LaunchedStep& step);
+  // Out of the scheduler and of requests_; kept alive until no launched step refers to it.
+  void retire(RequestId id);
 
   EngineConfig config_;
   std::unique_ptr<Backend> backend_;
@@ -53,6 +58,10 @@ class EngineCore {
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<ModelRunner> runner_;
   std::unordered_map<RequestId, std::unique_ptr<Request>> requests_;
+  std::optional<LaunchedStep> in_flight_;  // asynchronous scheduling: the step launched last
+  // Retired requests: since the step before (may be in the step being finished), and since now
+  // (may be in the step in flight).
+  std::vector<std::unique_ptr<Request>> retired_before_, retired_now_;
   std::vector<int> eos_ids_;
   int max_model_len_ = 0;
   uint64_t next_arrival_ = 0;

@@ -7,7 +7,7 @@ namespace dsinfer {
 ModelRunner::ModelRunner(DeepseekModel& model, kv::KvCacheManager& kv, int num_blocks, int block_size)
     : model_(model), kv_(kv), caches_(model.allocate_caches(num_blocks, block_size)) {}
 
-ForwardBatch ModelRunner::build_batch(const SchedulerOutput& out) const {
+ForwardBatch ModelRunner::build_batch(const SchedulerOutput& out, int64_t step_number) const {
   ForwardBatch b;
   const int bs = caches_.block_size;
   for (size_t s = 0; s < out.scheduled.size(); ++s) {
@@ -17,7 +17,16 @@ ForwardBatch ModelRunner::build_batch(const SchedulerOutput& out) const {
     const int begin = req.num_computed_tokens, end = begin + sr.num_new_tokens;
     DS_CHECK_MSG(static_cast<int>(table.size()) * bs >= end, "request " << req.id << " lacks blocks");
     for (int pos = begin; pos < end; ++pos) {
-      b.token_ids.push_back(req.tokens[pos]);
+      const int known = static_cast<int>(req.tokens.size());
+      if (pos < known) {
+        b.token_ids.push_back(req.tokens[pos]);
+      } else {
+        // A token the step before samples: a placeholder for its row of that step's choice.
+        const Request::PendingToken& p = req.pending[pos - known];
+        DS_CHECK_MSG(p.step == step_number - 1, "request " << req.id << " needs a token of step " << p.step
+                                                           << " as an input of step " << step_number);
+        b.token_ids.push_back(-1 - p.row);
+      }
       b.positions.push_back(pos);
       b.slot_mapping.push_back(table[pos / bs] * bs + pos % bs);
       b.token_seq.push_back(static_cast<int32_t>(s));
@@ -30,42 +39,49 @@ ForwardBatch ModelRunner::build_batch(const SchedulerOutput& out) const {
   return b;
 }
 
-std::vector<SampledToken> ModelRunner::execute(const SchedulerOutput& out) {
-  std::vector<SampledToken> sampled;
-  if (out.empty()) return sampled;
-  const ForwardBatch batch = build_batch(out);
+LaunchedStep ModelRunner::submit(SchedulerOutput sched) {
+  LaunchedStep step;
+  step.number = ++num_launched_;
+  step.sched = std::move(sched);
+  if (step.sched.empty()) return step;
+  const ForwardBatch batch = build_batch(step.sched, step.number);
   ForwardOutput fwd = model_.forward(batch, caches_);
-  if (batch.logits_indices.empty()) return sampled;
-  // The backend chooses every row's token where the logits are (each request's draw taken
-  // from its own stream here); only the ids cross to the host, and the logits too when some
-  // request asks for logprobs.
+  // The backend chooses every sampled row's token where the logits are (each request's draw
+  // taken from its own stream here); only the ids cross to the host, and the logits too when
+  // some request asks for logprobs.
   row_sampling_.clear();
-  bool all_greedy = true, want_logprobs = false;
-  for (const ScheduledRequest& sr : out.scheduled) {
+  bool want_logprobs = false;
+  for (const ScheduledRequest& sr : step.sched.scheduled) {
+    step.computed.push_back(sr.request->num_computed_tokens + sr.num_new_tokens);
     if (!sr.samples) continue;
+    sr.request->pending.push_back({step.number, static_cast<int>(row_sampling_.size())});
     row_sampling_.push_back(row_sampling(sr.request->sampling, sr.request->sampler_state));
-    all_greedy = all_greedy && is_greedy(row_sampling_.back());
     want_logprobs = want_logprobs || sr.request->sampling.num_logprobs > 0;
   }
-  if (all_greedy)
-    model_.backend().argmax_rows(fwd.logits, chosen_ids_);
-  else
-    model_.backend().sample_rows(fwd.logits, row_sampling_, chosen_ids_);
-  const int vocab = model_.config().vocab_size;
+  if (!row_sampling_.empty()) step.choice = model_.backend().choose_async(fwd.logits, row_sampling_);
   if (want_logprobs) {
-    logits_host_.resize(batch.logits_indices.size() * static_cast<size_t>(vocab));
-    model_.backend().to_host(fwd.logits, logits_host_.data());
+    step.logits_host.resize(row_sampling_.size() * static_cast<size_t>(model_.config().vocab_size));
+    model_.backend().to_host(fwd.logits, step.logits_host.data());
   }
+  return step;
+}
+
+std::vector<SampledToken> ModelRunner::collect(LaunchedStep& step) {
+  std::vector<SampledToken> sampled;
+  if (step.choice == 0) return sampled;
+  const std::vector<int32_t> ids = model_.backend().wait_choice(step.choice);
+  const int vocab = model_.config().vocab_size;
   size_t row = 0;
-  for (const ScheduledRequest& sr : out.scheduled) {
+  for (const ScheduledRequest& sr : step.sched.scheduled) {
     if (!sr.samples) continue;
-    SampledToken st{sr.request, chosen_ids_[row], {}};
+    SampledToken st{sr.request, ids[row], {}};
     const int num_top = sr.request->sampling.num_logprobs;
-    if (num_top > 0) token_logprobs(logits_host_.data() + row * vocab, vocab, st.token, num_top, &st.logprob);
+    if (num_top > 0) token_logprobs(step.logits_host.data() + row * vocab, vocab, st.token, num_top, &st.logprob);
     sampled.push_back(std::move(st));
     ++row;
   }
   return sampled;
 }
+
 
 }  // namespace dsinfer

@@ -16,21 +16,36 @@ struct SampledToken {
   TokenLogprob logprob;  // filled when the request asked for logprobs
 };
 
+// A step whose forward and token choice are enqueued; collect() waits for its tokens.
+struct LaunchedStep {
+  SchedulerOutput sched;
+  int64_t number = 0;          // steps are numbered from 1 in launch order
+  uint64_t choice = 0;         // the backend's ticket; 0 when nothing samples
+  std::vector<int> computed;   // per scheduled request: its num_computed_tokens after the step
+  // The sampled rows' logits, copied at launch when some request asks for logprobs (a later
+  // step may reuse the device buffer, e.g. a replayed recording).
+  std::vector<float> logits_host;
+};
+
 class ModelRunner {
  public:
   ModelRunner(DeepseekModel& model, kv::KvCacheManager& kv, int num_blocks, int block_size);
 
-  std::vector<SampledToken> execute(const SchedulerOutput& out);
-  ForwardBatch build_batch(const SchedulerOutput& out) const;
+  // Enqueues the step: every request that samples gets a pending token (its row of this step's
+  // choice), and the inputs that are pending tokens of the step before are placeholders the
+  // backend resolves from that step's choice. Returns before the tokens are known.
+  LaunchedStep submit(SchedulerOutput sched);
+  // The step's tokens, in the order of its sampling rows (waits for them).
+  std::vector<SampledToken> collect(LaunchedStep& step);
+  ForwardBatch build_batch(const SchedulerOutput& out, int64_t step_number) const;
   KvCaches& caches() { return caches_; }
 
  private:
   DeepseekModel& model_;
   kv::KvCacheManager& kv_;
   KvCaches caches_;
-  std::vector<float> logits_host_;
   std::vector<RowSampling> row_sampling_;  // per sampled row of the step
-  std::vector<int32_t> chosen_ids_;
+  int64_t num_launched_ = 0;
 };
 
 }  // namespace dsinfer

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@ struct Request {
   uint64_t arrival_index = 0;  // lower = older = higher priority
   std::vector<TokenId> tokens;  // prompt followed by the generated tokens
   int num_prompt_tokens = 0;
+  int max_num_tokens = 0;  // prompt + max_tokens, within the model's length: no token is run past it
   SamplingParams sampling;
   std::string cache_salt;
   std::string traffic_class;
@@ -29,9 +31,19 @@ struct Request {
   FinishReason finish_reason = FinishReason::kNone;
   int num_emitted_tokens = 0;  // generated tokens already handed out in outputs
   std::vector<TokenLogprob> pending_logprobs;
+  // Asynchronous scheduling: tokens sampled by steps still in flight, oldest first, each as the
+  // step's number and its row in that step's choice. They follow `tokens` and count for the
+  // scheduler (a pending token is the next step's input), not for outputs or stop checks.
+  struct PendingToken {
+    int64_t step = 0;
+    int row = 0;
+  };
+  std::deque<PendingToken> pending;
 
-  int num_tokens() const { return static_cast<int>(tokens.size()); }
-  int num_generated_tokens() const { return num_tokens() - num_prompt_tokens; }
+  // Every token the scheduler may run: known and pending.
+  int num_tokens() const { return static_cast<int>(tokens.size() + pending.size()); }
+  // Generated tokens known so far.
+  int num_generated_tokens() const { return static_cast<int>(tokens.size()) - num_prompt_tokens; }
 };
 
 }  // namespace dsinfer

@@ -44,7 +44,9 @@ SchedulerOutput Scheduler::schedule() {
   // 1. Running requests, oldest first; the youngest is preempted when blocks run out.
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Request* req = running_[i];
-    const int n = std::min(req->num_tokens() - req->num_computed_tokens, budget);
+    int n = std::min(req->num_tokens() - req->num_computed_tokens, budget);
+    // A last token still being sampled is never an input: the request ends with it.
+    if (!req->pending.empty() && req->num_tokens() >= req->max_num_tokens) n = 0;
     if (n <= 0) {
       ++i;
       continue;
@@ -97,12 +99,27 @@ SchedulerOutput Scheduler::schedule() {
 }
 
 void Scheduler::update_after_step(const SchedulerOutput& out) {
+  advance(out);
+  std::vector<int> computed;
+  for (const auto& s : out.scheduled) computed.push_back(s.request->num_computed_tokens);
+  register_full_blocks(out, computed);
+}
+
+void Scheduler::advance(const SchedulerOutput& out) {
   for (const auto& s : out.scheduled) {
     Request* req = s.request;
     req->num_computed_tokens += s.num_new_tokens;
     DS_CHECK(req->num_computed_tokens <= req->num_tokens());
-    if (config_.enable_prefix_caching)
-      kv_.cache_full_blocks(req->id, req->tokens, req->num_computed_tokens, req->cache_salt, req->traffic_class);
+  }
+}
+
+void Scheduler::register_full_blocks(const SchedulerOutput& out, const std::vector<int>& computed) {
+  if (!config_.enable_prefix_caching) return;
+  for (size_t i = 0; i < out.scheduled.size(); ++i) {
+    Request* req = out.scheduled[i].request;
+    if (req->status != RequestStatus::kRunning || req->num_computed_tokens < computed[i]) continue;
+    DS_CHECK(computed[i] <= static_cast<int>(req->tokens.size()));
+    kv_.cache_full_blocks(req->id, req->tokens, computed[i], req->cache_salt, req->traffic_class);
   }
 }
 

@@ -40,6 +40,12 @@ class Scheduler {
   SchedulerOutput schedule();
   // After the runner: advance num_computed_tokens and register full blocks for reuse.
   void update_after_step(const SchedulerOutput& out);
+  // The two halves of update_after_step, for an engine that schedules the next step before the
+  // last one's tokens are known: advance when a step is launched; register its full blocks
+  // once every token before computed[i] of its i-th scheduled request is known (requests that
+  // finished or were preempted since are skipped).
+  void advance(const SchedulerOutput& out);
+  void register_full_blocks(const SchedulerOutput& out, const std::vector<int>& computed);
 
   int num_waiting() const { return static_cast<int>(waiting_.size()); }
   int num_running() const { return static_cast<int>(running_.size()); }

@@ -162,7 +162,7 @@ ForwardOutput DeepseekModel::run_layers(const ForwardBatch& batch, KvCaches& cac
   const int64_t t = batch.num_tokens;
   const int64_t hidden = config_.hidden_size;
   Tensor x = backend_.empty({t, hidden}, DType::kF32);
-  backend_.embedding(weights_.embed, batch.token_ids, x);
+  backend_.embedding(weights_.embed, backend_.input_ids(batch), x);
   Tensor h = backend_.empty({t, hidden}, DType::kF32);
   Tensor y = backend_.empty({t, hidden}, DType::kF32);
   ForwardOutput result;

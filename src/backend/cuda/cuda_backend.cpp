@@ -89,6 +89,9 @@ CudaBackend::~CudaBackend() {
 void CudaBackend::begin_step(const ForwardBatch& batch) {
   using F = StepBuffers::Field;
   StepBuffers& st = *step_;
+  // Token placeholders of a step scheduled ahead are resolved on the host (the latest choice's
+  // ids are there): the step's token field holds the real ids.
+  step_token_ids_ = input_ids(batch);
   int64_t table_ints = 0;
   for (const auto& t : batch.block_tables) table_ints += static_cast<int64_t>(t.size());
   const int64_t num_seqs = static_cast<int64_t>(batch.block_tables.size());
@@ -116,7 +119,7 @@ void CudaBackend::begin_step(const ForwardBatch& batch) {
   auto put = [&](F f, const int32_t* src, int64_t n) {
     if (n > 0) std::memcpy(h + st.offset[f], src, n * sizeof(int32_t));
   };
-  put(F::kTokenIds, batch.token_ids.data(), need[F::kTokenIds]);
+  put(F::kTokenIds, step_token_ids_.data(), need[F::kTokenIds]);
   put(F::kPositions, batch.positions.data(), need[F::kPositions]);
   put(F::kTokenSeq, batch.token_seq.data(), need[F::kTokenSeq]);
   put(F::kSlots, batch.slot_mapping.data(), need[F::kSlots]);
@@ -140,8 +143,7 @@ void CudaBackend::begin_step(const ForwardBatch& batch) {
 
 const int32_t* CudaBackend::step_ints(const void* host_field) const {
   if (step_batch_ == nullptr || host_field == nullptr) return nullptr;
-  if (!step_batch_->token_ids.empty() && host_field == step_batch_->token_ids.data())
-    return step_->field(StepBuffers::kTokenIds);
+  if (!step_token_ids_.empty() && host_field == step_token_ids_.data()) return step_->field(StepBuffers::kTokenIds);
   if (!step_batch_->logits_indices.empty() && host_field == step_batch_->logits_indices.data())
     return step_->field(StepBuffers::kLogitsRows);
   return nullptr;

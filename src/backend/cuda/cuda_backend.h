@@ -63,7 +63,10 @@ class CudaBackend final : public Backend {
   void prepare(MoeWeights& w) override;
   void gated_mlp(const Tensor& x, const LinearWeight& gate_up, const LinearWeight& down, Tensor& out) override;
   void begin_step(const ForwardBatch& batch) override;
-  void end_step() override { step_batch_ = nullptr; }
+  void end_step() override {
+    step_batch_ = nullptr;
+    step_token_ids_ = {};
+  }
   void argmax_rows(const Tensor& logits, std::vector<int32_t>& out) override;
   void sample_rows(const Tensor& logits, std::span<const RowSampling> rows, std::vector<int32_t>& out) override;
   bool can_record() const override { return graphs_enabled_; }
@@ -121,6 +124,7 @@ class CudaBackend final : public Backend {
   bool recording_ = false;
   int own_gemm_max_rows_ = 128;  // above this many rows a GEMM goes to cuBLASLt (not invariant)
   const ForwardBatch* step_batch_ = nullptr;
+  std::span<const TokenId> step_token_ids_;  // the step's ids as input_ids gave them (placeholders resolved)
   Tensor tile_counters_;  // [kGemmMaxTileCounters] split-K arrival counts, zero between GEMMs
   std::shared_ptr<DeviceAllocator> alloc_;
   std::unique_ptr<LtMatmul> matmul_;

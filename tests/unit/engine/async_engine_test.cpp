@@ -97,5 +97,27 @@ TEST(AsyncEngine, ShutdownCancelsRunningRequests) {
   EXPECT_EQ(c.outputs.back().finish_reason, FinishReason::kCancelled);
 }
 
+
+// The server's engine thread with one-step-ahead scheduling: a request streams to its length,
+// and a cancelled one, possibly in a step in flight, ends cancelled and returns its blocks.
+TEST(AsyncEngine, StreamsAndCancelsWithAsynchronousScheduling) {
+  EngineConfig config = testing::fixture_engine_config("tiny_v3");
+  config.async_scheduling = true;
+  AsyncEngine engine(config);
+  Collector done, cancelled;
+  ASSERT_TRUE(engine.submit(long_request(12), done.callback()).ok());
+  auto id = engine.submit(long_request(150), cancelled.callback());
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(done.wait_finished());
+  EXPECT_EQ(done.num_tokens(), 12u);
+  EXPECT_EQ(done.outputs.back().finish_reason, FinishReason::kLength);
+  engine.cancel(*id);
+  ASSERT_TRUE(cancelled.wait_finished());
+  EXPECT_EQ(cancelled.outputs.back().finish_reason, FinishReason::kCancelled);
+  for (int i = 0; i < 1000 && engine.stats().num_kv_blocks_used != 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  EXPECT_EQ(engine.stats().num_kv_blocks_used, 0);
+}
+
 }  // namespace
 }  // namespace dsinfer
