@@ -83,5 +83,4 @@ std::vector<SampledToken> ModelRunner::collect(LaunchedStep& step) {
   return sampled;
 }
 
-
 }  // namespace dsinfer

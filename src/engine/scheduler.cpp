@@ -98,13 +98,6 @@ SchedulerOutput Scheduler::schedule() {
   return out;
 }
 
-void Scheduler::update_after_step(const SchedulerOutput& out) {
-  advance(out);
-  std::vector<int> computed;
-  for (const auto& s : out.scheduled) computed.push_back(s.request->num_computed_tokens);
-  register_full_blocks(out, computed);
-}
-
 void Scheduler::advance(const SchedulerOutput& out) {
   for (const auto& s : out.scheduled) {
     Request* req = s.request;

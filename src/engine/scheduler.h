@@ -38,12 +38,10 @@ class Scheduler {
   void add(Request* request);         // joins the waiting queue
   void remove(Request* request);      // finished or cancelled: frees its blocks
   SchedulerOutput schedule();
-  // After the runner: advance num_computed_tokens and register full blocks for reuse.
-  void update_after_step(const SchedulerOutput& out);
-  // The two halves of update_after_step, for an engine that schedules the next step before the
-  // last one's tokens are known: advance when a step is launched; register its full blocks
-  // once every token before computed[i] of its i-th scheduled request is known (requests that
-  // finished or were preempted since are skipped).
+  // After a step is launched: advance num_computed_tokens. Once every token before computed[i]
+  // of its i-th scheduled request is known (at once, or a step later when the engine schedules
+  // ahead): register its full blocks for reuse (requests that finished or were preempted since
+  // are skipped).
   void advance(const SchedulerOutput& out);
   void register_full_blocks(const SchedulerOutput& out, const std::vector<int>& computed);
 

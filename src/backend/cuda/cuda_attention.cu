@@ -298,20 +298,20 @@ void launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
   if (num_prefill_tiles > 0) {
     launch_mla_prefill_attention(d, b, q, q_latent, rope_cos, rope_sin, cache, softmax_scale, prefill_tiles,
                                  num_prefill_tiles, o_latent, stream);
-  } else if (decode_head_tiles) {
-    launch_mla_decode_head_tiles(d, b, q, q_latent, rope_cos, rope_sin, cache, softmax_scale, num_splits,
-                                 split_len_tokens, workspace, stream);
-    const dim3 grid2(b.num_tokens, d.num_heads);
-    attention_combine_kernel<<<grid2, kThreads, 0, stream>>>(d, num_splits, workspace, o_latent);
-    DS_CUDA_CHECK_LAUNCH();
   } else {
-    constexpr int kMaxGridY = 65535;
-    for (int token_base = 0; token_base < b.num_tokens; token_base += kMaxGridY) {
-      const dim3 grid(d.num_heads, std::min(kMaxGridY, b.num_tokens - token_base), num_splits);
-      attention_partial_kernel<<<grid, kThreads, 0, stream>>>(d, b, q, q_latent, rope_cos, rope_sin, cache,
-                                                              softmax_scale, num_splits, split_len_tokens, token_base,
-                                                              workspace);
-      DS_CUDA_CHECK_LAUNCH();
+    // Partial results per (token, head, split), from head tiles or the fp32 kernel, then merged.
+    if (decode_head_tiles) {
+      launch_mla_decode_head_tiles(d, b, q, q_latent, rope_cos, rope_sin, cache, softmax_scale, num_splits,
+                                   split_len_tokens, workspace, stream);
+    } else {
+      constexpr int kMaxGridY = 65535;
+      for (int token_base = 0; token_base < b.num_tokens; token_base += kMaxGridY) {
+        const dim3 grid(d.num_heads, std::min(kMaxGridY, b.num_tokens - token_base), num_splits);
+        attention_partial_kernel<<<grid, kThreads, 0, stream>>>(d, b, q, q_latent, rope_cos, rope_sin, cache,
+                                                                softmax_scale, num_splits, split_len_tokens,
+                                                                token_base, workspace);
+        DS_CUDA_CHECK_LAUNCH();
+      }
     }
     const dim3 grid2(b.num_tokens, d.num_heads);
     attention_combine_kernel<<<grid2, kThreads, 0, stream>>>(d, num_splits, workspace, o_latent);

@@ -60,6 +60,10 @@ size_t expanded_weight_offset_bytes(const MlaWeights& w) {
   return static_cast<size_t>(round_up(static_cast<int64_t>(w.num_heads) * w.kv_lora_rank * w.v_head_dim * 4, 256));
 }
 
+MlaDims mla_dims(const MlaWeights& w, int block_size) {
+  return MlaDims{w.num_heads, w.kv_lora_rank, w.qk_nope_head_dim, w.qk_rope_head_dim, w.v_head_dim, block_size};
+}
+
 // A sequence of the batch whose new tokens attend in the expanded form.
 struct ExpandedChunk {
   int first_token;
@@ -137,8 +141,7 @@ void CudaBackend::mla_attention(const MlaAttentionArgs& args) {
     view.table_offsets = base + 3 * num_tokens;
     view.tables = base + 3 * num_tokens + batch.block_tables.size();
   }
-  const MlaDims dims{w.num_heads, w.kv_lora_rank, w.qk_nope_head_dim, w.qk_rope_head_dim, w.v_head_dim,
-                     args.block_size};
+  const MlaDims dims = mla_dims(w, args.block_size);
   launch_mla_cache_write(dims, view, args.kv_a->as<float>(), w.kv_a_layernorm.as<float>(), args.latent_norm_eps,
                          args.rope_cos->as<float>(), args.rope_sin->as<float>(), args.cache->data.as<float>(),
                          stream_);
@@ -201,8 +204,7 @@ void CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView&
                                std::span<const int32_t> token_seq, const float* q, float* out) {
   const MlaWeights& w = *args.weights;
   const int num_tokens = view.num_tokens;
-  const MlaDims dims{w.num_heads, w.kv_lora_rank, w.qk_nope_head_dim, w.qk_rope_head_dim, w.v_head_dim,
-                     args.block_size};
+  const MlaDims dims = mla_dims(w, args.block_size);
   // The split count depends on the batch's shape only (a recording replays it for any
   // contents): split the context when the blocks alone cannot fill the GPU twice over, each
   // token cutting its own context into that many slices. Batch-invariant mode cuts
@@ -220,20 +222,20 @@ void CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView&
   // to 16 heads of a token per block, sharing its cache reads; bf16 operands). Smaller ones keep
   // the fp32 kernel: their (token, head, split) blocks fill the GPU without the tiles' fixed
   // cost, and single-sequence decode stays at fp32 accuracy.
-  const bool head_tiles = !batch_invariant_ && num_tokens >= kHeadTileMinTokens && mla_prefill_supported(dims);
-  const int64_t blocks = head_tiles ? num_tokens * ((w.num_heads + kMlaPrefillTileTokens - 1) / kMlaPrefillTileTokens)
+  const bool head_tiles = !batch_invariant_ && num_tokens >= kHeadTileMinTokens && mla_tiles_supported(dims);
+  const int64_t blocks = head_tiles ? num_tokens * ((w.num_heads + kMlaTileRows - 1) / kMlaTileRows)
                                     : work;
   if (!batch_invariant_ && blocks < 2 * num_sms_)
     num_splits = static_cast<int>(std::min<int64_t>((2 * num_sms_ + blocks - 1) / blocks, 64));
   // Prefill chunks (a sequence with 16 new tokens or more) go to the tensor-core kernel, which
   // reads each cache entry once per 16 queries; every token of the batch then runs in tiles.
   std::vector<int32_t> tiles;
-  if (!batch_invariant_ && !recording_ && mla_prefill_supported(dims)) {
+  if (!batch_invariant_ && !recording_ && mla_tiles_supported(dims)) {
     bool long_chunk = false;
     for (int t = 0; t < num_tokens;) {
       int n = 1;
-      while (t + n < num_tokens && n < kMlaPrefillTileTokens && token_seq[t + n] == token_seq[t]) ++n;
-      long_chunk = long_chunk || n == kMlaPrefillTileTokens;
+      while (t + n < num_tokens && n < kMlaTileRows && token_seq[t + n] == token_seq[t]) ++n;
+      long_chunk = long_chunk || n == kMlaTileRows;
       tiles.push_back(t);
       tiles.push_back(n);
       t += n;
@@ -266,7 +268,7 @@ void CudaBackend::mla_expanded(const MlaAttentionArgs& args, const MlaBatchView&
   const int heads = w.num_heads, vdim = w.v_head_dim;
   const int entry = w.kv_lora_rank + w.qk_rope_head_dim;
   const int first_pos = context_len - num_tokens;
-  const MlaDims dims{heads, w.kv_lora_rank, w.qk_nope_head_dim, w.qk_rope_head_dim, vdim, args.block_size};
+  const MlaDims dims = mla_dims(w, args.block_size);
 
   Tensor latent = alloc_->cached({context_len, layout.ld_latent}, DType::kBF16);
   launch_mla_gather_latent(args.cache->data.as<float>(), view.tables + table_offset, args.block_size, entry,

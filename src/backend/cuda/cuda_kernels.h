@@ -84,8 +84,10 @@ void launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
                           int num_prefill_tiles, bool decode_head_tiles, Stream stream);
 
 // ---- absorbed MLA attention on tensor cores (mla_tensor_core.cu) ----
-constexpr int kMlaPrefillTileTokens = 16;
-bool mla_prefill_supported(const MlaDims& d);
+// Rows of a tensor-core tile: 16 query tokens of one head (prefill), or 16 heads of one token
+// (decode).
+constexpr int kMlaTileRows = 16;
+bool mla_tiles_supported(const MlaDims& d);
 // o_latent [T, H, lora] for the tokens of the tiles (bf16 operands, fp32 softmax and sums).
 void launch_mla_prefill_attention(const MlaDims& d, const MlaBatchView& b, const float* q, const float* q_latent,
                                   const float* rope_cos, const float* rope_sin, const float* cache,

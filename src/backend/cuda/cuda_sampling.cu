@@ -117,45 +117,45 @@ __global__ void __launch_bounds__(kThreads) choose_sorted_kernel(const float* so
   if (tid == 0) out[r] = ids[s_cut];
 }
 
-// Workspace: sorted logits, ids in, ids out (rows × vocab each), offsets (rows + 1), then CUB's.
+// Workspace: sorted logits, ids in, ids out (rows × vocab each), offsets (rows + 1), then CUB's
+// temporary storage (the rest).
 struct SampleLayout {
-  size_t sorted_bytes, ids_bytes, offsets_bytes, cub_bytes;
-  size_t total() const { return sorted_bytes + 2 * ids_bytes + offsets_bytes + cub_bytes; }
+  size_t sorted_bytes, ids_bytes, offsets_bytes;
+  size_t fixed() const { return sorted_bytes + 2 * ids_bytes + offsets_bytes; }
 };
 
 size_t round_up_256(size_t v) { return (v + 255) / 256 * 256; }
 
 SampleLayout layout_for(int64_t rows, int64_t vocab) {
   const int64_t items = rows * vocab;
-  SampleLayout l{};
-  l.sorted_bytes = round_up_256(items * sizeof(float));
-  l.ids_bytes = round_up_256(items * sizeof(int32_t));
-  l.offsets_bytes = round_up_256((rows + 1) * sizeof(int32_t));
-  DS_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortPairsDescending(
-      nullptr, l.cub_bytes, static_cast<const float*>(nullptr), static_cast<float*>(nullptr),
-      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), static_cast<int>(items),
-      static_cast<int>(rows), static_cast<const int32_t*>(nullptr), static_cast<const int32_t*>(nullptr)));
-  return l;
+  return SampleLayout{round_up_256(items * sizeof(float)), round_up_256(items * sizeof(int32_t)),
+                      round_up_256((rows + 1) * sizeof(int32_t))};
 }
 
 }  // namespace
 
 size_t sample_rows_workspace_bytes(int64_t rows, int64_t vocab) {
   DS_CHECK_MSG(rows * vocab <= INT_MAX, "sampling " << rows << " rows of " << vocab << " logits at once");
-  return layout_for(rows, vocab).total();
+  size_t cub_bytes = 0;
+  DS_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortPairsDescending(
+      nullptr, cub_bytes, static_cast<const float*>(nullptr), static_cast<float*>(nullptr),
+      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), static_cast<int>(rows * vocab),
+      static_cast<int>(rows), static_cast<const int32_t*>(nullptr), static_cast<const int32_t*>(nullptr)));
+  return layout_for(rows, vocab).fixed() + cub_bytes;
 }
 
 void launch_sample_rows(const float* logits, int64_t rows, int64_t vocab, const RowSampling* params, void* workspace,
                         size_t workspace_bytes, int32_t* out, Stream stream) {
   if (rows == 0) return;
-  SampleLayout l = layout_for(rows, vocab);
-  DS_CHECK(workspace_bytes >= l.total());
+  const SampleLayout l = layout_for(rows, vocab);
+  DS_CHECK(workspace_bytes > l.fixed());
+  size_t cub_bytes = workspace_bytes - l.fixed();
   auto* base = static_cast<unsigned char*>(workspace);
   auto* sorted = reinterpret_cast<float*>(base);
   auto* ids_in = reinterpret_cast<int32_t*>(base + l.sorted_bytes);
   auto* ids_out = reinterpret_cast<int32_t*>(base + l.sorted_bytes + l.ids_bytes);
   auto* offsets = reinterpret_cast<int32_t*>(base + l.sorted_bytes + 2 * l.ids_bytes);
-  void* cub_storage = base + l.sorted_bytes + 2 * l.ids_bytes + l.offsets_bytes;
+  void* cub_storage = base + l.fixed();
   const int64_t items = rows * vocab;
   const int64_t fill = std::max(items, rows + 1);
   row_ids_kernel<<<static_cast<unsigned>((fill + 255) / 256), 256, 0, stream>>>(items, static_cast<int>(vocab),
@@ -163,7 +163,7 @@ void launch_sample_rows(const float* logits, int64_t rows, int64_t vocab, const 
                                                                                 static_cast<int>(rows));
   DS_CUDA_CHECK_LAUNCH();
   DS_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortPairsDescending(
-      cub_storage, l.cub_bytes, logits, sorted, ids_in, ids_out, static_cast<int>(items), static_cast<int>(rows),
+      cub_storage, cub_bytes, logits, sorted, ids_in, ids_out, static_cast<int>(items), static_cast<int>(rows),
       offsets, offsets + 1, 0, static_cast<int>(sizeof(float) * 8), stream));
   choose_sorted_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(sorted, ids_out, static_cast<int>(vocab),
                                                                              params, out);

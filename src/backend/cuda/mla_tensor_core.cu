@@ -268,7 +268,7 @@ void configure_shared_memory() {
 
 }  // namespace
 
-bool mla_prefill_supported(const MlaDims& d) {
+bool mla_tiles_supported(const MlaDims& d) {
   const int entry = d.kv_lora_rank + d.qk_rope_head_dim;
   return d.kv_lora_rank <= kMaxLora && entry <= kMaxEntry && d.kv_lora_rank % 16 == 0 && entry % 16 == 0 &&
          d.qk_rope_head_dim % 2 == 0;
@@ -278,7 +278,7 @@ void launch_mla_prefill_attention(const MlaDims& d, const MlaBatchView& b, const
                                   const float* rope_cos, const float* rope_sin, const float* cache,
                                   float softmax_scale, const int32_t* tiles, int num_tiles, float* o_latent,
                                   Stream stream) {
-  DS_CHECK(mla_prefill_supported(d) && num_tiles <= 65535);
+  DS_CHECK(mla_tiles_supported(d) && num_tiles <= 65535);
   if (num_tiles == 0) return;
   configure_shared_memory();
   const dim3 grid(d.num_heads, num_tiles);
@@ -291,7 +291,7 @@ void launch_mla_decode_head_tiles(const MlaDims& d, const MlaBatchView& b, const
                                   const float* rope_cos, const float* rope_sin, const float* cache,
                                   float softmax_scale, int num_splits, int split_len_tokens, float* workspace,
                                   Stream stream) {
-  DS_CHECK(mla_prefill_supported(d));
+  DS_CHECK(mla_tiles_supported(d));
   if (b.num_tokens == 0) return;
   configure_shared_memory();
   constexpr int kMaxGridY = 65535;
