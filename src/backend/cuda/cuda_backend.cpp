@@ -69,18 +69,22 @@ CudaBackend::CudaBackend() {
   matmul_ = std::make_unique<LtMatmul>(stream_);
   step_ = std::make_unique<StepBuffers>();
   recordings_ = std::make_unique<Recordings>();
+  choices_ = std::make_unique<Choices>();
+  for (Choices::Slot& slot : choices_->slots) DS_CUDA_CHECK(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming));
   DS_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, 0));
   DS_CUDA_CHECK(cudaEventCreateWithFlags(&step_->copied, cudaEventDisableTiming));
   tile_counters_ = alloc_->persistent({kGemmMaxTileCounters}, DType::kI32);
   DS_CUDA_CHECK(cudaMemsetAsync(tile_counters_.data, 0, tile_counters_.num_bytes(), stream_));
   batch_invariant_ = env_is("DSINFER_BATCH_INVARIANT", "1");
   graphs_enabled_ = !env_is("DSINFER_CUDA_GRAPHS", "0");
+  fused_prefill_attention_ = !env_is("DSINFER_MLA_FLASH", "0");
   if (const char* rows = std::getenv("DSINFER_CUDA_GEMM_MAX_ROWS")) own_gemm_max_rows_ = std::max(1, std::atoi(rows));
 }
 
 CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(stream_);
   recordings_.reset();
+  choices_.reset();
   step_.reset();
   matmul_.reset();
   cudaStreamDestroy(stream_);
@@ -89,9 +93,6 @@ CudaBackend::~CudaBackend() {
 void CudaBackend::begin_step(const ForwardBatch& batch) {
   using F = StepBuffers::Field;
   StepBuffers& st = *step_;
-  // Token placeholders of a step scheduled ahead are resolved on the host (the latest choice's
-  // ids are there): the step's token field holds the real ids.
-  step_token_ids_ = input_ids(batch);
   int64_t table_ints = 0;
   for (const auto& t : batch.block_tables) table_ints += static_cast<int64_t>(t.size());
   const int64_t num_seqs = static_cast<int64_t>(batch.block_tables.size());
@@ -119,7 +120,7 @@ void CudaBackend::begin_step(const ForwardBatch& batch) {
   auto put = [&](F f, const int32_t* src, int64_t n) {
     if (n > 0) std::memcpy(h + st.offset[f], src, n * sizeof(int32_t));
   };
-  put(F::kTokenIds, step_token_ids_.data(), need[F::kTokenIds]);
+  put(F::kTokenIds, batch.token_ids.data(), need[F::kTokenIds]);
   put(F::kPositions, batch.positions.data(), need[F::kPositions]);
   put(F::kTokenSeq, batch.token_seq.data(), need[F::kTokenSeq]);
   put(F::kSlots, batch.slot_mapping.data(), need[F::kSlots]);
@@ -138,12 +139,23 @@ void CudaBackend::begin_step(const ForwardBatch& batch) {
                                   cudaMemcpyHostToDevice, stream_));
   }
   DS_CUDA_CHECK(cudaEventRecord(st.copied, stream_));
+  // Token placeholders -1 - r (the engine scheduled this step before the last one's tokens
+  // reached the host) take row r of the latest choice, on the device.
+  int64_t max_row = -1;
+  for (TokenId id : batch.token_ids) max_row = std::max<int64_t>(max_row, -1 - static_cast<int64_t>(id));
+  if (max_row >= 0) {
+    DS_CHECK_MSG(choices_->latest >= 0 && max_row < choices_->slots[choices_->latest].rows,
+                 "a token placeholder names row " << max_row << " of no pending choice");
+    launch_resolve_placeholders(d + st.offset[F::kTokenIds], batch.num_tokens,
+                                choices_->slots[choices_->latest].ids.as<int32_t>(), stream_);
+  }
   step_batch_ = &batch;
 }
 
 const int32_t* CudaBackend::step_ints(const void* host_field) const {
   if (step_batch_ == nullptr || host_field == nullptr) return nullptr;
-  if (!step_token_ids_.empty() && host_field == step_token_ids_.data()) return step_->field(StepBuffers::kTokenIds);
+  if (!step_batch_->token_ids.empty() && host_field == step_batch_->token_ids.data())
+    return step_->field(StepBuffers::kTokenIds);
   if (!step_batch_->logits_indices.empty() && host_field == step_batch_->logits_indices.data())
     return step_->field(StepBuffers::kLogitsRows);
   return nullptr;
@@ -195,34 +207,73 @@ bool CudaBackend::replay(uint64_t key) {
   return true;
 }
 
-void CudaBackend::argmax_rows(const Tensor& logits, std::vector<int32_t>& out) {
-  DS_CHECK(logits.dtype == DType::kF32 && logits.shape.size() == 2);
-  const int64_t rows = logits.dim(0);
-  out.resize(static_cast<size_t>(rows));
-  if (rows == 0) return;
-  Tensor ids = alloc_->cached({rows}, DType::kI32);
-  launch_argmax_rows(logits.as<float>(), rows, logits.dim(1), ids.as<int32_t>(), stream_);
-  DS_CUDA_CHECK(cudaMemcpyAsync(out.data(), ids.data, rows * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
-  synchronize();
-}
-
-void CudaBackend::sample_rows(const Tensor& logits, std::span<const RowSampling> rows, std::vector<int32_t>& out) {
+void CudaBackend::choose_into(const Tensor& logits, std::span<const RowSampling> rows, int32_t* ids) {
   DS_CHECK(logits.dtype == DType::kF32 && logits.shape.size() == 2);
   const int64_t num_rows = logits.dim(0), vocab = logits.dim(1);
   DS_CHECK_MSG(static_cast<int64_t>(rows.size()) == num_rows,
-               "sample_rows: " << rows.size() << " parameter rows for " << num_rows << " logit rows");
-  out.resize(static_cast<size_t>(num_rows));
+               "token choice: " << rows.size() << " parameter rows for " << num_rows << " logit rows");
   if (num_rows == 0) return;
+  bool all_greedy = true;
+  for (const RowSampling& r : rows) all_greedy = all_greedy && is_greedy(r);
+  if (all_greedy) {
+    launch_argmax_rows(logits.as<float>(), num_rows, vocab, ids, stream_);
+    return;
+  }
   const size_t params_bytes = rows.size() * sizeof(RowSampling);
   Tensor params = alloc_->cached({static_cast<int64_t>(params_bytes)}, DType::kU8);
   DS_CUDA_CHECK(cudaMemcpyAsync(params.data, rows.data(), params_bytes, cudaMemcpyHostToDevice, stream_));
   const size_t workspace_bytes = sample_rows_workspace_bytes(num_rows, vocab);
   Tensor workspace = alloc_->cached({static_cast<int64_t>(workspace_bytes)}, DType::kU8);
-  Tensor ids = alloc_->cached({num_rows}, DType::kI32);
   launch_sample_rows(logits.as<float>(), num_rows, vocab, static_cast<const RowSampling*>(params.data),
-                     workspace.data, workspace_bytes, ids.as<int32_t>(), stream_);
+                     workspace.data, workspace_bytes, ids, stream_);
+}
+
+void CudaBackend::argmax_rows(const Tensor& logits, std::vector<int32_t>& out) {
+  const std::vector<RowSampling> greedy(static_cast<size_t>(logits.dim(0)));
+  sample_rows(logits, greedy, out);
+}
+
+void CudaBackend::sample_rows(const Tensor& logits, std::span<const RowSampling> rows, std::vector<int32_t>& out) {
+  const int64_t num_rows = logits.dim(0);
+  out.resize(static_cast<size_t>(num_rows));
+  if (num_rows == 0) return;
+  Tensor ids = alloc_->cached({num_rows}, DType::kI32);
+  choose_into(logits, rows, ids.as<int32_t>());
   DS_CUDA_CHECK(cudaMemcpyAsync(out.data(), ids.data, num_rows * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
   synchronize();
+}
+
+uint64_t CudaBackend::choose_async(const Tensor& logits, std::span<const RowSampling> rows) {
+  Choices& c = *choices_;
+  Choices::Slot& slot = c.slots[c.latest == 0 ? 1 : 0];
+  DS_CHECK_MSG(slot.ticket == 0, "choose_async: two choices are still waiting");
+  const int64_t num_rows = logits.dim(0);
+  if (num_rows > slot.capacity) {
+    if (slot.host != nullptr) DS_CUDA_CHECK(cudaFreeHost(slot.host));
+    slot.capacity = std::max<int64_t>(num_rows, 256);
+    DS_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&slot.host), slot.capacity * sizeof(int32_t)));
+    slot.ids = alloc_->persistent({slot.capacity}, DType::kI32);
+  }
+  choose_into(logits, rows, slot.ids.as<int32_t>());
+  if (num_rows > 0)
+    DS_CUDA_CHECK(cudaMemcpyAsync(slot.host, slot.ids.data, num_rows * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                  stream_));
+  DS_CUDA_CHECK(cudaEventRecord(slot.copied, stream_));
+  slot.rows = num_rows;
+  slot.ticket = c.next_ticket++;
+  c.latest = static_cast<int>(&slot - c.slots);
+  return slot.ticket;
+}
+
+std::vector<int32_t> CudaBackend::wait_choice(uint64_t ticket) {
+  for (Choices::Slot& slot : choices_->slots) {
+    if (slot.ticket != ticket || ticket == 0) continue;
+    DS_CUDA_CHECK(cudaEventSynchronize(slot.copied));
+    slot.ticket = 0;  // free for the next choice; its device ids stay readable until then
+    return std::vector<int32_t>(slot.host, slot.host + slot.rows);
+  }
+  DS_CHECK_MSG(false, "wait_choice: unknown ticket " << ticket);
+  return {};
 }
 
 void CudaBackend::synchronize() { DS_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
@@ -453,7 +504,10 @@ void CudaBackend::gated_mlp(const Tensor& x, const LinearWeight& gate_up, const 
 
 void CudaBackend::embedding(const Tensor& table, std::span<const TokenId> ids, Tensor& out) {
   const int64_t vocab = table.dim(0), hidden = table.dim(1);
-  for (TokenId id : ids) DS_CHECK_MSG(id >= 0 && id < vocab, "token id " << id << " outside vocab " << vocab);
+  // Placeholders (< 0) are the step's, resolved on the device by begin_step.
+  const bool step_ids = step_ints(ids.data()) != nullptr;
+  for (TokenId id : ids)
+    DS_CHECK_MSG(id < vocab && (id >= 0 || step_ids), "token id " << id << " outside vocab " << vocab);
   Tensor uploaded;
   const int32_t* d_ids = device_ints(ids, uploaded);
   launch_gather_rows(table.as<float>(), d_ids, static_cast<int64_t>(ids.size()), hidden, out.as<float>(), stream_);

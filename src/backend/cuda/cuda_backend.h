@@ -63,12 +63,13 @@ class CudaBackend final : public Backend {
   void prepare(MoeWeights& w) override;
   void gated_mlp(const Tensor& x, const LinearWeight& gate_up, const LinearWeight& down, Tensor& out) override;
   void begin_step(const ForwardBatch& batch) override;
-  void end_step() override {
-    step_batch_ = nullptr;
-    step_token_ids_ = {};
-  }
+  void end_step() override { step_batch_ = nullptr; }
   void argmax_rows(const Tensor& logits, std::vector<int32_t>& out) override;
   void sample_rows(const Tensor& logits, std::span<const RowSampling> rows, std::vector<int32_t>& out) override;
+  uint64_t choose_async(const Tensor& logits, std::span<const RowSampling> rows) override;
+  std::vector<int32_t> wait_choice(uint64_t ticket) override;
+  // Placeholders are resolved on the device by begin_step: the ids go to the embedding as they are.
+  std::span<const TokenId> input_ids(const ForwardBatch& batch) override { return batch.token_ids; }
   bool can_record() const override { return graphs_enabled_; }
   void begin_recording(uint64_t key) override;
   bool end_recording(uint64_t key) override;
@@ -83,7 +84,10 @@ class CudaBackend final : public Backend {
  private:
   struct StepBuffers;  // the step's token layout, host (pinned) and device
   struct Recordings;   // CUDA graphs by key
+  struct Choices;      // asynchronous token choices
 
+  // Device ids of rows [rows] chosen from logits (argmax when every row is greedy).
+  void choose_into(const Tensor& logits, std::span<const RowSampling> rows, int32_t* ids);
   // Copies host ints to a fresh device tensor (stream-ordered).
   Tensor upload_ints(const std::vector<int32_t>& v);
   Tensor view_rows(const Tensor& t, int64_t row_begin, int64_t num_rows) const;
@@ -122,14 +126,15 @@ class CudaBackend final : public Backend {
   bool batch_invariant_ = false;
   bool graphs_enabled_ = true;
   bool recording_ = false;
+  bool fused_prefill_attention_ = true;  // expanded prefill in one kernel (DSINFER_MLA_FLASH=0: cuBLASLt products)
   int own_gemm_max_rows_ = 128;  // above this many rows a GEMM goes to cuBLASLt (not invariant)
   const ForwardBatch* step_batch_ = nullptr;
-  std::span<const TokenId> step_token_ids_;  // the step's ids as input_ids gave them (placeholders resolved)
   Tensor tile_counters_;  // [kGemmMaxTileCounters] split-K arrival counts, zero between GEMMs
   std::shared_ptr<DeviceAllocator> alloc_;
   std::unique_ptr<LtMatmul> matmul_;
   std::unique_ptr<StepBuffers> step_;
   std::unique_ptr<Recordings> recordings_;
+  std::unique_ptr<Choices> choices_;
 
 };
 

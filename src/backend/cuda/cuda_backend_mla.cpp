@@ -7,8 +7,9 @@
 //   up-projected, so it is the form for few queries over a long context;
 // - expanded (prefill chunks of kExpandedMinTokens tokens or more): the chunk's context is
 //   up-projected once into per-head keys and values, and attention runs as ordinary multi-head
-//   attention through cuBLASLt products: 192 + 128 multiply-adds per head and pair (V3), on
-//   the GEMM rate of the device.
+//   attention: 192 + 128 multiply-adds per head and pair (V3), in one fused kernel with the
+//   scores in shared memory (mla_expanded.cu), or as cuBLASLt products with the scores in
+//   memory (DSINFER_MLA_FLASH=0, or head widths the kernel does not take).
 // A batch mixing both runs the expanded chunks first, then the rest of its tokens, compacted,
 // through the absorbed kernels.
 #include <algorithm>
@@ -39,14 +40,15 @@ constexpr int64_t kExpandedMaxKvBytes = int64_t{4} << 30;
 
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
-// Widths of the expanded form, padded so that every cuBLASLt operand starts on 16 bytes. Per
+// Widths of the expanded form, padded to 16 columns (whole MMA steps for the fused kernel;
+// every cuBLASLt operand starts on 16 bytes). Per
 // head the up-projection writes [k_nope | k_rope | pad | v | pad]: the keys' rope part is the
 // cache's own rotated k_rope, copied through identity rows of the projection.
 struct ExpandedLayout {
   int64_t qk_padded, v_padded, head_width, ld_latent;
   explicit ExpandedLayout(const MlaWeights& w)
-      : qk_padded(round_up(w.qk_nope_head_dim + w.qk_rope_head_dim, 8)),
-        v_padded(round_up(w.v_head_dim, 8)),
+      : qk_padded(round_up(w.qk_nope_head_dim + w.qk_rope_head_dim, 16)),
+        v_padded(round_up(w.v_head_dim, 16)),
         head_width(qk_padded + v_padded),
         ld_latent(round_up(w.kv_lora_rank + w.qk_rope_head_dim, 8)) {}
   // The fp32 output rows [T, heads * v] must start on 16 bytes per head.
@@ -293,6 +295,16 @@ void CudaBackend::mla_expanded(const MlaAttentionArgs& args, const MlaBatchView&
                               args.rope_sin->as<float>(), static_cast<int>(layout.qk_padded), queries.as<uint16_t>(),
                               stream_);
 
+  float* out = args.out->as<float>() + int64_t{first_token} * heads * vdim;
+  if (fused_prefill_attention_ && flash_attention_supported(static_cast<int>(layout.qk_padded),
+                                                            static_cast<int>(layout.v_padded))) {
+    launch_expanded_flash_attention(queries.as<uint16_t>(), kv.as<uint16_t>(), heads,
+                                    static_cast<int>(layout.qk_padded), static_cast<int>(layout.v_padded), vdim,
+                                    num_tokens, first_pos, context_len, args.softmax_scale, out,
+                                    int64_t{heads} * vdim, stream_);
+    return;
+  }
+  // Otherwise per-head products through cuBLASLt, with the scores and probabilities in memory.
   const int64_t max_ld = round_up(context_len, 8);
   const int rows_per_block = static_cast<int>(std::clamp<int64_t>(kExpandedScoreElements / (heads * max_ld), 16,
                                                                   kExpandedMaxQueryRows));
@@ -330,8 +342,7 @@ void CudaBackend::mla_expanded(const MlaAttentionArgs& args, const MlaBatchView&
     pv.stride_w = layout.head_width;
     pv.ld_y = int64_t{heads} * vdim;
     pv.stride_y = vdim;
-    matmul_->bf16_strided(pv, probs.as<uint16_t>(), kv_bf16 + layout.qk_padded,
-                          args.out->as<float>() + (int64_t{first_token} + i0) * heads * vdim);
+    matmul_->bf16_strided(pv, probs.as<uint16_t>(), kv_bf16 + layout.qk_padded, out + int64_t{i0} * heads * vdim);
   }
 }
 

@@ -27,6 +27,29 @@ struct CudaBackend::StepBuffers {
   }
 };
 
+// Asynchronous token choices: two slots used in turn, each a device ids buffer, a pinned host
+// copy and the event that marks the copy done. `latest` is the slot of the latest choice,
+// which the next begin_step resolves token placeholders from.
+struct CudaBackend::Choices {
+  struct Slot {
+    Tensor ids;               // device, capacity rows
+    int32_t* host = nullptr;  // pinned, capacity rows
+    int64_t capacity = 0;
+    int64_t rows = 0;
+    uint64_t ticket = 0;      // 0: free
+    cudaEvent_t copied = nullptr;
+  };
+  Slot slots[2];
+  int latest = -1;
+  uint64_t next_ticket = 1;
+  ~Choices() {
+    for (Slot& s : slots) {
+      if (s.copied != nullptr) cudaEventDestroy(s.copied);
+      if (s.host != nullptr) cudaFreeHost(s.host);
+    }
+  }
+};
+
 struct CudaBackend::Recordings {
   std::map<uint64_t, cudaGraphExec_t> graphs;
   void clear() {

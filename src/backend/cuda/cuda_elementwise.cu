@@ -57,6 +57,11 @@ __global__ void concat_cols_kernel(const float* a, const float* b, int64_t rows,
   out[i] = c < na ? a[r * na + c] : b[r * nb + c - na];
 }
 
+__global__ void resolve_placeholders_kernel(int32_t* ids, int64_t n, const int32_t* chosen) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n && ids[i] < 0) ids[i] = chosen[-1 - ids[i]];
+}
+
 // out[i] = x[rows[i]] for rows of `width` elements (floats, or 16-byte vectors of bf16).
 template <typename T>
 __global__ void gather_rows_kernel(const T* x, const int32_t* rows, int64_t num_rows, int64_t width, T* out) {
@@ -191,6 +196,12 @@ void launch_gather_rows_bf16(const uint16_t* x, const int32_t* rows, int64_t num
   if (num_rows * vectors == 0) return;
   gather_rows_kernel<<<num_blocks_for(num_rows * vectors), kThreads, 0, stream>>>(
       reinterpret_cast<const uint4*>(x), rows, num_rows, vectors, reinterpret_cast<uint4*>(out));
+  DS_CUDA_CHECK_LAUNCH();
+}
+
+void launch_resolve_placeholders(int32_t* ids, int64_t n, const int32_t* chosen, Stream stream) {
+  if (n == 0) return;
+  resolve_placeholders_kernel<<<num_blocks_for(n), kThreads, 0, stream>>>(ids, n, chosen);
   DS_CUDA_CHECK_LAUNCH();
 }
 

@@ -26,6 +26,8 @@ void launch_f32_to_bf16_padded(const float* x, int64_t rows, int64_t k, int64_t 
 // rows → out bf16 [rows, inter_padded] = silu(gate) · up.
 void launch_silu_mul_interleaved(const float* gate_up, int64_t rows, int64_t inter_padded, uint16_t* out,
                                  Stream stream);
+// ids[i] = chosen[-1 - ids[i]] where ids[i] < 0 (token placeholders of a step scheduled ahead).
+void launch_resolve_placeholders(int32_t* ids, int64_t n, const int32_t* chosen, Stream stream);
 // out[r] = index of the largest x[r, :] (the first on ties), x fp32 [rows, n].
 void launch_argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, Stream stream);
 // out[i] = x[rows[i]] (rows of `width` floats).
@@ -119,6 +121,16 @@ void launch_causal_softmax(const float* scores, int64_t ld, int num_heads, int r
 // The same for bf16 rows; width a multiple of 8 (16-byte copies).
 void launch_gather_rows_bf16(const uint16_t* x, const int32_t* rows, int64_t num_rows, int64_t width, uint16_t* out,
                              Stream stream);
+// Fused causal attention of one chunk in the expanded form, one head per grid column:
+// out[i, h, :v_dim] (rows ld_out floats apart) = softmax(scale · q_i·k_j, j <= first_pos + i,
+// j < num_keys) · v_j, for queries bf16 [num_queries, heads, qk_padded] and keys/values bf16
+// [num_keys, heads, qk_padded + v_padded] (k then v per head). Scores and probabilities stay
+// in registers (bf16 products, fp32 softmax and sums). Compiled for the head widths that
+// flash_attention_supported accepts (mla_flash.cu).
+bool flash_attention_supported(int qk_padded, int v_padded);
+void launch_expanded_flash_attention(const uint16_t* queries, const uint16_t* kv, int num_heads, int qk_padded,
+                                     int v_padded, int v_dim, int num_queries, int first_pos, int num_keys,
+                                     float softmax_scale, float* out, int64_t ld_out, Stream stream);
 // out[rows[i]] = x[i] (rows of `width` floats).
 void launch_scatter_rows(const float* x, const int32_t* rows, int64_t num_rows, int64_t width, float* out,
                          Stream stream);

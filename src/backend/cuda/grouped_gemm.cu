@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_copy.cuh"
 #include "backend/cuda/grouped_gemm.h"
 
 namespace dsinfer::cuda {
@@ -35,17 +36,6 @@ struct Layout {
   static_assert(kReduceBytes <= kBytes, "partial tiles reuse the pipeline's memory");
   static_assert(kStageBytes % 32 == 0 && kWarpBytes % 32 == 0, "fragments need 32-byte alignment");
 };
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  const int src_bytes = valid ? 16 : 0;  // 0: the 16 bytes are zero-filled
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-}
 
 // The last split of a tile to finish adds the partial tiles in split order and applies the
 // epilogue; it then resets the tile's counter for the next launch.

@@ -167,6 +167,17 @@ TEST_F(CudaAttentionTest, ExpandedChunkInSeveralQueryBlocks) {
   run_case(kTinyDims, {{4200, 64}}, 1250);          // rows past the softmax's 4096 cached keys
 }
 
+// DSINFER_MLA_FLASH=0: the expanded form's scores go through memory between cuBLASLt products
+// instead of staying in the fused kernel's shared memory; both must match the reference.
+TEST_F(CudaAttentionTest, ExpandedChunksThroughLibraryProducts) {
+  setenv("DSINFER_MLA_FLASH", "0", 1);
+  gpu_ = make_backend("cuda");
+  unsetenv("DSINFER_MLA_FLASH");
+  run_case(kTinyDims, {{0, 37}, {45, 1}, {130, 90}, {3, 16}, {0, 64}, {200, 1}}, 1700);
+  run_case(kTinyDims, {{0, 1100}}, 1800);
+  run_case(kV3Dims, {{300, 700}, {20, 1}}, 1900);
+}
+
 TEST_F(CudaAttentionTest, HeadWidthsTheExpandedFormCannotAlignStayAbsorbed) {
   run_case({2, 32, 16, 24, 18}, {{0, 70}, {5, 1}}, 1300);  // v_head_dim 18: fp32 rows off 16 bytes
 }

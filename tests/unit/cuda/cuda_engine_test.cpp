@@ -1,6 +1,7 @@
 // The engine on the CUDA backend: a request's greedy tokens are the same alone or among 63
-// others (batch-invariant mode), and decode steps replayed from recordings give the tokens
-// that eager steps give.
+// others (batch-invariant mode), decode steps replayed from recordings give the tokens that
+// eager steps give, and scheduling one step ahead (token choices kept on the device) gives the
+// tokens of scheduling after each step.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -95,6 +96,46 @@ TEST_F(CudaEngineTest, RecordedDecodeStepsMatchEagerSteps) {
     EXPECT_EQ(recorded[i].token_ids, eager[i].token_ids) << "request " << i;
     EXPECT_EQ(recorded[i].token_ids.size(), static_cast<size_t>(requests[i].sampling.max_tokens));
   }
+}
+
+TEST_F(CudaEngineTest, SchedulingOneStepAheadGivesTheSameTokens) {
+  ScopedEnv invariant("DSINFER_BATCH_INVARIANT", "1");
+  auto requests = random_requests(24, 11);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    SamplingParams& s = requests[i].sampling;
+    if (i % 3 == 1) {  // seeded sampling: the device choice draws from the request's stream
+      s.temperature = 0.9f;
+      s.top_p = 0.9f;
+      s.seed = 500 + i;
+    }
+    if (i % 4 == 2) s.top_k = 8;
+  }
+  std::vector<Completion> after_each, ahead;
+  {
+    LLM llm(cuda_config());
+    after_each = llm.generate(requests);
+  }
+  // A stop token taken from the first run's output ends a request one step early: its row of
+  // the step already launched is dropped.
+  requests[5].sampling.stop_token_ids = {after_each[5].token_ids[2]};
+  requests[5].sampling.ignore_eos = false;
+  {
+    LLM llm(cuda_config());
+    after_each[5] = llm.generate({requests[5]})[0];
+  }
+  EngineConfig config = cuda_config();
+  config.async_scheduling = true;
+  {
+    LLM llm(config);
+    ahead = llm.generate(requests);
+    ahead = llm.generate(requests);  // the second time decode steps replay recordings
+  }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_TRUE(ahead[i].status.ok()) << ahead[i].status.message();
+    EXPECT_EQ(ahead[i].token_ids, after_each[i].token_ids) << "request " << i;
+    EXPECT_EQ(ahead[i].finish_reason, after_each[i].finish_reason) << "request " << i;
+  }
+  EXPECT_LE(after_each[5].token_ids.size(), 3u);
 }
 
 }  // namespace
