@@ -138,10 +138,12 @@ int run_workload(WorkloadOptions o) {
       std::cerr << "error: the warm-up request was rejected: " << st.message() << "\n";
       return 1;
     }
+    // With asynchronous scheduling a call may launch nothing and only collect the step in
+    // flight: it is idle only when it also returns nothing.
     while (engine->has_unfinished_requests()) {
       const int64_t steps_before = engine->stats().num_steps;
-      engine->step();
-      if (engine->stats().num_steps == steps_before) {
+      const bool has_output = !engine->step().empty();
+      if (!has_output && engine->stats().num_steps == steps_before) {
         std::cerr << "error: the engine scheduled nothing for the warm-up request\n";
         return 1;
       }
@@ -163,7 +165,7 @@ int run_workload(WorkloadOptions o) {
     const int64_t steps_before = engine->stats().num_steps;
     const std::vector<RequestOutput> outs = engine->step();
     const auto now = Clock::now();
-    idle_steps = engine->stats().num_steps == steps_before ? idle_steps + 1 : 0;
+    idle_steps = outs.empty() && engine->stats().num_steps == steps_before ? idle_steps + 1 : 0;
     if (idle_steps > 1000) {
       std::cerr << "error: the engine scheduled nothing for 1000 steps with requests unfinished\n";
       return 1;

@@ -59,6 +59,17 @@ TEST(BenchCli, WorkloadWithTooSmallScheduleStillCompletesEveryRequest) {
       << r.out;
 }
 
+// Scheduling one step ahead: a call to the engine's step may only collect the step in flight,
+// which the warm-up and the workload loop must not take for an idle engine.
+TEST(BenchCli, WorkloadWithAsynchronousSchedulingCompletesEveryRequest) {
+  const auto r = run_dsinfer("bench --backend cpu --model " + tiny_v3() +
+                             " --workload 5x30x4 --max-num-seqs 3 --async-scheduling");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("completed: 5 of 5 requests, 20 output tokens (4 each), 150 prompt tokens"),
+            std::string::npos)
+      << r.out;
+}
+
 TEST(BenchCli, WorkloadLongerThanTheModelFailsWithAClearMessage) {
   // tiny_v3 holds 256 positions; 250 + 10 does not fit.
   const std::string results = fresh_results("bench_workload_too_long.md");
