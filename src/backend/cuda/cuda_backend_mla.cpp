@@ -221,10 +221,10 @@ void CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView&
     num_splits = static_cast<int>((max_positions + split_len - 1) / split_len);
   }
   // Decode batches of kHeadTileMinTokens tokens or more run in head tiles on tensor cores (up
-  // to 16 heads of a token per block, sharing its cache reads; bf16 operands). Smaller ones keep
+  // to 16 heads of a token per block, sharing its cache reads; TF32 products). Smaller ones keep
   // the fp32 kernel: their (token, head, split) blocks fill the GPU without the tiles' fixed
   // cost, and single-sequence decode stays at fp32 accuracy.
-  const bool head_tiles = !batch_invariant_ && num_tokens >= kHeadTileMinTokens && mla_tiles_supported(dims);
+  const bool head_tiles = !batch_invariant_ && num_tokens >= kHeadTileMinTokens && mla_head_tiles_supported(dims);
   const int64_t blocks = head_tiles ? num_tokens * ((w.num_heads + kMlaTileRows - 1) / kMlaTileRows)
                                     : work;
   if (!batch_invariant_ && blocks < 2 * num_sms_)

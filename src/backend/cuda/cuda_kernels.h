@@ -95,9 +95,11 @@ void launch_mla_prefill_attention(const MlaDims& d, const MlaBatchView& b, const
                                   const float* rope_cos, const float* rope_sin, const float* cache,
                                   float softmax_scale, const int32_t* tiles, int num_tiles, float* o_latent,
                                   Stream stream);
-// Decode in head tiles (up to 16 heads of a token per block; bf16 operands, fp32 softmax and
-// sums): the partial results of each (token, head, split) in the workspace layout of
+// Decode in head tiles (up to 16 heads of a token per block; TF32 products of the fp32 cache,
+// fp32 softmax and sums; mla_decode_tiles.cu): the partial results of each (token, head, split) in the workspace layout of
 // launch_mla_attention, splits cut the same way, for its combine kernel.
+// Head tiles also need a cache block size that is a multiple of 16.
+bool mla_head_tiles_supported(const MlaDims& d);
 void launch_mla_decode_head_tiles(const MlaDims& d, const MlaBatchView& b, const float* q, const float* q_latent,
                                   const float* rope_cos, const float* rope_sin, const float* cache,
                                   float softmax_scale, int num_splits, int split_len_tokens, float* workspace,

@@ -1,10 +1,7 @@
-// Absorbed MLA attention on tensor cores. A thread block owns a tile of up to 16 query rows
-// that attend over one sequence's cache:
-// - query tiles (prefill chunks): up to 16 consecutive tokens of one head; the fp32 decode
-//   kernel of cuda_attention.cu would read the cache once per query token, quadratic in traffic
-//   for a long prompt;
-// - head tiles (decode): up to 16 heads of one token, which then share every cache read, with
-//   the context split across blocks and merged by cuda_attention.cu's combine kernel.
+// Absorbed MLA attention of prefill chunks on tensor cores (query tiles). A thread block owns
+// up to 16 consecutive tokens of one head that attend over their sequence's cache; the fp32
+// decode kernel of cuda_attention.cu would read the cache once per query token, quadratic in
+// traffic for a long prompt. (Decode in head tiles is mla_decode_tiles.cu.)
 // The block walks its range of the cache 32 positions at a time: each chunk of latent entries
 // is read once for the 16 rows, widened to bf16 in shared memory, and used twice, as keys
 // (scores = q_lat·c_kv + q_rope·k_rope, all 576 columns) and as values (the first 512 columns),
@@ -35,9 +32,6 @@ constexpr int kLdScores = kChunk + 4;
 constexpr int kLdProbs = kChunk + 8;
 constexpr int kLdOut = kMaxLora + 4;
 constexpr int kLoadBatch = 12;  // float4 cache reads in flight per thread (36 per 32-position chunk)
-// Decode splits hold at least this many positions: a short context uses fewer splits and the
-// rest of its blocks exit at once.
-constexpr int kMinSplitPositions = 64;
 
 struct Smem {
   __nv_bfloat16 q[kTileTokens][kLdEntry];
@@ -221,46 +215,10 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(MlaDims d, MlaBatchVi
   }
 }
 
-// Head tiles: block (head group, token_base + y, split) attends with up to 16 heads of its token
-// over its split of the context and leaves each head's unnormalised output, max and sum in the
-// workspace for the combine kernel. With split_len 0 a token cuts its context into whole
-// chunks over at most num_splits splits of kMinSplitPositions or more.
-__global__ void __launch_bounds__(kThreads) decode_kernel(MlaDims d, MlaBatchView b, const float* q,
-                                                          const float* q_latent, const float* rope_cos,
-                                                          const float* rope_sin, const float* cache,
-                                                          float softmax_scale, int num_splits, int split_len,
-                                                          int token_base, float* workspace) {
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  Smem& s = *reinterpret_cast<Smem*>(smem_raw);
-  const int h0 = blockIdx.x * kTileTokens, t = token_base + blockIdx.y, split = blockIdx.z;
-  const int count = min(kTileTokens, d.num_heads - h0), lora = d.kv_lora_rank;
-  const int num_ctx = b.positions[t] + 1;
-  if (split_len == 0) {
-    // This token's context in whole chunks over as many splits as have kMinSplitPositions.
-    const int used = min(num_splits, (num_ctx + kMinSplitPositions - 1) / kMinSplitPositions);
-    split_len = (num_ctx + kChunk * used - 1) / (kChunk * used) * kChunk;
-  }
-  const int begin = split * split_len, end = min(begin + split_len, num_ctx);
-  float* parts = workspace + (static_cast<int64_t>(t) * d.num_heads + h0) * num_splits * (lora + 2);
-  if (begin >= end) {  // an unused split: sum 0, which the combine skips
-    if (threadIdx.x < count) parts[(static_cast<int64_t>(threadIdx.x) * num_splits + split) * (lora + 2) + lora + 1] = 0.0f;
-    return;
-  }
-  load_query_rows(s, d, b, q, q_latent, rope_cos, rope_sin, count, t, 0, h0, 1);
-  const int32_t* table = b.tables + b.table_offsets[b.token_seq[t]];
-  attend(s, d, table, cache, softmax_scale, begin, end);
-  for (int i = threadIdx.x; i < count * (lora + 2); i += kThreads) {
-    const int r = i / (lora + 2), c = i % (lora + 2);
-    const float v = c < lora ? s.out[r][c] : c == lora ? s.row_max[r] : s.row_sum[r];
-    parts[(static_cast<int64_t>(r) * num_splits + split) * (lora + 2) + c] = v;
-  }
-}
-
 void configure_shared_memory() {
   static const bool configured = [] {
-    for (const void* kernel : {reinterpret_cast<const void*>(prefill_kernel), reinterpret_cast<const void*>(decode_kernel)})
-      DS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(sizeof(Smem))));
+    DS_CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(sizeof(Smem))));
     return true;
   }();
   (void)configured;
@@ -285,24 +243,6 @@ void launch_mla_prefill_attention(const MlaDims& d, const MlaBatchView& b, const
   prefill_kernel<<<grid, kThreads, sizeof(Smem), stream>>>(d, b, q, q_latent, rope_cos, rope_sin, cache,
                                                            softmax_scale, tiles, o_latent);
   DS_CUDA_CHECK_LAUNCH();
-}
-
-void launch_mla_decode_head_tiles(const MlaDims& d, const MlaBatchView& b, const float* q, const float* q_latent,
-                                  const float* rope_cos, const float* rope_sin, const float* cache,
-                                  float softmax_scale, int num_splits, int split_len_tokens, float* workspace,
-                                  Stream stream) {
-  DS_CHECK(mla_tiles_supported(d));
-  if (b.num_tokens == 0) return;
-  configure_shared_memory();
-  constexpr int kMaxGridY = 65535;
-  const int groups = (d.num_heads + kTileTokens - 1) / kTileTokens;
-  for (int token_base = 0; token_base < b.num_tokens; token_base += kMaxGridY) {
-    const dim3 grid(groups, std::min(kMaxGridY, b.num_tokens - token_base), num_splits);
-    decode_kernel<<<grid, kThreads, sizeof(Smem), stream>>>(d, b, q, q_latent, rope_cos, rope_sin, cache,
-                                                            softmax_scale, num_splits, split_len_tokens, token_base,
-                                                            workspace);
-    DS_CUDA_CHECK_LAUNCH();
-  }
 }
 
 }  // namespace dsinfer::cuda

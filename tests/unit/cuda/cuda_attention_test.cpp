@@ -111,7 +111,7 @@ class CudaAttentionTest : public CudaVsCpuTest {
     }
     EXPECT_LT(relative_error(cache_after[1], cache_after[0]), 1e-5) << "cache after the step";
     // Prefill chunks of 16 tokens or more, and decode batches of 16 tokens or more, run on
-    // tensor cores (bf16 queries, cache entries and probabilities, fp32 softmax and sums);
+    // tensor cores (bf16 or TF32 operands, fp32 softmax and sums);
     // smaller decode batches, and all decode in batch-invariant mode, stay in fp32.
     const char* invariant_env = std::getenv("DSINFER_BATCH_INVARIANT");
     const bool invariant = invariant_env != nullptr && std::string(invariant_env) == "1";
