@@ -7,7 +7,7 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_check.h"
-#include "backend/cuda/device_copy.cuh"
+#include "backend/cuda/tensor_core.cuh"
 #include "backend/cuda/grouped_gemm.h"
 
 namespace dsinfer::cuda {

@@ -15,7 +15,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
-#include "backend/cuda/device_copy.cuh"
+#include "backend/cuda/tensor_core.cuh"
 
 namespace dsinfer::cuda {
 namespace {
@@ -45,23 +45,6 @@ struct Smem {
   float row_max[kRows], row_sum[kRows], row_scale[kRows];
 };
 static_assert(kRows <= kChunk, "the query rows fit in one stage");
-
-__device__ __forceinline__ uint32_t to_tf32(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-  return r;
-}
-
-// c [16x8] += a [16x8] · b [8x8] in TF32. With g = lane/4, t = lane%4: a0 (row g, col t),
-// a1 (row g+8, col t), a2 (row g, col t+4), a3 (row g+8, col t+4); b0 (row t, col g), b1 (row
-// t+4, col g); c as for the bf16 product (rows g and g+8, columns 2t and 2t+1).
-__device__ __forceinline__ void mma_tf32_16x8x8(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // The cache slot of a chunk's first position. A chunk starts at a multiple of kChunk and the
 // block size is a multiple of kChunk, so its positions are consecutive slots of one block.
@@ -209,12 +192,7 @@ __global__ void __launch_bounds__(kThreads) decode_tiles_kernel(MlaDims d, MlaBa
       float sum = p;
       for (int off = kChunk / 2; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
       __syncwarp();  // every lane of the row has read row_max before it changes
-      if (c == 0) {
-        const float scale = m_old == -FLT_MAX ? 0.0f : expf(m_old - m_new);
-        s.row_scale[r] = scale;
-        s.row_sum[r] = s.row_sum[r] * scale + sum;
-        s.row_max[r] = m_new;
-      }
+      if (c == 0) s.row_scale[r] = advance_softmax_row(s.row_max[r], s.row_sum[r], m_new, sum);
     }
     __syncthreads();
 

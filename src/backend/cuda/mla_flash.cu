@@ -9,7 +9,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
-#include "backend/cuda/device_copy.cuh"
+#include "backend/cuda/tensor_core.cuh"
 
 namespace dsinfer::cuda {
 namespace {

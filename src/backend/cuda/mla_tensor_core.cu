@@ -15,6 +15,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/tensor_core.cuh"
 
 namespace dsinfer::cuda {
 namespace {
@@ -167,12 +168,7 @@ __device__ void attend(Smem& s, const MlaDims& d, const int32_t* table, const fl
       const float p = visible ? expf(score - m_new) : 0.0f;
       const float sum = warp_sum(p);
       s.probs[r][lane] = __float2bfloat16_rn(p);
-      if (lane == 0) {
-        const float scale = m_old == -FLT_MAX ? 0.0f : expf(m_old - m_new);
-        s.row_scale[r] = scale;
-        s.row_sum[r] = s.row_sum[r] * scale + sum;
-        s.row_max[r] = m_new;
-      }
+      if (lane == 0) s.row_scale[r] = advance_softmax_row(s.row_max[r], s.row_sum[r], m_new, sum);
     }
     __syncthreads();
     for (int i = threadIdx.x; i < kTileTokens * lora; i += kThreads) s.out[i / lora][i % lora] *= s.row_scale[i / lora];

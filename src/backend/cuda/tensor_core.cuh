@@ -1,10 +1,12 @@
 // Device helpers shared by the tensor-core kernels: asynchronous global→shared copies
-// (cp.async), shared-memory fragment loads (ldmatrix) and the bf16 tensor-core product
-// (mma.sync m16n8k16). Header-only: each kernel file inlines what it uses.
+// (cp.async), shared-memory fragment loads (ldmatrix), the bf16 and TF32 tensor-core products
+// (mma.sync) and the online-softmax step of a row. Header-only: each kernel file inlines what
+// it uses.
 #pragma once
 
 #include <cuda_bf16.h>
 
+#include <cfloat>
 #include <cstdint>
 
 namespace dsinfer::cuda {
@@ -51,6 +53,33 @@ __device__ __forceinline__ void mma_bf16_16x8x16(float (&c)[4], const uint32_t (
       "{%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// c [16x8] += a [16x8] · b [8x8] in TF32. With g = lane/4, t = lane%4: a0 (row g, col t),
+// a1 (row g+8, col t), a2 (row g, col t+4), a3 (row g+8, col t+4); b0 (row t, col g), b1 (row
+// t+4, col g); c as for the bf16 product.
+__device__ __forceinline__ void mma_tf32_16x8x8(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+
+// Moves a row's running softmax state (max of scaled scores, sum of exponentials) to the max
+// m_new and adds a chunk's sum; returns the factor that rescales what was accumulated under
+// the old max (0 for a row that had seen nothing, whose max is still -FLT_MAX).
+__device__ __forceinline__ float advance_softmax_row(float& row_max, float& row_sum, float m_new, float chunk_sum) {
+  const float scale = row_max == -FLT_MAX ? 0.0f : expf(row_max - m_new);
+  row_sum = row_sum * scale + chunk_sum;
+  row_max = m_new;
+  return scale;
 }
 
 // Two floats as packed bf16, the first in the low half (the lower column of a fragment).
