@@ -1,5 +1,5 @@
 // The CUDA backend's MLA attention: host-side planning around the kernels of cuda_attention.cu,
-// mla_tensor_core.cu and mla_expanded.cu.
+// mla_tensor_core.cu, mla_decode_tiles.cu, mla_expanded.cu and mla_flash.cu.
 //
 // Two forms of the same attention:
 // - absorbed (decode, short chunks): queries absorb W_UK and attend over the 576-wide latent
@@ -8,8 +8,8 @@
 // - expanded (prefill chunks of kExpandedMinTokens tokens or more): the chunk's context is
 //   up-projected once into per-head keys and values, and attention runs as ordinary multi-head
 //   attention: 192 + 128 multiply-adds per head and pair (V3), in one fused kernel with the
-//   scores in shared memory (mla_expanded.cu), or as cuBLASLt products with the scores in
-//   memory (DSINFER_MLA_FLASH=0, or head widths the kernel does not take).
+//   scores in registers (mla_flash.cu), or as cuBLASLt products with the scores in memory
+//   (DSINFER_MLA_FLASH=0, or head widths the kernel does not take).
 // A batch mixing both runs the expanded chunks first, then the rest of its tokens, compacted,
 // through the absorbed kernels.
 #include <algorithm>
