@@ -18,7 +18,7 @@ void Backend::gated_mlp(const Tensor& x, const LinearWeight& gate_up, const Line
 
 void Backend::argmax_rows(const Tensor& logits, std::vector<int32_t>& out) {
   const std::vector<RowSampling> greedy(static_cast<size_t>(logits.dim(0)));
-  Backend::sample_rows(logits, greedy, out);
+  sample_rows(logits, greedy, out);
 }
 
 void Backend::sample_rows(const Tensor& logits, std::span<const RowSampling> rows, std::vector<int32_t>& out) {
@@ -32,13 +32,8 @@ void Backend::sample_rows(const Tensor& logits, std::span<const RowSampling> row
 }
 
 uint64_t Backend::choose_async(const Tensor& logits, std::span<const RowSampling> rows) {
-  bool all_greedy = true;
-  for (const RowSampling& r : rows) all_greedy = all_greedy && is_greedy(r);
   std::vector<int32_t> ids;
-  if (all_greedy)
-    argmax_rows(logits, ids);
-  else
-    sample_rows(logits, rows, ids);
+  sample_rows(logits, rows, ids);
   latest_choice_ = ids;
   const uint64_t ticket = next_ticket_++;
   choices_.emplace(ticket, std::move(ids));

@@ -150,8 +150,8 @@ class Backend {
   // that reads it: a device backend uploads the step's token layout once here.
   virtual void begin_step(const ForwardBatch& batch) { (void)batch; }
   virtual void end_step() {}  // the step's batch may be gone after this
-  // Greedy choice per row of logits [rows, vocab]; the CPU form is the reference.
-  virtual void argmax_rows(const Tensor& logits, std::vector<int32_t>& out);
+  // Greedy choice per row of logits [rows, vocab]: sample_rows with every row greedy.
+  void argmax_rows(const Tensor& logits, std::vector<int32_t>& out);
   // One token per row of logits [rows, vocab] as choose_token picks it with that row's
   // parameters and draw; the CPU form (choose_token on copied logits) is the reference.
   virtual void sample_rows(const Tensor& logits, std::span<const RowSampling> rows, std::vector<int32_t>& out);

@@ -29,8 +29,9 @@ RowSampling row_sampling(const SamplingParams& p, SamplerState& state);
 // num_top tokens' (ties by id), from logits [vocab]; no full sort.
 void token_logprobs(const float* logits, int vocab, TokenId chosen, int num_top, TokenLogprob* out);
 
-// Samples one token from logits [vocab] (choose_token with row_sampling's draw). Fills *logprob (when non-null) with the chosen token's
-// log-probability under the unmodified model distribution and the top num_logprobs tokens.
+// Samples one token from logits [vocab] (choose_token with row_sampling's draw). Fills *logprob
+// (when non-null) with the chosen token's log-probability under the unmodified model
+// distribution and the top num_logprobs tokens.
 TokenId sample_token(const float* logits, int vocab, const SamplingParams& params, SamplerState& state,
                      TokenLogprob* logprob);
 

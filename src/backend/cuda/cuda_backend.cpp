@@ -228,11 +228,6 @@ void CudaBackend::choose_into(const Tensor& logits, std::span<const RowSampling>
                      workspace.data, workspace_bytes, ids, stream_);
 }
 
-void CudaBackend::argmax_rows(const Tensor& logits, std::vector<int32_t>& out) {
-  const std::vector<RowSampling> greedy(static_cast<size_t>(logits.dim(0)));
-  sample_rows(logits, greedy, out);
-}
-
 void CudaBackend::sample_rows(const Tensor& logits, std::span<const RowSampling> rows, std::vector<int32_t>& out) {
   const int64_t num_rows = logits.dim(0);
   out.resize(static_cast<size_t>(num_rows));

@@ -16,8 +16,8 @@
 //   is the paged latent cache (read_cache_block/write_cache_block are plain copies).
 // - begin_step uploads the step's token layout once into fixed device buffers; with them a
 //   decode step can be recorded as a CUDA graph and replayed (DSINFER_CUDA_GRAPHS=0 turns that
-//   off). All work runs on one stream; the host waits only in to_host, argmax_rows,
-//   sample_rows, cache block reads and when routing is recorded for inspection.
+//   off). All work runs on one stream; the host waits only in to_host, sample_rows,
+//   wait_choice, cache block reads and when routing is recorded for inspection.
 #pragma once
 
 #include <cstdint>
@@ -64,7 +64,6 @@ class CudaBackend final : public Backend {
   void gated_mlp(const Tensor& x, const LinearWeight& gate_up, const LinearWeight& down, Tensor& out) override;
   void begin_step(const ForwardBatch& batch) override;
   void end_step() override { step_batch_ = nullptr; }
-  void argmax_rows(const Tensor& logits, std::vector<int32_t>& out) override;
   void sample_rows(const Tensor& logits, std::span<const RowSampling> rows, std::vector<int32_t>& out) override;
   uint64_t choose_async(const Tensor& logits, std::span<const RowSampling> rows) override;
   std::vector<int32_t> wait_choice(uint64_t ticket) override;

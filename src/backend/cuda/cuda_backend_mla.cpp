@@ -33,7 +33,7 @@ constexpr int kExpandedMinTokens = 64;
 constexpr int kExpandedMaxQueryRows = 512;
 // Score block size (heads × queries × keys fp32, plus bf16 probabilities of the same shape).
 constexpr int64_t kExpandedScoreElements = int64_t{1} << 27;
-// Decode batches of this many tokens or more attend in head tiles (mla_tensor_core.cu).
+// Decode batches of this many tokens or more attend in head tiles (mla_decode_tiles.cu).
 constexpr int kHeadTileMinTokens = 16;
 // Up-projected keys and values of one context above this size stay in the absorbed form.
 constexpr int64_t kExpandedMaxKvBytes = int64_t{4} << 30;
@@ -41,9 +41,9 @@ constexpr int64_t kExpandedMaxKvBytes = int64_t{4} << 30;
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 // Widths of the expanded form, padded to 16 columns (whole MMA steps for the fused kernel;
-// every cuBLASLt operand starts on 16 bytes). Per
-// head the up-projection writes [k_nope | k_rope | pad | v | pad]: the keys' rope part is the
-// cache's own rotated k_rope, copied through identity rows of the projection.
+// every cuBLASLt operand starts on 16 bytes). Per head the up-projection writes
+// [k_nope | k_rope | pad | v | pad]: the keys' rope part is the cache's own rotated k_rope,
+// copied through identity rows of the projection.
 struct ExpandedLayout {
   int64_t qk_padded, v_padded, head_width, ld_latent;
   explicit ExpandedLayout(const MlaWeights& w)
