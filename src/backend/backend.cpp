@@ -7,6 +7,11 @@
 
 namespace dsinfer {
 
+void Backend::add_rms_norm(Tensor& x, const Tensor& y, const Tensor& w, float eps, Tensor& out) {
+  add(x, y);
+  rms_norm(x, w, eps, out);
+}
+
 void Backend::gated_mlp(const Tensor& x, const LinearWeight& gate_up, const LinearWeight& down, Tensor& out) {
   const int64_t rows = x.dim(0);
   Tensor gu = empty({rows, gate_up.out_features}, DType::kF32);

@@ -133,6 +133,9 @@ class Backend {
   virtual void embedding(const Tensor& table, std::span<const TokenId> ids, Tensor& out) = 0;
   virtual void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) = 0;
   virtual void add(Tensor& x, const Tensor& y) = 0;  // x += y
+  // The residual step between sublayers: x += y, then out = rms_norm(x). A backend may fuse the
+  // two passes; the default runs add, then rms_norm.
+  virtual void add_rms_norm(Tensor& x, const Tensor& y, const Tensor& w, float eps, Tensor& out);
   virtual void linear(const Tensor& x, const LinearWeight& w, Tensor& out) = 0;
   virtual void silu_mul(const Tensor& gate_up, Tensor& out) = 0;  // [T, 2I] → [T, I]
   virtual void concat_cols(const Tensor& a, const Tensor& b, Tensor& out) = 0;  // [T,A],[T,B]→[T,A+B]

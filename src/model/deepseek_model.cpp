@@ -166,23 +166,29 @@ ForwardOutput DeepseekModel::run_layers(const ForwardBatch& batch, KvCaches& cac
   Tensor h = backend_.empty({t, hidden}, DType::kF32);
   Tensor y = backend_.empty({t, hidden}, DType::kF32);
   ForwardOutput result;
-  for (size_t i = 0; i < weights_.layers.size(); ++i) {
+  // Each residual sum goes with the norm that follows it (add_rms_norm), except the last
+  // layer's, whose norm runs on the logits rows only.
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  const size_t num_layers = weights_.layers.size();
+  if (num_layers > 0) backend_.rms_norm(x, weights_.layers[0].input_norm, eps, h);
+  for (size_t i = 0; i < num_layers; ++i) {
     const LayerWeights& l = weights_.layers[i];
-    backend_.rms_norm(x, l.input_norm, static_cast<float>(config_.rms_norm_eps), h);
     attention(l, h, batch, caches.layers[i], caches.block_size, y);
-    backend_.add(x, y);
-    backend_.rms_norm(x, l.post_attn_norm, static_cast<float>(config_.rms_norm_eps), h);
+    backend_.add_rms_norm(x, y, l.post_attn_norm, eps, h);
     MoeRouting routing;
     mlp(l, h, y, record_routing && l.is_moe ? &routing : nullptr);
     if (record_routing && l.is_moe) result.routing.push_back(std::move(routing));
-    backend_.add(x, y);
+    if (i + 1 < num_layers)
+      backend_.add_rms_norm(x, y, weights_.layers[i + 1].input_norm, eps, h);
+    else
+      backend_.add(x, y);
   }
   const int64_t num_out = batch.logits_indices.size();
   if (num_out == 0) return result;
   Tensor sel = backend_.empty({num_out, hidden}, DType::kF32);
   backend_.gather_rows(x, batch.logits_indices, sel);
   result.hidden = backend_.empty({num_out, hidden}, DType::kF32);
-  backend_.rms_norm(sel, weights_.final_norm, static_cast<float>(config_.rms_norm_eps), result.hidden);
+  backend_.rms_norm(sel, weights_.final_norm, eps, result.hidden);
   result.logits = backend_.empty({num_out, config_.vocab_size}, DType::kF32);
   backend_.linear(result.hidden, weights_.lm_head, result.logits);
   return result;

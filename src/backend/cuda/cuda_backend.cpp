@@ -517,6 +517,11 @@ void CudaBackend::add(Tensor& x, const Tensor& y) {
   launch_add(x.as<float>(), y.as<float>(), x.num_elements(), stream_);
 }
 
+void CudaBackend::add_rms_norm(Tensor& x, const Tensor& y, const Tensor& w, float eps, Tensor& out) {
+  DS_CHECK(y.num_elements() == x.num_elements() && out.num_elements() == x.num_elements());
+  launch_add_rms_norm(x.as<float>(), y.as<float>(), w.as<float>(), eps, x.dim(0), x.dim(1), out.as<float>(), stream_);
+}
+
 void CudaBackend::silu_mul(const Tensor& gate_up, Tensor& out) {
   launch_silu_mul(gate_up.as<float>(), gate_up.dim(0), gate_up.dim(1) / 2, out.as<float>(), stream_);
 }

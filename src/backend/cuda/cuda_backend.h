@@ -52,6 +52,7 @@ class CudaBackend final : public Backend {
   void embedding(const Tensor& table, std::span<const TokenId> ids, Tensor& out) override;
   void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) override;
   void add(Tensor& x, const Tensor& y) override;
+  void add_rms_norm(Tensor& x, const Tensor& y, const Tensor& w, float eps, Tensor& out) override;
   void linear(const Tensor& x, const LinearWeight& w, Tensor& out) override;
   void silu_mul(const Tensor& gate_up, Tensor& out) override;
   void concat_cols(const Tensor& a, const Tensor& b, Tensor& out) override;

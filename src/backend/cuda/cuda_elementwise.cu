@@ -13,13 +13,8 @@ constexpr int kThreads = 256;
 
 int num_blocks_for(int64_t n) { return static_cast<int>((n + kThreads - 1) / kThreads); }
 
-// One block per row: mean square in fp32 through a block reduction, then scale.
-__global__ void rms_norm_kernel(const float* x, const float* w, float eps, int64_t n, float* out) {
-  __shared__ float warp_sums[32];
-  const float* row = x + blockIdx.x * n;
-  float* dst = out + blockIdx.x * n;
-  float sum = 0.0f;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += row[i] * row[i];
+// The block's sum of its threads' values (every thread gets it); warp_sums holds 32 floats.
+__device__ float block_sum(float sum, float* warp_sums) {
   for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) warp_sums[warp] = sum;
@@ -30,8 +25,35 @@ __global__ void rms_norm_kernel(const float* x, const float* w, float eps, int64
     if (lane == 0) warp_sums[0] = sum;
   }
   __syncthreads();
-  const float inv = rsqrtf(warp_sums[0] / static_cast<float>(n) + eps);
+  return warp_sums[0];
+}
+
+// One block per row: mean square in fp32 through a block reduction, then scale.
+__global__ void rms_norm_kernel(const float* x, const float* w, float eps, int64_t n, float* out) {
+  __shared__ float warp_sums[32];
+  const float* row = x + blockIdx.x * n;
+  float* dst = out + blockIdx.x * n;
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += row[i] * row[i];
+  const float inv = rsqrtf(block_sum(sum, warp_sums) / static_cast<float>(n) + eps);
   // x and out may alias: every thread reads its own elements before writing them.
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = row[i] * inv * w[i];
+}
+
+// One block per row: x += y, then the norm of the new row, as rms_norm_kernel computes it.
+// Each thread re-reads only the elements it wrote.
+__global__ void add_rms_norm_kernel(float* x, const float* y, const float* w, float eps, int64_t n, float* out) {
+  __shared__ float warp_sums[32];
+  float* row = x + blockIdx.x * n;
+  const float* add_row = y + blockIdx.x * n;
+  float* dst = out + blockIdx.x * n;
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = row[i] + add_row[i];
+    row[i] = v;
+    sum += v * v;
+  }
+  const float inv = rsqrtf(block_sum(sum, warp_sums) / static_cast<float>(n) + eps);
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = row[i] * inv * w[i];
 }
 
@@ -160,6 +182,13 @@ void launch_argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, S
 void launch_rms_norm(const float* x, const float* w, float eps, int64_t rows, int64_t n, float* out, Stream stream) {
   if (rows == 0) return;
   rms_norm_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, w, eps, n, out);
+  DS_CUDA_CHECK_LAUNCH();
+}
+
+void launch_add_rms_norm(float* x, const float* y, const float* w, float eps, int64_t rows, int64_t n, float* out,
+                         Stream stream) {
+  if (rows == 0) return;
+  add_rms_norm_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, y, w, eps, n, out);
   DS_CUDA_CHECK_LAUNCH();
 }
 

@@ -17,6 +17,10 @@ using Stream = CUstream_st*;
 // ---- element-wise and row kernels (cuda_elementwise.cu) ----
 void launch_rms_norm(const float* x, const float* w, float eps, int64_t rows, int64_t n, float* out, Stream stream);
 void launch_add(float* x, const float* y, int64_t n, Stream stream);
+// x += y, then out = rms_norm(x) · w, rows of n, in one pass over the rows: the same fp32
+// operations and reduction order as launch_add followed by launch_rms_norm.
+void launch_add_rms_norm(float* x, const float* y, const float* w, float eps, int64_t rows, int64_t n, float* out,
+                         Stream stream);
 void launch_silu_mul(const float* gate_up, int64_t rows, int64_t inter, float* out, Stream stream);
 void launch_concat_cols(const float* a, const float* b, int64_t rows, int64_t na, int64_t nb, float* out,
                         Stream stream);

@@ -39,6 +39,32 @@ TEST_F(CudaOpsTest, RmsNormMatchesCpuIncludingInPlace) {
   }
 }
 
+// The fused residual step equals add then rms_norm on this backend bit for bit, and the CPU's
+// within fp32 rounding; x holds the sum afterwards.
+TEST_F(CudaOpsTest, AddRmsNormIsAddThenRmsNorm) {
+  for (auto [rows, n] : {std::pair<int64_t, int64_t>{1, 2048}, {9, 1000}, {40, 7168}}) {
+    const auto x = random_values(rows * n, 11, 2.0f, 0.5f), y = random_values(rows * n, 12, 1.5f);
+    const auto w = random_values(n, 13, 0.1f, 1.0f);
+    std::vector<float> fused_sum[2], fused_out[2];
+    Backend* bes[2] = {cpu_.get(), gpu_.get()};
+    for (int b = 0; b < 2; ++b) {
+      Tensor tx = upload(*bes[b], {rows, n}, x), ty = upload(*bes[b], {rows, n}, y), tw = upload(*bes[b], {n}, w);
+      Tensor out = bes[b]->empty({rows, n}, DType::kF32);
+      bes[b]->add_rms_norm(tx, ty, tw, 1e-6f, out);
+      fused_sum[b] = download(*bes[b], tx);
+      fused_out[b] = download(*bes[b], out);
+    }
+    Tensor tx = upload(*gpu_, {rows, n}, x), ty = upload(*gpu_, {rows, n}, y), tw = upload(*gpu_, {n}, w);
+    Tensor out = gpu_->empty({rows, n}, DType::kF32);
+    gpu_->add(tx, ty);
+    gpu_->rms_norm(tx, tw, 1e-6f, out);
+    EXPECT_EQ(fused_sum[1], download(*gpu_, tx)) << rows << "x" << n;
+    EXPECT_EQ(fused_out[1], download(*gpu_, out)) << rows << "x" << n;
+    EXPECT_LT(relative_error(fused_sum[1], fused_sum[0]), 1e-6) << rows << "x" << n;
+    EXPECT_LT(relative_error(fused_out[1], fused_out[0]), 1e-5) << rows << "x" << n;
+  }
+}
+
 TEST_F(CudaOpsTest, AddSiluMulConcatGatherEmbeddingMatchCpu) {
   const int64_t rows = 19, a_cols = 48, b_cols = 80, inter = 333, vocab = 50;
   const auto a = random_values(rows * a_cols, 3), b = random_values(rows * b_cols, 4);
