@@ -287,7 +287,7 @@ void launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
                           const float* w_uv_t, const float* rope_cos, const float* rope_sin, const float* cache,
                           float softmax_scale, int num_splits, int split_len_tokens, float* workspace,
                           float* q_latent, float* o_latent, float* out, const int32_t* prefill_tiles,
-                          int num_prefill_tiles, bool decode_head_tiles, Stream stream) {
+                          int num_prefill_tiles, int head_tile_blocks, int32_t* work_starts, Stream stream) {
   check_dims(d);
   if (b.num_tokens == 0) return;
   DS_CHECK(num_splits >= 1 && num_splits <= kMaxSplits && split_len_tokens >= 0 && d.num_heads <= 65535);
@@ -298,20 +298,18 @@ void launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
   if (num_prefill_tiles > 0) {
     launch_mla_prefill_attention(d, b, q, q_latent, rope_cos, rope_sin, cache, softmax_scale, prefill_tiles,
                                  num_prefill_tiles, o_latent, stream);
+  } else if (head_tile_blocks > 0) {
+    launch_mla_decode_head_tiles(d, b, q, q_latent, rope_cos, rope_sin, cache, softmax_scale, head_tile_blocks,
+                                 work_starts, workspace, o_latent, stream);
   } else {
-    // Partial results per (token, head, split), from head tiles or the fp32 kernel, then merged.
-    if (decode_head_tiles) {
-      launch_mla_decode_head_tiles(d, b, q, q_latent, rope_cos, rope_sin, cache, softmax_scale, num_splits,
-                                   split_len_tokens, workspace, stream);
-    } else {
-      constexpr int kMaxGridY = 65535;
-      for (int token_base = 0; token_base < b.num_tokens; token_base += kMaxGridY) {
-        const dim3 grid(d.num_heads, std::min(kMaxGridY, b.num_tokens - token_base), num_splits);
-        attention_partial_kernel<<<grid, kThreads, 0, stream>>>(d, b, q, q_latent, rope_cos, rope_sin, cache,
-                                                                softmax_scale, num_splits, split_len_tokens,
-                                                                token_base, workspace);
-        DS_CUDA_CHECK_LAUNCH();
-      }
+    // Partial results per (token, head, split) from the fp32 kernel, then merged.
+    constexpr int kMaxGridY = 65535;
+    for (int token_base = 0; token_base < b.num_tokens; token_base += kMaxGridY) {
+      const dim3 grid(d.num_heads, std::min(kMaxGridY, b.num_tokens - token_base), num_splits);
+      attention_partial_kernel<<<grid, kThreads, 0, stream>>>(d, b, q, q_latent, rope_cos, rope_sin, cache,
+                                                              softmax_scale, num_splits, split_len_tokens,
+                                                              token_base, workspace);
+      DS_CUDA_CHECK_LAUNCH();
     }
     const dim3 grid2(b.num_tokens, d.num_heads);
     attention_combine_kernel<<<grid2, kThreads, 0, stream>>>(d, num_splits, workspace, o_latent);

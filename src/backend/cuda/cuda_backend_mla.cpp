@@ -221,14 +221,13 @@ void CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView&
     num_splits = static_cast<int>((max_positions + split_len - 1) / split_len);
   }
   // Decode batches of kHeadTileMinTokens tokens or more run in head tiles on tensor cores (up
-  // to 16 heads of a token per block, sharing its cache reads; TF32 products). Smaller ones keep
-  // the fp32 kernel: their (token, head, split) blocks fill the GPU without the tiles' fixed
-  // cost, and single-sequence decode stays at fp32 accuracy.
+  // to 16 heads of a token per block, sharing its cache reads; TF32 products), their work
+  // balanced over the GPU whatever the mix of context lengths. Smaller ones keep the fp32
+  // kernel: their (token, head, split) blocks fill the GPU without the tiles' fixed cost, and
+  // single-sequence decode stays at fp32 accuracy.
   const bool head_tiles = !batch_invariant_ && num_tokens >= kHeadTileMinTokens && mla_head_tiles_supported(dims);
-  const int64_t blocks = head_tiles ? num_tokens * ((w.num_heads + kMlaTileRows - 1) / kMlaTileRows)
-                                    : work;
-  if (!batch_invariant_ && blocks < 2 * num_sms_)
-    num_splits = static_cast<int>(std::min<int64_t>((2 * num_sms_ + blocks - 1) / blocks, 64));
+  if (!batch_invariant_ && !head_tiles && work < 2 * num_sms_)
+    num_splits = static_cast<int>(std::min<int64_t>((2 * num_sms_ + work - 1) / work, 64));
   // Prefill chunks (a sequence with 16 new tokens or more) go to the tensor-core kernel, which
   // reads each cache entry once per 16 queries; every token of the batch then runs in tiles.
   std::vector<int32_t> tiles;
@@ -249,14 +248,20 @@ void CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView&
     d_tiles = upload_ints(tiles);
     num_splits = 1;
   }
-  Tensor workspace = alloc_->cached({tiles.empty() ? work * num_splits * (w.kv_lora_rank + 2) : 1}, DType::kF32);
+  // Head tiles balance the batch's work over a fixed number of blocks per head group, each
+  // leaving one partial result per token it touched: at most blocks + tokens of them.
+  const int head_tile_blocks = tiles.empty() && head_tiles ? mla_head_tile_blocks(dims, num_sms_) : 0;
+  const int64_t num_partials = head_tile_blocks > 0 ? (head_tile_blocks + num_tokens) * int64_t{w.num_heads}
+                                                    : work * num_splits;
+  Tensor workspace = alloc_->cached({tiles.empty() ? num_partials * (w.kv_lora_rank + 2) : 1}, DType::kF32);
+  Tensor work_starts = alloc_->cached({head_tile_blocks > 0 ? num_tokens + 1 : 1}, DType::kI32);
   Tensor q_latent = alloc_->cached({work * w.kv_lora_rank}, DType::kF32);
   Tensor o_latent = alloc_->cached({work * w.kv_lora_rank}, DType::kF32);
   launch_mla_attention(dims, view, q, w.w_uk.as<float>(), w.derived.as<float>(), args.rope_cos->as<float>(),
                        args.rope_sin->as<float>(), args.cache->data.as<float>(), args.softmax_scale, num_splits,
                        split_len, workspace.as<float>(), q_latent.as<float>(), o_latent.as<float>(), out,
-                       tiles.empty() ? nullptr : d_tiles.as<int32_t>(), static_cast<int>(tiles.size() / 2), head_tiles,
-                       stream_);
+                       tiles.empty() ? nullptr : d_tiles.as<int32_t>(), static_cast<int>(tiles.size() / 2),
+                       head_tile_blocks, work_starts.as<int32_t>(), stream_);
 }
 
 // One sequence's chunk of new tokens [first_token, first_token + num_tokens), the last tokens of

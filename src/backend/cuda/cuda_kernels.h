@@ -82,12 +82,13 @@ void launch_mla_cache_write(const MlaDims& d, const MlaBatchView& b, const float
 // prefill_tiles (device, [num_prefill_tiles, 2] = first token, count; tokens of one sequence
 // with consecutive positions, at most 16) switches the middle two steps to the tensor-core
 // prefill kernel of mla_tensor_core.cu, which covers every token of the batch through its tiles;
-// otherwise decode_head_tiles switches the partial step to that file's head-tile kernel.
+// otherwise head_tile_blocks > 0 switches the middle two steps to the balanced head tiles of
+// mla_decode_tiles.cu (workspace and work_starts sized as launch_mla_decode_head_tiles says).
 void launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* q, const float* w_uk,
                           const float* w_uv_t, const float* rope_cos, const float* rope_sin, const float* cache,
                           float softmax_scale, int num_splits, int split_len_tokens, float* workspace,
                           float* q_latent, float* o_latent, float* out, const int32_t* prefill_tiles,
-                          int num_prefill_tiles, bool decode_head_tiles, Stream stream);
+                          int num_prefill_tiles, int head_tile_blocks, int32_t* work_starts, Stream stream);
 
 // ---- absorbed MLA attention on tensor cores (mla_tensor_core.cu) ----
 // Rows of a tensor-core tile: 16 query tokens of one head (prefill), or 16 heads of one token
@@ -100,14 +101,17 @@ void launch_mla_prefill_attention(const MlaDims& d, const MlaBatchView& b, const
                                   float softmax_scale, const int32_t* tiles, int num_tiles, float* o_latent,
                                   Stream stream);
 // Decode in head tiles (up to 16 heads of a token per block; TF32 products of the fp32 cache,
-// fp32 softmax and sums; mla_decode_tiles.cu): the partial results of each (token, head, split) in the workspace layout of
-// launch_mla_attention, splits cut the same way, for its combine kernel.
+// fp32 softmax and sums; mla_decode_tiles.cu), the work balanced over num_blocks blocks per head
+// group whatever the tokens' context lengths, merged into o_lat [T, H, lora].
 // Head tiles also need a cache block size that is a multiple of 16.
 bool mla_head_tiles_supported(const MlaDims& d);
+// Blocks per head group that fill the GPU once (a function of the model's shape only).
+int mla_head_tile_blocks(const MlaDims& d, int num_sms);
+// Workspace: (num_blocks + T) * num_heads * (kv_lora_rank + 2) floats; work_starts: T + 1 ints.
 void launch_mla_decode_head_tiles(const MlaDims& d, const MlaBatchView& b, const float* q, const float* q_latent,
                                   const float* rope_cos, const float* rope_sin, const float* cache,
-                                  float softmax_scale, int num_splits, int split_len_tokens, float* workspace,
-                                  Stream stream);
+                                  float softmax_scale, int num_blocks, int32_t* work_starts, float* workspace,
+                                  float* o_latent, Stream stream);
 
 // ---- MLA prefill in the expanded form (mla_expanded.cu) ----
 // latent bf16 [num_positions, ld_latent] = the cache entries of positions 0..num_positions-1 of

@@ -1,15 +1,22 @@
-// Absorbed MLA decode in head tiles: a block takes up to 16 heads of one token, which share
-// every read of the token's latent cache, over one split of its context. The fp32 cache
-// entries stream through three shared-memory stages (cp.async, 16 positions each) while the
-// eight warps compute on tensor cores in TF32, straight from the fp32 entries:
+// Absorbed MLA decode in head tiles: a block takes up to 16 heads of a token, which share every
+// read of the token's latent cache. The fp32 cache entries stream through three shared-memory
+// stages (cp.async, 16 positions each) while the eight warps compute on tensor cores in TF32,
+// straight from the fp32 entries:
 // - scores [16 heads x 16 positions] = q_lat·c_kv + q_rope·k_rope over all 576 columns, the
 //   columns split among the warps (each warp's slice of the queries stays in registers) and
 //   the partial scores summed in shared memory;
 // - an online softmax per head row (fp32);
 // - out [16 x 512] += probs [16 x 16] · c_kv [16 x 512], each warp owning 64 columns of the
 //   output in registers.
-// Each (token, head, split) leaves its unnormalised output, max and sum for the combine kernel
-// of cuda_attention.cu; the caller projects the combined o_lat through W_UV.
+//
+// Work is balanced across blocks whatever the mix of context lengths: the batch's work is the
+// sequence of its tokens' 16-position chunks (each token also weighing kTokenCost chunks for
+// its fixed costs), and block b of a head group takes the b-th of num_blocks equal ranges of
+// that sequence. A block may so finish one token's context, take a few short tokens whole,
+// and start the next; a long context is spread over many blocks. Each (token, block) segment
+// leaves its unnormalised output, max and sum in a slot of the workspace, and the combine
+// kernel merges a token's slots into o_lat. A plan kernel turns the step's positions into the
+// work offsets on the device, so a recorded step replays for any lengths.
 #include <algorithm>
 #include <cfloat>
 
@@ -34,9 +41,10 @@ constexpr int kLdScores = kChunk + 4;
 // Registers per warp: k-steps of 8 columns of the scores, n-tiles of 8 output columns.
 constexpr int kMaxKSteps = kMaxEntry / 8 / kWarps;  // 9
 constexpr int kMaxOutTiles = kMaxLora / 8 / kWarps;  // 8
-// Splits hold at least this many positions: a short context uses fewer splits and the rest of
-// its blocks exit at once.
-constexpr int kMinSplitPositions = 64;
+// A token's fixed costs (its queries, its partial result, the combine) in chunks of work.
+constexpr int kTokenCost = 2;
+// Blocks a head group's work may be cut into (the combine keeps one weight per block).
+constexpr int kMaxBlocksPerGroup = 1024;
 
 struct Smem {
   float stage[kStages][kChunk][kLdEntry];  // the queries sit in the last stage before the loop
@@ -67,30 +75,42 @@ __device__ __forceinline__ void load_chunk(float (*stage)[kLdEntry], const float
   }
 }
 
-// Block (head group, token_base + y, split). With split_len 0 a token cuts its context into
-// whole chunks over at most num_splits splits of kMinSplitPositions or more.
-__global__ void __launch_bounds__(kThreads) decode_tiles_kernel(MlaDims d, MlaBatchView b, const float* q,
-                                                                const float* q_latent, const float* rope_cos,
-                                                                const float* rope_sin, const float* cache,
-                                                                float softmax_scale, int num_splits, int split_len,
-                                                                int token_base, float* workspace) {
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  Smem& s = *reinterpret_cast<Smem*>(smem_raw);
-  const int h0 = blockIdx.x * kRows, t = token_base + blockIdx.y, split = blockIdx.z;
-  const int count = min(kRows, d.num_heads - h0), lora = d.kv_lora_rank, rope = d.qk_rope_head_dim;
-  const int entry = lora + rope;
+// The block of a head group whose range of the work holds offset x (ranges [⌊bW/B⌋, ⌊(b+1)W/B⌋)).
+__device__ __forceinline__ int block_of(int64_t x, int64_t total_work, int num_blocks) {
+  return static_cast<int>(((x + 1) * num_blocks - 1) / total_work);
+}
+
+// work_starts [T + 1]: token t's work begins at offset work_starts[t] (its fixed cost, then its
+// chunks); work_starts[T] is the total. One block scans the tokens in tiles of its threads.
+__global__ void __launch_bounds__(1024) plan_kernel(MlaBatchView b, int32_t* work_starts) {
+  __shared__ int32_t tile_sums[1024];
+  int32_t base = 0;
+  for (int t0 = 0; t0 < b.num_tokens; t0 += blockDim.x) {
+    const int t = t0 + threadIdx.x;
+    const int32_t w = t < b.num_tokens ? kTokenCost + (b.positions[t] + 1 + kChunk - 1) / kChunk : 0;
+    tile_sums[threadIdx.x] = w;
+    __syncthreads();
+    for (int off = 1; off < static_cast<int>(blockDim.x); off <<= 1) {  // inclusive scan
+      const int32_t v = threadIdx.x >= static_cast<unsigned>(off) ? tile_sums[threadIdx.x - off] : 0;
+      __syncthreads();
+      tile_sums[threadIdx.x] += v;
+      __syncthreads();
+    }
+    if (t < b.num_tokens) work_starts[t] = base + tile_sums[threadIdx.x] - w;
+    base += tile_sums[blockDim.x - 1];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) work_starts[b.num_tokens] = base;
+}
+
+// The tile's rows (heads h0 .. h0 + count - 1 of token t) attend over cache positions
+// [begin, end) of the token's sequence; the unnormalised output, max and sum of row r go to
+// part + r * (lora + 2). Ends with the block synchronised: the shared memory may be reused.
+__device__ void attend_segment(Smem& s, const MlaDims& d, const MlaBatchView& b, const float* q,
+                               const float* q_latent, const float* rope_cos, const float* rope_sin, const float* cache,
+                               float softmax_scale, int t, int h0, int count, int begin, int end, float* part) {
+  const int lora = d.kv_lora_rank, rope = d.qk_rope_head_dim, entry = lora + rope;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
-  const int num_ctx = b.positions[t] + 1;
-  if (split_len == 0) {
-    const int used = min(num_splits, (num_ctx + kMinSplitPositions - 1) / kMinSplitPositions);
-    split_len = (num_ctx + kChunk * used - 1) / (kChunk * used) * kChunk;
-  }
-  const int begin = split * split_len, end = min(begin + split_len, num_ctx);
-  float* parts = workspace + (static_cast<int64_t>(t) * d.num_heads + h0) * num_splits * (lora + 2);
-  if (begin >= end) {  // an unused split: sum 0, which the combine skips
-    if (threadIdx.x < count) parts[(static_cast<int64_t>(threadIdx.x) * num_splits + split) * (lora + 2) + lora + 1] = 0.0f;
-    return;
-  }
   const int32_t* table = b.tables + b.table_offsets[b.token_seq[t]];
   const int num_chunks = (end - begin + kChunk - 1) / kChunk;
   for (int c = 0; c < kStages - 1; ++c) {
@@ -229,14 +249,96 @@ __global__ void __launch_bounds__(kThreads) decode_tiles_kernel(MlaDims d, MlaBa
     for (int hi = 0; hi < 2; ++hi) {
       const int r = g + hi * 8;
       if (r < count)
-        *reinterpret_cast<float2*>(parts + (static_cast<int64_t>(r) * num_splits + split) * (lora + 2) + n0 + 2 * tq) =
+        *reinterpret_cast<float2*>(part + static_cast<int64_t>(r) * (lora + 2) + n0 + 2 * tq) =
             make_float2(o[i][2 * hi], o[i][2 * hi + 1]);
     }
   }
   if (threadIdx.x < count) {
-    float* row = parts + (static_cast<int64_t>(threadIdx.x) * num_splits + split) * (lora + 2);
-    row[lora] = s.row_max[threadIdx.x];
-    row[lora + 1] = s.row_sum[threadIdx.x];
+    part[static_cast<int64_t>(threadIdx.x) * (lora + 2) + lora] = s.row_max[threadIdx.x];
+    part[static_cast<int64_t>(threadIdx.x) * (lora + 2) + lora + 1] = s.row_sum[threadIdx.x];
+  }
+  __syncthreads();
+}
+
+// Block (head group, b): the b-th of num_blocks equal ranges of the batch's work.
+__global__ void __launch_bounds__(kThreads) decode_tiles_kernel(MlaDims d, MlaBatchView b, const float* q,
+                                                                const float* q_latent, const float* rope_cos,
+                                                                const float* rope_sin, const float* cache,
+                                                                float softmax_scale, int num_blocks,
+                                                                const int32_t* work_starts, float* workspace) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  Smem& s = *reinterpret_cast<Smem*>(smem_raw);
+  const int h0 = blockIdx.x * kRows, blk = blockIdx.y;
+  const int count = min(kRows, d.num_heads - h0), lora = d.kv_lora_rank;
+  const int64_t total = work_starts[b.num_tokens];
+  const int64_t start = blk * total / num_blocks, stop = (blk + 1) * total / num_blocks;
+  if (start >= stop) return;
+  // The first token whose work reaches past `start`: the last t with work_starts[t] <= start.
+  int lo = 0, hi = b.num_tokens - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (work_starts[mid] <= start) lo = mid; else hi = mid - 1;
+  }
+  for (int t = lo; t < b.num_tokens && work_starts[t] < stop; ++t) {
+    const int64_t first_chunk = work_starts[t] + kTokenCost;  // the offset of the token's first chunk
+    const int num_ctx = b.positions[t] + 1, num_chunks = (num_ctx + kChunk - 1) / kChunk;
+    const int64_t c_lo = max(start, first_chunk) - first_chunk, c_hi = min(stop, first_chunk + num_chunks) - first_chunk;
+    if (c_lo >= c_hi) continue;  // this block holds only the token's fixed cost
+    // Slot blk + t is this segment's: the blocks of token t are consecutive and later tokens
+    // start at its last block or after, so slots never collide.
+    float* part = workspace + ((static_cast<int64_t>(blk) + t) * d.num_heads + h0) * (lora + 2);
+    attend_segment(s, d, b, q, q_latent, rope_cos, rope_sin, cache, softmax_scale, t, h0, count,
+                   static_cast<int>(c_lo) * kChunk, min(static_cast<int>(c_hi) * kChunk, num_ctx), part);
+  }
+}
+
+// The block's max or sum of its threads' values (every thread gets it).
+template <bool kMax>
+__device__ float block_reduce(float v, float* s_red) {
+  for (int off = 16; off > 0; off >>= 1) {
+    const float o = __shfl_xor_sync(0xffffffffu, v, off);
+    v = kMax ? fmaxf(v, o) : v + o;
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // s_red may still be read by an earlier reduction
+  if (lane == 0) s_red[warp] = v;
+  __syncthreads();
+  v = s_red[0];
+  for (int w = 1; w < kWarps; ++w) v = kMax ? fmaxf(v, s_red[w]) : v + s_red[w];
+  return v;
+}
+
+// One block per (token, head): merges the token's slots, one per block that held some of its
+// chunks (each saw at least one position), into the normalised o_lat [T, H, lora].
+__global__ void __launch_bounds__(kThreads) combine_kernel(MlaDims d, int num_tokens, int num_blocks,
+                                                           const int32_t* work_starts, const float* workspace,
+                                                           float* o_latent) {
+  __shared__ float s_red[kWarps];
+  __shared__ float s_weight[kMaxBlocksPerGroup];
+  const int t = blockIdx.x, h = blockIdx.y, lora = d.kv_lora_rank;
+  const int64_t total = work_starts[num_tokens];
+  const int64_t first_chunk = work_starts[t] + kTokenCost;
+  const int num_chunks = work_starts[t + 1] - work_starts[t] - kTokenCost;
+  const int first = block_of(first_chunk, total, num_blocks);
+  const int num_parts = block_of(first_chunk + num_chunks - 1, total, num_blocks) - first + 1;
+  const int64_t stride = static_cast<int64_t>(d.num_heads) * (lora + 2);
+  const float* parts = workspace + ((static_cast<int64_t>(first) + t) * d.num_heads + h) * (lora + 2);
+  float m = -FLT_MAX;
+  for (int i = threadIdx.x; i < num_parts; i += kThreads) m = fmaxf(m, parts[i * stride + lora]);
+  m = block_reduce<true>(m, s_red);
+  float denom = 0.0f;
+  for (int i = threadIdx.x; i < num_parts; i += kThreads) {
+    const float e = expf(parts[i * stride + lora] - m);
+    s_weight[i] = e;
+    denom += parts[i * stride + lora + 1] * e;
+  }
+  denom = block_reduce<false>(denom, s_red);  // its barriers also publish s_weight
+  const float inv = 1.0f / denom;
+  float* dst = o_latent + (static_cast<int64_t>(t) * d.num_heads + h) * lora;
+  for (int c = threadIdx.x; c < lora; c += kThreads) {
+    float v = 0.0f;
+    for (int i = 0; i < num_parts; ++i) v += parts[i * stride + c] * s_weight[i];
+    dst[c] = v * inv;
   }
 }
 
@@ -247,27 +349,45 @@ bool mla_head_tiles_supported(const MlaDims& d) {
          d.block_size % kChunk == 0;
 }
 
-void launch_mla_decode_head_tiles(const MlaDims& d, const MlaBatchView& b, const float* q, const float* q_latent,
-                                  const float* rope_cos, const float* rope_sin, const float* cache,
-                                  float softmax_scale, int num_splits, int split_len_tokens, float* workspace,
-                                  Stream stream) {
-  DS_CHECK(mla_head_tiles_supported(d) && (split_len_tokens % kChunk == 0));
-  if (b.num_tokens == 0) return;
+namespace {
+void configure_decode_tiles() {
   static const bool configured = [] {
     DS_CUDA_CHECK(cudaFuncSetAttribute(decode_tiles_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(sizeof(Smem))));
     return true;
   }();
   (void)configured;
-  constexpr int kMaxGridY = 65535;
+}
+}  // namespace
+
+int mla_head_tile_blocks(const MlaDims& d, int num_sms) {
+  static const int per_sm = [] {
+    configure_decode_tiles();
+    int n = 0;
+    DS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_tiles_kernel, kThreads, sizeof(Smem)));
+    return n;
+  }();
   const int groups = (d.num_heads + kRows - 1) / kRows;
-  for (int token_base = 0; token_base < b.num_tokens; token_base += kMaxGridY) {
-    const dim3 grid(groups, std::min(kMaxGridY, b.num_tokens - token_base), num_splits);
-    decode_tiles_kernel<<<grid, kThreads, sizeof(Smem), stream>>>(d, b, q, q_latent, rope_cos, rope_sin, cache,
-                                                                  softmax_scale, num_splits, split_len_tokens,
-                                                                  token_base, workspace);
-    DS_CUDA_CHECK_LAUNCH();
-  }
+  return std::clamp(num_sms * std::max(per_sm, 1) / groups, 1, kMaxBlocksPerGroup);
+}
+
+void launch_mla_decode_head_tiles(const MlaDims& d, const MlaBatchView& b, const float* q, const float* q_latent,
+                                  const float* rope_cos, const float* rope_sin, const float* cache,
+                                  float softmax_scale, int num_blocks, int32_t* work_starts, float* workspace,
+                                  float* o_latent, Stream stream) {
+  DS_CHECK(mla_head_tiles_supported(d) && num_blocks >= 1 && num_blocks <= kMaxBlocksPerGroup &&
+           d.num_heads <= 65535);
+  if (b.num_tokens == 0) return;
+  configure_decode_tiles();
+  plan_kernel<<<1, 1024, 0, stream>>>(b, work_starts);
+  DS_CUDA_CHECK_LAUNCH();
+  const dim3 grid((d.num_heads + kRows - 1) / kRows, num_blocks);
+  decode_tiles_kernel<<<grid, kThreads, sizeof(Smem), stream>>>(d, b, q, q_latent, rope_cos, rope_sin, cache,
+                                                                softmax_scale, num_blocks, work_starts, workspace);
+  DS_CUDA_CHECK_LAUNCH();
+  const dim3 grid2(b.num_tokens, d.num_heads);
+  combine_kernel<<<grid2, kThreads, 0, stream>>>(d, b.num_tokens, num_blocks, work_starts, workspace, o_latent);
+  DS_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace dsinfer::cuda

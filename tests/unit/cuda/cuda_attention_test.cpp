@@ -146,6 +146,18 @@ TEST_F(CudaAttentionTest, DecodeBatchInHeadTiles) {
   run_case({20, 32, 16, 24, 20}, seqs, 1600);  // 20 heads: a second, partly empty head tile
 }
 
+// Head tiles cut the batch's work into equal ranges whatever the contexts: one long context
+// spread over many blocks beside short ones taken several to a block, and more tokens than
+// blocks.
+TEST_F(CudaAttentionTest, HeadTilesBalanceMixedContextLengths) {
+  std::vector<SeqSpec> seqs{{5000, 1}};
+  for (int i = 0; i < 40; ++i) seqs.push_back({i % 7, 1});
+  run_case(kV3Dims, seqs, 2000);
+  std::vector<SeqSpec> many;
+  for (int i = 0; i < 300; ++i) many.push_back({(i * 37) % 400, 1});
+  run_case(kTinyDims, many, 2100);
+}
+
 TEST_F(CudaAttentionTest, LongPrefillChunkAfterCachedPrefix) {
   run_case(kV3Dims, {{1900, 200}}, 600);
   run_case({16, 512, 64, 128, 128}, {{0, 300}, {100, 2}}, 700);
