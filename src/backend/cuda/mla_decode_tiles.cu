@@ -1,7 +1,8 @@
 // Absorbed MLA decode in head tiles: a block takes up to 16 heads of a token, which share every
-// read of the token's latent cache. The fp32 cache entries stream through three shared-memory
-// stages (cp.async, 16 positions each) while the eight warps compute on tensor cores in TF32,
-// straight from the fp32 entries:
+// read of the token's latent cache. The fp32 cache entries stream through two shared-memory
+// stages (cp.async, 16 positions each; two blocks fit on an SM) while the eight warps compute on
+// tensor cores in TF32, straight from the fp32 entries (their low mantissa bits ignored by the
+// product):
 // - scores [16 heads x 16 positions] = q_lat·c_kv + q_rope·k_rope over all 576 columns, the
 //   columns split among the warps (each warp's slice of the queries stays in registers) and
 //   the partial scores summed in shared memory;
@@ -31,7 +32,7 @@ constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kRows = kMlaTileRows;  // heads of a tile
 constexpr int kChunk = 16;           // positions per stage
-constexpr int kStages = 3;
+constexpr int kStages = 2;  // with two stages a block fits twice per SM
 constexpr int kMaxEntry = 576;  // kv_lora_rank + qk_rope_head_dim
 constexpr int kMaxLora = 512;
 // Floats per cache row in shared memory: 4 past a multiple of 32, so the B fragments of the
@@ -184,7 +185,8 @@ __device__ void attend_segment(Smem& s, const MlaDims& d, const MlaBatchView& b,
       if (k0 < entry) {
 #pragma unroll
         for (int n = 0; n < kChunk / 8; ++n)
-          mma_tf32_16x8x8(acc[n], q_frag[i], to_tf32(kv[n * 8 + g][k0 + tq]), to_tf32(kv[n * 8 + g][k0 + tq + 4]));
+          mma_tf32_16x8x8(acc[n], q_frag[i], __float_as_uint(kv[n * 8 + g][k0 + tq]),
+                          __float_as_uint(kv[n * 8 + g][k0 + tq + 4]));
       }
     }
 #pragma unroll
@@ -236,7 +238,8 @@ __device__ void attend_segment(Smem& s, const MlaDims& d, const MlaBatchView& b,
         o[i][3] *= scale_hi;
 #pragma unroll
         for (int ks = 0; ks < kChunk / 8; ++ks)
-          mma_tf32_16x8x8(o[i], a[ks], to_tf32(kv[ks * 8 + tq][n0 + g]), to_tf32(kv[ks * 8 + tq + 4][n0 + g]));
+          mma_tf32_16x8x8(o[i], a[ks], __float_as_uint(kv[ks * 8 + tq][n0 + g]),
+                          __float_as_uint(kv[ks * 8 + tq + 4][n0 + g]));
       }
     }
   }
@@ -261,7 +264,7 @@ __device__ void attend_segment(Smem& s, const MlaDims& d, const MlaBatchView& b,
 }
 
 // Block (head group, b): the b-th of num_blocks equal ranges of the batch's work.
-__global__ void __launch_bounds__(kThreads) decode_tiles_kernel(MlaDims d, MlaBatchView b, const float* q,
+__global__ void __launch_bounds__(kThreads, 2) decode_tiles_kernel(MlaDims d, MlaBatchView b, const float* q,
                                                                 const float* q_latent, const float* rope_cos,
                                                                 const float* rope_sin, const float* cache,
                                                                 float softmax_scale, int num_blocks,
