@@ -11,9 +11,11 @@
 // splits so that 132 SMs have work even for one sequence.
 #include <algorithm>
 #include <cfloat>
+#include <cooperative_groups.h>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/kernel_launch.cuh"
 
 namespace dsinfer::cuda {
 namespace {
@@ -32,6 +34,7 @@ __device__ float warp_sum(float v) {
 
 __global__ void cache_write_kernel(MlaDims d, MlaBatchView b, const float* kv_a, const float* norm_w, float eps,
                                    const float* rope_cos, const float* rope_sin, float* cache) {
+  await_previous_kernels();
   __shared__ float warp_sums[kWarps];
   const int t = blockIdx.x;
   const int lora = d.kv_lora_rank, rope = d.qk_rope_head_dim, entry = lora + rope, half = rope / 2;
@@ -63,6 +66,7 @@ __global__ void __launch_bounds__(kThreads) attention_partial_kernel(MlaDims d, 
                                                                      float softmax_scale, int num_splits,
                                                                      int split_len, int token_base,
                                                                      float* workspace) {
+  await_previous_kernels();
   __shared__ float s_q_lat[kMaxLora];
   __shared__ float s_q_rope[kMaxRope];
   __shared__ float s_m[kWarps], s_l[kWarps];
@@ -162,18 +166,25 @@ __global__ void __launch_bounds__(kThreads) attention_partial_kernel(MlaDims d, 
 }
 
 constexpr int kMaxSplits = 64;
+constexpr int kCombineWarps = 8;
+constexpr int kCombineCols = 64;  // columns of a combine block: two per lane
 
-// Merges the splits of each (token, head) into the normalised latent output o_lat [T, H, lora]:
-// the first warp turns the splits' (max, sum) pairs into one weight per split, then every
-// thread adds its columns' partial accumulators with those weights in split order.
-__global__ void __launch_bounds__(kThreads) attention_combine_kernel(MlaDims d, int num_splits, const float* workspace,
-                                                                     float* o_latent) {
+// Merges the splits of each (token, head) into the normalised latent output o_lat [T, H, lora].
+// Block (token, head, 64-column group): the first warp turns the splits' (max, sum) pairs into
+// one weight per split; then warp w adds splits w, w + 8, … of the group's columns (two per lane,
+// so a split's row is one coalesced read, and a warp's reads are all in flight at once), and
+// the eight warps' sums are added in warp order. The order depends on num_splits only.
+__global__ void __launch_bounds__(kCombineWarps * 32) attention_combine_kernel(MlaDims d, int num_splits,
+                                                                             const float* workspace,
+                                                                             float* o_latent) {
+  await_previous_kernels();
   __shared__ float s_weight[kMaxSplits];
+  __shared__ float2 s_sum[kCombineWarps][32];
   const int t = blockIdx.x, h = blockIdx.y;
   const int lora = d.kv_lora_rank;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const float* parts = workspace + (static_cast<int64_t>(t) * d.num_heads + h) * num_splits * (lora + 2);
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
+  if (warp == 0) {
     float m[2], l[2];
     for (int j = 0; j < 2; ++j) {
       const int s = lane + 32 * j;
@@ -194,12 +205,29 @@ __global__ void __launch_bounds__(kThreads) attention_combine_kernel(MlaDims d, 
       if (lane + 32 * j < num_splits) s_weight[lane + 32 * j] = e[j] / denom;
   }
   __syncthreads();
-  float* dst = o_latent + (static_cast<int64_t>(t) * d.num_heads + h) * lora;
-  for (int c = threadIdx.x; c < lora; c += kThreads) {
-    float v = 0.0f;
-    for (int s = 0; s < num_splits; ++s)
-      if (s_weight[s] != 0.0f) v += parts[static_cast<int64_t>(s) * (lora + 2) + c] * s_weight[s];
-    dst[c] = v;
+  const int col = blockIdx.z * kCombineCols + 2 * lane;
+  float2 v = make_float2(0.0f, 0.0f);
+  if (col < lora) {
+#pragma unroll
+    for (int i = 0; i < kMaxSplits / kCombineWarps; ++i) {
+      const int s = warp + kCombineWarps * i;
+      if (s < num_splits && s_weight[s] != 0.0f) {
+        const float2 p = *reinterpret_cast<const float2*>(parts + static_cast<int64_t>(s) * (lora + 2) + col);
+        v.x += p.x * s_weight[s];
+        v.y += p.y * s_weight[s];
+      }
+    }
+  }
+  s_sum[warp][lane] = v;
+  __syncthreads();
+  if (warp == 0 && col < lora) {
+    float2 total = s_sum[0][lane];
+#pragma unroll
+    for (int w = 1; w < kCombineWarps; ++w) {
+      total.x += s_sum[w][lane].x;
+      total.y += s_sum[w][lane].y;
+    }
+    *reinterpret_cast<float2*>(o_latent + (static_cast<int64_t>(t) * d.num_heads + h) * lora + col) = total;
   }
 }
 
@@ -217,6 +245,7 @@ __global__ void __launch_bounds__(kHeadGemmWarps * 32) head_gemm_kernel(const fl
                                                                       int64_t x_head_stride, const float* w, int k,
                                                                       int n, float* y, int64_t y_token_stride,
                                                                       int64_t y_head_stride, int num_tokens) {
+  await_previous_kernels();
   __shared__ float s_x[kHeadGemmTokens][kMaxHeadGemmK];
   __shared__ float s_part[kHeadGemmWarps][kHeadGemmTokens][kHeadGemmCols];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -254,21 +283,124 @@ __global__ void __launch_bounds__(kHeadGemmWarps * 32) head_gemm_kernel(const fl
   }
 }
 
+constexpr int kFewTokens = 4;      // the few-token form takes up to this many tokens
+constexpr int kFewWarps = 8;
+constexpr int kFewRowsPerWarp = 8;
+constexpr int kFewRows = kFewWarps * kFewRowsPerWarp;  // k rows of one block
+constexpr int kFewCols = 128;                           // columns of one block: a float4 per lane
+constexpr int kMaxFewSlices = 8;                        // k slices per cluster (the portable limit)
+
+// head_gemm_kernel's product for a step of at most four tokens, where it is a pure weight read:
+// block (column group, head, k slice) reads 64 weight rows × 128 columns, a 16-byte load per
+// lane and row, all eight of a warp's loads in flight at once, so the whole weight (fp32, some
+// MB per layer) is requested in about one round trip instead of one per 32 rows. The k slices
+// of a (column group, head) form a thread-block cluster and add their partial sums through
+// distributed shared memory in slice order: the result does not depend on the token count.
+__global__ void __launch_bounds__(kFewWarps * 32) head_gemm_few_kernel(const float* x, int64_t x_token_stride,
+                                                                      int64_t x_head_stride, const float* w, int k,
+                                                                      int n, float* y, int64_t y_token_stride,
+                                                                      int64_t y_head_stride, int num_tokens) {
+  await_previous_kernels();
+  namespace cg = cooperative_groups;
+  __shared__ float s_x[kFewTokens][kFewRows];
+  __shared__ float4 s_part[kFewWarps][kFewTokens][32];
+  __shared__ float4 s_block[kFewTokens][32];
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int h = blockIdx.y, slice = blockIdx.z, k0 = slice * kFewRows;
+  for (int i = threadIdx.x; i < kFewTokens * kFewRows; i += kFewWarps * 32) {
+    const int r = i / kFewRows, c = i % kFewRows;
+    s_x[r][c] = r < num_tokens && k0 + c < k ? x[r * x_token_stride + h * x_head_stride + k0 + c] : 0.0f;
+  }
+  __syncthreads();
+  float4 acc[kFewTokens];
+#pragma unroll
+  for (int r = 0; r < kFewTokens; ++r) acc[r] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  const int col = blockIdx.x * kFewCols + 4 * lane;
+  if (col < n) {
+    const float* wh = w + static_cast<int64_t>(h) * k * n + col;
+    float4 wv[kFewRowsPerWarp];
+#pragma unroll
+    for (int j = 0; j < kFewRowsPerWarp; ++j) {
+      const int kk = k0 + warp * kFewRowsPerWarp + j;
+      wv[j] = kk < k ? __ldg(reinterpret_cast<const float4*>(wh + static_cast<int64_t>(kk) * n))
+                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int j = 0; j < kFewRowsPerWarp; ++j) {
+#pragma unroll
+      for (int r = 0; r < kFewTokens; ++r) {
+        const float xv = s_x[r][warp * kFewRowsPerWarp + j];
+        acc[r].x += xv * wv[j].x;
+        acc[r].y += xv * wv[j].y;
+        acc[r].z += xv * wv[j].z;
+        acc[r].w += xv * wv[j].w;
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kFewTokens; ++r) s_part[warp][r][lane] = acc[r];
+  __syncthreads();
+  if (threadIdx.x < kFewTokens * 32) {
+    const int r = threadIdx.x / 32, l = threadIdx.x % 32;
+    float4 v = s_part[0][r][l];
+#pragma unroll
+    for (int q = 1; q < kFewWarps; ++q) {
+      v.x += s_part[q][r][l].x;
+      v.y += s_part[q][r][l].y;
+      v.z += s_part[q][r][l].z;
+      v.w += s_part[q][r][l].w;
+    }
+    s_block[r][l] = v;
+  }
+  cluster.sync();
+  // Block `slice` of the cluster finishes every num_slices-th (token, lane) entry.
+  const int num_slices = static_cast<int>(cluster.num_blocks());
+  for (int i = slice + num_slices * static_cast<int>(threadIdx.x); i < kFewTokens * 32;
+       i += num_slices * kFewWarps * 32) {
+    const int r = i / 32, l = i % 32;
+    const int out_col = blockIdx.x * kFewCols + 4 * l;
+    if (r >= num_tokens || out_col >= n) continue;
+    float4 v = cluster.map_shared_rank(&s_block[0][0], 0)[i];
+    for (int q = 1; q < num_slices; ++q) {
+      const float4 p = cluster.map_shared_rank(&s_block[0][0], q)[i];
+      v.x += p.x;
+      v.y += p.y;
+      v.z += p.z;
+      v.w += p.w;
+    }
+    *reinterpret_cast<float4*>(y + r * y_token_stride + h * y_head_stride + out_col) = v;
+  }
+  cluster.sync();  // no block leaves while another still reads its shared memory
+}
+
+// few_token_form: steps of up to four tokens may take head_gemm_few_kernel (whose summation
+// order differs from head_gemm_kernel's; not for batch-invariant steps).
 void launch_head_gemm(const float* x, int64_t x_token_stride, int64_t x_head_stride, const float* w, int num_heads,
                       int k, int n, float* y, int64_t y_token_stride, int64_t y_head_stride, int num_tokens,
-                      Stream stream) {
+                      bool few_token_form, Stream stream) {
   DS_CHECK_MSG(k <= kMaxHeadGemmK, "MLA absorption width " << k << " beyond the CUDA kernel's limit");
+  const bool aligned = n % 4 == 0 && x_token_stride % 4 == 0 && y_token_stride % 4 == 0 && y_head_stride % 4 == 0 &&
+                       reinterpret_cast<uintptr_t>(w) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
+  if (few_token_form && num_tokens <= kFewTokens && aligned) {
+    const int num_slices = (k + kFewRows - 1) / kFewRows;
+    static_assert(kMaxHeadGemmK <= kMaxFewSlices * kFewRows);
+    const dim3 grid((n + kFewCols - 1) / kFewCols, num_heads, num_slices);
+    launch_cluster_kernel(head_gemm_few_kernel, grid, kFewWarps * 32, dim3(1, 1, num_slices), stream, x,
+                          x_token_stride, x_head_stride, w, k, n, y, y_token_stride, y_head_stride, num_tokens);
+    return;
+  }
   const int64_t token_tiles = (num_tokens + kHeadGemmTokens - 1) / kHeadGemmTokens;
   DS_CHECK(token_tiles <= 65535 && num_heads <= 65535);
   const dim3 grid((n + kHeadGemmCols - 1) / kHeadGemmCols, num_heads, static_cast<unsigned>(token_tiles));
-  head_gemm_kernel<<<grid, kHeadGemmWarps * 32, 0, stream>>>(x, x_token_stride, x_head_stride, w, k, n, y,
-                                                             y_token_stride, y_head_stride, num_tokens);
+  launch_kernel(head_gemm_kernel, grid, kHeadGemmWarps * 32, 0, stream, x, x_token_stride, x_head_stride, w, k, n, y,
+                y_token_stride, y_head_stride, num_tokens);
   DS_CUDA_CHECK_LAUNCH();
 }
 
 void check_dims(const MlaDims& d) {
   DS_CHECK_MSG(d.kv_lora_rank <= kMaxLora && d.qk_rope_head_dim <= kMaxRope && d.qk_nope_head_dim <= kMaxHeadGemmK &&
-                   d.qk_rope_head_dim % 2 == 0,
+                   d.qk_rope_head_dim % 2 == 0 && d.kv_lora_rank % 2 == 0,
                "MLA dims beyond the CUDA kernel's limits: lora " << d.kv_lora_rank << " rope " << d.qk_rope_head_dim
                                                                  << " nope " << d.qk_nope_head_dim);
 }
@@ -279,7 +411,8 @@ void launch_mla_cache_write(const MlaDims& d, const MlaBatchView& b, const float
                             float eps, const float* rope_cos, const float* rope_sin, float* cache, Stream stream) {
   check_dims(d);
   if (b.num_tokens == 0) return;
-  cache_write_kernel<<<b.num_tokens, kThreads, 0, stream>>>(d, b, kv_a, norm_w, eps, rope_cos, rope_sin, cache);
+  launch_kernel(cache_write_kernel, b.num_tokens, kThreads, 0, stream, d, b, kv_a, norm_w, eps, rope_cos, rope_sin,
+                cache);
   DS_CUDA_CHECK_LAUNCH();
 }
 
@@ -287,14 +420,15 @@ void launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
                           const float* w_uv_t, const float* rope_cos, const float* rope_sin, const float* cache,
                           float softmax_scale, int num_splits, int split_len_tokens, float* workspace,
                           float* q_latent, float* o_latent, float* out, const int32_t* prefill_tiles,
-                          int num_prefill_tiles, int head_tile_blocks, int32_t* work_starts, Stream stream) {
+                          int num_prefill_tiles, int head_tile_blocks, int32_t* work_starts, bool few_token_form,
+                          Stream stream) {
   check_dims(d);
   if (b.num_tokens == 0) return;
   DS_CHECK(num_splits >= 1 && num_splits <= kMaxSplits && split_len_tokens >= 0 && d.num_heads <= 65535);
   const int lora = d.kv_lora_rank, qk = d.qk_nope_head_dim + d.qk_rope_head_dim;
   // q_lat[t, h] = q_nope[t, h] · W_UK[h]
   launch_head_gemm(q, static_cast<int64_t>(d.num_heads) * qk, qk, w_uk, d.num_heads, d.qk_nope_head_dim, lora,
-                   q_latent, static_cast<int64_t>(d.num_heads) * lora, lora, b.num_tokens, stream);
+                   q_latent, static_cast<int64_t>(d.num_heads) * lora, lora, b.num_tokens, few_token_form, stream);
   if (num_prefill_tiles > 0) {
     launch_mla_prefill_attention(d, b, q, q_latent, rope_cos, rope_sin, cache, softmax_scale, prefill_tiles,
                                  num_prefill_tiles, o_latent, stream);
@@ -306,18 +440,19 @@ void launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
     constexpr int kMaxGridY = 65535;
     for (int token_base = 0; token_base < b.num_tokens; token_base += kMaxGridY) {
       const dim3 grid(d.num_heads, std::min(kMaxGridY, b.num_tokens - token_base), num_splits);
-      attention_partial_kernel<<<grid, kThreads, 0, stream>>>(d, b, q, q_latent, rope_cos, rope_sin, cache,
-                                                              softmax_scale, num_splits, split_len_tokens,
-                                                              token_base, workspace);
+      launch_kernel(attention_partial_kernel, grid, kThreads, 0, stream, d, b, q, q_latent, rope_cos, rope_sin, cache,
+                    softmax_scale, num_splits, split_len_tokens, token_base, workspace);
       DS_CUDA_CHECK_LAUNCH();
     }
-    const dim3 grid2(b.num_tokens, d.num_heads);
-    attention_combine_kernel<<<grid2, kThreads, 0, stream>>>(d, num_splits, workspace, o_latent);
+    const dim3 grid2(b.num_tokens, d.num_heads, (d.kv_lora_rank + kCombineCols - 1) / kCombineCols);
+    launch_kernel(attention_combine_kernel, grid2, kCombineWarps * 32, 0, stream, d, num_splits, workspace,
+                  o_latent);
     DS_CUDA_CHECK_LAUNCH();
   }
   // out[t, h] = o_lat[t, h] · W_UVᵀ[h]
   launch_head_gemm(o_latent, static_cast<int64_t>(d.num_heads) * lora, lora, w_uv_t, d.num_heads, lora, d.v_head_dim,
-                   out, static_cast<int64_t>(d.num_heads) * d.v_head_dim, d.v_head_dim, b.num_tokens, stream);
+                   out, static_cast<int64_t>(d.num_heads) * d.v_head_dim, d.v_head_dim, b.num_tokens, few_token_form,
+                   stream);
 }
 
 }  // namespace dsinfer::cuda

@@ -35,6 +35,8 @@ constexpr int kExpandedMaxQueryRows = 512;
 constexpr int64_t kExpandedScoreElements = int64_t{1} << 27;
 // Decode batches of this many tokens or more attend in head tiles (mla_decode_tiles.cu).
 constexpr int kHeadTileMinTokens = 16;
+// Small decode batches split their contexts until there are this many fp32 blocks per SM.
+constexpr int kSplitBlocksPerSm = 8;
 // Up-projected keys and values of one context above this size stay in the absorbed form.
 constexpr int64_t kExpandedMaxKvBytes = int64_t{4} << 30;
 
@@ -208,10 +210,10 @@ void CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView&
   const int num_tokens = view.num_tokens;
   const MlaDims dims = mla_dims(w, args.block_size);
   // The split count depends on the batch's shape only (a recording replays it for any
-  // contents): split the context when the blocks alone cannot fill the GPU twice over, each
-  // token cutting its own context into that many slices. Batch-invariant mode cuts
-  // every context into slices of a length fixed by the model instead, so a token's summation
-  // order is the same in any batch.
+  // contents): split the context when the blocks alone cannot fill the GPU (kSplitBlocksPerSm),
+  // each token cutting its own context into that many slices. Batch-invariant mode cuts every
+  // context into slices of a length fixed by the model instead, so a token's summation order is
+  // the same in any batch.
   const int64_t work = static_cast<int64_t>(num_tokens) * w.num_heads;
   int num_splits = 1, split_len = 0;
   if (batch_invariant_) {
@@ -226,8 +228,11 @@ void CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView&
   // kernel: their (token, head, split) blocks fill the GPU without the tiles' fixed cost, and
   // single-sequence decode stays at fp32 accuracy.
   const bool head_tiles = !batch_invariant_ && num_tokens >= kHeadTileMinTokens && mla_head_tiles_supported(dims);
-  if (!batch_invariant_ && !head_tiles && work < 2 * num_sms_)
-    num_splits = static_cast<int>(std::min<int64_t>((2 * num_sms_ + work - 1) / work, 64));
+  // The fp32 kernel's (token, head, split) blocks are small (four warps, a few KB of shared
+  // memory; eight fit on an SM), and a warp walks its positions one after another: many short
+  // splits finish sooner than a few long ones.
+  if (!batch_invariant_ && !head_tiles && work < kSplitBlocksPerSm * num_sms_)
+    num_splits = static_cast<int>(std::min<int64_t>((kSplitBlocksPerSm * num_sms_ + work - 1) / work, 64));
   // Prefill chunks (a sequence with 16 new tokens or more) go to the tensor-core kernel, which
   // reads each cache entry once per 16 queries; every token of the batch then runs in tiles.
   std::vector<int32_t> tiles;
@@ -261,7 +266,7 @@ void CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView&
                        args.rope_sin->as<float>(), args.cache->data.as<float>(), args.softmax_scale, num_splits,
                        split_len, workspace.as<float>(), q_latent.as<float>(), o_latent.as<float>(), out,
                        tiles.empty() ? nullptr : d_tiles.as<int32_t>(), static_cast<int>(tiles.size() / 2),
-                       head_tile_blocks, work_starts.as<int32_t>(), stream_);
+                       head_tile_blocks, work_starts.as<int32_t>(), !batch_invariant_, stream_);
 }
 
 // One sequence's chunk of new tokens [first_token, first_token + num_tokens), the last tokens of

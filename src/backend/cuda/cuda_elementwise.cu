@@ -5,6 +5,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/kernel_launch.cuh"
 
 namespace dsinfer::cuda {
 namespace {
@@ -30,6 +31,7 @@ __device__ float block_sum(float sum, float* warp_sums) {
 
 // One block per row: mean square in fp32 through a block reduction, then scale.
 __global__ void rms_norm_kernel(const float* x, const float* w, float eps, int64_t n, float* out) {
+  await_previous_kernels();
   __shared__ float warp_sums[32];
   const float* row = x + blockIdx.x * n;
   float* dst = out + blockIdx.x * n;
@@ -43,6 +45,7 @@ __global__ void rms_norm_kernel(const float* x, const float* w, float eps, int64
 // One block per row: x += y, then the norm of the new row, as rms_norm_kernel computes it.
 // Each thread re-reads only the elements it wrote.
 __global__ void add_rms_norm_kernel(float* x, const float* y, const float* w, float eps, int64_t n, float* out) {
+  await_previous_kernels();
   __shared__ float warp_sums[32];
   float* row = x + blockIdx.x * n;
   const float* add_row = y + blockIdx.x * n;
@@ -58,11 +61,13 @@ __global__ void add_rms_norm_kernel(float* x, const float* y, const float* w, fl
 }
 
 __global__ void add_kernel(float* x, const float* y, int64_t n) {
+  await_previous_kernels();
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i < n) x[i] += y[i];
 }
 
 __global__ void silu_mul_kernel(const float* gate_up, int64_t rows, int64_t inter, float* out) {
+  await_previous_kernels();
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= rows * inter) return;
   const int64_t r = i / inter, c = i % inter;
@@ -72,6 +77,7 @@ __global__ void silu_mul_kernel(const float* gate_up, int64_t rows, int64_t inte
 }
 
 __global__ void concat_cols_kernel(const float* a, const float* b, int64_t rows, int64_t na, int64_t nb, float* out) {
+  await_previous_kernels();
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   const int64_t width = na + nb;
   if (i >= rows * width) return;
@@ -80,6 +86,7 @@ __global__ void concat_cols_kernel(const float* a, const float* b, int64_t rows,
 }
 
 __global__ void resolve_placeholders_kernel(int32_t* ids, int64_t n, const int32_t* chosen) {
+  await_previous_kernels();
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i < n && ids[i] < 0) ids[i] = chosen[-1 - ids[i]];
 }
@@ -87,6 +94,7 @@ __global__ void resolve_placeholders_kernel(int32_t* ids, int64_t n, const int32
 // out[i] = x[rows[i]] for rows of `width` elements (floats, or 16-byte vectors of bf16).
 template <typename T>
 __global__ void gather_rows_kernel(const T* x, const int32_t* rows, int64_t num_rows, int64_t width, T* out) {
+  await_previous_kernels();
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= num_rows * width) return;
   const int64_t r = i / width, c = i % width;
@@ -95,6 +103,7 @@ __global__ void gather_rows_kernel(const T* x, const int32_t* rows, int64_t num_
 
 __global__ void scatter_rows_kernel(const float* x, const int32_t* rows, int64_t num_rows, int64_t width,
                                     float* out) {
+  await_previous_kernels();
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= num_rows * width) return;
   const int64_t r = i / width, c = i % width;
@@ -102,6 +111,7 @@ __global__ void scatter_rows_kernel(const float* x, const int32_t* rows, int64_t
 }
 
 __global__ void f32_to_bf16_padded_kernel(const float* x, int64_t rows, int64_t k, int64_t ldy, __nv_bfloat16* y) {
+  await_previous_kernels();
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= rows * ldy) return;
   const int64_t r = i / ldy, c = i % ldy;
@@ -110,6 +120,7 @@ __global__ void f32_to_bf16_padded_kernel(const float* x, int64_t rows, int64_t 
 
 __global__ void silu_mul_interleaved_kernel(const float* gate_up, int64_t rows, int64_t inter_padded,
                                             __nv_bfloat16* out) {
+  await_previous_kernels();
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= rows * inter_padded) return;
   const int64_t r = i / inter_padded, j = i % inter_padded;
@@ -125,6 +136,7 @@ __global__ void silu_mul_interleaved_kernel(const float* gate_up, int64_t rows, 
 constexpr int kArgmaxThreads = 1024;
 
 __global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const float* x, int64_t n, int32_t* out) {
+  await_previous_kernels();
   __shared__ float s_val[kArgmaxThreads];
   __shared__ int32_t s_idx[kArgmaxThreads];
   const float* row = x + blockIdx.x * n;
@@ -159,8 +171,8 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const float
 void launch_f32_to_bf16_padded(const float* x, int64_t rows, int64_t k, int64_t ldy, uint16_t* y, Stream stream) {
   const int64_t n = rows * ldy;
   if (n == 0) return;
-  f32_to_bf16_padded_kernel<<<num_blocks_for(n), kThreads, 0, stream>>>(x, rows, k, ldy,
-                                                                         reinterpret_cast<__nv_bfloat16*>(y));
+  launch_kernel(f32_to_bf16_padded_kernel, num_blocks_for(n), kThreads, 0, stream, x, rows, k, ldy,
+                reinterpret_cast<__nv_bfloat16*>(y));
   DS_CUDA_CHECK_LAUNCH();
 }
 
@@ -168,53 +180,54 @@ void launch_silu_mul_interleaved(const float* gate_up, int64_t rows, int64_t int
                                  Stream stream) {
   const int64_t n = rows * inter_padded;
   if (n == 0) return;
-  silu_mul_interleaved_kernel<<<num_blocks_for(n), kThreads, 0, stream>>>(gate_up, rows, inter_padded,
-                                                                           reinterpret_cast<__nv_bfloat16*>(out));
+  launch_kernel(silu_mul_interleaved_kernel, num_blocks_for(n), kThreads, 0, stream, gate_up, rows, inter_padded,
+                reinterpret_cast<__nv_bfloat16*>(out));
   DS_CUDA_CHECK_LAUNCH();
 }
 
 void launch_argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, Stream stream) {
   if (rows == 0) return;
-  argmax_rows_kernel<<<static_cast<unsigned>(rows), kArgmaxThreads, 0, stream>>>(x, n, out);
+  launch_kernel(argmax_rows_kernel, static_cast<unsigned>(rows), kArgmaxThreads, 0, stream, x, n, out);
   DS_CUDA_CHECK_LAUNCH();
 }
 
 void launch_rms_norm(const float* x, const float* w, float eps, int64_t rows, int64_t n, float* out, Stream stream) {
   if (rows == 0) return;
-  rms_norm_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, w, eps, n, out);
+  launch_kernel(rms_norm_kernel, static_cast<unsigned>(rows), kThreads, 0, stream, x, w, eps, n, out);
   DS_CUDA_CHECK_LAUNCH();
 }
 
 void launch_add_rms_norm(float* x, const float* y, const float* w, float eps, int64_t rows, int64_t n, float* out,
                          Stream stream) {
   if (rows == 0) return;
-  add_rms_norm_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, y, w, eps, n, out);
+  launch_kernel(add_rms_norm_kernel, static_cast<unsigned>(rows), kThreads, 0, stream, x, y, w, eps, n, out);
   DS_CUDA_CHECK_LAUNCH();
 }
 
 void launch_add(float* x, const float* y, int64_t n, Stream stream) {
   if (n == 0) return;
-  add_kernel<<<num_blocks_for(n), kThreads, 0, stream>>>(x, y, n);
+  launch_kernel(add_kernel, num_blocks_for(n), kThreads, 0, stream, x, y, n);
   DS_CUDA_CHECK_LAUNCH();
 }
 
 void launch_silu_mul(const float* gate_up, int64_t rows, int64_t inter, float* out, Stream stream) {
   if (rows * inter == 0) return;
-  silu_mul_kernel<<<num_blocks_for(rows * inter), kThreads, 0, stream>>>(gate_up, rows, inter, out);
+  launch_kernel(silu_mul_kernel, num_blocks_for(rows * inter), kThreads, 0, stream, gate_up, rows, inter, out);
   DS_CUDA_CHECK_LAUNCH();
 }
 
 void launch_concat_cols(const float* a, const float* b, int64_t rows, int64_t na, int64_t nb, float* out,
                         Stream stream) {
   if (rows * (na + nb) == 0) return;
-  concat_cols_kernel<<<num_blocks_for(rows * (na + nb)), kThreads, 0, stream>>>(a, b, rows, na, nb, out);
+  launch_kernel(concat_cols_kernel, num_blocks_for(rows * (na + nb)), kThreads, 0, stream, a, b, rows, na, nb, out);
   DS_CUDA_CHECK_LAUNCH();
 }
 
 void launch_gather_rows(const float* x, const int32_t* rows, int64_t num_rows, int64_t width, float* out,
                         Stream stream) {
   if (num_rows * width == 0) return;
-  gather_rows_kernel<<<num_blocks_for(num_rows * width), kThreads, 0, stream>>>(x, rows, num_rows, width, out);
+  launch_kernel(gather_rows_kernel<float>, num_blocks_for(num_rows * width), kThreads, 0, stream, x, rows, num_rows,
+                width, out);
   DS_CUDA_CHECK_LAUNCH();
 }
 
@@ -223,21 +236,22 @@ void launch_gather_rows_bf16(const uint16_t* x, const int32_t* rows, int64_t num
   DS_CHECK_MSG(width % 8 == 0, "gather_rows_bf16: width " << width << " is not a multiple of 8");
   const int64_t vectors = width / 8;
   if (num_rows * vectors == 0) return;
-  gather_rows_kernel<<<num_blocks_for(num_rows * vectors), kThreads, 0, stream>>>(
-      reinterpret_cast<const uint4*>(x), rows, num_rows, vectors, reinterpret_cast<uint4*>(out));
+  launch_kernel(gather_rows_kernel<uint4>, num_blocks_for(num_rows * vectors), kThreads, 0, stream,
+                reinterpret_cast<const uint4*>(x), rows, num_rows, vectors, reinterpret_cast<uint4*>(out));
   DS_CUDA_CHECK_LAUNCH();
 }
 
 void launch_resolve_placeholders(int32_t* ids, int64_t n, const int32_t* chosen, Stream stream) {
   if (n == 0) return;
-  resolve_placeholders_kernel<<<num_blocks_for(n), kThreads, 0, stream>>>(ids, n, chosen);
+  launch_kernel(resolve_placeholders_kernel, num_blocks_for(n), kThreads, 0, stream, ids, n, chosen);
   DS_CUDA_CHECK_LAUNCH();
 }
 
 void launch_scatter_rows(const float* x, const int32_t* rows, int64_t num_rows, int64_t width, float* out,
                          Stream stream) {
   if (num_rows * width == 0) return;
-  scatter_rows_kernel<<<num_blocks_for(num_rows * width), kThreads, 0, stream>>>(x, rows, num_rows, width, out);
+  launch_kernel(scatter_rows_kernel, num_blocks_for(num_rows * width), kThreads, 0, stream, x, rows, num_rows, width,
+                out);
   DS_CUDA_CHECK_LAUNCH();
 }
 

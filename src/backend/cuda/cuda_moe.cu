@@ -5,6 +5,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/kernel_launch.cuh"
 
 namespace dsinfer::cuda {
 namespace {
@@ -58,6 +59,7 @@ __device__ float block_sum(float v, float* s_warp) {
 __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logits, MoeRouteParams p,
                                                               const float* bias, int32_t* expert_ids,
                                                               float* weights) {
+  await_previous_kernels();
   __shared__ float s_score[kMaxExperts], s_choice[kMaxExperts], s_group[kMaxExperts];
   __shared__ bool s_taken[kMaxExperts], s_group_taken[kMaxExperts], s_kept[kMaxExperts];
   __shared__ Best s_best[kRouteWarps];
@@ -150,6 +152,7 @@ constexpr int kLogitWarps = 8;
 // hidden size and a fixed shuffle tree, so a logit has the same bits whatever the batch.
 __global__ void __launch_bounds__(kLogitWarps * 32) router_logits_kernel(const float* x, const float* gate,
                                                                          int hidden, int num_experts, float* logits) {
+  await_previous_kernels();
   const int64_t t = blockIdx.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int e = blockIdx.y * kLogitWarps + warp;
@@ -181,6 +184,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const int32_t* exper
                                                             int num_experts, int rows_per_block, int32_t* row_offsets,
                                                             int32_t* block_offsets, int32_t* src_rows,
                                                             int32_t* slot_rows) {
+  await_previous_kernels();
   __shared__ int counts[kMaxExperts];
   __shared__ int fill[kMaxExperts];
   for (int e = threadIdx.x; e < num_experts; e += kPlanThreads) counts[e] = 0;
@@ -209,6 +213,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const int32_t* exper
 
 __global__ void combine_kernel(const float* expert_out, const int32_t* slot_row, const float* weights,
                                const float* shared, int64_t num_tokens, int top_k, int64_t hidden, float* out) {
+  await_previous_kernels();
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= num_tokens * hidden) return;
   const int64_t t = i / hidden, c = i % hidden;
@@ -232,7 +237,8 @@ void launch_moe_route(const float* logits, int64_t num_tokens, const MoeRoutePar
   check_route_params(p);
   if (num_tokens == 0) return;
   DS_CHECK(num_tokens <= 0x7fffffff);
-  route_kernel<<<static_cast<unsigned>(num_tokens), kRouteThreads, 0, stream>>>(logits, p, bias, expert_ids, weights);
+  launch_kernel(route_kernel, static_cast<unsigned>(num_tokens), kRouteThreads, 0, stream, logits, p, bias, expert_ids,
+                weights);
   DS_CUDA_CHECK_LAUNCH();
 }
 
@@ -241,7 +247,7 @@ void launch_router_logits(const float* x, const float* gate, int64_t num_tokens,
   if (num_tokens == 0) return;
   DS_CHECK(num_tokens <= 0x7fffffff);
   const dim3 grid(static_cast<unsigned>(num_tokens), (num_experts + kLogitWarps - 1) / kLogitWarps);
-  router_logits_kernel<<<grid, kLogitWarps * 32, 0, stream>>>(x, gate, hidden, num_experts, logits);
+  launch_kernel(router_logits_kernel, grid, kLogitWarps * 32, 0, stream, x, gate, hidden, num_experts, logits);
   DS_CUDA_CHECK_LAUNCH();
 }
 
@@ -249,8 +255,8 @@ void launch_moe_plan(const int32_t* expert_ids, int num_entries, int top_k, int 
                      int32_t* row_offsets, int32_t* block_offsets, int32_t* src_rows, int32_t* slot_rows,
                      Stream stream) {
   DS_CHECK(num_experts <= kMaxExperts);
-  plan_kernel<<<1, kPlanThreads, 0, stream>>>(expert_ids, num_entries, top_k, num_experts, rows_per_block,
-                                              row_offsets, block_offsets, src_rows, slot_rows);
+  launch_kernel(plan_kernel, 1, kPlanThreads, 0, stream, expert_ids, num_entries, top_k, num_experts, rows_per_block,
+                row_offsets, block_offsets, src_rows, slot_rows);
   DS_CUDA_CHECK_LAUNCH();
 }
 
@@ -258,8 +264,8 @@ void launch_moe_combine(const float* expert_out, const int32_t* slot_row, const 
                         int64_t num_tokens, int top_k, int64_t hidden, float* out, Stream stream) {
   const int64_t n = num_tokens * hidden;
   if (n == 0) return;
-  combine_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(expert_out, slot_row, weights, shared,
-                                                                             num_tokens, top_k, hidden, out);
+  launch_kernel(combine_kernel, static_cast<unsigned>((n + 255) / 256), 256, 0, stream, expert_out, slot_row, weights,
+                shared, num_tokens, top_k, hidden, out);
   DS_CUDA_CHECK_LAUNCH();
 }
 

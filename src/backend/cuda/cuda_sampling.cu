@@ -3,15 +3,15 @@
 // ids ascending, as the reference's order has them), then one block per row walks its sorted
 // row in double precision: the temperature's probabilities, the min_p and top_p cuts, and the
 // token where the cumulative probability first passes the row's draw.
+#include <algorithm>
+#include <climits>
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_segmented_radix_sort.cuh>
 
-#include <algorithm>
-#include <climits>
-
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/kernel_launch.cuh"
 
 namespace dsinfer::cuda {
 namespace {
@@ -19,6 +19,7 @@ namespace {
 constexpr int kThreads = 1024;
 
 __global__ void row_ids_kernel(int64_t total, int vocab, int32_t* ids, int32_t* offsets, int num_rows) {
+  await_previous_kernels();
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i < total) ids[i] = static_cast<int32_t>(i % vocab);
   if (i <= num_rows) offsets[i] = static_cast<int32_t>(i * vocab);
@@ -46,6 +47,7 @@ __device__ void scan_tile(typename Scan::TempStorage& storage, const float* keys
 
 __global__ void __launch_bounds__(kThreads) choose_sorted_kernel(const float* sorted_logits, const int32_t* sorted_ids,
                                                                  int vocab, const RowSampling* params, int32_t* out) {
+  await_previous_kernels();
   using Reduce = cub::BlockReduce<double, kThreads>;
   __shared__ union {
     typename Reduce::TempStorage reduce;
@@ -158,15 +160,14 @@ void launch_sample_rows(const float* logits, int64_t rows, int64_t vocab, const 
   void* cub_storage = base + l.fixed();
   const int64_t items = rows * vocab;
   const int64_t fill = std::max(items, rows + 1);
-  row_ids_kernel<<<static_cast<unsigned>((fill + 255) / 256), 256, 0, stream>>>(items, static_cast<int>(vocab),
-                                                                                ids_in, offsets,
-                                                                                static_cast<int>(rows));
+  launch_kernel(row_ids_kernel, static_cast<unsigned>((fill + 255) / 256), 256, 0, stream, items,
+                static_cast<int>(vocab), ids_in, offsets, static_cast<int>(rows));
   DS_CUDA_CHECK_LAUNCH();
   DS_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortPairsDescending(
       cub_storage, cub_bytes, logits, sorted, ids_in, ids_out, static_cast<int>(items), static_cast<int>(rows),
       offsets, offsets + 1, 0, static_cast<int>(sizeof(float) * 8), stream));
-  choose_sorted_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(sorted, ids_out, static_cast<int>(vocab),
-                                                                             params, out);
+  launch_kernel(choose_sorted_kernel, static_cast<unsigned>(rows), kThreads, 0, stream, sorted, ids_out,
+                static_cast<int>(vocab), params, out);
   DS_CUDA_CHECK_LAUNCH();
 }
 

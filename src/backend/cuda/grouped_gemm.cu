@@ -7,8 +7,9 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_check.h"
-#include "backend/cuda/tensor_core.cuh"
 #include "backend/cuda/grouped_gemm.h"
+#include "backend/cuda/kernel_launch.cuh"
+#include "backend/cuda/tensor_core.cuh"
 
 namespace dsinfer::cuda {
 namespace {
@@ -24,17 +25,22 @@ constexpr int kLd = kGemmChunkK + 8;
 constexpr int kWeightTileBytes = kGemmTileRows * kLd * 2;
 constexpr int kScaleCols = 128;  // e4m3 scale block width along k
 
-template <int kFrags>
+template <int kFrags, bool kFp8>
 struct Layout {
   static constexpr int kRows = 8 * kFrags;  // rows of x per pass
+  // An e4m3 chunk arrives as 32 rows of 32 bytes, unpadded (it is widened before the products).
+  static constexpr int kWeightStageBytes = kFp8 ? kGemmTileRows * kGemmChunkK : kWeightTileBytes;
   static constexpr int kXTileBytes = kRows * kLd * 2;
-  static constexpr int kStageBytes = kWeightTileBytes + kXTileBytes;
-  // Per warp: its pipeline stages, then one bf16 tile that e4m3 chunks are widened into.
-  static constexpr int kWarpBytes = kStages * kStageBytes + kWeightTileBytes;
+  static constexpr int kStageBytes = kWeightStageBytes + kXTileBytes;
+  // Per warp: its pipeline stages, then (e4m3) one bf16 tile that chunks are widened into. The
+  // smaller the block's memory, the more blocks an SM holds: a decode-sized product then runs
+  // in one wave.
+  static constexpr int kWarpBytes = kStages * kStageBytes + (kFp8 ? kWeightTileBytes : 0);
   static constexpr int kBytes = kWarps * kWarpBytes;
   static constexpr int kReduceBytes = kWarps * kGemmTileRows * kRows * 4;
   static_assert(kReduceBytes <= kBytes, "partial tiles reuse the pipeline's memory");
-  static_assert(kStageBytes % 32 == 0 && kWarpBytes % 32 == 0, "fragments need 32-byte alignment");
+  static_assert(kStageBytes % 32 == 0 && kWarpBytes % 32 == 0 && kWeightStageBytes % 32 == 0,
+                "fragments need 32-byte alignment");
 };
 
 // The last split of a tile to finish adds the partial tiles in split order and applies the
@@ -77,7 +83,8 @@ __device__ void finish_split_tile(const GroupedGemmArgs& a, const GemmWeight& w,
 
 template <int kFrags, bool kFp8>
 __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedGemmArgs a) {
-  using L = Layout<kFrags>;
+  await_previous_kernels();
+  using L = Layout<kFrags, kFp8>;
   constexpr int kRows = L::kRows;
   extern __shared__ __align__(128) unsigned char smem[];
 
@@ -152,7 +159,7 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedGemmArgs 
                      true);
         }
       }
-      unsigned char* x_tile = stage + kWeightTileBytes;
+      unsigned char* x_tile = stage + L::kWeightStageBytes;
 #pragma unroll
       for (int f = 0; f < kFrags; ++f) {
         const int t = lane / 4 + 8 * f;
@@ -202,7 +209,7 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedGemmArgs 
         __syncwarp();
         w_tile = widened;
       }
-      const __nv_bfloat16* x_tile = reinterpret_cast<const __nv_bfloat16*>(stage + kWeightTileBytes);
+      const __nv_bfloat16* x_tile = reinterpret_cast<const __nv_bfloat16*>(stage + L::kWeightStageBytes);
 #pragma unroll
       for (int kk = 0; kk < kGemmChunkK; kk += 16) {
         wmma::fragment<wmma::matrix_a, 32, 8, 16, __nv_bfloat16, wmma::row_major> fa;
@@ -268,18 +275,19 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedGemmArgs 
 
 template <int kFrags, bool kFp8>
 void launch_with(const GroupedGemmArgs& args, dim3 grid, Stream stream) {
-  constexpr int bytes = Layout<kFrags>::kBytes;
+  constexpr int bytes = Layout<kFrags, kFp8>::kBytes;
   static const bool configured = [] {
     DS_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<kFrags, kFp8>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     return true;
   }();
   (void)configured;
-  grouped_gemm_kernel<kFrags, kFp8><<<grid, kThreads, bytes, stream>>>(args);
+  launch_kernel(grouped_gemm_kernel<kFrags, kFp8>, grid, kThreads, bytes, stream, args);
   DS_CUDA_CHECK_LAUNCH();
 }
 
 __global__ void weight_to_bf16_kernel(GemmWeight w, __nv_bfloat16* out) {
+  await_previous_kernels();
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   const int64_t n = static_cast<int64_t>(w.n_padded) * w.k_padded;
   if (i >= n) return;
@@ -323,8 +331,8 @@ int gemm_k_splits(int n_padded, int k_padded) {
 void launch_gemm_weight_to_bf16(const GemmWeight& w, uint16_t* out, Stream stream) {
   const int64_t n = static_cast<int64_t>(w.n_padded) * w.k_padded;
   if (n == 0) return;
-  weight_to_bf16_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(
-      w, reinterpret_cast<__nv_bfloat16*>(out));
+  launch_kernel(weight_to_bf16_kernel, static_cast<unsigned>((n + 255) / 256), 256, 0, stream, w,
+                reinterpret_cast<__nv_bfloat16*>(out));
   DS_CUDA_CHECK_LAUNCH();
 }
 

@@ -23,6 +23,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/kernel_launch.cuh"
 #include "backend/cuda/tensor_core.cuh"
 
 namespace dsinfer::cuda {
@@ -84,6 +85,7 @@ __device__ __forceinline__ int block_of(int64_t x, int64_t total_work, int num_b
 // work_starts [T + 1]: token t's work begins at offset work_starts[t] (its fixed cost, then its
 // chunks); work_starts[T] is the total. One block scans the tokens in tiles of its threads.
 __global__ void __launch_bounds__(1024) plan_kernel(MlaBatchView b, int32_t* work_starts) {
+  await_previous_kernels();
   __shared__ int32_t tile_sums[1024];
   int32_t base = 0;
   for (int t0 = 0; t0 < b.num_tokens; t0 += blockDim.x) {
@@ -269,6 +271,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_tiles_kernel(MlaDims d, Ml
                                                                 const float* rope_sin, const float* cache,
                                                                 float softmax_scale, int num_blocks,
                                                                 const int32_t* work_starts, float* workspace) {
+  await_previous_kernels();
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Smem& s = *reinterpret_cast<Smem*>(smem_raw);
   const int h0 = blockIdx.x * kRows, blk = blockIdx.y;
@@ -316,6 +319,7 @@ __device__ float block_reduce(float v, float* s_red) {
 __global__ void __launch_bounds__(kThreads) combine_kernel(MlaDims d, int num_tokens, int num_blocks,
                                                            const int32_t* work_starts, const float* workspace,
                                                            float* o_latent) {
+  await_previous_kernels();
   __shared__ float s_red[kWarps];
   __shared__ float s_weight[kMaxBlocksPerGroup];
   const int t = blockIdx.x, h = blockIdx.y, lora = d.kv_lora_rank;
@@ -382,14 +386,15 @@ void launch_mla_decode_head_tiles(const MlaDims& d, const MlaBatchView& b, const
            d.num_heads <= 65535);
   if (b.num_tokens == 0) return;
   configure_decode_tiles();
-  plan_kernel<<<1, 1024, 0, stream>>>(b, work_starts);
+  launch_kernel(plan_kernel, 1, 1024, 0, stream, b, work_starts);
   DS_CUDA_CHECK_LAUNCH();
   const dim3 grid((d.num_heads + kRows - 1) / kRows, num_blocks);
-  decode_tiles_kernel<<<grid, kThreads, sizeof(Smem), stream>>>(d, b, q, q_latent, rope_cos, rope_sin, cache,
-                                                                softmax_scale, num_blocks, work_starts, workspace);
+  launch_kernel(decode_tiles_kernel, grid, kThreads, sizeof(Smem), stream, d, b, q, q_latent, rope_cos, rope_sin, cache,
+                softmax_scale, num_blocks, work_starts, workspace);
   DS_CUDA_CHECK_LAUNCH();
   const dim3 grid2(b.num_tokens, d.num_heads);
-  combine_kernel<<<grid2, kThreads, 0, stream>>>(d, b.num_tokens, num_blocks, work_starts, workspace, o_latent);
+  launch_kernel(combine_kernel, grid2, kThreads, 0, stream, d, b.num_tokens, num_blocks, work_starts, workspace,
+                o_latent);
   DS_CUDA_CHECK_LAUNCH();
 }
 

@@ -9,6 +9,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/kernel_launch.cuh"
 
 namespace dsinfer::cuda {
 namespace {
@@ -17,6 +18,7 @@ constexpr int kThreads = 256;
 
 __global__ void gather_latent_kernel(const float* cache, const int32_t* table, int block_size, int entry,
                                      int ld_latent, uint16_t* latent) {
+  await_previous_kernels();
   const int p = blockIdx.x;
   const float* src = cache + (static_cast<int64_t>(table[p / block_size]) * block_size + p % block_size) * entry;
   __nv_bfloat16* dst = reinterpret_cast<__nv_bfloat16*>(latent) + static_cast<int64_t>(p) * ld_latent;
@@ -25,6 +27,7 @@ __global__ void gather_latent_kernel(const float* cache, const int32_t* table, i
 
 __global__ void expanded_queries_kernel(MlaDims d, const float* q, const int32_t* positions, const float* rope_cos,
                                         const float* rope_sin, int qk_padded, uint16_t* q_out) {
+  await_previous_kernels();
   const int i = blockIdx.x;
   const int nope = d.qk_nope_head_dim, rope = d.qk_rope_head_dim, half = rope / 2, qk = nope + rope;
   const int pos = positions[i];
@@ -61,6 +64,7 @@ constexpr int kCachedPerThread = 16;
 __global__ void __launch_bounds__(kThreads) causal_softmax_kernel(const float* scores, int64_t ld, int rows,
                                                                     int num_keys, int first_query_pos, float scale_log2,
                                                                     uint16_t* probs) {
+  await_previous_kernels();
   __shared__ float s_m[kThreads / 32], s_s[kThreads / 32];
   const int64_t r = blockIdx.x;
   const int visible = min(num_keys, first_query_pos + static_cast<int>(r % rows) + 1);
@@ -104,7 +108,8 @@ __global__ void __launch_bounds__(kThreads) causal_softmax_kernel(const float* s
 void launch_mla_gather_latent(const float* cache, const int32_t* table, int block_size, int entry, int num_positions,
                               int ld_latent, uint16_t* latent, Stream stream) {
   if (num_positions == 0) return;
-  gather_latent_kernel<<<num_positions, 128, 0, stream>>>(cache, table, block_size, entry, ld_latent, latent);
+  launch_kernel(gather_latent_kernel, num_positions, 128, 0, stream, cache, table, block_size, entry, ld_latent,
+                latent);
   DS_CUDA_CHECK_LAUNCH();
 }
 
@@ -112,7 +117,8 @@ void launch_mla_expanded_queries(const MlaDims& d, const float* q, const int32_t
                                  const float* rope_cos, const float* rope_sin, int qk_padded, uint16_t* q_out,
                                  Stream stream) {
   if (num_tokens == 0) return;
-  expanded_queries_kernel<<<num_tokens, kThreads, 0, stream>>>(d, q, positions, rope_cos, rope_sin, qk_padded, q_out);
+  launch_kernel(expanded_queries_kernel, num_tokens, kThreads, 0, stream, d, q, positions, rope_cos, rope_sin,
+                qk_padded, q_out);
   DS_CUDA_CHECK_LAUNCH();
 }
 
@@ -120,8 +126,8 @@ void launch_causal_softmax(const float* scores, int64_t ld, int num_heads, int r
                            float softmax_scale, uint16_t* probs, Stream stream) {
   if (num_heads * rows == 0) return;
   constexpr float kLog2e = 1.4426950408889634f;
-  causal_softmax_kernel<<<num_heads * rows, kThreads, 0, stream>>>(scores, ld, rows, num_keys, first_query_pos,
-                                                                   softmax_scale * kLog2e, probs);
+  launch_kernel(causal_softmax_kernel, num_heads * rows, kThreads, 0, stream, scores, ld, rows, num_keys,
+                first_query_pos, softmax_scale * kLog2e, probs);
   DS_CUDA_CHECK_LAUNCH();
 }
 

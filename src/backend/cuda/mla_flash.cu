@@ -9,6 +9,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/kernel_launch.cuh"
 #include "backend/cuda/tensor_core.cuh"
 
 namespace dsinfer::cuda {
@@ -60,6 +61,7 @@ __global__ void __launch_bounds__(kThreads) flash_attention_kernel(const __nv_bf
                                                                    int num_heads, int v_dim, int num_queries,
                                                                    int first_pos, int num_keys, float scale_log2,
                                                                    float* out, int64_t ld_out) {
+  await_previous_kernels();
   using S = FlashShape<QK, V>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   __nv_bfloat16* q_s = reinterpret_cast<__nv_bfloat16*>(smem_raw);
@@ -205,9 +207,9 @@ void launch_flash(const uint16_t* queries, const uint16_t* kv, int num_heads, in
   }();
   (void)configured;
   const dim3 grid((num_queries + kQueries - 1) / kQueries, num_heads);
-  flash_attention_kernel<QK, V><<<grid, kThreads, kBytes, stream>>>(
-      reinterpret_cast<const __nv_bfloat16*>(queries), reinterpret_cast<const __nv_bfloat16*>(kv), num_heads, v_dim,
-      num_queries, first_pos, num_keys, scale_log2, out, ld_out);
+  launch_kernel(flash_attention_kernel<QK, V>, grid, kThreads, kBytes, stream,
+                reinterpret_cast<const __nv_bfloat16*>(queries), reinterpret_cast<const __nv_bfloat16*>(kv), num_heads,
+                v_dim, num_queries, first_pos, num_keys, scale_log2, out, ld_out);
   DS_CUDA_CHECK_LAUNCH();
 }
 

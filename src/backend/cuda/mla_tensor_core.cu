@@ -15,6 +15,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/kernel_launch.cuh"
 #include "backend/cuda/tensor_core.cuh"
 
 namespace dsinfer::cuda {
@@ -197,6 +198,7 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(MlaDims d, MlaBatchVi
                                                            const float* rope_sin, const float* cache,
                                                            float softmax_scale, const int32_t* tiles,
                                                            float* o_latent) {
+  await_previous_kernels();
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Smem& s = *reinterpret_cast<Smem*>(smem_raw);
   const int h = blockIdx.x, tile = blockIdx.y;  // heads of a tile side by side: they share its cache reads
@@ -236,8 +238,8 @@ void launch_mla_prefill_attention(const MlaDims& d, const MlaBatchView& b, const
   if (num_tiles == 0) return;
   configure_shared_memory();
   const dim3 grid(d.num_heads, num_tiles);
-  prefill_kernel<<<grid, kThreads, sizeof(Smem), stream>>>(d, b, q, q_latent, rope_cos, rope_sin, cache,
-                                                           softmax_scale, tiles, o_latent);
+  launch_kernel(prefill_kernel, grid, kThreads, sizeof(Smem), stream, d, b, q, q_latent, rope_cos, rope_sin, cache,
+                softmax_scale, tiles, o_latent);
   DS_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,0 +1,69 @@
+// Kernel launches that overlap each kernel's start with the end of the one before it
+// (programmatic dependent launch, Hopper).
+//
+// A decode step at small batch is a chain of some twenty short kernels per layer, and the GPU
+// otherwise idles between two of them while the second is launched and its blocks start. With
+// this launch the next kernel may be scheduled as soon as every block of the current one has
+// begun; its blocks then wait, before touching memory, until the kernels before it on the
+// stream have finished and their writes are visible. The rule that makes it safe: every kernel
+// of the backend calls await_previous_kernels() first, before any read, write or early return,
+// so a finished kernel implies that all kernels before it have finished too.
+// DSINFER_PDL=0 launches every kernel in plain stream order instead (same results).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_kernels.h"
+
+namespace dsinfer::cuda {
+
+// The first statement of every kernel: waits for the kernels before it (a no-op when it was
+// launched in plain stream order), then lets the next kernel's blocks be scheduled.
+__device__ __forceinline__ void await_previous_kernels() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+// Whether launches overlap (DSINFER_PDL, read once).
+bool overlapped_launches_enabled();
+
+template <typename... Params, typename... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, Stream stream,
+                   Args&&... args) {
+  cudaLaunchAttribute overlap;
+  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  config.attrs = &overlap;
+  config.numAttrs = overlapped_launches_enabled() ? 1 : 0;
+  DS_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+// The same launch with thread-block clusters of cluster_dims blocks.
+template <typename... Params, typename... Args>
+void launch_cluster_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, dim3 cluster_dims, Stream stream,
+                           Args&&... args) {
+  cudaLaunchAttribute attrs[2];
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = cluster_dims.x;
+  attrs[0].val.clusterDim.y = cluster_dims.y;
+  attrs[0].val.clusterDim.z = cluster_dims.z;
+  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[1].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.stream = stream;
+  config.attrs = attrs;
+  config.numAttrs = overlapped_launches_enabled() ? 2 : 1;
+  DS_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+}  // namespace dsinfer::cuda
