@@ -61,8 +61,8 @@ struct ModelBytes {
 };
 
 // weight_bytes: bytes per weight element as the backend holds it (fp32 on cpu, bf16 on cuda);
-// the latent cache is fp32 on both.
-ModelBytes model_bytes(const ModelConfig& c, size_t weight_bytes, size_t head_bytes) {
+// the latent cache is in `cache_format` on both.
+ModelBytes model_bytes(const ModelConfig& c, size_t weight_bytes, size_t head_bytes, KvCacheFormat cache_format) {
   const size_t f = weight_bytes;
   const size_t h = c.hidden_size, heads = c.num_attention_heads, qk = c.qk_head_dim();
   size_t attn = (c.q_lora_rank ? (h * c.q_lora_rank + c.q_lora_rank * heads * qk) : h * heads * qk) +
@@ -80,7 +80,8 @@ ModelBytes model_bytes(const ModelConfig& c, size_t weight_bytes, size_t head_by
   ModelBytes b;
   b.dense_per_step = dense * f + static_cast<size_t>(c.vocab_size) * h * head_bytes;  // + LM head
   b.per_expert = 3 * h * c.moe_intermediate_size * f;
-  b.kv_per_token = static_cast<size_t>(c.num_hidden_layers) * (c.kv_lora_rank + c.qk_rope_head_dim) * sizeof(float);
+  b.kv_per_token = static_cast<size_t>(c.num_hidden_layers) *
+                   latent_entry_bytes(cache_format, c.kv_lora_rank, c.qk_rope_head_dim);
   return b;
 }
 
@@ -97,7 +98,7 @@ struct BenchRow {
 int run_bench(int argc, char** argv) {
   CLI::App app("Offline throughput of prefill and decode, with the memory-bandwidth floor", "dsinfer bench");
   std::string model_dir = std::string(DSINFER_SOURCE_DIR_FOR_BENCH) + "/bench/configs/small_v3";
-  std::string backend_name = "cpu", batches_arg = "1,8,32", results_path;
+  std::string backend_name = "cpu", batches_arg = "1,8,32", results_path, kv_cache_dtype = "fp32";
   bool dummy = false, fp8 = false, prefill_only = false;
   int prompt_len = 128, decode_steps = 16, prefill_reps = 2;
   std::string workload_arg, machine = machine_description();
@@ -112,6 +113,8 @@ int run_bench(int argc, char** argv) {
   app.add_flag("--dummy-weights", dummy, "random weights (default when the directory has no safetensors)");
   app.add_flag("--fp8", fp8, "random weights with the layers' projections in FP8 (e4m3, 128x128 block scales)");
   app.add_option("--backend", backend_name)->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--kv-cache-dtype", kv_cache_dtype, "latent cache entries: fp32 or fp8")
+      ->check(CLI::IsMember({"fp32", "fp8"}));
   app.add_option("--batch-sizes", batches_arg, "comma-separated batch sizes");
   app.add_option("--prompt-len", prompt_len, "tokens per prompt (prefill, and the decode context)")->check(CLI::Range(1, 1 << 16));
   app.add_option("--decode-steps", decode_steps, "timed decode steps per batch size")->check(CLI::Range(1, 1 << 16));
@@ -154,6 +157,8 @@ int run_bench(int argc, char** argv) {
   const bool has_weights = std::filesystem::exists(model_dir + "/model.safetensors") ||
                            std::filesystem::exists(model_dir + "/model.safetensors.index.json");
   dummy = dummy || !has_weights;
+  KvCacheFormat cache_format = KvCacheFormat::kF32;
+  parse_kv_cache_format(kv_cache_dtype, &cache_format);  // the validator accepted it
 
   if (!workload_arg.empty()) {
     Result<WorkloadShape> shape = parse_workload_shape(workload_arg);
@@ -167,6 +172,7 @@ int run_bench(int argc, char** argv) {
     o.engine.backend = backend_name;
     o.engine.dummy_weights = dummy;
     o.engine.dummy_fp8 = fp8;
+    o.engine.kv_cache_format = cache_format;
     o.kv_size_given = wl.num_kv_blocks > 0 || kv_cache_mb > 0;
     if (kv_cache_mb > 0) o.engine.kv_cache_bytes = kv_cache_mb << 20;
     o.shape = *shape;
@@ -208,7 +214,7 @@ int run_bench(int argc, char** argv) {
   const bool on_device = backend_name == "cuda";
   // With --fp8 the layers' projections are e4m3 on the device (1 byte), the LM head bf16.
   const size_t head_bytes = on_device ? 2 : sizeof(float);
-  const ModelBytes mb = model_bytes(c, on_device ? (fp8 ? 1 : 2) : sizeof(float), head_bytes);
+  const ModelBytes mb = model_bytes(c, on_device ? (fp8 ? 1 : 2) : sizeof(float), head_bytes, cache_format);
   // The ceiling is the copy bandwidth of the memory the weights live in: device-to-device
   // cudaMemcpy for cuda, a threaded host memcpy for cpu.
   // Decode's ceiling only: --prefill-only skips it (a host measurement touches 2 GiB).
@@ -227,7 +233,7 @@ int run_bench(int argc, char** argv) {
 
   const int bs = 64;
   const int blocks_per_seq = (max_positions + bs - 1) / bs;
-  KvCaches caches = model->allocate_caches(blocks_per_seq * max_batch, bs);
+  KvCaches caches = model->allocate_caches(blocks_per_seq * max_batch, bs, cache_format);
   std::mt19937 rng(1);
   std::uniform_int_distribution<int> tok(2, c.vocab_size - 1);
 
@@ -360,6 +366,7 @@ int run_bench(int argc, char** argv) {
          << c.num_experts_per_tok << ", backend " << backend->name() << "\n\n"
          << "- date: " << utc_timestamp() << "\n- machine: " << machine << "\n"
          << "- command: `" << command_line(argc, argv) << "`\n"
+         << "- latent cache: " << kv_cache_format_name(cache_format) << "\n"
          << "- measured "
          << (prefill_only ? ""
                           : std::string("copy bandwidth (read+write, ") +

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/latent_cache_format.h"
 #include "backend/tensor.h"
 #include "backend/token_choice.h"
 #include "dsinfer/engine_types.h"
@@ -67,9 +68,12 @@ struct ForwardBatch {
   std::vector<int32_t> logits_indices;
 };
 
-// The paged latent cache of one layer: [num_blocks, block_size, kv_lora_rank + rope_dim].
+// The paged latent cache of one layer: [num_blocks, block_size, entry], one entry per position
+// in `format` (latent_cache_format.h): fp32 [kv_lora_rank + rope_dim], or the bytes of an FP8
+// entry (dtype kU8).
 struct LayerKvCache {
   Tensor data;
+  KvCacheFormat format = KvCacheFormat::kF32;
 };
 
 struct MlaAttentionArgs {
@@ -180,9 +184,10 @@ class Backend {
   virtual bool end_recording(uint64_t key) { (void)key; return false; }
   virtual bool replay(uint64_t key) { (void)key; return false; }
 
-  // KV block movement for the host tier / block store: all layers of one block, fp32 bytes.
-  virtual void read_cache_block(const LayerKvCache& cache, int32_t block, float* dst) = 0;
-  virtual void write_cache_block(LayerKvCache& cache, int32_t block, const float* src) = 0;
+  // KV block movement for the host tier / block store: one layer's block, as the cache stores it
+  // (block_size entries of latent_entry_bytes(cache.format, ...) bytes).
+  virtual void read_cache_block(const LayerKvCache& cache, int32_t block, void* dst) = 0;
+  virtual void write_cache_block(LayerKvCache& cache, int32_t block, const void* src) = 0;
 
  private:
   // The default asynchronous choice: ids by ticket, the latest choice, resolved input ids.

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "backend/latent_cache_format.h"
 #include "kv/kv_tier_options.h"
 
 namespace dsinfer {
@@ -15,6 +16,9 @@ struct EngineConfig {
   bool dummy_fp8 = false;           // with dummy_weights: the layers' projections in FP8, as V3 ships them
   int block_size_tokens = 64;
   int64_t kv_cache_bytes = int64_t{1} << 30;  // device (here: host) memory for latent KV
+  // How the latent cache stores a position: fp32, or DeepSeek's FP8 entry (3.5x more tokens in
+  // the same memory, at FP8's precision for the latent part).
+  KvCacheFormat kv_cache_format = KvCacheFormat::kF32;
   int num_kv_blocks = 0;            // overrides kv_cache_bytes when > 0
   int max_model_len = 0;            // 0: the model's max_position_embeddings
   int max_num_batched_tokens = 2048;

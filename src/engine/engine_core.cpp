@@ -24,7 +24,8 @@ std::string model_identity(const EngineConfig& config, const ModelConfig& model)
   }
   std::ostringstream id;
   id << model.architecture << "/" << std::hex << XXH3_64bits(text.data(), text.size()) << "/seed" << config.seed
-     << (config.dummy_weights ? "/dummy" : "") << (config.dummy_weights && config.dummy_fp8 ? "-fp8" : "");
+     << (config.dummy_weights ? "/dummy" : "") << (config.dummy_weights && config.dummy_fp8 ? "-fp8" : "")
+     << (config.kv_cache_format == KvCacheFormat::kF32 ? "" : "/kv-fp8");
   return id.str();
 }
 
@@ -53,7 +54,7 @@ EngineCore::EngineCore(const EngineConfig& config) : config_(config) {
   const int bs = config_.block_size_tokens;
   int num_blocks = config_.num_kv_blocks;
   if (num_blocks <= 0) {
-    const int64_t per_block = static_cast<int64_t>(model_->kv_bytes_per_token()) * bs;
+    const int64_t per_block = static_cast<int64_t>(model_->kv_bytes_per_token(config_.kv_cache_format)) * bs;
     num_blocks = static_cast<int>(std::min<int64_t>(config_.kv_cache_bytes / per_block, 1 << 20));
   }
   const int min_blocks = (max_model_len_ + bs - 1) / bs;
@@ -64,7 +65,7 @@ EngineCore::EngineCore(const EngineConfig& config) : config_(config) {
   kv::KvCacheConfig kv_config{num_blocks, bs, config_.enable_prefix_caching, model_identity(config_, model_->config())};
   const kv::KvTierOptions& tiers = config_.kv_tiers;
   if (config_.enable_prefix_caching && (tiers.host_cache_bytes > 0 || tiers.store_enabled)) {
-    kv_block_io_ = std::make_unique<KvCachesBlockIo>(*backend_, model_->config(), bs);
+    kv_block_io_ = std::make_unique<KvCachesBlockIo>(*backend_, model_->config(), config_.kv_cache_format, bs);
     kv_config.block_io = kv_block_io_.get();
     kv_config.host_cache_bytes = tiers.host_cache_bytes;
     kv_config.store = kv::open_block_store(tiers);
@@ -74,10 +75,11 @@ EngineCore::EngineCore(const EngineConfig& config) : config_(config) {
   kv_ = std::make_unique<kv::KvCacheManager>(std::move(kv_config));
   scheduler_ = std::make_unique<Scheduler>(
       SchedulerConfig{config_.max_num_batched_tokens, config_.max_num_seqs, config_.enable_prefix_caching}, *kv_);
-  runner_ = std::make_unique<ModelRunner>(*model_, *kv_, num_blocks, bs);
+  runner_ = std::make_unique<ModelRunner>(*model_, *kv_, num_blocks, bs, config_.kv_cache_format);
   if (kv_block_io_) kv_block_io_->attach(&runner_->caches());
   DS_LOG_INFO("engine: " << model_->config().architecture << ", backend " << backend_->name() << ", "
-                         << num_blocks << " KV blocks of " << bs << " tokens, max length " << max_model_len_);
+                         << num_blocks << " KV blocks of " << bs << " tokens ("
+                         << kv_cache_format_name(config_.kv_cache_format) << "), max length " << max_model_len_);
 }
 
 EngineCore::~EngineCore() = default;

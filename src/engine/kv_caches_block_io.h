@@ -1,6 +1,6 @@
 // KvBlockIo over the model's paged caches: one device block's bytes are the block's rows of
 // every layer, layer after layer, as the backend's read_cache_block/write_cache_block give
-// them (fp32).
+// them (in the caches' format).
 #pragma once
 
 #include "backend/backend.h"
@@ -12,7 +12,7 @@ namespace dsinfer {
 class KvCachesBlockIo final : public kv::KvBlockIo {
  public:
   // The caches are attached later (the model runner allocates them after the KV manager).
-  KvCachesBlockIo(Backend& backend, const ModelConfig& config, int block_size_tokens);
+  KvCachesBlockIo(Backend& backend, const ModelConfig& config, KvCacheFormat format, int block_size_tokens);
   void attach(KvCaches* caches) { caches_ = caches; }
 
   size_t block_bytes() const override { return layer_bytes_ * num_layers_; }
@@ -23,7 +23,7 @@ class KvCachesBlockIo final : public kv::KvBlockIo {
   Backend& backend_;
   KvCaches* caches_ = nullptr;
   size_t num_layers_;
-  size_t layer_bytes_;  // block_size * (kv_lora_rank + rope_dim) fp32 values
+  size_t layer_bytes_;  // block_size entries of latent_entry_bytes(format, ...)
 };
 
 }  // namespace dsinfer

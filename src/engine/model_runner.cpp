@@ -4,8 +4,9 @@
 
 namespace dsinfer {
 
-ModelRunner::ModelRunner(DeepseekModel& model, kv::KvCacheManager& kv, int num_blocks, int block_size)
-    : model_(model), kv_(kv), caches_(model.allocate_caches(num_blocks, block_size)) {}
+ModelRunner::ModelRunner(DeepseekModel& model, kv::KvCacheManager& kv, int num_blocks, int block_size,
+                         KvCacheFormat cache_format)
+    : model_(model), kv_(kv), caches_(model.allocate_caches(num_blocks, block_size, cache_format)) {}
 
 ForwardBatch ModelRunner::build_batch(const SchedulerOutput& out, int64_t step_number) const {
   ForwardBatch b;

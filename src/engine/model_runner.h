@@ -29,7 +29,8 @@ struct LaunchedStep {
 
 class ModelRunner {
  public:
-  ModelRunner(DeepseekModel& model, kv::KvCacheManager& kv, int num_blocks, int block_size);
+  ModelRunner(DeepseekModel& model, kv::KvCacheManager& kv, int num_blocks, int block_size,
+              KvCacheFormat cache_format = KvCacheFormat::kF32);
 
   // Enqueues the step: every request that samples gets a pending token (its row of this step's
   // choice), and the inputs that are pending tokens of the step before are placeholders the

@@ -23,17 +23,22 @@ DeepseekModel::DeepseekModel(ModelConfig config, ModelWeights weights, Backend& 
   softmax_scale_ = attention_softmax_scale(config_);
 }
 
-size_t DeepseekModel::kv_bytes_per_token() const {
-  return static_cast<size_t>(config_.num_hidden_layers) * (config_.kv_lora_rank + config_.qk_rope_head_dim) * sizeof(float);
+size_t DeepseekModel::kv_bytes_per_token(KvCacheFormat format) const {
+  return static_cast<size_t>(config_.num_hidden_layers) *
+         latent_entry_bytes(format, config_.kv_lora_rank, config_.qk_rope_head_dim);
 }
 
-KvCaches DeepseekModel::allocate_caches(int num_blocks, int block_size) {
+KvCaches DeepseekModel::allocate_caches(int num_blocks, int block_size, KvCacheFormat format) {
   KvCaches caches;
   caches.num_blocks = num_blocks;
   caches.block_size = block_size;
-  const int64_t entry = config_.kv_lora_rank + config_.qk_rope_head_dim;
+  const bool fp8 = format == KvCacheFormat::kFp8;
+  const int64_t entry = fp8 ? static_cast<int64_t>(latent_entry_bytes(format, config_.kv_lora_rank,
+                                                                      config_.qk_rope_head_dim))
+                            : config_.kv_lora_rank + config_.qk_rope_head_dim;
   for (int i = 0; i < config_.num_hidden_layers; ++i)
-    caches.layers.push_back(LayerKvCache{backend_.empty({num_blocks, block_size, entry}, DType::kF32)});
+    caches.layers.push_back(
+        LayerKvCache{backend_.empty({num_blocks, block_size, entry}, fp8 ? DType::kU8 : DType::kF32), format});
   return caches;
 }
 

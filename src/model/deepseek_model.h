@@ -12,7 +12,7 @@
 
 namespace dsinfer {
 
-// Per-layer latent caches: [num_blocks, block_size, kv_lora_rank + rope_dim] each.
+// Per-layer latent caches: [num_blocks, block_size, entry] each (LayerKvCache).
 struct KvCaches {
   int num_blocks = 0;
   int block_size = 64;
@@ -32,10 +32,10 @@ class DeepseekModel {
   const ModelConfig& config() const { return config_; }
   Backend& backend() { return backend_; }
   int max_positions() const { return max_positions_; }
-  // Bytes of latent cache per token over all layers (fp32 on the CPU backend).
-  size_t kv_bytes_per_token() const;
+  // Bytes of latent cache per token over all layers, in `format`.
+  size_t kv_bytes_per_token(KvCacheFormat format = KvCacheFormat::kF32) const;
 
-  KvCaches allocate_caches(int num_blocks, int block_size);
+  KvCaches allocate_caches(int num_blocks, int block_size, KvCacheFormat format = KvCacheFormat::kF32);
   ForwardOutput forward(const ForwardBatch& batch, KvCaches& caches, bool record_routing = false);
 
  private:

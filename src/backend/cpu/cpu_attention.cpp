@@ -1,6 +1,8 @@
 // MLA attention on the CPU, always in the weight-absorbed form over the paged latent cache:
 // the cache holds per token the normalised c_kv (kv_lora_rank) and the rotated k_rope
 // (rope_dim), and every head attends to it as one shared key/value (MQA in latent space).
+// An FP8 cache (latent_cache_format.h) is quantised as tokens are written and dequantised as
+// they are read; attention itself is the same.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -35,18 +37,23 @@ void CpuBackend::mla_attention(const MlaAttentionArgs& args) {
   const int half = rope / 2;
   const float* cos_table = args.rope_cos->as<float>();
   const float* sin_table = args.rope_sin->as<float>();
-  float* cache = args.cache->data.as<float>();
+  const bool fp8 = args.cache->format == KvCacheFormat::kFp8;
+  const int64_t entry_bytes = static_cast<int64_t>(latent_entry_bytes(args.cache->format, lora, rope));
+  auto* cache = static_cast<uint8_t*>(args.cache->data.data);
   const int bs = args.block_size;
 
   // 1. New tokens into the cache: normalised latent, rotated key rope part.
+  std::vector<float> new_entry(entry);
   for (int t = 0; t < num_tokens; ++t) {
     if (batch.slot_mapping[t] < 0) continue;  // a padding token: nothing to store
     const float* src = args.kv_a->as<float>() + static_cast<int64_t>(t) * entry;
-    float* dst = cache + static_cast<int64_t>(batch.slot_mapping[t]) * entry;
-    cpu::rms_norm_row(src, w.kv_a_layernorm.as<float>(), lora, args.latent_norm_eps, dst);
-    std::copy(src + lora, src + entry, dst + lora);
+    uint8_t* dst = cache + static_cast<int64_t>(batch.slot_mapping[t]) * entry_bytes;
+    float* e = fp8 ? new_entry.data() : reinterpret_cast<float*>(dst);
+    cpu::rms_norm_row(src, w.kv_a_layernorm.as<float>(), lora, args.latent_norm_eps, e);
+    std::copy(src + lora, src + entry, e + lora);
     const int pos = batch.positions[t];
-    rotate_interleaved(dst + lora, rope, cos_table + pos * half, sin_table + pos * half);
+    rotate_interleaved(e + lora, rope, cos_table + pos * half, sin_table + pos * half);
+    if (fp8) quantize_latent_entry(e, lora, rope, dst);
   }
 
   // 2. Each (token, head): absorb W_UK into the query, attend over positions 0..pos of its
@@ -55,7 +62,7 @@ void CpuBackend::mla_attention(const MlaAttentionArgs& args) {
   const float* w_uv = w.w_uv.as<float>();  // [heads, vdim, lora]
   float* out = args.out->as<float>();
   global_thread_pool().parallel_for(static_cast<int64_t>(num_tokens) * heads, [&](int64_t b, int64_t e) {
-    std::vector<float> q_lat(lora), q_rope(rope), scores, o_lat(lora);
+    std::vector<float> q_lat(lora), q_rope(rope), scores, o_lat(lora), dequantized(entry);
     for (int64_t item = b; item < e; ++item) {
       const int t = static_cast<int>(item / heads), h = static_cast<int>(item % heads);
       const int pos = batch.positions[t];
@@ -68,11 +75,18 @@ void CpuBackend::mla_attention(const MlaAttentionArgs& args) {
       rotate_interleaved(q_rope.data(), rope, cos_table + pos * half, sin_table + pos * half);
 
       const auto& table = batch.block_tables[batch.token_seq[t]];
+      // Position s's entry as fp32 [lora | rope].
+      auto entry_at = [&](int s) -> const float* {
+        const uint8_t* e = cache + (static_cast<int64_t>(table[s / bs]) * bs + s % bs) * entry_bytes;
+        if (!fp8) return reinterpret_cast<const float*>(e);
+        dequantize_latent_entry(e, lora, rope, dequantized.data());
+        return dequantized.data();
+      };
       const int num_ctx = pos + 1;  // causal: positions 0..pos are in the cache by now
       scores.resize(num_ctx);
       float max_score = -INFINITY;
       for (int s = 0; s < num_ctx; ++s) {
-        const float* kv = cache + (static_cast<int64_t>(table[s / bs]) * bs + s % bs) * entry;
+        const float* kv = entry_at(s);
         const float sc = (cpu::dot(q_lat.data(), kv, lora) + cpu::dot(q_rope.data(), kv + lora, rope)) *
                          args.softmax_scale;
         scores[s] = sc;
@@ -86,7 +100,7 @@ void CpuBackend::mla_attention(const MlaAttentionArgs& args) {
       const float inv = static_cast<float>(1.0 / denom);
       std::fill(o_lat.begin(), o_lat.end(), 0.0f);
       for (int s = 0; s < num_ctx; ++s) {
-        const float* kv = cache + (static_cast<int64_t>(table[s / bs]) * bs + s % bs) * entry;
+        const float* kv = entry_at(s);
         cpu::axpy(scores[s] * inv, kv, o_lat.data(), lora);
       }
       float* o = out + static_cast<int64_t>(t) * heads * vdim + h * vdim;

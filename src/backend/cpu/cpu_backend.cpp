@@ -122,14 +122,14 @@ void CpuBackend::gather_rows(const Tensor& x, std::span<const int32_t> rows, Ten
     std::memcpy(out.as<float>() + i * n, x.as<float>() + static_cast<int64_t>(rows[i]) * n, n * 4);
 }
 
-void CpuBackend::read_cache_block(const LayerKvCache& cache, int32_t block, float* dst) {
-  const int64_t per_block = cache.data.dim(1) * cache.data.dim(2);
-  std::memcpy(dst, cache.data.as<float>() + block * per_block, per_block * 4);
+void CpuBackend::read_cache_block(const LayerKvCache& cache, int32_t block, void* dst) {
+  const size_t block_bytes = cache.data.num_bytes() / static_cast<size_t>(cache.data.dim(0));
+  std::memcpy(dst, static_cast<const uint8_t*>(cache.data.data) + block * block_bytes, block_bytes);
 }
 
-void CpuBackend::write_cache_block(LayerKvCache& cache, int32_t block, const float* src) {
-  const int64_t per_block = cache.data.dim(1) * cache.data.dim(2);
-  std::memcpy(cache.data.as<float>() + block * per_block, src, per_block * 4);
+void CpuBackend::write_cache_block(LayerKvCache& cache, int32_t block, const void* src) {
+  const size_t block_bytes = cache.data.num_bytes() / static_cast<size_t>(cache.data.dim(0));
+  std::memcpy(static_cast<uint8_t*>(cache.data.data) + block * block_bytes, src, block_bytes);
 }
 
 }  // namespace dsinfer

@@ -25,8 +25,8 @@ class CpuBackend : public Backend {
   void mla_attention(const MlaAttentionArgs& args) override;
   void moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRouting* routing) override;
 
-  void read_cache_block(const LayerKvCache& cache, int32_t block, float* dst) override;
-  void write_cache_block(LayerKvCache& cache, int32_t block, const float* src) override;
+  void read_cache_block(const LayerKvCache& cache, int32_t block, void* dst) override;
+  void write_cache_block(LayerKvCache& cache, int32_t block, const void* src) override;
 };
 
 namespace cpu {

@@ -16,6 +16,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/kernel_launch.cuh"
+#include "backend/cuda/latent_entry.cuh"
 
 namespace dsinfer::cuda {
 namespace {
@@ -33,36 +34,61 @@ __device__ float warp_sum(float v) {
 }
 
 __global__ void cache_write_kernel(MlaDims d, MlaBatchView b, const float* kv_a, const float* norm_w, float eps,
-                                   const float* rope_cos, const float* rope_sin, float* cache) {
+                                   const float* rope_cos, const float* rope_sin, void* cache) {
   await_previous_kernels();
   __shared__ float warp_sums[kWarps];
+  __shared__ float s_latent[kMaxLora];
   const int t = blockIdx.x;
   const int lora = d.kv_lora_rank, rope = d.qk_rope_head_dim, entry = lora + rope, half = rope / 2;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int slot = b.slot_mapping[t];
   if (slot < 0) return;  // a padding token of a recorded batch: nothing to store
   const float* src = kv_a + static_cast<int64_t>(t) * entry;
-  float* dst = cache + static_cast<int64_t>(slot) * entry;
+  uint8_t* dst = static_cast<uint8_t*>(cache) + static_cast<int64_t>(slot) * d.cache_entry_bytes;
   float sum = 0.0f;
   for (int i = threadIdx.x; i < lora; i += kThreads) sum += src[i] * src[i];
   sum = warp_sum(sum);
-  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
+  if (lane == 0) warp_sums[warp] = sum;
   __syncthreads();
   float total = 0.0f;
   for (int w = 0; w < kWarps; ++w) total += warp_sums[w];
   const float inv = rsqrtf(total / static_cast<float>(lora) + eps);
-  for (int i = threadIdx.x; i < lora; i += kThreads) dst[i] = src[i] * inv * norm_w[i];
+  for (int i = threadIdx.x; i < lora; i += kThreads) s_latent[i] = src[i] * inv * norm_w[i];
+  __syncthreads();
+  if (d.cache_fp8) {
+    // A warp per 128-column tile: its largest magnitude sets the tile's scale.
+    for (int tile = warp; tile * kFp8TileColumns < lora; tile += kWarps) {
+      const int begin = tile * kFp8TileColumns, end = min(lora, begin + kFp8TileColumns);
+      float amax = 0.0f;
+      for (int c = begin + lane; c < end; c += 32) amax = fmaxf(amax, fabsf(s_latent[c]));
+      for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+      const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+      for (int c = begin + lane; c < end; c += 32)
+        dst[c] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(s_latent[c] / scale, __NV_SATFINITE, __NV_E4M3));
+      if (lane == 0) reinterpret_cast<float*>(dst + d.cache_scales_offset)[tile] = scale;
+    }
+  } else {
+    for (int i = threadIdx.x; i < lora; i += kThreads) reinterpret_cast<float*>(dst)[i] = s_latent[i];
+  }
   const int pos = b.positions[t];
   for (int i = threadIdx.x; i < half; i += kThreads) {
     const float x0 = src[lora + 2 * i], x1 = src[lora + 2 * i + 1];
     const float c = rope_cos[pos * half + i], s = rope_sin[pos * half + i];
-    dst[lora + 2 * i] = x0 * c - x1 * s;
-    dst[lora + 2 * i + 1] = x0 * s + x1 * c;
+    const float r0 = x0 * c - x1 * s, r1 = x0 * s + x1 * c;
+    if (d.cache_fp8) {
+      auto* rope_dst = reinterpret_cast<__nv_bfloat16*>(dst + d.cache_rope_offset);
+      rope_dst[2 * i] = __float2bfloat16_rn(r0);
+      rope_dst[2 * i + 1] = __float2bfloat16_rn(r1);
+    } else {
+      reinterpret_cast<float*>(dst)[lora + 2 * i] = r0;
+      reinterpret_cast<float*>(dst)[lora + 2 * i + 1] = r1;
+    }
   }
 }
 
 __global__ void __launch_bounds__(kThreads) attention_partial_kernel(MlaDims d, MlaBatchView b, const float* q,
                                                                      const float* q_latent, const float* rope_cos,
-                                                                     const float* rope_sin, const float* cache,
+                                                                     const float* rope_sin, const void* cache,
                                                                      float softmax_scale, int num_splits,
                                                                      int split_len, int token_base,
                                                                      float* workspace) {
@@ -75,7 +101,7 @@ __global__ void __launch_bounds__(kThreads) attention_partial_kernel(MlaDims d, 
   // the same time, so a sequence's latent cache comes from memory once and from L2 for the rest.
   const int h = blockIdx.x, t = token_base + blockIdx.y, split = blockIdx.z;
   const int lora = d.kv_lora_rank, rope = d.qk_rope_head_dim, nope = d.qk_nope_head_dim;
-  const int entry = lora + rope, half = rope / 2, bs = d.block_size;
+  const int half = rope / 2, bs = d.block_size;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int pos = b.positions[t];
 
@@ -112,19 +138,19 @@ __global__ void __launch_bounds__(kThreads) attention_partial_kernel(MlaDims d, 
   const int32_t* table = b.tables + b.table_offsets[b.token_seq[t]];
   float m = -FLT_MAX, l_sum = 0.0f;
   for (int s = begin + warp; s < end; s += kWarps) {
-    const float* kv = cache + (static_cast<int64_t>(table[s / bs]) * bs + s % bs) * entry;
+    const uint8_t* kv = cache_entry(d, cache, static_cast<int64_t>(table[s / bs]) * bs + s % bs);
     float kv_lat[kLoraPerLane];
     float part = 0.0f;
 #pragma unroll
     for (int i = 0; i < kLoraPerLane; ++i) {
       const int l = lane + 32 * i;
-      kv_lat[i] = l < lora ? kv[l] : 0.0f;
+      kv_lat[i] = l < lora ? latent_value(d, kv, l) : 0.0f;
       part += q_lat[i] * kv_lat[i];
     }
 #pragma unroll
     for (int i = 0; i < kRopePerLane; ++i) {
       const int r = lane + 32 * i;
-      if (r < rope) part += q_rope[i] * kv[lora + r];
+      if (r < rope) part += q_rope[i] * rope_value(d, kv, r);
     }
     const float score = warp_sum(part) * softmax_scale;
     const float m_new = fmaxf(m, score);
@@ -408,7 +434,7 @@ void check_dims(const MlaDims& d) {
 }  // namespace
 
 void launch_mla_cache_write(const MlaDims& d, const MlaBatchView& b, const float* kv_a, const float* norm_w,
-                            float eps, const float* rope_cos, const float* rope_sin, float* cache, Stream stream) {
+                            float eps, const float* rope_cos, const float* rope_sin, void* cache, Stream stream) {
   check_dims(d);
   if (b.num_tokens == 0) return;
   launch_kernel(cache_write_kernel, b.num_tokens, kThreads, 0, stream, d, b, kv_a, norm_w, eps, rope_cos, rope_sin,
@@ -417,7 +443,7 @@ void launch_mla_cache_write(const MlaDims& d, const MlaBatchView& b, const float
 }
 
 void launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* q, const float* w_uk,
-                          const float* w_uv_t, const float* rope_cos, const float* rope_sin, const float* cache,
+                          const float* w_uv_t, const float* rope_cos, const float* rope_sin, const void* cache,
                           float softmax_scale, int num_splits, int split_len_tokens, float* workspace,
                           float* q_latent, float* o_latent, float* out, const int32_t* prefill_tiles,
                           int num_prefill_tiles, int head_tile_blocks, int32_t* work_starts, bool few_token_form,
@@ -430,10 +456,12 @@ void launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
   launch_head_gemm(q, static_cast<int64_t>(d.num_heads) * qk, qk, w_uk, d.num_heads, d.qk_nope_head_dim, lora,
                    q_latent, static_cast<int64_t>(d.num_heads) * lora, lora, b.num_tokens, few_token_form, stream);
   if (num_prefill_tiles > 0) {
-    launch_mla_prefill_attention(d, b, q, q_latent, rope_cos, rope_sin, cache, softmax_scale, prefill_tiles,
+    launch_mla_prefill_attention(d, b, q, q_latent, rope_cos, rope_sin, static_cast<const float*>(cache),
+                                 softmax_scale, prefill_tiles,
                                  num_prefill_tiles, o_latent, stream);
   } else if (head_tile_blocks > 0) {
-    launch_mla_decode_head_tiles(d, b, q, q_latent, rope_cos, rope_sin, cache, softmax_scale, head_tile_blocks,
+    launch_mla_decode_head_tiles(d, b, q, q_latent, rope_cos, rope_sin, static_cast<const float*>(cache),
+                                 softmax_scale, head_tile_blocks,
                                  work_starts, workspace, o_latent, stream);
   } else {
     // Partial results per (token, head, split) from the fp32 kernel, then merged.

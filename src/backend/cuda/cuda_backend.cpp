@@ -538,16 +538,16 @@ void CudaBackend::gather_rows(const Tensor& x, std::span<const int32_t> rows, Te
   launch_gather_rows(x.as<float>(), d_rows, static_cast<int64_t>(rows.size()), x.dim(1), out.as<float>(), stream_);
 }
 
-void CudaBackend::read_cache_block(const LayerKvCache& cache, int32_t block, float* dst) {
-  const int64_t per_block = cache.data.dim(1) * cache.data.dim(2);
-  DS_CUDA_CHECK(cudaMemcpyAsync(dst, cache.data.as<float>() + block * per_block, per_block * 4,
+void CudaBackend::read_cache_block(const LayerKvCache& cache, int32_t block, void* dst) {
+  const size_t block_bytes = cache.data.num_bytes() / static_cast<size_t>(cache.data.dim(0));
+  DS_CUDA_CHECK(cudaMemcpyAsync(dst, static_cast<const uint8_t*>(cache.data.data) + block * block_bytes, block_bytes,
                                 cudaMemcpyDeviceToHost, stream_));
   synchronize();
 }
 
-void CudaBackend::write_cache_block(LayerKvCache& cache, int32_t block, const float* src) {
-  const int64_t per_block = cache.data.dim(1) * cache.data.dim(2);
-  DS_CUDA_CHECK(cudaMemcpyAsync(cache.data.as<float>() + block * per_block, src, per_block * 4,
+void CudaBackend::write_cache_block(LayerKvCache& cache, int32_t block, const void* src) {
+  const size_t block_bytes = cache.data.num_bytes() / static_cast<size_t>(cache.data.dim(0));
+  DS_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(cache.data.data) + block * block_bytes, src, block_bytes,
                                 cudaMemcpyHostToDevice, stream_));
   synchronize();  // the caller may reuse src at once
 }

@@ -13,7 +13,8 @@
 // - MoE runs without the host: the router kernel writes the expert of every entry, a planning
 //   kernel groups the entries by expert, and the grouped GEMM reads that layout.
 // - Other tensors (norm weights, embeddings, router, W_UK/W_UV, RoPE tables) are fp32, and so
-//   is the paged latent cache (read_cache_block/write_cache_block are plain copies).
+//   is the paged latent cache by default (read_cache_block/write_cache_block are plain copies);
+//   with KvCacheFormat::kFp8 it holds FP8 entries (latent_cache_format.h).
 // - begin_step uploads the step's token layout once into fixed device buffers; with them a
 //   decode step can be recorded as a CUDA graph and replayed (DSINFER_CUDA_GRAPHS=0 turns that
 //   off). All work runs on one stream; the host waits only in to_host, sample_rows,
@@ -75,8 +76,8 @@ class CudaBackend final : public Backend {
   bool end_recording(uint64_t key) override;
   bool replay(uint64_t key) override;
 
-  void read_cache_block(const LayerKvCache& cache, int32_t block, float* dst) override;
-  void write_cache_block(LayerKvCache& cache, int32_t block, const float* src) override;
+  void read_cache_block(const LayerKvCache& cache, int32_t block, void* dst) override;
+  void write_cache_block(LayerKvCache& cache, int32_t block, const void* src) override;
 
   void synchronize();
   bool batch_invariant() const { return batch_invariant_; }

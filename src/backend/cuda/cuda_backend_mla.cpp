@@ -64,8 +64,16 @@ size_t expanded_weight_offset_bytes(const MlaWeights& w) {
   return static_cast<size_t>(round_up(static_cast<int64_t>(w.num_heads) * w.kv_lora_rank * w.v_head_dim * 4, 256));
 }
 
-MlaDims mla_dims(const MlaWeights& w, int block_size) {
-  return MlaDims{w.num_heads, w.kv_lora_rank, w.qk_nope_head_dim, w.qk_rope_head_dim, w.v_head_dim, block_size};
+MlaDims mla_dims(const MlaWeights& w, int block_size, KvCacheFormat format) {
+  MlaDims d{w.num_heads, w.kv_lora_rank, w.qk_nope_head_dim, w.qk_rope_head_dim, w.v_head_dim, block_size};
+  d.cache_entry_bytes = static_cast<int>(latent_entry_bytes(format, w.kv_lora_rank, w.qk_rope_head_dim));
+  if (format == KvCacheFormat::kFp8) {
+    const Fp8LatentLayout layout{w.kv_lora_rank, w.qk_rope_head_dim};
+    d.cache_fp8 = true;
+    d.cache_scales_offset = layout.scales_offset();
+    d.cache_rope_offset = layout.rope_offset();
+  }
+  return d;
 }
 
 // A sequence of the batch whose new tokens attend in the expanded form.
@@ -145,10 +153,9 @@ void CudaBackend::mla_attention(const MlaAttentionArgs& args) {
     view.table_offsets = base + 3 * num_tokens;
     view.tables = base + 3 * num_tokens + batch.block_tables.size();
   }
-  const MlaDims dims = mla_dims(w, args.block_size);
+  const MlaDims dims = mla_dims(w, args.block_size, args.cache->format);
   launch_mla_cache_write(dims, view, args.kv_a->as<float>(), w.kv_a_layernorm.as<float>(), args.latent_norm_eps,
-                         args.rope_cos->as<float>(), args.rope_sin->as<float>(), args.cache->data.as<float>(),
-                         stream_);
+                         args.rope_cos->as<float>(), args.rope_sin->as<float>(), args.cache->data.data, stream_);
 
   // Long prefill chunks go to the expanded form, unless the batch must be invariant (that form's
   // summation order depends on the chunk) or is being recorded (its plan is made on the host).
@@ -208,7 +215,7 @@ void CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView&
                                std::span<const int32_t> token_seq, const float* q, float* out) {
   const MlaWeights& w = *args.weights;
   const int num_tokens = view.num_tokens;
-  const MlaDims dims = mla_dims(w, args.block_size);
+  const MlaDims dims = mla_dims(w, args.block_size, args.cache->format);
   // The split count depends on the batch's shape only (a recording replays it for any
   // contents): split the context when the blocks alone cannot fill the GPU (kSplitBlocksPerSm),
   // each token cutting its own context into that many slices. Batch-invariant mode cuts every
@@ -263,7 +270,7 @@ void CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView&
   Tensor q_latent = alloc_->cached({work * w.kv_lora_rank}, DType::kF32);
   Tensor o_latent = alloc_->cached({work * w.kv_lora_rank}, DType::kF32);
   launch_mla_attention(dims, view, q, w.w_uk.as<float>(), w.derived.as<float>(), args.rope_cos->as<float>(),
-                       args.rope_sin->as<float>(), args.cache->data.as<float>(), args.softmax_scale, num_splits,
+                       args.rope_sin->as<float>(), args.cache->data.data, args.softmax_scale, num_splits,
                        split_len, workspace.as<float>(), q_latent.as<float>(), o_latent.as<float>(), out,
                        tiles.empty() ? nullptr : d_tiles.as<int32_t>(), static_cast<int>(tiles.size() / 2),
                        head_tile_blocks, work_starts.as<int32_t>(), !batch_invariant_, stream_);
@@ -278,13 +285,12 @@ void CudaBackend::mla_expanded(const MlaAttentionArgs& args, const MlaBatchView&
   const MlaWeights& w = *args.weights;
   const ExpandedLayout layout(w);
   const int heads = w.num_heads, vdim = w.v_head_dim;
-  const int entry = w.kv_lora_rank + w.qk_rope_head_dim;
   const int first_pos = context_len - num_tokens;
-  const MlaDims dims = mla_dims(w, args.block_size);
+  const MlaDims dims = mla_dims(w, args.block_size, args.cache->format);
 
   Tensor latent = alloc_->cached({context_len, layout.ld_latent}, DType::kBF16);
-  launch_mla_gather_latent(args.cache->data.as<float>(), view.tables + table_offset, args.block_size, entry,
-                           context_len, static_cast<int>(layout.ld_latent), latent.as<uint16_t>(), stream_);
+  launch_mla_gather_latent(dims, args.cache->data.data, view.tables + table_offset, context_len,
+                           static_cast<int>(layout.ld_latent), latent.as<uint16_t>(), stream_);
   const int64_t kv_width = heads * layout.head_width;
   Tensor kv = alloc_->cached({context_len, kv_width}, DType::kBF16);
   LtMatmul::Strided up;

@@ -53,6 +53,12 @@ struct MlaDims {
   int qk_rope_head_dim;
   int v_head_dim;
   int block_size;
+  // The cache's entries (latent_cache_format.h): fp32 [lora + rope], or FP8 with its scales and
+  // bf16 rope part at these byte offsets. Query tiles and head tiles read fp32 caches only.
+  bool cache_fp8 = false;
+  int cache_entry_bytes = 0;
+  int cache_scales_offset = 0;
+  int cache_rope_offset = 0;
 };
 
 // Device-side token layout of one forward step (all int32, device pointers).
@@ -65,9 +71,10 @@ struct MlaBatchView {
   const int32_t* tables;         // concatenated block tables
 };
 
-// Writes the new tokens into the paged fp32 cache: RMS-normalised c_kv, RoPE-rotated k_rope.
+// Writes the new tokens into the paged cache: RMS-normalised c_kv, RoPE-rotated k_rope (an FP8
+// cache quantises each 128-column tile of c_kv with its own scale).
 void launch_mla_cache_write(const MlaDims& d, const MlaBatchView& b, const float* kv_a, const float* norm_w,
-                            float eps, const float* rope_cos, const float* rope_sin, float* cache, Stream stream);
+                            float eps, const float* rope_cos, const float* rope_sin, void* cache, Stream stream);
 
 // Absorbed attention over the paged cache, split along the context: q_lat = q_nope · W_UK per
 // head, then each (token, head, split) block attends to its slice of positions 0..pos and leaves
@@ -87,7 +94,7 @@ void launch_mla_cache_write(const MlaDims& d, const MlaBatchView& b, const float
 // few_token_form lets steps of at most four tokens run the W_UK and W_UV products in a form
 // built for weight bandwidth, whose summation order differs (never for batch-invariant steps).
 void launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* q, const float* w_uk,
-                          const float* w_uv_t, const float* rope_cos, const float* rope_sin, const float* cache,
+                          const float* w_uv_t, const float* rope_cos, const float* rope_sin, const void* cache,
                           float softmax_scale, int num_splits, int split_len_tokens, float* workspace,
                           float* q_latent, float* o_latent, float* out, const int32_t* prefill_tiles,
                           int num_prefill_tiles, int head_tile_blocks, int32_t* work_starts, bool few_token_form,
@@ -119,7 +126,7 @@ void launch_mla_decode_head_tiles(const MlaDims& d, const MlaBatchView& b, const
 // ---- MLA prefill in the expanded form (mla_expanded.cu) ----
 // latent bf16 [num_positions, ld_latent] = the cache entries of positions 0..num_positions-1 of
 // one sequence (its block table `table`), columns entry..ld_latent zero.
-void launch_mla_gather_latent(const float* cache, const int32_t* table, int block_size, int entry, int num_positions,
+void launch_mla_gather_latent(const MlaDims& d, const void* cache, const int32_t* table, int num_positions,
                               int ld_latent, uint16_t* latent, Stream stream);
 // q_out bf16 [T, heads, qk_padded] = q fp32 [T, heads, nope + rope] with the rope part rotated
 // at each token's position, columns nope + rope..qk_padded zero.

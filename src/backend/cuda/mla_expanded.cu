@@ -10,19 +10,23 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/kernel_launch.cuh"
+#include "backend/cuda/latent_entry.cuh"
 
 namespace dsinfer::cuda {
 namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void gather_latent_kernel(const float* cache, const int32_t* table, int block_size, int entry,
-                                     int ld_latent, uint16_t* latent) {
+__global__ void gather_latent_kernel(MlaDims d, const void* cache, const int32_t* table, int ld_latent,
+                                     uint16_t* latent) {
   await_previous_kernels();
-  const int p = blockIdx.x;
-  const float* src = cache + (static_cast<int64_t>(table[p / block_size]) * block_size + p % block_size) * entry;
+  const int p = blockIdx.x, bs = d.block_size, lora = d.kv_lora_rank, entry = lora + d.qk_rope_head_dim;
+  const uint8_t* src = cache_entry(d, cache, static_cast<int64_t>(table[p / bs]) * bs + p % bs);
   __nv_bfloat16* dst = reinterpret_cast<__nv_bfloat16*>(latent) + static_cast<int64_t>(p) * ld_latent;
-  for (int c = threadIdx.x; c < ld_latent; c += blockDim.x) dst[c] = __float2bfloat16(c < entry ? src[c] : 0.0f);
+  for (int c = threadIdx.x; c < ld_latent; c += blockDim.x) {
+    const float v = c < lora ? latent_value(d, src, c) : c < entry ? rope_value(d, src, c - lora) : 0.0f;
+    dst[c] = __float2bfloat16(v);
+  }
 }
 
 __global__ void expanded_queries_kernel(MlaDims d, const float* q, const int32_t* positions, const float* rope_cos,
@@ -105,11 +109,10 @@ __global__ void __launch_bounds__(kThreads) causal_softmax_kernel(const float* s
 
 }  // namespace
 
-void launch_mla_gather_latent(const float* cache, const int32_t* table, int block_size, int entry, int num_positions,
+void launch_mla_gather_latent(const MlaDims& d, const void* cache, const int32_t* table, int num_positions,
                               int ld_latent, uint16_t* latent, Stream stream) {
   if (num_positions == 0) return;
-  launch_kernel(gather_latent_kernel, num_positions, 128, 0, stream, cache, table, block_size, entry, ld_latent,
-                latent);
+  launch_kernel(gather_latent_kernel, num_positions, 128, 0, stream, d, cache, table, ld_latent, latent);
   DS_CUDA_CHECK_LAUNCH();
 }
 

@@ -226,8 +226,8 @@ void configure_shared_memory() {
 
 bool mla_tiles_supported(const MlaDims& d) {
   const int entry = d.kv_lora_rank + d.qk_rope_head_dim;
-  return d.kv_lora_rank <= kMaxLora && entry <= kMaxEntry && d.kv_lora_rank % 16 == 0 && entry % 16 == 0 &&
-         d.qk_rope_head_dim % 2 == 0;
+  return !d.cache_fp8 && d.kv_lora_rank <= kMaxLora && entry <= kMaxEntry && d.kv_lora_rank % 16 == 0 &&
+         entry % 16 == 0 && d.qk_rope_head_dim % 2 == 0;
 }
 
 void launch_mla_prefill_attention(const MlaDims& d, const MlaBatchView& b, const float* q, const float* q_latent,

@@ -58,6 +58,24 @@ TEST(GenerateCli, ReproducesReferenceTokens) {
   }
 }
 
+// --kv-cache-dtype fp8 runs the engine over the FP8 latent cache (logged), and an unknown
+// format is refused before anything loads.
+TEST(GenerateCli, Fp8LatentCacheOption) {
+  const auto ref = reference("tiny_v3");
+  const auto& p = ref["prompts"][2];
+  const auto r = run("generate --model " + fixture("tiny_v3") + " --prompt-ids " +
+                     join_ids(p["prompt_ids"].get<std::vector<int>>()) +
+                     " --temperature 0 --ignore-eos --max-tokens 8 --kv-cache-dtype fp8");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("tokens (fp8)"), std::string::npos) << r.out;
+  const auto lines = json_lines(r.out);
+  ASSERT_EQ(lines.size(), 1u) << r.out;
+  EXPECT_EQ(lines[0]["token_ids"].size(), 8u);
+  const auto bad = run("generate --model " + fixture("tiny_v3") + " --prompt-ids 1,2 --kv-cache-dtype int4");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.out.find("kv-cache-dtype"), std::string::npos) << bad.out;
+}
+
 TEST(GenerateCli, JsonlInputKeepsOrderAndPerLineParameters) {
   const auto ref = reference("tiny_v3");
   const std::string path = ::testing::TempDir() + "/gen_input.jsonl";

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
 
 #include "cuda_test_util.h"
@@ -29,9 +30,12 @@ struct SeqSpec {
 
 class CudaAttentionTest : public CudaVsCpuTest {
  protected:
-  void run_case(const Dims& d, const std::vector<SeqSpec>& seqs, uint32_t seed) {
+  void run_case(const Dims& d, const std::vector<SeqSpec>& seqs, uint32_t seed,
+                KvCacheFormat format = KvCacheFormat::kF32) {
     constexpr int kBlockSize = 64;
     const int entry = d.lora + d.rope;
+    const bool fp8 = format == KvCacheFormat::kFp8;
+    const size_t entry_bytes = latent_entry_bytes(format, d.lora, d.rope);
     // Block tables: every sequence gets its blocks from a shuffled pool.
     int total_blocks = 0;
     for (const auto& s : seqs) total_blocks += (s.num_cached + s.num_new + kBlockSize - 1) / kBlockSize;
@@ -71,6 +75,12 @@ class CudaAttentionTest : public CudaVsCpuTest {
         sin_t[p * half + i] = static_cast<float>(std::sin(p * freq));
       }
     const auto initial_cache = random_values(num_blocks * kBlockSize * entry, seed + 6, 0.5f);
+    // The cache as stored: the fp32 entries, or each quantised into its FP8 bytes.
+    std::vector<uint8_t> initial_bytes(num_blocks * kBlockSize * entry_bytes);
+    for (int64_t e = 0; e < num_blocks * kBlockSize; ++e) {
+      if (fp8) quantize_latent_entry(initial_cache.data() + e * entry, d.lora, d.rope, initial_bytes.data() + e * entry_bytes);
+      else std::memcpy(initial_bytes.data() + e * entry_bytes, initial_cache.data() + e * entry, entry_bytes);
+    }
 
     Backend* bes[2] = {cpu_.get(), gpu_.get()};
     std::vector<float> out[2], cache_after[2];
@@ -88,9 +98,11 @@ class CudaAttentionTest : public CudaVsCpuTest {
       be.prepare(w);
       Tensor tq = upload(be, {t, d.heads * (d.nope + d.rope)}, q), tkv = upload(be, {t, entry}, kv_a);
       Tensor tcos = upload(be, {max_positions, half}, cos_t), tsin = upload(be, {max_positions, half}, sin_t);
-      LayerKvCache cache{be.empty({num_blocks, kBlockSize, entry}, DType::kF32)};
+      LayerKvCache cache{fp8 ? be.empty({num_blocks, kBlockSize, static_cast<int64_t>(entry_bytes)}, DType::kU8)
+                             : be.empty({num_blocks, kBlockSize, entry}, DType::kF32),
+                         format};
       for (int64_t blk = 0; blk < num_blocks; ++blk)
-        be.write_cache_block(cache, static_cast<int32_t>(blk), initial_cache.data() + blk * kBlockSize * entry);
+        be.write_cache_block(cache, static_cast<int32_t>(blk), initial_bytes.data() + blk * kBlockSize * entry_bytes);
       Tensor tout = be.empty({t, d.heads * d.vdim}, DType::kF32);
       MlaAttentionArgs args;
       args.weights = &w;
@@ -105,11 +117,18 @@ class CudaAttentionTest : public CudaVsCpuTest {
       args.out = &tout;
       be.mla_attention(args);
       out[b] = download(be, tout);
-      cache_after[b].resize(num_blocks * kBlockSize * entry);
+      std::vector<uint8_t> bytes(initial_bytes.size());
       for (int64_t blk = 0; blk < num_blocks; ++blk)
-        be.read_cache_block(cache, static_cast<int32_t>(blk), cache_after[b].data() + blk * kBlockSize * entry);
+        be.read_cache_block(cache, static_cast<int32_t>(blk), bytes.data() + blk * kBlockSize * entry_bytes);
+      cache_after[b].resize(num_blocks * kBlockSize * entry);
+      for (int64_t e = 0; e < num_blocks * kBlockSize; ++e) {
+        if (fp8) dequantize_latent_entry(bytes.data() + e * entry_bytes, d.lora, d.rope, cache_after[b].data() + e * entry);
+        else std::memcpy(cache_after[b].data() + e * entry, bytes.data() + e * entry_bytes, entry_bytes);
+      }
     }
-    EXPECT_LT(relative_error(cache_after[1], cache_after[0]), 1e-5) << "cache after the step";
+    // An FP8 entry may land one e4m3 step apart where the two backends' norms differ in the
+    // last bit.
+    EXPECT_LT(relative_error(cache_after[1], cache_after[0]), fp8 ? 1e-2 : 1e-5) << "cache after the step";
     // Prefill chunks of 16 tokens or more, and decode batches of 16 tokens or more, run on
     // tensor cores (bf16 or TF32 operands, fp32 softmax and sums);
     // smaller decode batches, and all decode in batch-invariant mode, stay in fp32.
@@ -117,8 +136,10 @@ class CudaAttentionTest : public CudaVsCpuTest {
     const bool invariant = invariant_env != nullptr && std::string(invariant_env) == "1";
     bool prefill_chunk = false;
     for (const auto& sq : seqs) prefill_chunk = prefill_chunk || sq.num_new >= 16;
+    // An FP8 cache runs every token through the fp32 kernels (or the expanded form), over
+    // entries that may differ by one e4m3 step where they were just written.
     const bool fp32 = !prefill_chunk && (invariant || t < 16);
-    EXPECT_LT(relative_error(out[1], out[0]), fp32 ? 1e-4 : 2e-2) << "attention output";
+    EXPECT_LT(relative_error(out[1], out[0]), fp32 && !fp8 ? 1e-4 : 2e-2) << "attention output";
   }
 };
 
@@ -138,6 +159,18 @@ TEST_F(CudaAttentionTest, LongContextDecodeSplitsTheContext) {
 
 // 16 decode tokens or more attend in head tiles: contexts from one position to past 2k, so some
 // tokens use one split and others many, the rest of their splits left empty.
+// The FP8 latent cache: decode alone and in a batch of 20 with long contexts, a prefill chunk of
+// 16 tokens (head tiles and query tiles take fp32 entries only: the fp32 kernel takes these),
+// and chunks of 70 and 80 tokens in the expanded form, whose gather dequantises the entries.
+TEST_F(CudaAttentionTest, Fp8LatentCache) {
+  run_case(kV3Dims, {{2100, 1}}, 3000, KvCacheFormat::kFp8);
+  std::vector<SeqSpec> seqs;
+  for (int i = 0; i < 20; ++i) seqs.push_back({(i * 131) % 2600, 1});
+  run_case(kV3Dims, seqs, 3100, KvCacheFormat::kFp8);
+  run_case(kV3Dims, {{100, 16}, {0, 70}, {40, 1}}, 3200, KvCacheFormat::kFp8);
+  run_case(kTinyDims, {{0, 17}, {64, 1}, {5, 9}, {0, 80}}, 3300, KvCacheFormat::kFp8);
+}
+
 TEST_F(CudaAttentionTest, DecodeBatchInHeadTiles) {
   std::vector<SeqSpec> seqs;
   for (int i = 0; i < 20; ++i) seqs.push_back({(i * 131) % 2600, 1});

@@ -97,16 +97,16 @@ TEST_P(CudaGoldenModelTest, TeacherForcedTop1AgreesWithReference) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGoldenModelTest, ::testing::Values("tiny_v3", "tiny_v2_lite", "tiny_v3_fp8"));
 
 // A step with three sequences at different points (fresh prefill, continuing prefill, decode)
-// and shuffled block tables, random weights, CPU against CUDA.
-TEST(CudaModelBatchTest, RaggedBatchMatchesCpu) {
-  if (!cuda_backend_available()) GTEST_SKIP() << "no CUDA device visible";
+// and shuffled block tables, random weights, CPU against CUDA, with caches in `format`.
+void expect_ragged_batch_matches_cpu(KvCacheFormat format) {
   const ModelConfig config = ModelConfig::load(testing_cuda::source_dir() + "/tests/data/tiny_v3");
   auto cpu = make_backend("cpu");
   auto gpu = make_backend("cuda");
   DeepseekModel cpu_model(config, make_random_weights(config, *cpu, 11), *cpu, 512);
   DeepseekModel gpu_model(config, make_random_weights(config, *gpu, 11), *gpu, 512);
   const int num_blocks = 12;
-  KvCaches caches[2] = {cpu_model.allocate_caches(num_blocks, kBlockSize), gpu_model.allocate_caches(num_blocks, kBlockSize)};
+  KvCaches caches[2] = {cpu_model.allocate_caches(num_blocks, kBlockSize, format),
+                        gpu_model.allocate_caches(num_blocks, kBlockSize, format)};
   // Sequence s owns blocks {3s+2, 3s, 3s+1}.
   auto table_of = [](int s) { return std::vector<int32_t>{3 * s + 2, 3 * s, 3 * s + 1}; };
   auto add_tokens = [&](ForwardBatch& b, int s, int first_pos, int count) {
@@ -127,8 +127,18 @@ TEST(CudaModelBatchTest, RaggedBatchMatchesCpu) {
     logits[b][0] = download(*bes[b], models[b]->forward(step1, caches[b]).logits);
     logits[b][1] = download(*bes[b], models[b]->forward(step2, caches[b]).logits);
   }
-  EXPECT_LT(relative_error(logits[1][0], logits[0][0]), 3e-2);
-  EXPECT_LT(relative_error(logits[1][1], logits[0][1]), 3e-2);
+  EXPECT_LT(relative_error(logits[1][0], logits[0][0]), 3e-2) << kv_cache_format_name(format);
+  EXPECT_LT(relative_error(logits[1][1], logits[0][1]), 3e-2) << kv_cache_format_name(format);
+}
+
+TEST(CudaModelBatchTest, RaggedBatchMatchesCpu) {
+  if (!cuda_backend_available()) GTEST_SKIP() << "no CUDA device visible";
+  expect_ragged_batch_matches_cpu(KvCacheFormat::kF32);
+}
+
+TEST(CudaModelBatchTest, RaggedBatchMatchesCpuWithFp8Cache) {
+  if (!cuda_backend_available()) GTEST_SKIP() << "no CUDA device visible";
+  expect_ragged_batch_matches_cpu(KvCacheFormat::kFp8);
 }
 
 }  // namespace

@@ -126,6 +126,33 @@ TEST(KvTiersEngine, StoreHitInAFreshEngineGivesTheColdOutput) {
   EXPECT_EQ(m.num_store_hit_tokens, 128);
 }
 
+// An FP8 latent cache goes to the store as its own bytes (656 per position and layer for V3
+// shapes): a fresh engine restores them and continues exactly as the cold run did, and an
+// engine with the fp32 cache on the same directory finds none of them.
+TEST(KvTiersEngine, Fp8CacheStoreHitGivesTheColdOutput) {
+  TempDir dir;
+  const Prompt p = long_prompt();
+  EngineConfig c = tier_config();
+  c.kv_cache_format = KvCacheFormat::kFp8;
+  c.kv_tiers.store_enabled = true;
+  c.kv_tiers.store_directory = dir.path();
+  Completion cold;
+  {
+    LLM first(c);
+    cold = run_one(first, p.request);
+  }
+  {
+    LLM second(c);
+    const Completion hit = run_one(second, p.request);
+    EXPECT_EQ(hit.prompt_cache.num_store_hit_tokens, 128);
+    EXPECT_EQ(hit.token_ids, cold.token_ids);
+  }
+  EngineConfig f32 = c;
+  f32.kv_cache_format = KvCacheFormat::kF32;
+  LLM other_format(f32);
+  EXPECT_EQ(run_one(other_format, p.request).prompt_cache.num_store_hit_tokens, 0);
+}
+
 TEST(KvTiersEngine, StoreIsolatesSalts) {
   TempDir dir;
   const Prompt p = long_prompt();

@@ -43,10 +43,10 @@ class RawFp8CpuBackend final : public Backend {
   void moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRouting* routing) override {
     cpu_.moe(x, w, out, routing);
   }
-  void read_cache_block(const LayerKvCache& cache, int32_t block, float* dst) override {
+  void read_cache_block(const LayerKvCache& cache, int32_t block, void* dst) override {
     cpu_.read_cache_block(cache, block, dst);
   }
-  void write_cache_block(LayerKvCache& cache, int32_t block, const float* src) override {
+  void write_cache_block(LayerKvCache& cache, int32_t block, const void* src) override {
     cpu_.write_cache_block(cache, block, src);
   }
 
