@@ -2,13 +2,11 @@
 // style, V3 style, V3 with FP8 block-scaled weights) by teacher-forced greedy decoding, and a
 // ragged multi-sequence batch against the CPU backend.
 #include <gtest/gtest.h>
-#include "forward_batch_util.h"
+#include "teacher_forcing.h"
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <iostream>
-#include <nlohmann/json.hpp>
 #include <numeric>
 
 #include "cuda_test_util.h"
@@ -23,10 +21,6 @@ using testing_cuda::download;
 using testing_cuda::relative_error;
 
 constexpr int kBlockSize = 64;
-
-ForwardBatch single_sequence_batch(const std::vector<TokenId>& tokens, int start, int num_blocks) {
-  return testing::single_sequence_batch(tokens, start, num_blocks, kBlockSize);
-}
 
 class CudaGoldenModelTest : public ::testing::TestWithParam<std::string> {
  protected:
@@ -49,49 +43,21 @@ TEST_P(CudaGoldenModelTest, TeacherForcedTop1AgreesWithReference) {
   const std::string dir = testing_cuda::source_dir() + "/tests/data/" + GetParam();
   auto backend = make_backend("cuda");
   auto model = load_deepseek_model(dir, *backend, 0, false);
-  std::ifstream f(dir + "/reference.json");
-  const auto ref = nlohmann::json::parse(f);
-  int num_steps = 0, num_agree = 0, num_clear = 0, num_clear_agree = 0;
+  const testing::TeacherForcedAgreement a = testing::teacher_forced_agreement(*model, dir, kClearMargin);
   double worst_logit_err = 0, worst_scale = 0;
-  for (const auto& p : ref["prompts"]) {
-    std::vector<TokenId> tokens = p["prompt_ids"].get<std::vector<TokenId>>();
-    const auto greedy = p["greedy_ids"].get<std::vector<TokenId>>();
-    const auto margins = p["greedy_margins"].get<std::vector<double>>();
-    const int total = static_cast<int>(tokens.size() + greedy.size());
-    const int num_blocks = (total + kBlockSize - 1) / kBlockSize;
-    KvCaches caches = model->allocate_caches(num_blocks, kBlockSize);
-    ForwardOutput out = model->forward(single_sequence_batch(tokens, 0, num_blocks), caches);
-    std::vector<float> logits = download(*backend, out.logits);
-    const auto full = p["last_logits"].get<std::vector<double>>();
-    double max_err = 0, scale = 0;
-    for (size_t v = 0; v < full.size(); ++v) {
-      max_err = std::max(max_err, std::abs(logits[v] - full[v]));
-      scale = std::max(scale, std::abs(full[v]));
-    }
-    worst_logit_err = std::max(worst_logit_err, max_err);
-    worst_scale = std::max(worst_scale, scale);
-    EXPECT_LT(max_err, kLogitTolerance * scale) << GetParam() << " prompt len " << tokens.size();
-    for (size_t step = 0; step < greedy.size(); ++step) {
-      const int next = static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-      ++num_steps;
-      num_agree += next == greedy[step];
-      if (margins[step] > kClearMargin) {
-        ++num_clear;
-        num_clear_agree += next == greedy[step];
-      }
-      tokens.push_back(greedy[step]);  // teacher-forced: follow the reference path
-      out = model->forward(single_sequence_batch(tokens, static_cast<int>(tokens.size()) - 1, num_blocks), caches);
-      logits = download(*backend, out.logits);
-    }
+  for (size_t i = 0; i < a.prefill_errors.size(); ++i) {
+    EXPECT_LT(a.prefill_errors[i], kLogitTolerance * a.prefill_scales[i]) << GetParam() << " prompt " << i;
+    worst_logit_err = std::max(worst_logit_err, a.prefill_errors[i]);
+    worst_scale = std::max(worst_scale, a.prefill_scales[i]);
   }
-  std::cout << GetParam() << ": top-1 agreement " << num_agree << "/" << num_steps << " (clear margins "
-            << num_clear_agree << "/" << num_clear << "), worst prefill logit error " << worst_logit_err
+  std::cout << GetParam() << ": top-1 agreement " << a.num_agree << "/" << a.num_steps << " (clear margins "
+            << a.num_clear_agree << "/" << a.num_clear << "), worst prefill logit error " << worst_logit_err
             << " (logit scale " << worst_scale << ")\n";
-  EXPECT_GT(num_clear, 60);
-  EXPECT_GE(num_clear_agree, kClearAgreement * num_clear) << GetParam();
+  EXPECT_GT(a.num_clear, 60);
+  EXPECT_GE(a.num_clear_agree, kClearAgreement * a.num_clear) << GetParam();
   // FP8 activations (1x128 tiles, 3 mantissa bits) move near-tied logits more than bf16 does.
   const double all_steps_floor = GetParam() == "tiny_v3_fp8" ? 0.90 : 0.95;
-  EXPECT_GE(num_agree, all_steps_floor * num_steps) << GetParam();
+  EXPECT_GE(a.num_agree, all_steps_floor * a.num_steps) << GetParam();
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGoldenModelTest, ::testing::Values("tiny_v3", "tiny_v2_lite", "tiny_v3_fp8"));
