@@ -18,7 +18,9 @@ namespace dsinfer::testing {
 struct TeacherForcedAgreement {
   int num_steps = 0, num_agree = 0;
   int num_clear = 0, num_clear_agree = 0;  // steps whose reference top-2 margin passes clear_margin
-  // Per prompt: the largest |logit - reference| after prefill, and the reference's largest |logit|.
+  // Per prompt: the logits after prefill, their largest |logit - reference|, and the
+  // reference's largest |logit|.
+  std::vector<std::vector<float>> prefill_logits;
   std::vector<double> prefill_errors, prefill_scales;
 };
 
@@ -46,6 +48,7 @@ inline TeacherForcedAgreement teacher_forced_agreement(DeepseekModel& model, con
       max_err = std::max(max_err, std::abs(logits[v] - full[v]));
       scale = std::max(scale, std::abs(full[v]));
     }
+    a.prefill_logits.push_back(logits);
     a.prefill_errors.push_back(max_err);
     a.prefill_scales.push_back(scale);
     for (size_t step = 0; step < greedy.size(); ++step) {

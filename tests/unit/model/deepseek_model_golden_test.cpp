@@ -3,7 +3,7 @@
 #include "model/deepseek_model.h"
 
 #include <gtest/gtest.h>
-#include "forward_batch_util.h"
+#include "teacher_forcing.h"
 
 #include <algorithm>
 #include <cmath>
@@ -15,16 +15,9 @@
 namespace dsinfer {
 namespace {
 
-constexpr int kBlockSize = 64;
-
 nlohmann::json load_reference(const std::string& dir) {
   std::ifstream f(dir + "/reference.json");
   return nlohmann::json::parse(f);
-}
-
-// Fills a batch of one sequence whose tokens [start, start + n) are new; blocks 0..k in order.
-ForwardBatch single_sequence_batch(const std::vector<TokenId>& tokens, int start, int num_blocks) {
-  return testing::single_sequence_batch(tokens, start, num_blocks, kBlockSize);
 }
 
 class GoldenModelTest : public ::testing::TestWithParam<std::string> {};
@@ -34,43 +27,22 @@ TEST_P(GoldenModelTest, MatchesReferenceLogitsAndGreedyTokens) {
   auto backend = make_backend("cpu");
   auto model = load_deepseek_model(dir, *backend, 0, false);
   const auto ref = load_reference(dir);
-  int num_checked_tokens = 0;
-  for (const auto& p : ref["prompts"]) {
-    std::vector<TokenId> tokens = p["prompt_ids"].get<std::vector<TokenId>>();
-    const auto greedy = p["greedy_ids"].get<std::vector<TokenId>>();
-    const auto margins = p["greedy_margins"].get<std::vector<double>>();
-    const int total = static_cast<int>(tokens.size() + greedy.size());
-    const int num_blocks = (total + kBlockSize - 1) / kBlockSize;
-    KvCaches caches = model->allocate_caches(num_blocks, kBlockSize);
-
-    // Prefill: the last position's logits against the reference.
-    ForwardOutput out = model->forward(single_sequence_batch(tokens, 0, num_blocks), caches);
-    std::vector<float> logits(model->config().vocab_size);
-    backend->to_host(out.logits, logits.data());
+  // Greedy decoding one token at a time through the cache, on the reference's path: every step
+  // whose reference top-2 margin passes 1e-3 picks the reference's token.
+  const testing::TeacherForcedAgreement a = testing::teacher_forced_agreement(*model, dir, 1e-3);
+  EXPECT_GT(a.num_clear, 100);
+  EXPECT_EQ(a.num_clear_agree, a.num_clear) << GetParam();
+  // Prefill: the last position's logits against the reference.
+  for (size_t i = 0; i < a.prefill_logits.size(); ++i) {
+    const auto& p = ref["prompts"][i];
     const auto top5_ids = p["top5_ids"].get<std::vector<int>>();
     const auto top5 = p["top5_logits"].get<std::vector<double>>();
-    for (int i = 0; i < 5; ++i) {
-      EXPECT_NEAR(logits[top5_ids[i]], top5[i], 1e-3 * std::max(1.0, std::abs(top5[i])))
-          << GetParam() << " prompt len " << tokens.size() << " rank " << i;
+    for (int r = 0; r < 5; ++r) {
+      EXPECT_NEAR(a.prefill_logits[i][top5_ids[r]], top5[r], 1e-3 * std::max(1.0, std::abs(top5[r])))
+          << GetParam() << " prompt " << i << " rank " << r;
     }
-    const auto full = p["last_logits"].get<std::vector<double>>();
-    double max_err = 0;
-    for (size_t v = 0; v < full.size(); ++v) max_err = std::max(max_err, std::abs(logits[v] - full[v]));
-    EXPECT_LT(max_err, 2e-3) << GetParam() << " prompt len " << tokens.size();
-
-    // Greedy decoding one token at a time through the cache.
-    for (size_t step = 0; step < greedy.size(); ++step) {
-      const int next = static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-      if (margins[step] > 1e-3) {
-        EXPECT_EQ(next, greedy[step]) << GetParam() << " prompt len " << tokens.size() << " step " << step;
-        ++num_checked_tokens;
-      }
-      tokens.push_back(greedy[step]);  // teacher-forced: follow the reference path
-      out = model->forward(single_sequence_batch(tokens, static_cast<int>(tokens.size()) - 1, num_blocks), caches);
-      backend->to_host(out.logits, logits.data());
-    }
+    EXPECT_LT(a.prefill_errors[i], 2e-3) << GetParam() << " prompt " << i;
   }
-  EXPECT_GT(num_checked_tokens, 100);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenModelTest,
