@@ -179,6 +179,16 @@ TEST_F(CudaAttentionTest, DecodeBatchInHeadTiles) {
   run_case({20, 32, 16, 24, 20}, seqs, 1600);  // 20 heads: a second, partly empty head tile
 }
 
+// A batch of 16 tokens or more whose sequences bring up to 15 new tokens each (a chunked
+// prefill's remainder beside decodes) also runs in head tiles: each token attends causally up
+// to its own position, past the entries its later neighbours have just written.
+TEST_F(CudaAttentionTest, HeadTilesTakeShortChunksBesideDecodes) {
+  std::vector<SeqSpec> seqs{{300, 5}, {40, 3}, {0, 7}};
+  for (int i = 0; i < 10; ++i) seqs.push_back({(i * 577) % 2000, 1});
+  run_case(kV3Dims, seqs, 2200);
+  run_case(kTinyDims, seqs, 2300);
+}
+
 // Head tiles cut the batch's work into equal ranges whatever the contexts: one long context
 // spread over many blocks beside short ones taken several to a block, and more tokens than
 // blocks.
