@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <string_view>
 
+#include "core/dtype.h"
+
 namespace dsinfer {
 
 enum class KvCacheFormat { kF32, kFp8 };
@@ -36,6 +38,10 @@ struct Fp8LatentLayout {
 
 // Bytes of one position's entry in `format`.
 size_t latent_entry_bytes(KvCacheFormat format, int lora, int rope);
+// The element type of a cache tensor in `format` (kF32, or kU8 for the bytes of FP8 entries).
+inline DType latent_cache_dtype(KvCacheFormat format) {
+  return format == KvCacheFormat::kFp8 ? DType::kU8 : DType::kF32;
+}
 
 // One kFp8 entry from fp32 [lora | rope], and back.
 void quantize_latent_entry(const float* entry, int lora, int rope, uint8_t* dst);

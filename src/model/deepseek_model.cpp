@@ -32,13 +32,11 @@ KvCaches DeepseekModel::allocate_caches(int num_blocks, int block_size, KvCacheF
   KvCaches caches;
   caches.num_blocks = num_blocks;
   caches.block_size = block_size;
-  const bool fp8 = format == KvCacheFormat::kFp8;
-  const int64_t entry = fp8 ? static_cast<int64_t>(latent_entry_bytes(format, config_.kv_lora_rank,
-                                                                      config_.qk_rope_head_dim))
-                            : config_.kv_lora_rank + config_.qk_rope_head_dim;
+  const DType dtype = latent_cache_dtype(format);
+  const auto entry = static_cast<int64_t>(
+      latent_entry_bytes(format, config_.kv_lora_rank, config_.qk_rope_head_dim) / dtype_size_bytes(dtype));
   for (int i = 0; i < config_.num_hidden_layers; ++i)
-    caches.layers.push_back(
-        LayerKvCache{backend_.empty({num_blocks, block_size, entry}, fp8 ? DType::kU8 : DType::kF32), format});
+    caches.layers.push_back(LayerKvCache{backend_.empty({num_blocks, block_size, entry}, dtype), format});
   return caches;
 }
 

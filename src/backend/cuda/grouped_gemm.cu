@@ -276,12 +276,7 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedGemmArgs 
 template <int kFrags, bool kFp8>
 void launch_with(const GroupedGemmArgs& args, dim3 grid, Stream stream) {
   constexpr int bytes = Layout<kFrags, kFp8>::kBytes;
-  static const bool configured = [] {
-    DS_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<kFrags, kFp8>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-    return true;
-  }();
-  (void)configured;
+  allow_shared_bytes<grouped_gemm_kernel<kFrags, kFp8>>(bytes);
   launch_kernel(grouped_gemm_kernel<kFrags, kFp8>, grid, kThreads, bytes, stream, args);
   DS_CUDA_CHECK_LAUNCH();
 }

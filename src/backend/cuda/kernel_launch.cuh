@@ -27,6 +27,19 @@ __device__ __forceinline__ void await_previous_kernels() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
+// Lets `Kernel` use shared_bytes of dynamic shared memory, past the 48 KB a launch gets by
+// default; the first call for each kernel sets the attribute, later calls do nothing (the
+// caller passes the same size every time).
+template <auto Kernel>
+void allow_shared_bytes(size_t shared_bytes) {
+  static const bool allowed = [shared_bytes] {
+    DS_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(shared_bytes)));
+    return true;
+  }();
+  (void)allowed;
+}
+
 // Whether launches overlap (DSINFER_PDL, read once).
 bool overlapped_launches_enabled();
 

@@ -356,20 +356,9 @@ bool mla_head_tiles_supported(const MlaDims& d) {
          d.block_size % kChunk == 0;
 }
 
-namespace {
-void configure_decode_tiles() {
-  static const bool configured = [] {
-    DS_CUDA_CHECK(cudaFuncSetAttribute(decode_tiles_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(sizeof(Smem))));
-    return true;
-  }();
-  (void)configured;
-}
-}  // namespace
-
 int mla_head_tile_blocks(const MlaDims& d, int num_sms) {
   static const int per_sm = [] {
-    configure_decode_tiles();
+    allow_shared_bytes<decode_tiles_kernel>(sizeof(Smem));
     int n = 0;
     DS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_tiles_kernel, kThreads, sizeof(Smem)));
     return n;
@@ -385,7 +374,7 @@ void launch_mla_decode_head_tiles(const MlaDims& d, const MlaBatchView& b, const
   DS_CHECK(mla_head_tiles_supported(d) && num_blocks >= 1 && num_blocks <= kMaxBlocksPerGroup &&
            d.num_heads <= 65535);
   if (b.num_tokens == 0) return;
-  configure_decode_tiles();
+  allow_shared_bytes<decode_tiles_kernel>(sizeof(Smem));
   launch_kernel(plan_kernel, 1, 1024, 0, stream, b, work_starts);
   DS_CUDA_CHECK_LAUNCH();
   const dim3 grid((d.num_heads + kRows - 1) / kRows, num_blocks);

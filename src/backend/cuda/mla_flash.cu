@@ -200,12 +200,7 @@ template <int QK, int V>
 void launch_flash(const uint16_t* queries, const uint16_t* kv, int num_heads, int v_dim, int num_queries,
                   int first_pos, int num_keys, float scale_log2, float* out, int64_t ld_out, Stream stream) {
   constexpr size_t kBytes = FlashShape<QK, V>::kBytes;
-  static const bool configured = [] {
-    DS_CUDA_CHECK(cudaFuncSetAttribute(flash_attention_kernel<QK, V>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(kBytes)));
-    return true;
-  }();
-  (void)configured;
+  allow_shared_bytes<flash_attention_kernel<QK, V>>(kBytes);
   const dim3 grid((num_queries + kQueries - 1) / kQueries, num_heads);
   launch_kernel(flash_attention_kernel<QK, V>, grid, kThreads, kBytes, stream,
                 reinterpret_cast<const __nv_bfloat16*>(queries), reinterpret_cast<const __nv_bfloat16*>(kv), num_heads,

@@ -213,15 +213,6 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(MlaDims d, MlaBatchVi
   }
 }
 
-void configure_shared_memory() {
-  static const bool configured = [] {
-    DS_CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(sizeof(Smem))));
-    return true;
-  }();
-  (void)configured;
-}
-
 }  // namespace
 
 bool mla_tiles_supported(const MlaDims& d) {
@@ -236,7 +227,7 @@ void launch_mla_prefill_attention(const MlaDims& d, const MlaBatchView& b, const
                                   Stream stream) {
   DS_CHECK(mla_tiles_supported(d) && num_tiles <= 65535);
   if (num_tiles == 0) return;
-  configure_shared_memory();
+  allow_shared_bytes<prefill_kernel>(sizeof(Smem));
   const dim3 grid(d.num_heads, num_tiles);
   launch_kernel(prefill_kernel, grid, kThreads, sizeof(Smem), stream, d, b, q, q_latent, rope_cos, rope_sin, cache,
                 softmax_scale, tiles, o_latent);

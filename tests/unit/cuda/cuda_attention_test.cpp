@@ -98,9 +98,10 @@ class CudaAttentionTest : public CudaVsCpuTest {
       be.prepare(w);
       Tensor tq = upload(be, {t, d.heads * (d.nope + d.rope)}, q), tkv = upload(be, {t, entry}, kv_a);
       Tensor tcos = upload(be, {max_positions, half}, cos_t), tsin = upload(be, {max_positions, half}, sin_t);
-      LayerKvCache cache{fp8 ? be.empty({num_blocks, kBlockSize, static_cast<int64_t>(entry_bytes)}, DType::kU8)
-                             : be.empty({num_blocks, kBlockSize, entry}, DType::kF32),
-                         format};
+      const DType dtype = latent_cache_dtype(format);
+      LayerKvCache cache{
+          be.empty({num_blocks, kBlockSize, static_cast<int64_t>(entry_bytes / dtype_size_bytes(dtype))}, dtype),
+          format};
       for (int64_t blk = 0; blk < num_blocks; ++blk)
         be.write_cache_block(cache, static_cast<int32_t>(blk), initial_bytes.data() + blk * kBlockSize * entry_bytes);
       Tensor tout = be.empty({t, d.heads * d.vdim}, DType::kF32);
