@@ -94,7 +94,7 @@ int run_workload(WorkloadOptions o) {
   cfg.max_queued_requests = std::max(cfg.max_queued_requests, w.num_requests);
 
   // The ceiling first, while the device's memory is still free.
-  const double gemm_flops = measure_device_gemm_flops(cfg.backend);
+  const double gemm_flops = measure_device_gemm_flops(cfg.backend, cfg.dummy_fp8);
   std::unique_ptr<EngineCore> engine;
   try {
     engine = std::make_unique<EngineCore>(cfg);
@@ -212,7 +212,9 @@ int run_workload(WorkloadOptions o) {
     << "- all requests submitted at once after one warm-up request; random prompt ids (seed " << o.prompt_seed
     << "), greedy, eos ignored; time to first token counted from submission\n";
   if (gemm_flops > 0) {
-    std::snprintf(line, sizeof line, "- GEMM ceiling measured in the same run: %.4g TFLOP/s\n", gemm_flops / 1e12);
+    std::snprintf(line, sizeof line, "- GEMM ceiling measured in the same run (%s): %.4g TFLOP/s\n",
+                  cfg.backend != "cuda" ? "fp32 matmul" : cfg.dummy_fp8 ? "cuBLASLt block-scaled FP8" : "cuBLASLt bf16",
+                  gemm_flops / 1e12);
     s << line;
   }
   s << "\ncompleted: " << (w.num_requests - num_bad) << " of " << w.num_requests << " requests, "

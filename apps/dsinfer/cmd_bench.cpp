@@ -191,7 +191,7 @@ int run_bench(int argc, char** argv) {
     return 1;
   }
   // The GEMM ceiling first, while the device's memory is free of the model.
-  const double gemm_flops = measure_device_gemm_flops(backend_name);
+  const double gemm_flops = measure_device_gemm_flops(backend_name, fp8);
   std::cerr << "GEMM ceiling: " << gemm_flops / 1e12 << " TFLOP/s\n";
   const int max_batch = *std::max_element(batches.begin(), batches.end());
   const int max_positions = prompt_len + decode_steps + 4;  // + warm-up steps and the routed step
@@ -373,7 +373,9 @@ int run_bench(int argc, char** argv) {
                                 (on_device ? "device-to-device cudaMemcpy" : "all threads") +
                                 "): " + std::to_string(copy_bw / 1e9) + " GB/s; ")
          << "GEMM ceiling ("
-         << (on_device ? "cuBLASLt bf16 8192x8192x8192" : "the CPU backend's fp32 matmul, 512x2048x2048, all threads")
+         << (!on_device ? "the CPU backend's fp32 matmul, 512x2048x2048, all threads"
+             : fp8    ? "cuBLASLt block-scaled FP8 8192x8192x8192, 1x128 x 128x128 scales"
+                      : "cuBLASLt bf16 8192x8192x8192")
          << "): " << gemm_flops / 1e12 << " TFLOP/s\n"
          << "- prefill: " << prompt_len << "-token prompts, all of a batch in one step, fastest of " << prefill_reps
          << " passes; TFLOP/s counts 2 x activated weights per token + causal attention (model_flops.h)"

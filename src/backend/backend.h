@@ -204,8 +204,9 @@ bool cuda_backend_available();
 // device, measured now; 0 for backends without a device of their own (cpu).
 double measure_device_copy_bandwidth(const std::string& name);
 // Dense GEMM rate (FLOP/s) of the named backend's compute, measured now, in the precision its
-// linear layers use: cuBLASLt bf16 8192³ on the device for cuda, the backend's own fp32 matmul
-// on all threads for cpu. The ceiling that prefill FLOP rates are compared with.
-double measure_device_gemm_flops(const std::string& backend_name);
+// linear layers use: cuBLASLt bf16 8192³ on the device for cuda (with fp8: its block-scaled
+// e4m3 product, the one FP8 weights take), the backend's own fp32 matmul on all threads for
+// cpu. The ceiling that prefill FLOP rates are compared with.
+double measure_device_gemm_flops(const std::string& backend_name, bool fp8 = false);
 
 }  // namespace dsinfer

@@ -18,10 +18,12 @@ namespace dsinfer::testing {
 struct TeacherForcedAgreement {
   int num_steps = 0, num_agree = 0;
   int num_clear = 0, num_clear_agree = 0;  // steps whose reference top-2 margin passes clear_margin
+  double largest_missed_margin = 0;         // the reference's top-2 margin at the clearest miss
   // Per prompt: the logits after prefill, their largest |logit - reference|, and the
   // reference's largest |logit|.
   std::vector<std::vector<float>> prefill_logits;
   std::vector<double> prefill_errors, prefill_scales;
+  std::vector<int> prompt_lengths;
 };
 
 inline TeacherForcedAgreement teacher_forced_agreement(DeepseekModel& model, const std::string& fixture_dir,
@@ -49,12 +51,14 @@ inline TeacherForcedAgreement teacher_forced_agreement(DeepseekModel& model, con
       scale = std::max(scale, std::abs(full[v]));
     }
     a.prefill_logits.push_back(logits);
+    a.prompt_lengths.push_back(static_cast<int>(tokens.size()));
     a.prefill_errors.push_back(max_err);
     a.prefill_scales.push_back(scale);
     for (size_t step = 0; step < greedy.size(); ++step) {
       const int next = static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin());
       ++a.num_steps;
       a.num_agree += next == greedy[step];
+      if (next != greedy[step]) a.largest_missed_margin = std::max(a.largest_missed_margin, margins[step]);
       if (margins[step] > clear_margin) {
         ++a.num_clear;
         a.num_clear_agree += next == greedy[step];

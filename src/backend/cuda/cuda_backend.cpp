@@ -27,6 +27,10 @@ namespace {
 
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
+// The block-scaled FP8 product's tile width along k, and its row granularity.
+constexpr int64_t kLibraryFp8TileColumns = 128;
+constexpr int64_t kLibraryFp8RowMultiple = 4;
+
 // Bytes of a packed weight's elements; an e4m3 weight's scales follow at this offset (256-byte
 // aligned).
 size_t packed_data_bytes(int64_t n_padded, int64_t k_padded, int64_t elem_bytes) {
@@ -78,6 +82,7 @@ CudaBackend::CudaBackend() {
   batch_invariant_ = env_is("DSINFER_BATCH_INVARIANT", "1");
   graphs_enabled_ = !env_is("DSINFER_CUDA_GRAPHS", "0");
   fused_prefill_attention_ = !env_is("DSINFER_MLA_FLASH", "0");
+  library_fp8_ = !env_is("DSINFER_CUDA_FP8_GEMM", "0");
   if (const char* rows = std::getenv("DSINFER_CUDA_GEMM_MAX_ROWS")) own_gemm_max_rows_ = std::max(1, std::atoi(rows));
 }
 
@@ -332,8 +337,10 @@ LinearWeight CudaBackend::pack_weight(const HostTensor& w, bool gate_up) {
   // e4m3 stays e4m3 when its scale blocks cover whole 16-row groups of the packed layout.
   const bool fp8 = w.dtype == DType::kF8E4M3 && w.scale_inv != nullptr && w.block_rows % 16 == 0 &&
                    w.block_cols == 128 && (!gate_up || inter % 16 == 0);
-  const int64_t k_p = round_up(cols, kGemmChunkK);
-  const int64_t n_p = gate_up ? 2 * round_up(inter, kGemmTileRows) : round_up(rows, kGemmTileRows);
+  // Whole 128-column tiles (the block-scaled FP8 product works in them), for every dtype alike
+  // so that a gate/up's output width is its down projection's input width.
+  const int64_t k_p = round_up(cols, kLibraryFp8TileColumns);
+  const int64_t n_p = gate_up ? 2 * round_up(inter, kLibraryFp8TileColumns) : round_up(rows, kGemmTileRows);
   DS_CHECK_MSG(n_p <= INT32_MAX && k_p <= INT32_MAX, "weight [" << rows << ", " << cols << "] too large");
   // Source row of packed row r (-1: zero padding).
   auto source_row = [&](int64_t r) -> int64_t {
@@ -345,20 +352,31 @@ LinearWeight CudaBackend::pack_weight(const HostTensor& w, bool gate_up) {
   };
   const int64_t elem_bytes = fp8 ? 1 : 2;
   const size_t data_bytes = packed_data_bytes(n_p, k_p, elem_bytes);
-  const int64_t scale_cols = (k_p + 127) / 128;
-  const size_t scale_bytes = fp8 ? static_cast<size_t>(n_p / 16 * scale_cols) * sizeof(float) : 0;
-  std::vector<uint8_t> image(data_bytes + scale_bytes, 0);
+  const int64_t scale_cols = k_p / 128;
+  const size_t scale_bytes = fp8 ? static_cast<size_t>(round_up(n_p / 16 * scale_cols * 4, 256)) : 0;
+  // cuBLASLt's copy of the scales (LibraryScales): 128x128 blocks when the packed rows keep the
+  // checkpoint's blocks, else one per packed row and tile.
+  const bool library_blocks = !gate_up && w.block_rows == 128;
+  const int64_t library_block_cols = round_up(scale_cols, 4);
+  const int64_t library_scale_count =
+      !fp8 ? 0 : library_blocks ? (n_p + 127) / 128 * library_block_cols : scale_cols * n_p;
+  std::vector<uint8_t> image(data_bytes + scale_bytes + library_scale_count * sizeof(float), 0);
   if (fp8) {
     const uint8_t* src = static_cast<const uint8_t*>(w.data);
-    const int64_t col_blocks = (cols + 127) / 128;
+    const int64_t col_blocks = (cols + 127) / 128;  // == scale_cols
+    auto scale_of = [&](int64_t source, int64_t cb) {
+      return source >= 0 ? w.scale_inv[(source / w.block_rows) * col_blocks + cb] : 1.0f;
+    };
     float* scales = reinterpret_cast<float*>(image.data() + data_bytes);
+    float* library = reinterpret_cast<float*>(image.data() + data_bytes + scale_bytes);
     for (int64_t r = 0; r < n_p; ++r) {
       const int64_t s = source_row(r);
       if (s >= 0) std::memcpy(image.data() + r * k_p, src + s * cols, cols);
-      if (r % 16 != 0) continue;
-      for (int64_t cb = 0; cb < scale_cols; ++cb)
-        scales[(r / 16) * scale_cols + cb] =
-            (s >= 0 && cb < col_blocks) ? w.scale_inv[(s / w.block_rows) * col_blocks + cb] : 1.0f;
+      for (int64_t cb = 0; cb < scale_cols; ++cb) {
+        if (r % 16 == 0) scales[(r / 16) * scale_cols + cb] = scale_of(s, cb);
+        if (!library_blocks) library[cb * n_p + r] = scale_of(s, cb);
+        else if (r % 128 == 0) library[(r / 128) * library_block_cols + cb] = scale_of(s, cb);
+      }
     }
   } else {
     std::vector<float> wide;
@@ -387,6 +405,11 @@ LinearWeight CudaBackend::pack_weight(const HostTensor& w, bool gate_up) {
   lw.weight.shape = {n_p, k_p};
   lw.weight.dtype = fp8 ? DType::kF8E4M3 : DType::kBF16;
   lw.packed_gate_up = gate_up;
+  if (fp8) {
+    fp8_library_scales_[storage.data] = {
+        reinterpret_cast<const float*>(static_cast<const char*>(storage.data) + data_bytes + scale_bytes),
+        library_blocks};
+  }
   return lw;
 }
 
@@ -415,22 +438,19 @@ void CudaBackend::gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w
   const GemmWeight g = gemm_weight_of(w);
   const auto kind = static_cast<GemmEpilogue>(epilogue);
   if (!batch_invariant_ && (library_gemm || rows > own_gemm_max_rows_)) {
-    // Many rows: compute-bound, cuBLASLt's bf16 GEMM (e4m3 weights widened for the call).
-    const uint16_t* wb = w.weight.as<uint16_t>();
-    Tensor widened;
-    if (g.scales != nullptr) {
-      widened = alloc_->cached({g.n_padded, g.k_padded}, DType::kBF16);
-      launch_gemm_weight_to_bf16(g, widened.as<uint16_t>(), stream_);
-      wb = widened.as<uint16_t>();
-    }
-    const bool direct = kind == GemmEpilogue::kStoreF32 && ldy == g.n_padded &&
-                        reinterpret_cast<uintptr_t>(y) % LtMatmul::kMinAlignmentBytes == 0;
+    // Many rows: compute-bound, cuBLASLt. Its fp32 output lands in y directly when the layouts
+    // agree (an FP8 product writes whole groups of 4 rows).
+    const bool fp8 = g.scales != nullptr;
+    const int64_t rows_out = fp8 ? round_up(rows, kLibraryFp8RowMultiple) : rows;
+    const uintptr_t alignment = fp8 ? LtMatmul::kFp8AlignmentBytes : LtMatmul::kMinAlignmentBytes;
+    const bool direct = kind == GemmEpilogue::kStoreF32 && ldy == g.n_padded && rows_out == rows &&
+                        reinterpret_cast<uintptr_t>(y) % alignment == 0;
     if (direct) {
-      matmul_->bf16(wb, x_bf16.as<uint16_t>(), static_cast<float*>(y), rows, g.n_padded, g.k_padded);
+      library_product(x_bf16, rows, w, static_cast<float*>(y));
       return;
     }
-    Tensor full = alloc_->cached({rows, g.n_padded}, DType::kF32);
-    matmul_->bf16(wb, x_bf16.as<uint16_t>(), full.as<float>(), rows, g.n_padded, g.k_padded);
+    Tensor full = alloc_->cached({rows_out, g.n_padded}, DType::kF32);
+    library_product(x_bf16, rows, w, full.as<float>());
     if (kind == GemmEpilogue::kSiluMulBf16) {
       DS_CHECK(ldy == g.n_padded / 2);
       launch_silu_mul_interleaved(full.as<float>(), rows, g.n_padded / 2, static_cast<uint16_t*>(y), stream_);
@@ -465,6 +485,34 @@ void CudaBackend::gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w
     launch_grouped_gemm(a, g.n_padded, static_cast<int>((n_rows + kGemmRowsPerBlock - 1) / kGemmRowsPerBlock),
                         static_cast<int>(n_rows), stream_);
   }
+}
+
+void CudaBackend::library_product(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, float* out) {
+  const GemmWeight g = gemm_weight_of(w);
+  if (g.scales == nullptr) {
+    matmul_->bf16(w.weight.as<uint16_t>(), x_bf16.as<uint16_t>(), out, rows, g.n_padded, g.k_padded);
+    return;
+  }
+  if (library_product_fp8(x_bf16, rows, w, out)) return;
+  // No FP8 algorithm for this shape: the weight widened to bf16 for the call.
+  Tensor widened = alloc_->cached({g.n_padded, g.k_padded}, DType::kBF16);
+  launch_gemm_weight_to_bf16(g, widened.as<uint16_t>(), stream_);
+  matmul_->bf16(widened.as<uint16_t>(), x_bf16.as<uint16_t>(), out, rows, g.n_padded, g.k_padded);
+}
+
+bool CudaBackend::library_product_fp8(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, float* out) {
+  if (!library_fp8_) return false;
+  const auto it = fp8_library_scales_.find(w.weight.data);
+  if (it == fp8_library_scales_.end()) return false;
+  const LibraryScales& lib = it->second;
+  const int64_t n = w.weight.dim(0), k = w.weight.dim(1), rows_p = round_up(rows, kLibraryFp8RowMultiple);
+  const auto mode = lib.blocks_128x128 ? LtMatmul::Fp8WeightScales::kBlocks128x128 : LtMatmul::Fp8WeightScales::kRows1x128;
+  if (!matmul_->fp8_ready(rows_p, n, k, mode)) return false;
+  Tensor q = alloc_->cached({rows_p, k}, DType::kF8E4M3);
+  Tensor q_scales = alloc_->cached({k / kLibraryFp8TileColumns, rows_p}, DType::kF32);
+  launch_quantize_rows_e4m3(x_bf16.as<uint16_t>(), rows, k, rows_p, q.as<uint8_t>(), q_scales.as<float>(), stream_);
+  matmul_->fp8(w.weight.as<uint8_t>(), lib.scales, mode, q.as<uint8_t>(), q_scales.as<float>(), out, rows_p, n, k);
+  return true;
 }
 
 void CudaBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {

@@ -7,7 +7,9 @@
 // - Weights are packed for the backend's own GEMM (grouped_gemm.h): bf16, or e4m3 with their
 //   block scales, zero padded to whole tiles; gate/up pairs interleave their rows so that the
 //   GEMM's epilogue applies SiLU·mul. Decode-sized products run through that kernel; products
-//   with many rows go to cuBLASLt (bf16), unless batch invariance is asked for
+//   with many rows go to cuBLASLt (bf16; e4m3 weights through its block-scaled FP8 product,
+//   activations quantised per 1x128 tile on the fly, or DSINFER_CUDA_FP8_GEMM=0: widened to
+//   bf16 for the call), unless batch invariance is asked for
 //   (DSINFER_BATCH_INVARIANT=1), which keeps every product and attention on summation orders
 //   that do not depend on the batch.
 // - MoE runs without the host: the router kernel writes the expert of every entry, a planning
@@ -24,6 +26,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "backend/backend.h"
@@ -98,6 +101,10 @@ class CudaBackend final : public Backend {
   // library_gemm: use cuBLASLt whatever the row count (unless batch invariance is asked for).
   void gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, int epilogue, void* y, int64_t ldy,
             int64_t n_out, bool library_gemm = false);
+  // cuBLASLt's product of many rows into fp32 out [rows rounded up to 4, n_padded].
+  void library_product(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, float* out);
+  // The block-scaled FP8 product when cuBLASLt has one for the shape; false: nothing was run.
+  bool library_product_fp8(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, float* out);
   Tensor to_bf16_padded(const Tensor& x, int64_t k_padded);
   void moe_experts_grouped(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
                            const int32_t* block_offsets, const int32_t* src_rows, int64_t num_entries,
@@ -127,12 +134,21 @@ class CudaBackend final : public Backend {
   bool batch_invariant_ = false;
   bool graphs_enabled_ = true;
   bool recording_ = false;
+  bool library_fp8_ = true;  // many-row e4m3 products in FP8 (DSINFER_CUDA_FP8_GEMM=0: weights widened to bf16)
   bool fused_prefill_attention_ = true;  // expanded prefill in one kernel (DSINFER_MLA_FLASH=0: cuBLASLt products)
   int own_gemm_max_rows_ = 128;  // above this many rows a GEMM goes to cuBLASLt (not invariant)
   const ForwardBatch* step_batch_ = nullptr;
   Tensor tile_counters_;  // [kGemmMaxTileCounters] split-K arrival counts, zero between GEMMs
   std::shared_ptr<DeviceAllocator> alloc_;
   std::unique_ptr<LtMatmul> matmul_;
+  // cuBLASLt's copy of the scales of each e4m3 weight (keyed by the weight's device data): per
+  // 128x128 block where the packed rows keep the checkpoint's blocks, else per row and 128
+  // columns (gate/up pairs, whose packing interleaves rows of two blocks).
+  struct LibraryScales {
+    const float* scales = nullptr;
+    bool blocks_128x128 = false;
+  };
+  std::unordered_map<const void*, LibraryScales> fp8_library_scales_;
   std::unique_ptr<StepBuffers> step_;
   std::unique_ptr<Recordings> recordings_;
   std::unique_ptr<Choices> choices_;

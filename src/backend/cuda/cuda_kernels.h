@@ -30,6 +30,12 @@ void launch_f32_to_bf16_padded(const float* x, int64_t rows, int64_t k, int64_t 
 // rows → out bf16 [rows, inter_padded] = silu(gate) · up.
 void launch_silu_mul_interleaved(const float* gate_up, int64_t rows, int64_t inter_padded, uint16_t* out,
                                  Stream stream);
+// DeepSeek's activation quantisation (fp8_quantize.cu): x bf16 [rows, k] (k a multiple of 128)
+// → q e4m3 [rows_padded, k] and scales fp32 [k / 128][rows_padded] (rows contiguous, the layout
+// of LtMatmul::fp8), one scale per 128-column tile: its largest magnitude / 448. Rows from
+// `rows` to rows_padded are zeros with scale 1.
+void launch_quantize_rows_e4m3(const uint16_t* x, int64_t rows, int64_t k, int64_t rows_padded, uint8_t* q,
+                               float* scales, Stream stream);
 // ids[i] = chosen[-1 - ids[i]] where ids[i] < 0 (token placeholders of a step scheduled ahead).
 void launch_resolve_placeholders(int32_t* ids, int64_t n, const int32_t* chosen, Stream stream);
 // out[r] = index of the largest x[r, :] (the first on ties), x fp32 [rows, n].

@@ -11,6 +11,8 @@
 namespace dsinfer::cuda {
 namespace {
 
+constexpr int64_t kDim = 8192;
+
 // Uniform values in [-1, 1) as bf16: a ceiling measured on zero-filled buffers would not be
 // trusted (power draw, and so clocks, depend on the data).
 std::vector<uint16_t> random_bf16(size_t n, uint64_t seed) {
@@ -26,50 +28,91 @@ std::vector<uint16_t> random_bf16(size_t n, uint64_t seed) {
   return v;
 }
 
+// The best rate of `product` (2 * kDim³ FLOP per call) over several timed groups after a
+// warm-up, which also builds the plan (heuristic query) and brings the clocks up.
+template <typename Product>
+double best_rate(cudaStream_t stream, Product product) {
+  constexpr int kWarmups = 3, kGroups = 6, kPerGroup = 5;
+  for (int i = 0; i < kWarmups; ++i) product();
+  cudaEvent_t start, stop;
+  DS_CUDA_CHECK(cudaEventCreate(&start));
+  DS_CUDA_CHECK(cudaEventCreate(&stop));
+  double best = 0.0;
+  // Several products per event pair so the ~µs of event overhead is noise against ~1 ms each.
+  for (int g = 0; g < kGroups; ++g) {
+    DS_CUDA_CHECK(cudaEventRecord(start, stream));
+    for (int i = 0; i < kPerGroup; ++i) product();
+    DS_CUDA_CHECK(cudaEventRecord(stop, stream));
+    DS_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    DS_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (ms > 0.0f) best = std::max(best, kPerGroup * 2.0 * kDim * kDim * kDim / (ms * 1e-3));
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  DS_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return best;
+}
+
+template <typename T>
+T* upload(const std::vector<T>& host) {
+  T* p = nullptr;
+  DS_CUDA_CHECK(cudaMalloc(&p, host.size() * sizeof(T)));
+  DS_CUDA_CHECK(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return p;
+}
+
 }  // namespace
 
 double measure_bf16_gemm_flops_per_s() {
-  constexpr int64_t kDim = 8192;
-  constexpr int kWarmups = 3, kGroups = 6, kPerGroup = 5;
   const size_t elems = static_cast<size_t>(kDim) * kDim;
   DS_CUDA_CHECK(cudaSetDevice(0));
   cudaStream_t stream = nullptr;
   DS_CUDA_CHECK(cudaStreamCreate(&stream));
-  uint16_t *w = nullptr, *x = nullptr;
+  uint16_t* w = upload(random_bf16(elems, 1));
+  uint16_t* x = upload(random_bf16(elems, 2));
   float* y = nullptr;
-  DS_CUDA_CHECK(cudaMalloc(&w, elems * sizeof(uint16_t)));
-  DS_CUDA_CHECK(cudaMalloc(&x, elems * sizeof(uint16_t)));
   DS_CUDA_CHECK(cudaMalloc(&y, elems * sizeof(float)));
-  {
-    const std::vector<uint16_t> host_w = random_bf16(elems, 1), host_x = random_bf16(elems, 2);
-    DS_CUDA_CHECK(cudaMemcpy(w, host_w.data(), elems * sizeof(uint16_t), cudaMemcpyHostToDevice));
-    DS_CUDA_CHECK(cudaMemcpy(x, host_x.data(), elems * sizeof(uint16_t), cudaMemcpyHostToDevice));
-  }
   double best = 0.0;
   {
     LtMatmul lt(stream);
-    // The warm-up builds the plan (heuristic query) and brings the clocks up.
-    for (int i = 0; i < kWarmups; ++i) lt.bf16(w, x, y, kDim, kDim, kDim);
-    cudaEvent_t start, stop;
-    DS_CUDA_CHECK(cudaEventCreate(&start));
-    DS_CUDA_CHECK(cudaEventCreate(&stop));
-    // Several products per event pair so the ~µs of event overhead is noise against ~1.5 ms each.
-    for (int g = 0; g < kGroups; ++g) {
-      DS_CUDA_CHECK(cudaEventRecord(start, stream));
-      for (int i = 0; i < kPerGroup; ++i) lt.bf16(w, x, y, kDim, kDim, kDim);
-      DS_CUDA_CHECK(cudaEventRecord(stop, stream));
-      DS_CUDA_CHECK(cudaEventSynchronize(stop));
-      float ms = 0.0f;
-      DS_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-      if (ms > 0.0f) best = std::max(best, kPerGroup * 2.0 * kDim * kDim * kDim / (ms * 1e-3));
-    }
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
+    best = best_rate(stream, [&] { lt.bf16(w, x, y, kDim, kDim, kDim); });
   }
-  DS_CUDA_CHECK(cudaStreamSynchronize(stream));
   cudaFree(w);
   cudaFree(x);
   cudaFree(y);
+  cudaStreamDestroy(stream);
+  return best;
+}
+
+double measure_fp8_gemm_flops_per_s() {
+  const size_t elems = static_cast<size_t>(kDim) * kDim;
+  constexpr int64_t kTiles = kDim / 128;
+  DS_CUDA_CHECK(cudaSetDevice(0));
+  cudaStream_t stream = nullptr;
+  DS_CUDA_CHECK(cudaStreamCreate(&stream));
+  // e4m3 codes of the same uniform values; scales near the ones real weights and activations get.
+  auto to_e4m3 = [](const std::vector<uint16_t>& v) {
+    std::vector<uint8_t> out(v.size());
+    for (size_t i = 0; i < v.size(); ++i) out[i] = f32_to_fp8e4m3(448.0f * bf16_to_f32(v[i]));
+    return out;
+  };
+  uint8_t* w = upload(to_e4m3(random_bf16(elems, 1)));
+  uint8_t* x = upload(to_e4m3(random_bf16(elems, 2)));
+  float* w_scales = upload(std::vector<float>(kTiles * kTiles, 1e-3f));
+  float* x_scales = upload(std::vector<float>(kTiles * kDim, 1e-2f));
+  float* y = nullptr;
+  DS_CUDA_CHECK(cudaMalloc(&y, elems * sizeof(float)));
+  double best = 0.0;
+  {
+    LtMatmul lt(stream);
+    const auto mode = LtMatmul::Fp8WeightScales::kBlocks128x128;
+    if (lt.fp8_ready(kDim, kDim, kDim, mode))
+      best = best_rate(stream, [&] { lt.fp8(w, w_scales, mode, x, x_scales, y, kDim, kDim, kDim); });
+  }
+  for (void* p : {static_cast<void*>(w), static_cast<void*>(x), static_cast<void*>(w_scales),
+                  static_cast<void*>(x_scales), static_cast<void*>(y)})
+    cudaFree(p);
   cudaStreamDestroy(stream);
   return best;
 }

@@ -8,5 +8,8 @@ namespace dsinfer::cuda {
 // linear layers take), in FLOP/s: 8192 x 8192 x 8192 on random inputs, best of several
 // timed groups after a warm-up, timed with CUDA events. Allocates ~0.7 GB while it runs.
 double measure_bf16_gemm_flops_per_s();
+// The same for DeepSeek's FP8 product through LtMatmul::fp8 (e4m3 operands, activations scaled
+// per 1x128 tile, weights per 128x128 block, fp32 output); 0 when cuBLASLt has no algorithm.
+double measure_fp8_gemm_flops_per_s();
 
 }  // namespace dsinfer::cuda

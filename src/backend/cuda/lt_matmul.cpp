@@ -10,7 +10,6 @@ struct LtMatmul::Plan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
   bool ok = false;
-  bool swapped = false;  // FP8 only: A = x, B = W, D = yᵀ (see LtMatmul::fp8)
   ~Plan() {
     if (a) cublasLtMatrixLayoutDestroy(a);
     if (b) cublasLtMatrixLayoutDestroy(b);
@@ -52,25 +51,19 @@ int LtMatmul::pick_algorithm(Plan* p, uint32_t alignment_bytes) {
   return static_cast<int>(st);
 }
 
-std::unique_ptr<LtMatmul::Plan> LtMatmul::try_plan(Kind kind, int64_t m, int64_t n, int64_t k, bool swapped,
-                                                    uint32_t alignment_bytes, int* status) {
+std::unique_ptr<LtMatmul::Plan> LtMatmul::make_plan(Kind kind, int64_t m, int64_t n, int64_t k, int* status) {
   auto p = std::make_unique<Plan>();
-  p->swapped = swapped;
-  cudaDataType_t ab_type = CUDA_R_16BF, cd_type = CUDA_R_32F;
-  if (kind == Kind::kF32) ab_type = CUDA_R_32F;
-  if (kind == Kind::kFp8) {
-    ab_type = CUDA_R_8F_E4M3;
-    cd_type = CUDA_R_16BF;
-  }
+  const bool fp8 = kind == Kind::kFp8Blocks || kind == Kind::kFp8Rows;
+  const cudaDataType_t ab_type = kind == Kind::kF32 ? CUDA_R_32F : fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
   DS_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
   DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof op_t));
   DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof op_n));
-  if (kind == Kind::kFp8) {
-    const cublasLtMatmulMatrixScale_t w_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
-    const cublasLtMatmulMatrixScale_t x_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-    const auto& a_mode = swapped ? x_mode : w_mode;
-    const auto& b_mode = swapped ? w_mode : x_mode;
+  if (fp8) {
+    // A is the weight, B the activations (see the header for both scale layouts).
+    const cublasLtMatmulMatrixScale_t a_mode = kind == Kind::kFp8Blocks ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                                                                        : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    const cublasLtMatmulMatrixScale_t b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
     DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof a_mode));
     DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof b_mode));
     // Block scaling modes need scale pointers to be set already when the heuristic is asked
@@ -81,49 +74,33 @@ std::unique_ptr<LtMatmul::Plan> LtMatmul::try_plan(Kind kind, int64_t m, int64_t
     DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &placeholder,
                                                    sizeof placeholder));
   }
-  // Plain: A = W viewed column-major [k, n]; B = x viewed column-major [k, m]; D column-major
-  // [n, m] = y row-major. Swapped (FP8): A = x, B = W, D column-major [m, n] = yᵀ row-major.
-  const int64_t a_cols = swapped ? m : n, b_cols = swapped ? n : m;
-  DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, ab_type, k, a_cols, k));
-  DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, ab_type, k, b_cols, k));
-  DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, cd_type, a_cols, b_cols, a_cols));
-  DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, cd_type, a_cols, b_cols, a_cols));
-  // Plain plans take 16-byte aligned operands, not the 256 bytes the heuristic assumes by
-  // default: per-expert row slices of one buffer start anywhere on a row boundary.
-  *status = pick_algorithm(p.get(), alignment_bytes);
+  // A = W viewed column-major [k, n]; B = x viewed column-major [k, m]; D column-major [n, m]
+  // = y row-major, fp32.
+  DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, ab_type, k, n, k));
+  DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, ab_type, k, m, k));
+  DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, n, m, n));
+  DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, CUDA_R_32F, n, m, n));
+  // bf16 and fp32: 16-byte aligned operands, not the 256 bytes the heuristic assumes by default
+  // (per-expert row slices of one buffer start anywhere on a row boundary). FP8 operands are
+  // whole allocations.
+  *status = pick_algorithm(p.get(), fp8 ? kFp8AlignmentBytes : kMinAlignmentBytes);
   return p;
 }
 
 LtMatmul::Plan* LtMatmul::plan(Kind kind, int64_t m, int64_t n, int64_t k, bool must_exist) {
   auto key = std::make_tuple(static_cast<int>(kind), m, n, k);
   auto it = plans_.find(key);
-  if (it != plans_.end()) {
-    DS_CHECK_MSG(it->second->ok || !must_exist, "cuBLASLt has no algorithm for m=" << m << " n=" << n << " k=" << k);
-    return it->second.get();
-  }
-  std::unique_ptr<Plan> p;
-  int status = 0;
-  if (kind != Kind::kFp8) {
-    p = try_plan(kind, m, n, k, /*swapped=*/false, kMinAlignmentBytes, &status);
-  } else {
-    // The FP8 block-scaled kernels have operand-role and alignment requirements that the
-    // heuristic knows best: try W as A (weights' 128x128 scales on A) and x as A, each with
-    // the default 256-byte and then our 16-byte alignment, and keep the first it accepts.
-    // All FP8 operands are fresh allocations, so the default alignment holds for them.
-    for (int variant = 0; variant < 4 && !(p && p->ok); ++variant)
-      p = try_plan(kind, m, n, k, /*swapped=*/variant % 2 == 1, variant < 2 ? 256 : kMinAlignmentBytes, &status);
-    if (p->ok && !logged_fp8_plan_) {
-      logged_fp8_plan_ = true;
-      DS_LOG_INFO("cuda: FP8 weights use cuBLASLt's block-scaled matmul ("
-                  << (p->swapped ? "activations" : "weights") << " as operand A)");
-    }
-  }
-  DS_CHECK_MSG(p->ok || !must_exist, "cuBLASLt has no algorithm for kind " << static_cast<int>(kind) << " m=" << m
-                                                                            << " n=" << n << " k=" << k
+  if (it == plans_.end()) {
+    int status = 0;
+    it = plans_.emplace(key, make_plan(kind, m, n, k, &status)).first;
+    if (!it->second->ok && kind != Kind::kBf16 && kind != Kind::kF32)
+      DS_LOG_INFO("cuda: cuBLASLt has no block-scaled FP8 algorithm for m=" << m << " n=" << n << " k=" << k
                                                                             << " (status " << status << ")");
-  Plan* raw = p.get();
-  plans_.emplace(key, std::move(p));
-  return raw;
+  }
+  DS_CHECK_MSG(it->second->ok || !must_exist, "cuBLASLt has no algorithm for kind " << static_cast<int>(kind)
+                                                                                  << " m=" << m << " n=" << n
+                                                                                  << " k=" << k);
+  return it->second.get();
 }
 
 int LtMatmul::run(Plan* p, const void* a, const void* b, void* d, const float* a_scales, const float* b_scales) {
@@ -202,28 +179,22 @@ void LtMatmul::f32(const float* w, const float* x, float* y, int64_t m, int64_t 
   DS_CHECK_MSG(st == CUBLAS_STATUS_SUCCESS, "cublasLtMatmul (fp32): status " << st);
 }
 
-bool LtMatmul::fp8(const uint8_t* w, const float* w_scales, const uint8_t* x, const float* x_scales, uint16_t* y,
-                   int64_t m, int64_t n, int64_t k) {
-  if (m == 0 || n == 0) return false;
+bool LtMatmul::fp8_ready(int64_t m, int64_t n, int64_t k, Fp8WeightScales w_scales_mode) {
+  if (m <= 0 || n <= 0 || m % 4 != 0 || n % 4 != 0 || k % 128 != 0) return false;
+  const Kind kind = w_scales_mode == Fp8WeightScales::kBlocks128x128 ? Kind::kFp8Blocks : Kind::kFp8Rows;
+  return plan(kind, m, n, k, false)->ok;
+}
+
+void LtMatmul::fp8(const uint8_t* w, const float* w_scales, Fp8WeightScales w_scales_mode, const uint8_t* x,
+                   const float* x_scales, float* y, int64_t m, int64_t n, int64_t k) {
   DS_CHECK(m % 4 == 0 && n % 4 == 0 && k % 128 == 0);
-  Plan* p = plan(Kind::kFp8, m, n, k, !fp8_soft_fail_);
-  int st = CUBLAS_STATUS_NOT_SUPPORTED;
-  if (p->ok) st = p->swapped ? run(p, x, w, y, x_scales, w_scales) : run(p, w, x, y, w_scales, x_scales);
-  if (st != CUBLAS_STATUS_SUCCESS) {
-    DS_CHECK_MSG(fp8_soft_fail_, "cublasLtMatmul (FP8 block-scaled): status " << st);
-    fp8_failed_ = true;
-  }
-  return p->swapped;
-}
-
-bool LtMatmul::fp8_plan_ok(int64_t m, int64_t n, int64_t k) {
-  if (m % 4 != 0 || n % 4 != 0 || k % 128 != 0) return false;
-  return plan(Kind::kFp8, m, n, k, false)->ok;
-}
-
-bool LtMatmul::fp8_supported(int64_t n, int64_t k) {
-  if (n % 4 != 0 || k % 128 != 0) return false;
-  return plan(Kind::kFp8, 16, n, k, false)->ok;
+  for (const void* ptr : {static_cast<const void*>(w), static_cast<const void*>(w_scales),
+                          static_cast<const void*>(x), static_cast<const void*>(x_scales), static_cast<const void*>(y)})
+    DS_CHECK_MSG(reinterpret_cast<uintptr_t>(ptr) % kFp8AlignmentBytes == 0,
+                 "FP8 product: operands must be aligned to " << kFp8AlignmentBytes << " bytes");
+  const Kind kind = w_scales_mode == Fp8WeightScales::kBlocks128x128 ? Kind::kFp8Blocks : Kind::kFp8Rows;
+  const int st = run(plan(kind, m, n, k, true), w, x, y, w_scales, x_scales);
+  DS_CHECK_MSG(st == CUBLAS_STATUS_SUCCESS, "cublasLtMatmul (FP8 block-scaled): status " << st);
 }
 
 }  // namespace dsinfer::cuda

@@ -19,6 +19,8 @@ class LtMatmul {
  public:
   // Every pointer handed to LtMatmul must be aligned to this many bytes.
   static constexpr uintptr_t kMinAlignmentBytes = 16;
+  // ... and every operand of an FP8 product to this many.
+  static constexpr uintptr_t kFp8AlignmentBytes = 256;
 
   explicit LtMatmul(Stream stream);
   ~LtMatmul();
@@ -47,27 +49,25 @@ class LtMatmul {
   void bf16_strided(const Strided& shape, const uint16_t* x, const uint16_t* w, void* y);
   // fp32 throughout (the router: expert choice is sensitive to rounding).
   void f32(const float* w, const float* x, float* y, int64_t m, int64_t n, int64_t k);
-  // DeepSeek's FP8 recipe: W e4m3 with one fp32 scale per 128x128 block, laid out
-  // [ceil(n/128), k/128 rounded up to 4] (k-blocks contiguous); x e4m3 with one scale per
-  // (row, 128 columns), laid out [k/128, m] (rows contiguous). m and n multiples of 4, k of 128.
-  // y is bf16 [m, n], or [n, m] (transposed) when this returns true: cuBLASLt decides which
-  // operand may carry which scaling.
-  bool fp8(const uint8_t* w, const float* w_scales, const uint8_t* x, const float* x_scales, uint16_t* y, int64_t m,
-           int64_t n, int64_t k);
-  // Whether cuBLASLt offers an FP8 block-scaled algorithm for this (n, k) on this device.
-  bool fp8_supported(int64_t n, int64_t k);
-  // Whether the FP8 product of this exact shape has an algorithm (plans are cached).
-  bool fp8_plan_ok(int64_t m, int64_t n, int64_t k);
-  // While set, a failing FP8 matmul is recorded instead of aborting (for the start-up probe).
-  void set_fp8_soft_fail(bool on) { fp8_soft_fail_ = on; }
-  bool take_fp8_failure() { const bool f = fp8_failed_; fp8_failed_ = false; return f; }
+  // How an e4m3 weight's scales are laid out for LtMatmul::fp8.
+  enum class Fp8WeightScales {
+    kBlocks128x128,  // one per 128x128 block: [ceil(n/128)][k/128 rounded up to 4], k-blocks contiguous
+    kRows1x128,      // one per (row, 128 columns): [k/128][n], rows contiguous
+  };
+  // DeepSeek's FP8 recipe: y fp32 [m, n] = x · Wᵀ with W e4m3 [n, k] (scales as w_scales_mode
+  // says) and x e4m3 [m, k] with one fp32 scale per (row, 128 columns), laid out [k/128][m]
+  // (rows contiguous). m and n multiples of 4, k of 128, every pointer aligned to
+  // kFp8AlignmentBytes. fp8_ready says whether cuBLASLt has an algorithm for the shape (plans
+  // are cached); fp8 must only run when it does.
+  bool fp8_ready(int64_t m, int64_t n, int64_t k, Fp8WeightScales w_scales_mode);
+  void fp8(const uint8_t* w, const float* w_scales, Fp8WeightScales w_scales_mode, const uint8_t* x,
+           const float* x_scales, float* y, int64_t m, int64_t n, int64_t k);
 
  private:
   struct Plan;
-  enum class Kind { kBf16, kF32, kFp8 };
+  enum class Kind { kBf16, kF32, kFp8Blocks, kFp8Rows };
   Plan* plan(Kind kind, int64_t m, int64_t n, int64_t k, bool must_exist);
-  std::unique_ptr<Plan> try_plan(Kind kind, int64_t m, int64_t n, int64_t k, bool swapped, uint32_t alignment_bytes,
-                                 int* status);
+  std::unique_ptr<Plan> make_plan(Kind kind, int64_t m, int64_t n, int64_t k, int* status);
   // Asks the heuristic for p's algorithm (p->ok, p->algo); returns cuBLASLt's status.
   int pick_algorithm(Plan* p, uint32_t alignment_bytes);
   // Returns cuBLASLt's status (cublasStatus_t).
@@ -77,10 +77,7 @@ class LtMatmul {
   cublasLtContext* handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
-  bool logged_fp8_plan_ = false;
   void* placeholder_scales_ = nullptr;
-  bool fp8_soft_fail_ = false;
-  bool fp8_failed_ = false;
   static constexpr size_t kMaxStridedPlans = 1024;
   std::unique_ptr<Plan> make_strided_plan(const Strided& s);
   std::map<std::tuple<int, int64_t, int64_t, int64_t>, std::unique_ptr<Plan>> plans_;

@@ -30,34 +30,42 @@ class CudaGoldenModelTest : public ::testing::TestWithParam<std::string> {
 };
 
 // Logits may differ from the fp32 reference by up to kLogitTolerance of their scale (bf16
-// operands in every GEMM; FP8 activations for FP8 weights). A reference step whose top-2 margin
-// exceeds twice that (about 0.2 on these fixtures, logit scale ~3.5) should not flip; the one
-// thing that can still flip it is a near-tie between experts in some layer's router, which
-// bf16 noise may decide the other way. Measured on an H200 with bf16 weights: tiny_v3 75/75,
-// tiny_v2_lite 84/84, tiny_v3_fp8 84/85 over such steps; 144/144, 142/144, 139/144 over all.
+// activations in every GEMM). A reference step whose top-2 margin exceeds twice that (about 0.2
+// on these fixtures, logit scale ~3.5) should not flip; the one thing that can still flip it is
+// a near-tie between experts in some layer's router, which bf16 noise may decide the other way.
+// Measured on an H200: tiny_v3 74/75, tiny_v2_lite 84/84, tiny_v3_fp8 85/85 over such steps;
+// 143/144, 142/144, 140/144 over all.
 constexpr double kLogitTolerance = 3e-2;
+constexpr double kFp8RecipeLogitTolerance = 8e-2;
 constexpr double kClearMargin = 0.2;
 constexpr double kClearAgreement = 0.98;
 
 TEST_P(CudaGoldenModelTest, TeacherForcedTop1AgreesWithReference) {
-  const std::string dir = testing_cuda::source_dir() + "/tests/data/" + GetParam();
+  const std::string& fixture = GetParam();
+  const std::string dir = testing_cuda::source_dir() + "/tests/data/" + fixture;
   auto backend = make_backend("cuda");
   auto model = load_deepseek_model(dir, *backend, 0, false);
   const testing::TeacherForcedAgreement a = testing::teacher_forced_agreement(*model, dir, kClearMargin);
   double worst_logit_err = 0, worst_scale = 0;
   for (size_t i = 0; i < a.prefill_errors.size(); ++i) {
-    EXPECT_LT(a.prefill_errors[i], kLogitTolerance * a.prefill_scales[i]) << GetParam() << " prompt " << i;
+    // Prompts of more than 128 tokens go to cuBLASLt, where FP8 weights take DeepSeek's FP8
+    // activations: on this random model the CPU running that recipe is itself 0.17 off the
+    // reference on the 130-token prompt (cuda_fp8_gemm_test.cpp checks the recipe against it).
+    const bool fp8_recipe = fixture == "tiny_v3_fp8" && a.prompt_lengths[i] > 128;
+    const double tolerance = fp8_recipe ? kFp8RecipeLogitTolerance : kLogitTolerance;
+    EXPECT_LT(a.prefill_errors[i], tolerance * a.prefill_scales[i]) << fixture << " prompt " << i;
     worst_logit_err = std::max(worst_logit_err, a.prefill_errors[i]);
     worst_scale = std::max(worst_scale, a.prefill_scales[i]);
   }
-  std::cout << GetParam() << ": top-1 agreement " << a.num_agree << "/" << a.num_steps << " (clear margins "
-            << a.num_clear_agree << "/" << a.num_clear << "), worst prefill logit error " << worst_logit_err
-            << " (logit scale " << worst_scale << ")\n";
+  std::cout << fixture << ": top-1 agreement " << a.num_agree << "/" << a.num_steps << " (clear margins "
+            << a.num_clear_agree << "/" << a.num_clear << "; largest reference margin of a miss "
+            << a.largest_missed_margin << "), worst prefill logit error " << worst_logit_err << " (logit scale "
+            << worst_scale << ")\n";
   EXPECT_GT(a.num_clear, 60);
-  EXPECT_GE(a.num_clear_agree, kClearAgreement * a.num_clear) << GetParam();
+  EXPECT_GE(a.num_clear_agree, kClearAgreement * a.num_clear) << fixture;
   // FP8 activations (1x128 tiles, 3 mantissa bits) move near-tied logits more than bf16 does.
-  const double all_steps_floor = GetParam() == "tiny_v3_fp8" ? 0.90 : 0.95;
-  EXPECT_GE(a.num_agree, all_steps_floor * a.num_steps) << GetParam();
+  const double all_steps_floor = fixture == "tiny_v3_fp8" ? 0.90 : 0.95;
+  EXPECT_GE(a.num_agree, all_steps_floor * a.num_steps) << fixture;
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGoldenModelTest, ::testing::Values("tiny_v3", "tiny_v2_lite", "tiny_v3_fp8"));
