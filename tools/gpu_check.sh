@@ -59,7 +59,7 @@ unit_rc=$?
 sanitizer_rc=skipped
 if command -v compute-sanitizer > /dev/null && [ "$SANITIZER_TIMEOUT_S" -gt 0 ]; then
   timeout "$SANITIZER_TIMEOUT_S" compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN_DIR/unit_cuda" \
-    --gtest_filter='CudaOpsTest.*:CudaAttentionTest.RaggedBatch*:CudaMoeTest.NoauxTc*' > "$OUT/sanitizer.log" 2>&1
+    --gtest_filter='CudaOpsTest.*:CudaFp8GemmTest.Linear*:CudaAttentionTest.RaggedBatch*:CudaMoeTest.NoauxTc*' > "$OUT/sanitizer.log" 2>&1
   sanitizer_rc=$?
 fi
 
@@ -137,6 +137,6 @@ tail -12 "$OUT/bench.log"
 echo "=== prefill bench $PREFILL_BATCHES x $PREFILL_LEN ($(explain_rc "$prefill_rc"), limit ${prefill_s}s)"
 grep -E "GEMM ceiling|^\| |error|skipped" "$OUT/prefill.log" | tail -8
 echo "=== workload $WORKLOAD ($(explain_rc "$workload_rc"), limit ${workload_s}s)"
-grep -E "GEMM ceiling|^completed|^- engine|^\| |error|skipped" "$OUT/workload.log" | tail -10
+grep -E "GEMM ceiling|^completed|^- engine|^- device idle|^\| |error|skipped" "$OUT/workload.log" | tail -12
 echo "=== FP8 decode bench $FP8_BATCHES ($(explain_rc "$fp8_rc"), limit ${fp8_s}s)"
 grep -E "^\| |error|skipped" "$OUT/fp8.log" | tail -6

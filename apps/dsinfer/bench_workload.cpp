@@ -150,6 +150,7 @@ int run_workload(WorkloadOptions o) {
     }
   }
   const EngineStats stats_before = engine->stats();
+  engine->device_step_gaps();  // from here on
   const auto t0 = Clock::now();
   for (int i = 0; i < w.num_requests; ++i) {
     if (Status st = engine->add_request(static_cast<RequestId>(i), requests[i]); !st.ok()) {
@@ -178,6 +179,7 @@ int run_workload(WorkloadOptions o) {
     }
   }
   const double wall_s = seconds_between(t0, Clock::now());
+  const std::optional<StepGapStats> gaps = engine->device_step_gaps();
 
   int num_bad = 0;
   int64_t num_output_tokens = 0;
@@ -231,6 +233,19 @@ int run_workload(WorkloadOptions o) {
                 w.num_requests / wall_s, num_output_tokens / wall_s, (num_prompt_tokens + num_output_tokens) / wall_s,
                 ttft_mean, p50, p99, flops / wall_s / 1e12, ratio);
   s << line;
+  if (gaps) {
+    auto summary = [&](const char* what, const StepGapStats::Summary& g) {
+      std::snprintf(line, sizeof line,
+                    "- device idle between consecutive %s (CUDA events): %lld gaps, median %.1f µs, p99 %.1f µs, "
+                    "max %.1f µs, %.1f ms in all (%.2f%% of the wall time)\n",
+                    what, static_cast<long long>(g.num_gaps), g.median_us, g.p99_us, g.max_us, g.total_us / 1e3,
+                    100.0 * g.total_us / 1e6 / wall_s);
+      s << line;
+    };
+    s << "\n";
+    summary("steps", gaps->all);
+    summary("decode-only steps", gaps->decode_only);
+  }
   std::cout << s.str() << std::flush;
   if (num_bad > 0) {
     // A run that did not do the work it claims is not a result: nothing is appended.

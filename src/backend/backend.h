@@ -8,6 +8,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -55,6 +56,17 @@ struct MlaWeights {
 
 // One forward step's token layout: the struct the model runner builds from the scheduler's
 // output. Tokens of one sequence are contiguous and in position order.
+// How long a device sat idle between consecutive steps, from the end of one step's work to the
+// start of the next one's: zero while the host enqueues each step before the last one ends.
+struct StepGapStats {
+  struct Summary {
+    int64_t num_gaps = 0;
+    double total_us = 0, median_us = 0, p99_us = 0, max_us = 0;
+  };
+  Summary all;          // every pair of consecutive steps
+  Summary decode_only;  // pairs of decode-only steps (one new token per sequence)
+};
+
 struct ForwardBatch {
   int num_tokens = 0;
   std::vector<TokenId> token_ids;       // [num_tokens]
@@ -183,6 +195,11 @@ class Backend {
   virtual void begin_recording(uint64_t key) { (void)key; }
   virtual bool end_recording(uint64_t key) { (void)key; return false; }
   virtual bool replay(uint64_t key) { (void)key; return false; }
+
+  // Device idle time between consecutive steps since the last call (waits for the steps in
+  // flight); nullopt for a backend that does not measure it (the CPU's work is the caller's
+  // own thread).
+  virtual std::optional<StepGapStats> step_gaps() { return std::nullopt; }
 
   // KV block movement for the host tier / block store: one layer's block, as the cache stores it
   // (block_size entries of latent_entry_bytes(cache.format, ...) bytes).

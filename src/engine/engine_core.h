@@ -37,6 +37,9 @@ class EngineCore {
 
   bool has_unfinished_requests() const { return !requests_.empty() || in_flight_.has_value(); }
   EngineStats stats() const;
+  // The backend's device idle time between consecutive steps since the last call (nullopt for
+  // backends that do not measure it).
+  std::optional<StepGapStats> device_step_gaps() { return backend_->step_gaps(); }
   const ModelConfig& model_config() const { return model_->config(); }
   int max_model_len() const { return max_model_len_; }
   const EngineConfig& config() const { return config_; }

@@ -17,6 +17,7 @@
 #include "backend/cuda/device_allocator.h"
 #include "backend/cuda/grouped_gemm.h"
 #include "backend/cuda/lt_matmul.h"
+#include "backend/cuda/step_gaps.h"
 #include "core/logging.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
@@ -74,6 +75,7 @@ CudaBackend::CudaBackend() {
   step_ = std::make_unique<StepBuffers>();
   recordings_ = std::make_unique<Recordings>();
   choices_ = std::make_unique<Choices>();
+  step_gaps_ = std::make_unique<StepGapTracker>();
   for (Choices::Slot& slot : choices_->slots) DS_CUDA_CHECK(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming));
   DS_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, 0));
   DS_CUDA_CHECK(cudaEventCreateWithFlags(&step_->copied, cudaEventDisableTiming));
@@ -137,6 +139,7 @@ void CudaBackend::begin_step(const ForwardBatch& batch) {
                 batch.block_tables[i].size() * sizeof(int32_t));
     next += static_cast<int32_t>(batch.block_tables[i].size());
   }
+  step_gaps_->mark_head(stream_, num_seqs == batch.num_tokens);
   int32_t* d = st.device.as<int32_t>();
   for (int f = 0; f < F::kNumFields; ++f) {
     if (need[f] == 0) continue;
@@ -243,6 +246,13 @@ void CudaBackend::sample_rows(const Tensor& logits, std::span<const RowSampling>
   synchronize();
 }
 
+void CudaBackend::end_step() {
+  step_batch_ = nullptr;
+  step_gaps_->mark_tail(stream_);
+}
+
+std::optional<StepGapStats> CudaBackend::step_gaps() { return step_gaps_->take_stats(); }
+
 uint64_t CudaBackend::choose_async(const Tensor& logits, std::span<const RowSampling> rows) {
   Choices& c = *choices_;
   Choices::Slot& slot = c.slots[c.latest == 0 ? 1 : 0];
@@ -259,6 +269,7 @@ uint64_t CudaBackend::choose_async(const Tensor& logits, std::span<const RowSamp
     DS_CUDA_CHECK(cudaMemcpyAsync(slot.host, slot.ids.data, num_rows * sizeof(int32_t), cudaMemcpyDeviceToHost,
                                   stream_));
   DS_CUDA_CHECK(cudaEventRecord(slot.copied, stream_));
+  step_gaps_->mark_tail(stream_);
   slot.rows = num_rows;
   slot.ticket = c.next_ticket++;
   c.latest = static_cast<int>(&slot - c.slots);

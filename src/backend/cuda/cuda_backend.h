@@ -37,6 +37,7 @@ namespace dsinfer::cuda {
 
 class DeviceAllocator;
 class LtMatmul;
+class StepGapTracker;
 
 // The kernel's view of a weight made by CudaBackend::make_linear / make_gate_up.
 GemmWeight gemm_weight_of(const LinearWeight& w);
@@ -68,7 +69,7 @@ class CudaBackend final : public Backend {
   void prepare(MoeWeights& w) override;
   void gated_mlp(const Tensor& x, const LinearWeight& gate_up, const LinearWeight& down, Tensor& out) override;
   void begin_step(const ForwardBatch& batch) override;
-  void end_step() override { step_batch_ = nullptr; }
+  void end_step() override;
   void sample_rows(const Tensor& logits, std::span<const RowSampling> rows, std::vector<int32_t>& out) override;
   uint64_t choose_async(const Tensor& logits, std::span<const RowSampling> rows) override;
   std::vector<int32_t> wait_choice(uint64_t ticket) override;
@@ -78,6 +79,7 @@ class CudaBackend final : public Backend {
   void begin_recording(uint64_t key) override;
   bool end_recording(uint64_t key) override;
   bool replay(uint64_t key) override;
+  std::optional<StepGapStats> step_gaps() override;
 
   void read_cache_block(const LayerKvCache& cache, int32_t block, void* dst) override;
   void write_cache_block(LayerKvCache& cache, int32_t block, const void* src) override;
@@ -152,6 +154,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<StepBuffers> step_;
   std::unique_ptr<Recordings> recordings_;
   std::unique_ptr<Choices> choices_;
+  std::unique_ptr<StepGapTracker> step_gaps_;
 
 };
 
