@@ -61,8 +61,8 @@ struct ModelBytes {
 };
 
 // weight_bytes: bytes per weight element as the backend holds it (fp32 on cpu, bf16 on cuda);
-// the latent cache is in `cache_format` on both.
-ModelBytes model_bytes(const ModelConfig& c, size_t weight_bytes, size_t head_bytes, KvCacheFormat cache_format) {
+// kv_per_token: the model's latent cache bytes per token in the bench's cache format.
+ModelBytes model_bytes(const ModelConfig& c, size_t weight_bytes, size_t head_bytes, size_t kv_per_token) {
   const size_t f = weight_bytes;
   const size_t h = c.hidden_size, heads = c.num_attention_heads, qk = c.qk_head_dim();
   size_t attn = (c.q_lora_rank ? (h * c.q_lora_rank + c.q_lora_rank * heads * qk) : h * heads * qk) +
@@ -80,8 +80,7 @@ ModelBytes model_bytes(const ModelConfig& c, size_t weight_bytes, size_t head_by
   ModelBytes b;
   b.dense_per_step = dense * f + static_cast<size_t>(c.vocab_size) * h * head_bytes;  // + LM head
   b.per_expert = 3 * h * c.moe_intermediate_size * f;
-  b.kv_per_token = static_cast<size_t>(c.num_hidden_layers) *
-                   latent_entry_bytes(cache_format, c.kv_lora_rank, c.qk_rope_head_dim);
+  b.kv_per_token = kv_per_token;
   return b;
 }
 
@@ -214,7 +213,8 @@ int run_bench(int argc, char** argv) {
   const bool on_device = backend_name == "cuda";
   // With --fp8 the layers' projections are e4m3 on the device (1 byte), the LM head bf16.
   const size_t head_bytes = on_device ? 2 : sizeof(float);
-  const ModelBytes mb = model_bytes(c, on_device ? (fp8 ? 1 : 2) : sizeof(float), head_bytes, cache_format);
+  const ModelBytes mb = model_bytes(c, on_device ? (fp8 ? 1 : 2) : sizeof(float), head_bytes,
+                                    model->kv_bytes_per_token(cache_format));
   // The ceiling is the copy bandwidth of the memory the weights live in: device-to-device
   // cudaMemcpy for cuda, a threaded host memcpy for cpu.
   // Decode's ceiling only: --prefill-only skips it (a host measurement touches 2 GiB).

@@ -56,17 +56,6 @@ struct MlaWeights {
 
 // One forward step's token layout: the struct the model runner builds from the scheduler's
 // output. Tokens of one sequence are contiguous and in position order.
-// How long a device sat idle between consecutive steps, from the end of one step's work to the
-// start of the next one's: zero while the host enqueues each step before the last one ends.
-struct StepGapStats {
-  struct Summary {
-    int64_t num_gaps = 0;
-    double total_us = 0, median_us = 0, p99_us = 0, max_us = 0;
-  };
-  Summary all;          // every pair of consecutive steps
-  Summary decode_only;  // pairs of decode-only steps (one new token per sequence)
-};
-
 struct ForwardBatch {
   int num_tokens = 0;
   std::vector<TokenId> token_ids;       // [num_tokens]
@@ -86,6 +75,17 @@ struct ForwardBatch {
 struct LayerKvCache {
   Tensor data;
   KvCacheFormat format = KvCacheFormat::kF32;
+};
+
+// How long a device sat idle between consecutive steps, from the end of one step's work to the
+// start of the next one's: zero while the host enqueues each step before the last one ends.
+struct StepGapStats {
+  struct Summary {
+    int64_t num_gaps = 0;
+    double total_us = 0, median_us = 0, p99_us = 0, max_us = 0;
+  };
+  Summary all;          // every pair of consecutive steps
+  Summary decode_only;  // pairs of decode-only steps (one new token per sequence)
 };
 
 struct MlaAttentionArgs {

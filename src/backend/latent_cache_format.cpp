@@ -30,7 +30,7 @@ void quantize_latent_entry(const float* entry, int lora, int rope, uint8_t* dst)
     const int end = std::min(lora, begin + Fp8LatentLayout::kTileColumns);
     float amax = 0.0f;
     for (int c = begin; c < end; ++c) amax = std::max(amax, std::fabs(entry[c]));
-    const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+    const float scale = e4m3_block_scale(amax);
     for (int c = begin; c < end; ++c) dst[c] = f32_to_fp8e4m3(entry[c] / scale);
     std::memcpy(dst + layout.scales_offset() + 4 * tile, &scale, 4);
   }

@@ -40,6 +40,16 @@ float fp8e4m3_to_f32(uint8_t bits);
 // Round to nearest even, saturating to ±448 (the convention of DeepSeek's quantisers).
 uint8_t f32_to_fp8e4m3(float f);
 
+// The scale that maps a block of values whose largest magnitude is amax onto e4m3's whole range
+// (DeepSeek's weights, activations and FP8 latent cache alike): amax / 448, and 1 for an
+// all-zero block, whose codes are zeros either way. Host and device code share it.
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+inline float e4m3_block_scale(float amax) {
+  return amax > 0.0f ? amax / 448.0f : 1.0f;
+}
+
 // Widens n elements of `dtype` at `src` into fp32 `dst`. dtype must be a float type.
 void convert_to_f32(DType dtype, const void* src, float* dst, size_t n);
 

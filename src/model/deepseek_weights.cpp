@@ -288,7 +288,7 @@ ModelWeights make_random_weights(const ModelConfig& model_config, Backend& backe
               s = std::max(s, std::abs(v[r * cols + c]));
             }
       }, 1);
-      for (float& s : raw.scales) s = s > 0.0f ? s / 448.0f : 1.0f;
+      for (float& s : raw.scales) s = e4m3_block_scale(s);
       raw.bytes.resize(rows * cols);
       global_thread_pool().parallel_for(rows, [&](int64_t b, int64_t e) {
         for (int64_t r = b; r < e; ++r)

@@ -17,6 +17,7 @@
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/kernel_launch.cuh"
 #include "backend/cuda/latent_entry.cuh"
+#include "core/dtype.h"
 
 namespace dsinfer::cuda {
 namespace {
@@ -62,7 +63,7 @@ __global__ void cache_write_kernel(MlaDims d, MlaBatchView b, const float* kv_a,
       float amax = 0.0f;
       for (int c = begin + lane; c < end; c += 32) amax = fmaxf(amax, fabsf(s_latent[c]));
       for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-      const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+      const float scale = e4m3_block_scale(amax);
       for (int c = begin + lane; c < end; c += 32)
         dst[c] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(s_latent[c] / scale, __NV_SATFINITE, __NV_E4M3));
       if (lane == 0) reinterpret_cast<float*>(dst + d.cache_scales_offset)[tile] = scale;

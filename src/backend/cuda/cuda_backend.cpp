@@ -457,11 +457,11 @@ void CudaBackend::gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w
     const bool direct = kind == GemmEpilogue::kStoreF32 && ldy == g.n_padded && rows_out == rows &&
                         reinterpret_cast<uintptr_t>(y) % alignment == 0;
     if (direct) {
-      library_product(x_bf16, rows, w, static_cast<float*>(y));
+      library_product(x_bf16, rows, g, static_cast<float*>(y));
       return;
     }
     Tensor full = alloc_->cached({rows_out, g.n_padded}, DType::kF32);
-    library_product(x_bf16, rows, w, full.as<float>());
+    library_product(x_bf16, rows, g, full.as<float>());
     if (kind == GemmEpilogue::kSiluMulBf16) {
       DS_CHECK(ldy == g.n_padded / 2);
       launch_silu_mul_interleaved(full.as<float>(), rows, g.n_padded / 2, static_cast<uint16_t*>(y), stream_);
@@ -498,31 +498,32 @@ void CudaBackend::gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w
   }
 }
 
-void CudaBackend::library_product(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, float* out) {
-  const GemmWeight g = gemm_weight_of(w);
-  if (g.scales == nullptr) {
-    matmul_->bf16(w.weight.as<uint16_t>(), x_bf16.as<uint16_t>(), out, rows, g.n_padded, g.k_padded);
+void CudaBackend::library_product(const Tensor& x_bf16, int64_t rows, const GemmWeight& w, float* out) {
+  const auto* x = x_bf16.as<uint16_t>();
+  if (w.scales == nullptr) {
+    matmul_->bf16(static_cast<const uint16_t*>(w.data), x, out, rows, w.n_padded, w.k_padded);
     return;
   }
   if (library_product_fp8(x_bf16, rows, w, out)) return;
   // No FP8 algorithm for this shape: the weight widened to bf16 for the call.
-  Tensor widened = alloc_->cached({g.n_padded, g.k_padded}, DType::kBF16);
-  launch_gemm_weight_to_bf16(g, widened.as<uint16_t>(), stream_);
-  matmul_->bf16(widened.as<uint16_t>(), x_bf16.as<uint16_t>(), out, rows, g.n_padded, g.k_padded);
+  Tensor widened = alloc_->cached({w.n_padded, w.k_padded}, DType::kBF16);
+  launch_gemm_weight_to_bf16(w, widened.as<uint16_t>(), stream_);
+  matmul_->bf16(widened.as<uint16_t>(), x, out, rows, w.n_padded, w.k_padded);
 }
 
-bool CudaBackend::library_product_fp8(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, float* out) {
+bool CudaBackend::library_product_fp8(const Tensor& x_bf16, int64_t rows, const GemmWeight& w, float* out) {
   if (!library_fp8_) return false;
-  const auto it = fp8_library_scales_.find(w.weight.data);
+  const auto it = fp8_library_scales_.find(w.data);
   if (it == fp8_library_scales_.end()) return false;
   const LibraryScales& lib = it->second;
-  const int64_t n = w.weight.dim(0), k = w.weight.dim(1), rows_p = round_up(rows, kLibraryFp8RowMultiple);
+  const int64_t n = w.n_padded, k = w.k_padded, rows_p = round_up(rows, kLibraryFp8RowMultiple);
   const auto mode = lib.blocks_128x128 ? LtMatmul::Fp8WeightScales::kBlocks128x128 : LtMatmul::Fp8WeightScales::kRows1x128;
   if (!matmul_->fp8_ready(rows_p, n, k, mode)) return false;
   Tensor q = alloc_->cached({rows_p, k}, DType::kF8E4M3);
   Tensor q_scales = alloc_->cached({k / kLibraryFp8TileColumns, rows_p}, DType::kF32);
   launch_quantize_rows_e4m3(x_bf16.as<uint16_t>(), rows, k, rows_p, q.as<uint8_t>(), q_scales.as<float>(), stream_);
-  matmul_->fp8(w.weight.as<uint8_t>(), lib.scales, mode, q.as<uint8_t>(), q_scales.as<float>(), out, rows_p, n, k);
+  matmul_->fp8(static_cast<const uint8_t*>(w.data), lib.scales, mode, q.as<uint8_t>(), q_scales.as<float>(), out,
+               rows_p, n, k);
   return true;
 }
 

@@ -104,9 +104,9 @@ class CudaBackend final : public Backend {
   void gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, int epilogue, void* y, int64_t ldy,
             int64_t n_out, bool library_gemm = false);
   // cuBLASLt's product of many rows into fp32 out [rows rounded up to 4, n_padded].
-  void library_product(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, float* out);
+  void library_product(const Tensor& x_bf16, int64_t rows, const GemmWeight& w, float* out);
   // The block-scaled FP8 product when cuBLASLt has one for the shape; false: nothing was run.
-  bool library_product_fp8(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, float* out);
+  bool library_product_fp8(const Tensor& x_bf16, int64_t rows, const GemmWeight& w, float* out);
   Tensor to_bf16_padded(const Tensor& x, int64_t k_padded);
   void moe_experts_grouped(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
                            const int32_t* block_offsets, const int32_t* src_rows, int64_t num_entries,

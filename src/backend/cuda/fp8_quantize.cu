@@ -7,13 +7,13 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/kernel_launch.cuh"
+#include "core/dtype.h"
 
 namespace dsinfer::cuda {
 namespace {
 
 constexpr int kTileColumns = 128;
 constexpr int kWarpsPerBlock = 8;
-constexpr float kE4m3Max = 448.0f;
 
 // One warp per (row, tile): four columns per lane.
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
@@ -35,8 +35,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   }
   float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
   for (int step = 16; step > 0; step /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, step));
-  // An all-zero tile keeps scale 1 (its codes are zeros either way).
-  const float scale = amax > 0.0f ? amax / kE4m3Max : 1.0f;
+  const float scale = e4m3_block_scale(amax);
   const __nv_fp8x2_storage_t pair_lo = __nv_cvt_float2_to_fp8x2(make_float2(v[0] / scale, v[1] / scale),
                                                                 __NV_SATFINITE, __NV_E4M3);
   const __nv_fp8x2_storage_t pair_hi = __nv_cvt_float2_to_fp8x2(make_float2(v[2] / scale, v[3] / scale),

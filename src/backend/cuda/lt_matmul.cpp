@@ -53,7 +53,7 @@ int LtMatmul::pick_algorithm(Plan* p, uint32_t alignment_bytes) {
 
 std::unique_ptr<LtMatmul::Plan> LtMatmul::make_plan(Kind kind, int64_t m, int64_t n, int64_t k, int* status) {
   auto p = std::make_unique<Plan>();
-  const bool fp8 = kind == Kind::kFp8Blocks || kind == Kind::kFp8Rows;
+  const bool fp8 = kind != Kind::kBf16 && kind != Kind::kF32;
   const cudaDataType_t ab_type = kind == Kind::kF32 ? CUDA_R_32F : fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
   DS_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
@@ -181,8 +181,7 @@ void LtMatmul::f32(const float* w, const float* x, float* y, int64_t m, int64_t 
 
 bool LtMatmul::fp8_ready(int64_t m, int64_t n, int64_t k, Fp8WeightScales w_scales_mode) {
   if (m <= 0 || n <= 0 || m % 4 != 0 || n % 4 != 0 || k % 128 != 0) return false;
-  const Kind kind = w_scales_mode == Fp8WeightScales::kBlocks128x128 ? Kind::kFp8Blocks : Kind::kFp8Rows;
-  return plan(kind, m, n, k, false)->ok;
+  return plan(fp8_kind(w_scales_mode), m, n, k, false)->ok;
 }
 
 void LtMatmul::fp8(const uint8_t* w, const float* w_scales, Fp8WeightScales w_scales_mode, const uint8_t* x,
@@ -192,8 +191,7 @@ void LtMatmul::fp8(const uint8_t* w, const float* w_scales, Fp8WeightScales w_sc
                           static_cast<const void*>(x), static_cast<const void*>(x_scales), static_cast<const void*>(y)})
     DS_CHECK_MSG(reinterpret_cast<uintptr_t>(ptr) % kFp8AlignmentBytes == 0,
                  "FP8 product: operands must be aligned to " << kFp8AlignmentBytes << " bytes");
-  const Kind kind = w_scales_mode == Fp8WeightScales::kBlocks128x128 ? Kind::kFp8Blocks : Kind::kFp8Rows;
-  const int st = run(plan(kind, m, n, k, true), w, x, y, w_scales, x_scales);
+  const int st = run(plan(fp8_kind(w_scales_mode), m, n, k, true), w, x, y, w_scales, x_scales);
   DS_CHECK_MSG(st == CUBLAS_STATUS_SUCCESS, "cublasLtMatmul (FP8 block-scaled): status " << st);
 }
 

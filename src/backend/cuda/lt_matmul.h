@@ -66,6 +66,9 @@ class LtMatmul {
  private:
   struct Plan;
   enum class Kind { kBf16, kF32, kFp8Blocks, kFp8Rows };
+  static Kind fp8_kind(Fp8WeightScales w_scales_mode) {
+    return w_scales_mode == Fp8WeightScales::kBlocks128x128 ? Kind::kFp8Blocks : Kind::kFp8Rows;
+  }
   Plan* plan(Kind kind, int64_t m, int64_t n, int64_t k, bool must_exist);
   std::unique_ptr<Plan> make_plan(Kind kind, int64_t m, int64_t n, int64_t k, int* status);
   // Asks the heuristic for p's algorithm (p->ok, p->algo); returns cuBLASLt's status.

@@ -74,7 +74,7 @@ std::vector<float> quantised_activations(const std::vector<float>& x, int64_t ro
       const int64_t c1 = std::min(k, c0 + kTile);
       float amax = 0.0f;
       for (int64_t c = c0; c < c1; ++c) amax = std::max(amax, std::abs(bf16_to_f32(f32_to_bf16(x[r * k + c]))));
-      const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+      const float scale = e4m3_block_scale(amax);
       for (int64_t c = c0; c < c1; ++c)
         out[r * k + c] = fp8e4m3_to_f32(f32_to_fp8e4m3(bf16_to_f32(f32_to_bf16(x[r * k + c])) / scale)) * scale;
     }
