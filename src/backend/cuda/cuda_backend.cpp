@@ -28,10 +28,6 @@ namespace {
 
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
-// The block-scaled FP8 product's tile width along k, and its row granularity.
-constexpr int64_t kLibraryFp8TileColumns = 128;
-constexpr int64_t kLibraryFp8RowMultiple = 4;
-
 // Bytes of a packed weight's elements; an e4m3 weight's scales follow at this offset (256-byte
 // aligned).
 size_t packed_data_bytes(int64_t n_padded, int64_t k_padded, int64_t elem_bytes) {
@@ -460,15 +456,18 @@ void CudaBackend::gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w
       library_product(x_bf16, rows, g, static_cast<float*>(y));
       return;
     }
-    Tensor full = alloc_->cached({rows_out, g.n_padded}, DType::kF32);
-    library_product(x_bf16, rows, g, full.as<float>());
     if (kind == GemmEpilogue::kSiluMulBf16) {
       DS_CHECK(ldy == g.n_padded / 2);
-      launch_silu_mul_interleaved(full.as<float>(), rows, g.n_padded / 2, static_cast<uint16_t*>(y), stream_);
-    } else {
-      DS_CUDA_CHECK(cudaMemcpy2DAsync(y, ldy * sizeof(float), full.data, g.n_padded * sizeof(float),
-                                      n_out * sizeof(float), rows, cudaMemcpyDeviceToDevice, stream_));
+      Tensor gate_up = alloc_->cached({rows_out, g.n_padded}, gate_up_bf16(g) ? DType::kBF16 : DType::kF32);
+      library_gate_up(x_bf16, rows, g, gate_up.data);
+      launch_silu_mul_interleaved(gate_up.data, gate_up_bf16(g), rows, g.n_padded / 2, static_cast<uint16_t*>(y),
+                                  stream_);
+      return;
     }
+    Tensor full = alloc_->cached({rows_out, g.n_padded}, DType::kF32);
+    library_product(x_bf16, rows, g, full.as<float>());
+    DS_CUDA_CHECK(cudaMemcpy2DAsync(y, ldy * sizeof(float), full.data, g.n_padded * sizeof(float),
+                                    n_out * sizeof(float), rows, cudaMemcpyDeviceToDevice, stream_));
     return;
   }
   GroupedGemmArgs a;
@@ -509,6 +508,14 @@ void CudaBackend::library_product(const Tensor& x_bf16, int64_t rows, const Gemm
   Tensor widened = alloc_->cached({w.n_padded, w.k_padded}, DType::kBF16);
   launch_gemm_weight_to_bf16(w, widened.as<uint16_t>(), stream_);
   matmul_->bf16(widened.as<uint16_t>(), x, out, rows, w.n_padded, w.k_padded);
+}
+
+void CudaBackend::library_gate_up(const Tensor& x_bf16, int64_t rows, const GemmWeight& w, void* out) {
+  if (gate_up_bf16(w))
+    matmul_->bf16(static_cast<const uint16_t*>(w.data), x_bf16.as<uint16_t>(), out, rows, w.n_padded, w.k_padded,
+                  /*y_bf16=*/true);
+  else
+    library_product(x_bf16, rows, w, static_cast<float*>(out));
 }
 
 bool CudaBackend::library_product_fp8(const Tensor& x_bf16, int64_t rows, const GemmWeight& w, float* out) {

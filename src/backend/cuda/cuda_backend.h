@@ -107,12 +107,17 @@ class CudaBackend final : public Backend {
   void library_product(const Tensor& x_bf16, int64_t rows, const GemmWeight& w, float* out);
   // The block-scaled FP8 product when cuBLASLt has one for the shape; false: nothing was run.
   bool library_product_fp8(const Tensor& x_bf16, int64_t rows, const GemmWeight& w, float* out);
+  // cuBLASLt's gate/up product (before SiLU·up) of many rows into out [rows rounded up to 4,
+  // n_padded]: bf16 for bf16 weights (half the bytes to write and read back), fp32 for e4m3
+  // ones, whose block-scaled products write fp32 (gate_up_bf16 says which).
+  static bool gate_up_bf16(const GemmWeight& w) { return w.scales == nullptr; }
+  void library_gate_up(const Tensor& x_bf16, int64_t rows, const GemmWeight& w, void* out);
   Tensor to_bf16_padded(const Tensor& x, int64_t k_padded);
   void moe_experts_grouped(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
                            const int32_t* block_offsets, const int32_t* src_rows, int64_t num_entries,
                            Tensor& expert_out);
-  void moe_experts_host_planned(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
-                                const int32_t* src_rows, int64_t num_entries, Tensor& expert_out);
+  Tensor moe_experts_host_planned(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
+                                  const int32_t* src_rows, int64_t num_entries);
   // x · gate_up → SiLU·mul → down for bf16 x [rows, gate_up's k_padded].
   void gated_mlp_bf16(const Tensor& x_bf16, int64_t rows, const LinearWeight& gate_up, const LinearWeight& down,
                       float* out, int64_t ldo);

@@ -76,8 +76,12 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
   int32_t* block_offsets = row_offsets + num_experts + 1;
   int32_t* src_rows = block_offsets + num_experts + 1;
   int32_t* slot_rows = src_rows + num_entries;
+  const int64_t plan_workspace_ints = moe_plan_workspace_ints(static_cast<int>(num_entries), num_experts);
+  Tensor plan_workspace;
+  if (plan_workspace_ints > 0) plan_workspace = alloc_->cached({plan_workspace_ints}, DType::kI32);
   launch_moe_plan(d_ids.as<int32_t>(), static_cast<int>(num_entries), top_k, num_experts, kGemmRowsPerBlock,
-                  row_offsets, block_offsets, src_rows, slot_rows, stream_);
+                  row_offsets, block_offsets, src_rows, slot_rows,
+                  plan_workspace_ints > 0 ? plan_workspace.as<int32_t>() : nullptr, stream_);
 
   DS_CHECK_MSG(!w.derived.empty(), "moe: the layer's weights were not prepared (Backend::prepare)");
   const LinearWeight& gu0 = w.expert_gate_up[0];
@@ -85,10 +89,11 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
   const int64_t k_p = gu0.weight.dim(1), inter_p = gu0.weight.dim(0) / 2;
   DS_CHECK(down0.weight.dim(1) == inter_p && down0.out_features == hidden && gu0.in_features == hidden);
   Tensor xb = to_bf16_padded(x, k_p);
-  Tensor expert_out = alloc_->cached({num_entries, hidden}, DType::kF32);
+  Tensor expert_out;
   if (!batch_invariant_ && !recording_ && num_entries >= kHostPlannedRowsPerExpert * num_experts) {
-    moe_experts_host_planned(w, xb, row_offsets, src_rows, num_entries, expert_out);
+    expert_out = moe_experts_host_planned(w, xb, row_offsets, src_rows, num_entries);
   } else {
+    expert_out = alloc_->cached({num_entries, hidden}, DType::kF32);
     moe_experts_grouped(w, xb, row_offsets, block_offsets, src_rows, num_entries, expert_out);
   }
 
@@ -98,9 +103,9 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
     shared = alloc_->cached({num_tokens, hidden}, DType::kF32);
     gated_mlp_bf16(xb, num_tokens, w.shared_gate_up, w.shared_down, shared.as<float>(), hidden);
   }
-  launch_moe_combine(expert_out.as<float>(), slot_rows, d_weights.as<float>(),
-                     shared.empty() ? nullptr : shared.as<float>(), num_tokens, top_k, hidden, out.as<float>(),
-                     stream_);
+  launch_moe_combine(expert_out.data, expert_out.dtype == DType::kBF16, expert_out.dim(1), slot_rows,
+                     d_weights.as<float>(), shared.empty() ? nullptr : shared.as<float>(), num_tokens, top_k, hidden,
+                     out.as<float>(), stream_);
 
   if (routing != nullptr) {
     routing->expert_ids.resize(num_entries);
@@ -156,32 +161,58 @@ void CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, con
 
 // Prefill-sized batches: the experts' row counts come to the host (one wait per layer) and
 // each expert's rows run as plain GEMMs, which cuBLASLt tiles far better than the decode
-// kernel once an expert has hundreds of rows.
-void CudaBackend::moe_experts_host_planned(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
-                                           const int32_t* src_rows, int64_t num_entries, Tensor& expert_out) {
+// kernel once an expert has hundreds of rows. bf16 experts give bf16 rows [num_entries, the
+// down weight's n_padded] (half the bytes for the combine to read), e4m3 ones fp32 rows
+// [num_entries, hidden].
+Tensor CudaBackend::moe_experts_host_planned(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
+                                             const int32_t* src_rows, int64_t num_entries) {
   const int num_experts = w.num_experts;
   std::vector<int32_t> offsets(num_experts + 1);
   DS_CUDA_CHECK(cudaMemcpyAsync(offsets.data(), row_offsets, offsets.size() * sizeof(int32_t), cudaMemcpyDeviceToHost,
                                 stream_));
   synchronize();
-  const int64_t hidden = expert_out.dim(1);
+  const int64_t hidden = w.expert_down[0].out_features;
   const LinearWeight& gu0 = w.expert_gate_up[0];
   const int64_t k_p = gu0.weight.dim(1), inter_p = gu0.weight.dim(0) / 2;
   // The routed rows, grouped by expert, from the bf16 input (a quarter of the fp32 traffic).
   Tensor xeb = alloc_->cached({num_entries, k_p}, DType::kBF16);
   launch_gather_rows_bf16(xb.as<uint16_t>(), src_rows, num_entries, k_p, xeb.as<uint16_t>(), stream_);
-  Tensor act = alloc_->cached({num_entries, inter_p}, DType::kBF16);
+  // Every expert's gate/up product lands in one buffer, so that SiLU·up runs once over all of
+  // them. An FP8 product writes its rows in groups of 4: the spare rows of one expert are
+  // overwritten by the next one's (the stream runs them in order), the last one's land in
+  // the extra rows at the end.
+  const GemmWeight gate_up0 = gemm_weight_of(gu0);
+  const bool gate_up_is_bf16 = gate_up_bf16(gate_up0);
+  const size_t gate_up_row_bytes = 2 * inter_p * (gate_up_is_bf16 ? sizeof(uint16_t) : sizeof(float));
+  Tensor gate_up = alloc_->cached({num_entries + kLibraryFp8RowMultiple, 2 * inter_p},
+                                  gate_up_is_bf16 ? DType::kBF16 : DType::kF32);
   for (int e = 0; e < num_experts; ++e) {
     const int64_t begin = offsets[e], n = offsets[e + 1] - offsets[e];
     if (n == 0) continue;
-    Tensor x_rows = view_rows(xeb, begin, n);
-    void* act_rows = act.as<uint16_t>() + begin * inter_p;
-    gemm(x_rows, n, w.expert_gate_up[e], static_cast<int>(GemmEpilogue::kSiluMulBf16), act_rows, inter_p, inter_p,
-         /*library_gemm=*/true);
-    Tensor a_rows = view_rows(act, begin, n);
-    gemm(a_rows, n, w.expert_down[e], static_cast<int>(GemmEpilogue::kStoreF32),
-         expert_out.as<float>() + begin * hidden, hidden, hidden, /*library_gemm=*/true);
+    library_gate_up(view_rows(xeb, begin, n), n, gemm_weight_of(w.expert_gate_up[e]),
+                    static_cast<char*>(gate_up.data) + begin * gate_up_row_bytes);
   }
+  Tensor act = alloc_->cached({num_entries, inter_p}, DType::kBF16);
+  launch_silu_mul_interleaved(gate_up.data, gate_up_is_bf16, num_entries, inter_p, act.as<uint16_t>(), stream_);
+  const GemmWeight down0 = gemm_weight_of(w.expert_down[0]);
+  const bool down_bf16 = down0.scales == nullptr;
+  Tensor expert_out = down_bf16 ? alloc_->cached({num_entries, down0.n_padded}, DType::kBF16)
+                                : alloc_->cached({num_entries, hidden}, DType::kF32);
+  for (int e = 0; e < num_experts; ++e) {
+    const int64_t begin = offsets[e], n = offsets[e + 1] - offsets[e];
+    if (n == 0) continue;
+    const Tensor act_rows = view_rows(act, begin, n);
+    if (down_bf16) {
+      const GemmWeight down = gemm_weight_of(w.expert_down[e]);
+      matmul_->bf16(static_cast<const uint16_t*>(down.data), act_rows.as<uint16_t>(),
+                    expert_out.as<uint16_t>() + begin * down.n_padded, n, down.n_padded, down.k_padded,
+                    /*y_bf16=*/true);
+    } else {
+      gemm(act_rows, n, w.expert_down[e], static_cast<int>(GemmEpilogue::kStoreF32),
+           expert_out.as<float>() + begin * hidden, hidden, hidden, /*library_gemm=*/true);
+    }
+  }
+  return expert_out;
 }
 
 }  // namespace dsinfer::cuda

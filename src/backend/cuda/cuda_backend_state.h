@@ -9,6 +9,10 @@
 
 namespace dsinfer::cuda {
 
+// The block-scaled FP8 product's tile width along k, and its row granularity.
+constexpr int64_t kLibraryFp8TileColumns = 128;
+constexpr int64_t kLibraryFp8RowMultiple = 4;
+
 // The step's token layout: seven int32 fields at fixed offsets of one pinned host buffer and one
 // device buffer. The offsets change only when a field outgrows its capacity, and then every
 // recording is dropped, since recordings read the fields at the addresses they were made with.

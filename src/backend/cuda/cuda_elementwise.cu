@@ -1,6 +1,7 @@
 // Element-wise and per-row kernels of the CUDA backend. Activations are fp32; these kernels
 // are memory-bound and kept simple: one thread per element, or one block per row where a row
-// needs a reduction.
+// needs a reduction. The two that run over every prefill product's input or output (bf16
+// conversion, SiLU·up) take eight elements per thread in 16-byte accesses.
 #include <cuda_bf16.h>
 
 #include "backend/cuda/cuda_check.h"
@@ -110,25 +111,68 @@ __global__ void scatter_rows_kernel(const float* x, const int32_t* rows, int64_t
   out[static_cast<int64_t>(rows[r]) * width + c] = x[i];
 }
 
-__global__ void f32_to_bf16_padded_kernel(const float* x, int64_t rows, int64_t k, int64_t ldy, __nv_bfloat16* y) {
-  await_previous_kernels();
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= rows * ldy) return;
-  const int64_t r = i / ldy, c = i % ldy;
-  y[i] = __float2bfloat16_rn(c < k ? x[r * k + c] : 0.0f);
+// Eight fp32 values as eight bf16 in one 16-byte word.
+__device__ uint4 pack_bf16x8(const float (&v)[8]) {
+  uint4 packed;
+  uint32_t* words = reinterpret_cast<uint32_t*>(&packed);
+  for (int i = 0; i < 4; ++i) {
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+    words[i] = *reinterpret_cast<const uint32_t*>(&pair);
+  }
+  return packed;
 }
 
-__global__ void silu_mul_interleaved_kernel(const float* gate_up, int64_t rows, int64_t inter_padded,
+// Eight output columns per thread, one 16-byte store (ldy a multiple of 8). `vector_loads`:
+// x is 16-byte aligned and k a multiple of 4, so whole groups read as two float4.
+__global__ void f32_to_bf16_padded_kernel(const float* x, int64_t rows, int64_t k, int64_t ldy, bool vector_loads,
+                                          __nv_bfloat16* y) {
+  await_previous_kernels();
+  const int64_t groups = ldy / 8;
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= rows * groups) return;
+  const int64_t r = i / groups, c0 = (i % groups) * 8;
+  const float* src = x + r * k + c0;
+  float v[8];
+  if (vector_loads && c0 + 8 <= k) {
+    const float4 a = *reinterpret_cast<const float4*>(src), b = *reinterpret_cast<const float4*>(src + 4);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  } else {
+    for (int j = 0; j < 8; ++j) v[j] = c0 + j < k ? src[j] : 0.0f;
+  }
+  *reinterpret_cast<uint4*>(y + r * ldy + c0) = pack_bf16x8(v);
+}
+
+__device__ void load8(const float* p, float (&v)[8]) {
+  const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
+__device__ void load8(const __nv_bfloat16* p, float (&v)[8]) {
+  const uint4 packed = *reinterpret_cast<const uint4*>(p);
+  const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed);
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(pairs[i]);
+    v[2 * i] = f.x, v[2 * i + 1] = f.y;
+  }
+}
+
+// Eight outputs per thread (inter_padded a multiple of 16): outputs j..j+7 of a group of 16
+// have their gates at weight rows 32 (j / 16) + j % 16 onward and their ups 16 rows further,
+// so each side is one contiguous run of 8.
+template <typename T>
+__global__ void silu_mul_interleaved_kernel(const T* gate_up, int64_t rows, int64_t inter_padded,
                                             __nv_bfloat16* out) {
   await_previous_kernels();
+  const int64_t groups = inter_padded / 8;
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= rows * inter_padded) return;
-  const int64_t r = i / inter_padded, j = i % inter_padded;
-  // Output j's gate is row 32 (j / 16) + j % 16 of the weight, its up 16 rows further.
-  const float* row = gate_up + r * 2 * inter_padded;
-  const int64_t g_col = (j / 16) * 32 + j % 16;
-  const float g = row[g_col], u = row[g_col + 16];
-  out[i] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * u);
+  if (i >= rows * groups) return;
+  const int64_t r = i / groups, j0 = (i % groups) * 8;
+  const T* gate = gate_up + r * 2 * inter_padded + (j0 / 16) * 32 + j0 % 16;
+  float g[8], u[8], act[8];
+  load8(gate, g);
+  load8(gate + 16, u);
+  for (int j = 0; j < 8; ++j) act[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+  *reinterpret_cast<uint4*>(out + r * inter_padded + j0) = pack_bf16x8(act);
 }
 
 // One block per row: each thread scans a stride, then a shared-memory tree keeps the larger
@@ -169,19 +213,31 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const float
 }  // namespace
 
 void launch_f32_to_bf16_padded(const float* x, int64_t rows, int64_t k, int64_t ldy, uint16_t* y, Stream stream) {
-  const int64_t n = rows * ldy;
+  DS_CHECK_MSG(ldy % 8 == 0 && ldy >= k && reinterpret_cast<uintptr_t>(y) % 16 == 0,
+               "f32_to_bf16_padded: the bf16 rows (" << ldy << " wide) must be 16-byte aligned");
+  const int64_t n = rows * (ldy / 8);
   if (n == 0) return;
-  launch_kernel(f32_to_bf16_padded_kernel, num_blocks_for(n), kThreads, 0, stream, x, rows, k, ldy,
+  const bool vector_loads = k % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  launch_kernel(f32_to_bf16_padded_kernel, num_blocks_for(n), kThreads, 0, stream, x, rows, k, ldy, vector_loads,
                 reinterpret_cast<__nv_bfloat16*>(y));
   DS_CUDA_CHECK_LAUNCH();
 }
 
-void launch_silu_mul_interleaved(const float* gate_up, int64_t rows, int64_t inter_padded, uint16_t* out,
-                                 Stream stream) {
-  const int64_t n = rows * inter_padded;
+void launch_silu_mul_interleaved(const void* gate_up, bool gate_up_bf16, int64_t rows, int64_t inter_padded,
+                                 uint16_t* out, Stream stream) {
+  const uintptr_t in_alignment = gate_up_bf16 ? 16 : 32;
+  DS_CHECK_MSG(inter_padded % 16 == 0 && reinterpret_cast<uintptr_t>(gate_up) % in_alignment == 0 &&
+                   reinterpret_cast<uintptr_t>(out) % 16 == 0,
+               "silu_mul_interleaved: " << inter_padded << " outputs per row, or an unaligned buffer");
+  const int64_t n = rows * (inter_padded / 8);
   if (n == 0) return;
-  launch_kernel(silu_mul_interleaved_kernel, num_blocks_for(n), kThreads, 0, stream, gate_up, rows, inter_padded,
-                reinterpret_cast<__nv_bfloat16*>(out));
+  auto* y = reinterpret_cast<__nv_bfloat16*>(out);
+  if (gate_up_bf16)
+    launch_kernel(silu_mul_interleaved_kernel<__nv_bfloat16>, num_blocks_for(n), kThreads, 0, stream,
+                  static_cast<const __nv_bfloat16*>(gate_up), rows, inter_padded, y);
+  else
+    launch_kernel(silu_mul_interleaved_kernel<float>, num_blocks_for(n), kThreads, 0, stream,
+                  static_cast<const float*>(gate_up), rows, inter_padded, y);
   DS_CUDA_CHECK_LAUNCH();
 }
 

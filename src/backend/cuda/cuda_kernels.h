@@ -24,12 +24,14 @@ void launch_add_rms_norm(float* x, const float* y, const float* w, float eps, in
 void launch_silu_mul(const float* gate_up, int64_t rows, int64_t inter, float* out, Stream stream);
 void launch_concat_cols(const float* a, const float* b, int64_t rows, int64_t na, int64_t nb, float* out,
                         Stream stream);
-// x fp32 [rows, k] → y bf16 [rows, ldy], columns k..ldy zero.
+// x fp32 [rows, k] → y bf16 [rows, ldy], columns k..ldy zero. ldy a multiple of 8, y 16-byte
+// aligned.
 void launch_f32_to_bf16_padded(const float* x, int64_t rows, int64_t k, int64_t ldy, uint16_t* y, Stream stream);
-// gate_up fp32 [rows, 2 * inter_padded] from a weight whose rows interleave 16 gate and 16 up
-// rows → out bf16 [rows, inter_padded] = silu(gate) · up.
-void launch_silu_mul_interleaved(const float* gate_up, int64_t rows, int64_t inter_padded, uint16_t* out,
-                                 Stream stream);
+// gate_up [rows, 2 * inter_padded] (fp32, or bf16 where gate_up_bf16) from a weight whose rows
+// interleave 16 gate and 16 up rows → out bf16 [rows, inter_padded] = silu(gate) · up.
+// inter_padded a multiple of 16; gate_up 32-byte (fp32) or 16-byte (bf16) aligned, out 16.
+void launch_silu_mul_interleaved(const void* gate_up, bool gate_up_bf16, int64_t rows, int64_t inter_padded,
+                                 uint16_t* out, Stream stream);
 // DeepSeek's activation quantisation (fp8_quantize.cu): x bf16 [rows, k] (k a multiple of 128)
 // → q e4m3 [rows_padded, k] and scales fp32 [k / 128][rows_padded] (rows contiguous, the layout
 // of LtMatmul::fp8), one scale per 128-column tile: its largest magnitude / 448. Rows from
@@ -180,13 +182,17 @@ void launch_router_logits(const float* x, const float* gate, int64_t num_tokens,
                           float* logits, Stream stream);
 // Groups the T * top_k routed entries by expert: row_offsets / block_offsets [E + 1] (block =
 // rows_per_block rows), src_rows [T * top_k] (source token of each grouped row), slot_rows
-// [T * top_k] (grouped row of each entry).
+// [T * top_k] (grouped row of each entry). Many entries (prefill) spread over several blocks,
+// which need a workspace of moe_plan_workspace_ints int32 (none for a decode step's few).
+int64_t moe_plan_workspace_ints(int num_entries, int num_experts);
 void launch_moe_plan(const int32_t* expert_ids, int num_entries, int top_k, int num_experts, int rows_per_block,
                      int32_t* row_offsets, int32_t* block_offsets, int32_t* src_rows, int32_t* slot_rows,
-                     Stream stream);
+                     int32_t* workspace, Stream stream);
 // out[t] = sum_k weights[t, k] * expert_out[slot_row[t * top_k + k]] in slot order, + shared[t]
-// when shared is not null.
-void launch_moe_combine(const float* expert_out, const int32_t* slot_row, const float* weights, const float* shared,
-                        int64_t num_tokens, int top_k, int64_t hidden, float* out, Stream stream);
+// when shared is not null. expert_out [T * top_k, ld_expert] holds fp32, or bf16 where
+// expert_out_bf16; shared and out are fp32 [T, hidden].
+void launch_moe_combine(const void* expert_out, bool expert_out_bf16, int64_t ld_expert, const int32_t* slot_row,
+                        const float* weights, const float* shared, int64_t num_tokens, int top_k, int64_t hidden,
+                        float* out, Stream stream);
 
 }  // namespace dsinfer::cuda

@@ -1,6 +1,8 @@
 // MoE routing, planning and combination on the GPU. Routing follows cpu::route_token exactly
 // (same tie-breaking: lower expert index first) so that CPU and CUDA pick the same experts
 // whenever the scores agree; a block per token keeps a decode step's routing short.
+#include <cuda_bf16.h>
+
 #include <cfloat>
 
 #include "backend/cuda/cuda_check.h"
@@ -13,7 +15,9 @@ namespace {
 constexpr int kMaxExperts = 512;
 constexpr int kMaxTopK = 32;
 
-constexpr int kRouteThreads = 128;
+// One warp per token: routing is a handful of short reductions over at most a few hundred
+// scores, and a prefill step routes tens of thousands of tokens.
+constexpr int kRouteThreads = 32;
 constexpr int kRouteWarps = kRouteThreads / 32;
 
 struct Best {
@@ -54,7 +58,7 @@ __device__ float block_sum(float v, float* s_warp) {
   return total;
 }
 
-// One block per token: scores, optional correction bias, group limit, top-k and weights, with
+// One block (a warp) per token: scores, optional correction bias, group limit, top-k and weights, with
 // the selection rules of cpu::route_token (the same experts whenever the scores agree).
 __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logits, MoeRouteParams p,
                                                               const float* bias, int32_t* expert_ids,
@@ -176,6 +180,9 @@ __global__ void __launch_bounds__(kLogitWarps * 32) router_logits_kernel(const f
 }
 
 constexpr int kPlanThreads = 1024;
+// Up to this many entries one block plans a step alone (one launch: decode). Beyond it each
+// block takes a slice of this many entries, and three kernels count, place and fill.
+constexpr int kPlanEntriesPerBlock = 4096;
 
 // Groups the (token, slot) entries by expert in one block: counts, offsets in rows and in GEMM
 // row-blocks, then each entry's row. Rows within an expert land in any order; every row is
@@ -211,17 +218,104 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const int32_t* exper
   }
 }
 
-__global__ void combine_kernel(const float* expert_out, const int32_t* slot_row, const float* weights,
+// Many entries, step 1: each block's per-expert counts of its slice, slice_rows [blocks][E].
+__global__ void __launch_bounds__(kPlanThreads) plan_count_kernel(const int32_t* expert_ids, int num_entries,
+                                                                  int num_experts, int32_t* slice_rows) {
+  await_previous_kernels();
+  __shared__ int counts[kMaxExperts];
+  for (int e = threadIdx.x; e < num_experts; e += kPlanThreads) counts[e] = 0;
+  __syncthreads();
+  const int begin = blockIdx.x * kPlanEntriesPerBlock, end = min(begin + kPlanEntriesPerBlock, num_entries);
+  for (int i = begin + threadIdx.x; i < end; i += kPlanThreads) atomicAdd(&counts[expert_ids[i]], 1);
+  __syncthreads();
+  for (int e = threadIdx.x; e < num_experts; e += kPlanThreads) slice_rows[blockIdx.x * num_experts + e] = counts[e];
+}
+
+// Step 2, one block: the experts' row and row-block offsets, and slice_rows turned from counts
+// into each slice's first row per expert (expert e's rows in slice order).
+__global__ void __launch_bounds__(kPlanThreads) plan_offsets_kernel(int num_slices, int num_experts,
+                                                                    int rows_per_block, int32_t* slice_rows,
+                                                                    int32_t* row_offsets, int32_t* block_offsets) {
+  await_previous_kernels();
+  __shared__ int totals[kMaxExperts];
+  __shared__ int starts[kMaxExperts];
+  for (int e = threadIdx.x; e < num_experts; e += kPlanThreads) {
+    int sum = 0;
+    for (int b = 0; b < num_slices; ++b) {
+      const int count = slice_rows[b * num_experts + e];
+      slice_rows[b * num_experts + e] = sum;
+      sum += count;
+    }
+    totals[e] = sum;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int rows = 0, blocks = 0;
+    for (int e = 0; e < num_experts; ++e) {
+      row_offsets[e] = rows;
+      block_offsets[e] = blocks;
+      starts[e] = rows;
+      rows += totals[e];
+      blocks += (totals[e] + rows_per_block - 1) / rows_per_block;
+    }
+    row_offsets[num_experts] = rows;
+    block_offsets[num_experts] = blocks;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < num_experts; e += kPlanThreads)
+    for (int b = 0; b < num_slices; ++b) slice_rows[b * num_experts + e] += starts[e];
+}
+
+// Step 3: each block places its slice's entries from its first rows on.
+__global__ void __launch_bounds__(kPlanThreads) plan_fill_kernel(const int32_t* expert_ids, int num_entries, int top_k,
+                                                                 int num_experts, const int32_t* slice_rows,
+                                                                 int32_t* src_rows, int32_t* slot_rows) {
+  await_previous_kernels();
+  __shared__ int fill[kMaxExperts];
+  for (int e = threadIdx.x; e < num_experts; e += kPlanThreads) fill[e] = slice_rows[blockIdx.x * num_experts + e];
+  __syncthreads();
+  const int begin = blockIdx.x * kPlanEntriesPerBlock, end = min(begin + kPlanEntriesPerBlock, num_entries);
+  for (int i = begin + threadIdx.x; i < end; i += kPlanThreads) {
+    const int row = atomicAdd(&fill[expert_ids[i]], 1);
+    src_rows[row] = i / top_k;
+    slot_rows[i] = row;
+  }
+}
+
+__device__ void load_values(const float* p, float (&v)[1]) { v[0] = *p; }
+__device__ void load_values(const float* p, float (&v)[4]) {
+  const float4 a = *reinterpret_cast<const float4*>(p);
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+}
+__device__ void load_values(const __nv_bfloat16* p, float (&v)[1]) { v[0] = __bfloat162float(*p); }
+__device__ void load_values(const __nv_bfloat16* p, float (&v)[4]) {
+  const uint2 raw = *reinterpret_cast<const uint2*>(p);
+  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+  v[0] = lo.x, v[1] = lo.y, v[2] = hi.x, v[3] = hi.y;
+}
+
+// kWidth consecutive columns per thread (hidden and ld_expert multiples of kWidth, buffers
+// aligned to kWidth elements); each column's sum runs in slot order, as the scalar version's.
+template <typename T, int kWidth>
+__global__ void combine_kernel(const T* expert_out, int64_t ld_expert, const int32_t* slot_row, const float* weights,
                                const float* shared, int64_t num_tokens, int top_k, int64_t hidden, float* out) {
   await_previous_kernels();
+  const int64_t groups = hidden / kWidth;
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= num_tokens * hidden) return;
-  const int64_t t = i / hidden, c = i % hidden;
-  float acc = 0.0f;
-  for (int k = 0; k < top_k; ++k)
-    acc += weights[t * top_k + k] * expert_out[static_cast<int64_t>(slot_row[t * top_k + k]) * hidden + c];
-  if (shared != nullptr) acc += shared[i];
-  out[i] = acc;
+  if (i >= num_tokens * groups) return;
+  const int64_t t = i / groups, c = (i % groups) * kWidth;
+  float acc[kWidth] = {}, v[kWidth];
+  for (int k = 0; k < top_k; ++k) {
+    const float w = weights[t * top_k + k];
+    load_values(expert_out + static_cast<int64_t>(slot_row[t * top_k + k]) * ld_expert + c, v);
+    for (int j = 0; j < kWidth; ++j) acc[j] += w * v[j];
+  }
+  if (shared != nullptr) {
+    load_values(shared + t * hidden + c, v);
+    for (int j = 0; j < kWidth; ++j) acc[j] += v[j];
+  }
+  for (int j = 0; j < kWidth; ++j) out[t * hidden + c + j] = acc[j];
 }
 
 }  // namespace
@@ -251,21 +345,59 @@ void launch_router_logits(const float* x, const float* gate, int64_t num_tokens,
   DS_CUDA_CHECK_LAUNCH();
 }
 
+int64_t moe_plan_workspace_ints(int num_entries, int num_experts) {
+  if (num_entries <= kPlanEntriesPerBlock) return 0;
+  return int64_t{(num_entries + kPlanEntriesPerBlock - 1) / kPlanEntriesPerBlock} * num_experts;
+}
+
 void launch_moe_plan(const int32_t* expert_ids, int num_entries, int top_k, int num_experts, int rows_per_block,
                      int32_t* row_offsets, int32_t* block_offsets, int32_t* src_rows, int32_t* slot_rows,
-                     Stream stream) {
+                     int32_t* workspace, Stream stream) {
   DS_CHECK(num_experts <= kMaxExperts);
-  launch_kernel(plan_kernel, 1, kPlanThreads, 0, stream, expert_ids, num_entries, top_k, num_experts, rows_per_block,
-                row_offsets, block_offsets, src_rows, slot_rows);
+  if (num_entries <= kPlanEntriesPerBlock) {
+    launch_kernel(plan_kernel, 1, kPlanThreads, 0, stream, expert_ids, num_entries, top_k, num_experts,
+                  rows_per_block, row_offsets, block_offsets, src_rows, slot_rows);
+    DS_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  DS_CHECK_MSG(workspace != nullptr, "MoE plan: " << num_entries << " entries need a workspace");
+  const int num_slices = (num_entries + kPlanEntriesPerBlock - 1) / kPlanEntriesPerBlock;
+  launch_kernel(plan_count_kernel, num_slices, kPlanThreads, 0, stream, expert_ids, num_entries, num_experts,
+                workspace);
+  DS_CUDA_CHECK_LAUNCH();
+  launch_kernel(plan_offsets_kernel, 1, kPlanThreads, 0, stream, num_slices, num_experts, rows_per_block, workspace,
+                row_offsets, block_offsets);
+  DS_CUDA_CHECK_LAUNCH();
+  launch_kernel(plan_fill_kernel, num_slices, kPlanThreads, 0, stream, expert_ids, num_entries, top_k, num_experts,
+                static_cast<const int32_t*>(workspace), src_rows, slot_rows);
   DS_CUDA_CHECK_LAUNCH();
 }
 
-void launch_moe_combine(const float* expert_out, const int32_t* slot_row, const float* weights, const float* shared,
-                        int64_t num_tokens, int top_k, int64_t hidden, float* out, Stream stream) {
-  const int64_t n = num_tokens * hidden;
+void launch_moe_combine(const void* expert_out, bool expert_out_bf16, int64_t ld_expert, const int32_t* slot_row,
+                        const float* weights, const float* shared, int64_t num_tokens, int top_k, int64_t hidden,
+                        float* out, Stream stream) {
+  const size_t elem_bytes = expert_out_bf16 ? 2 : 4;
+  const auto aligned = [](const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
+  const bool vectors = hidden % 4 == 0 && ld_expert % 4 == 0 && aligned(expert_out, 4 * elem_bytes) &&
+                       aligned(out, 16) && (shared == nullptr || aligned(shared, 16));
+  const int width = vectors ? 4 : 1;
+  const int64_t n = num_tokens * (hidden / width);
   if (n == 0) return;
-  launch_kernel(combine_kernel, static_cast<unsigned>((n + 255) / 256), 256, 0, stream, expert_out, slot_row, weights,
-                shared, num_tokens, top_k, hidden, out);
+  const unsigned blocks = static_cast<unsigned>((n + 255) / 256);
+  const auto* bf16_out = static_cast<const __nv_bfloat16*>(expert_out);
+  const auto* f32_out = static_cast<const float*>(expert_out);
+  if (expert_out_bf16 && vectors)
+    launch_kernel(combine_kernel<__nv_bfloat16, 4>, blocks, 256, 0, stream, bf16_out, ld_expert, slot_row, weights,
+                  shared, num_tokens, top_k, hidden, out);
+  else if (expert_out_bf16)
+    launch_kernel(combine_kernel<__nv_bfloat16, 1>, blocks, 256, 0, stream, bf16_out, ld_expert, slot_row, weights,
+                  shared, num_tokens, top_k, hidden, out);
+  else if (vectors)
+    launch_kernel(combine_kernel<float, 4>, blocks, 256, 0, stream, f32_out, ld_expert, slot_row, weights, shared,
+                  num_tokens, top_k, hidden, out);
+  else
+    launch_kernel(combine_kernel<float, 1>, blocks, 256, 0, stream, f32_out, ld_expert, slot_row, weights, shared,
+                  num_tokens, top_k, hidden, out);
   DS_CUDA_CHECK_LAUNCH();
 }
 

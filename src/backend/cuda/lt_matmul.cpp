@@ -53,8 +53,9 @@ int LtMatmul::pick_algorithm(Plan* p, uint32_t alignment_bytes) {
 
 std::unique_ptr<LtMatmul::Plan> LtMatmul::make_plan(Kind kind, int64_t m, int64_t n, int64_t k, int* status) {
   auto p = std::make_unique<Plan>();
-  const bool fp8 = kind != Kind::kBf16 && kind != Kind::kF32;
+  const bool fp8 = kind == Kind::kFp8Blocks || kind == Kind::kFp8Rows;
   const cudaDataType_t ab_type = kind == Kind::kF32 ? CUDA_R_32F : fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+  const cudaDataType_t y_type = kind == Kind::kBf16ToBf16 ? CUDA_R_16BF : CUDA_R_32F;
   DS_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
   DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof op_t));
@@ -75,11 +76,11 @@ std::unique_ptr<LtMatmul::Plan> LtMatmul::make_plan(Kind kind, int64_t m, int64_
                                                    sizeof placeholder));
   }
   // A = W viewed column-major [k, n]; B = x viewed column-major [k, m]; D column-major [n, m]
-  // = y row-major, fp32.
+  // = y row-major.
   DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, ab_type, k, n, k));
   DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, ab_type, k, m, k));
-  DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, n, m, n));
-  DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, CUDA_R_32F, n, m, n));
+  DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, y_type, n, m, n));
+  DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, y_type, n, m, n));
   // bf16 and fp32: 16-byte aligned operands, not the 256 bytes the heuristic assumes by default
   // (per-expert row slices of one buffer start anywhere on a row boundary). FP8 operands are
   // whole allocations.
@@ -93,7 +94,7 @@ LtMatmul::Plan* LtMatmul::plan(Kind kind, int64_t m, int64_t n, int64_t k, bool 
   if (it == plans_.end()) {
     int status = 0;
     it = plans_.emplace(key, make_plan(kind, m, n, k, &status)).first;
-    if (!it->second->ok && kind != Kind::kBf16 && kind != Kind::kF32)
+    if (!it->second->ok && (kind == Kind::kFp8Blocks || kind == Kind::kFp8Rows))
       DS_LOG_INFO("cuda: cuBLASLt has no block-scaled FP8 algorithm for m=" << m << " n=" << n << " k=" << k
                                                                             << " (status " << status << ")");
   }
@@ -115,9 +116,9 @@ int LtMatmul::run(Plan* p, const void* a, const void* b, void* d, const float* a
                         workspace_bytes_, stream_);
 }
 
-void LtMatmul::bf16(const uint16_t* w, const uint16_t* x, float* y, int64_t m, int64_t n, int64_t k) {
+void LtMatmul::bf16(const uint16_t* w, const uint16_t* x, void* y, int64_t m, int64_t n, int64_t k, bool y_bf16) {
   if (m == 0 || n == 0) return;
-  const int st = run(plan(Kind::kBf16, m, n, k, true), w, x, y, nullptr, nullptr);
+  const int st = run(plan(y_bf16 ? Kind::kBf16ToBf16 : Kind::kBf16, m, n, k, true), w, x, y, nullptr, nullptr);
   DS_CHECK_MSG(st == CUBLAS_STATUS_SUCCESS, "cublasLtMatmul (bf16): status " << st);
 }
 

@@ -27,8 +27,8 @@ class LtMatmul {
   LtMatmul(const LtMatmul&) = delete;
   LtMatmul& operator=(const LtMatmul&) = delete;
 
-  // bf16 W and x, fp32 accumulate, fp32 y.
-  void bf16(const uint16_t* w, const uint16_t* x, float* y, int64_t m, int64_t n, int64_t k);
+  // bf16 W and x, fp32 accumulate, fp32 y (bf16 y where y_bf16).
+  void bf16(const uint16_t* w, const uint16_t* x, void* y, int64_t m, int64_t n, int64_t k, bool y_bf16 = false);
   // Row-major products with explicit leading dimensions, batched with strides (all counted in
   // elements): y[b] (m x n) = x[b] (m x k) · w[b]ᵀ when w_rows_are_n (w[b] is [n, k]), else
   // x[b] · w[b] (w[b] is [k, n]). bf16 x and w, fp32 accumulate, y fp32 or bf16. Pointers and
@@ -65,7 +65,7 @@ class LtMatmul {
 
  private:
   struct Plan;
-  enum class Kind { kBf16, kF32, kFp8Blocks, kFp8Rows };
+  enum class Kind { kBf16, kBf16ToBf16, kF32, kFp8Blocks, kFp8Rows };
   static Kind fp8_kind(Fp8WeightScales w_scales_mode) {
     return w_scales_mode == Fp8WeightScales::kBlocks128x128 ? Kind::kFp8Blocks : Kind::kFp8Rows;
   }

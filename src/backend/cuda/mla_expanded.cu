@@ -29,6 +29,8 @@ __global__ void gather_latent_kernel(MlaDims d, const void* cache, const int32_t
   }
 }
 
+// One block per token; a thread writes two neighbouring columns of a head (one rotated pair
+// in the rope part) as one bf16 pair. The nope and rope widths and qk_padded are even.
 __global__ void expanded_queries_kernel(MlaDims d, const float* q, const int32_t* positions, const float* rope_cos,
                                         const float* rope_sin, int qk_padded, uint16_t* q_out) {
   await_previous_kernels();
@@ -36,20 +38,23 @@ __global__ void expanded_queries_kernel(MlaDims d, const float* q, const int32_t
   const int nope = d.qk_nope_head_dim, rope = d.qk_rope_head_dim, half = rope / 2, qk = nope + rope;
   const int pos = positions[i];
   const float* src = q + static_cast<int64_t>(i) * d.num_heads * qk;
-  __nv_bfloat16* dst = reinterpret_cast<__nv_bfloat16*>(q_out) + static_cast<int64_t>(i) * d.num_heads * qk_padded;
-  for (int e = threadIdx.x; e < d.num_heads * qk_padded; e += blockDim.x) {
-    const int h = e / qk_padded, c = e % qk_padded;
+  auto* dst = reinterpret_cast<__nv_bfloat162*>(q_out + static_cast<int64_t>(i) * d.num_heads * qk_padded);
+  const int pairs_per_head = qk_padded / 2;
+  for (int e = threadIdx.x; e < d.num_heads * pairs_per_head; e += blockDim.x) {
+    const int h = e / pairs_per_head, c = 2 * (e % pairs_per_head);
     const float* qh = src + h * qk;
-    float v = 0.0f;
+    float v0 = 0.0f, v1 = 0.0f;
     if (c < nope) {
-      v = qh[c];
+      const float2 x = *reinterpret_cast<const float2*>(qh + c);
+      v0 = x.x, v1 = x.y;
     } else if (c < qk) {
-      const int r = c - nope, pair = r / 2;
-      const float x0 = qh[nope + 2 * pair], x1 = qh[nope + 2 * pair + 1];
+      const int pair = (c - nope) / 2;
+      const float2 x = *reinterpret_cast<const float2*>(qh + c);
       const float cs = rope_cos[pos * half + pair], sn = rope_sin[pos * half + pair];
-      v = r % 2 == 0 ? x0 * cs - x1 * sn : x0 * sn + x1 * cs;
+      v0 = x.x * cs - x.y * sn;
+      v1 = x.x * sn + x.y * cs;
     }
-    dst[e] = __float2bfloat16(v);
+    dst[e] = __floats2bfloat162_rn(v0, v1);
   }
 }
 
@@ -119,6 +124,8 @@ void launch_mla_gather_latent(const MlaDims& d, const void* cache, const int32_t
 void launch_mla_expanded_queries(const MlaDims& d, const float* q, const int32_t* positions, int num_tokens,
                                  const float* rope_cos, const float* rope_sin, int qk_padded, uint16_t* q_out,
                                  Stream stream) {
+  DS_CHECK_MSG(d.qk_nope_head_dim % 2 == 0 && d.qk_rope_head_dim % 2 == 0 && qk_padded % 2 == 0,
+               "expanded queries: head widths must be even");
   if (num_tokens == 0) return;
   launch_kernel(expanded_queries_kernel, num_tokens, kThreads, 0, stream, d, q, positions, rope_cos, rope_sin,
                 qk_padded, q_out);
