@@ -181,8 +181,44 @@ __global__ void __launch_bounds__(kLogitWarps * 32) router_logits_kernel(const f
 
 constexpr int kPlanThreads = 1024;
 // Up to this many entries one block plans a step alone (one launch: decode). Beyond it each
-// block takes a slice of this many entries, and three kernels count, place and fill.
+// block takes a slice of this many entries, and three kernels count, offset and place.
 constexpr int kPlanEntriesPerBlock = 4096;
+
+// Block-wide helpers of the planning kernels (every thread calls them).
+// counts[expert] += the entries in [begin, end) routed to it (counts in shared memory).
+__device__ void count_entries(const int32_t* expert_ids, int begin, int end, int* counts) {
+  for (int i = begin + threadIdx.x; i < end; i += kPlanThreads) atomicAdd(&counts[expert_ids[i]], 1);
+  __syncthreads();
+}
+
+// The experts' first rows and first GEMM row-blocks from their row counts; starts[e] (shared)
+// gets expert e's first row too.
+__device__ void expert_offsets(const int* counts, int num_experts, int rows_per_block, int32_t* row_offsets,
+                               int32_t* block_offsets, int* starts) {
+  if (threadIdx.x == 0) {
+    int rows = 0, blocks = 0;
+    for (int e = 0; e < num_experts; ++e) {
+      row_offsets[e] = rows;
+      block_offsets[e] = blocks;
+      starts[e] = rows;
+      rows += counts[e];
+      blocks += (counts[e] + rows_per_block - 1) / rows_per_block;
+    }
+    row_offsets[num_experts] = rows;
+    block_offsets[num_experts] = blocks;
+  }
+  __syncthreads();
+}
+
+// Each entry of [begin, end) takes the next free row of its expert (fill, shared).
+__device__ void place_entries(const int32_t* expert_ids, int begin, int end, int top_k, int* fill, int32_t* src_rows,
+                              int32_t* slot_rows) {
+  for (int i = begin + threadIdx.x; i < end; i += kPlanThreads) {
+    const int row = atomicAdd(&fill[expert_ids[i]], 1);
+    src_rows[row] = i / top_k;
+    slot_rows[i] = row;
+  }
+}
 
 // Groups the (token, slot) entries by expert in one block: counts, offsets in rows and in GEMM
 // row-blocks, then each entry's row. Rows within an expert land in any order; every row is
@@ -196,26 +232,9 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const int32_t* exper
   __shared__ int fill[kMaxExperts];
   for (int e = threadIdx.x; e < num_experts; e += kPlanThreads) counts[e] = 0;
   __syncthreads();
-  for (int i = threadIdx.x; i < num_entries; i += kPlanThreads) atomicAdd(&counts[expert_ids[i]], 1);
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int rows = 0, blocks = 0;
-    for (int e = 0; e < num_experts; ++e) {
-      row_offsets[e] = rows;
-      block_offsets[e] = blocks;
-      fill[e] = rows;
-      rows += counts[e];
-      blocks += (counts[e] + rows_per_block - 1) / rows_per_block;
-    }
-    row_offsets[num_experts] = rows;
-    block_offsets[num_experts] = blocks;
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < num_entries; i += kPlanThreads) {
-    const int row = atomicAdd(&fill[expert_ids[i]], 1);
-    src_rows[row] = i / top_k;
-    slot_rows[i] = row;
-  }
+  count_entries(expert_ids, 0, num_entries, counts);
+  expert_offsets(counts, num_experts, rows_per_block, row_offsets, block_offsets, fill);
+  place_entries(expert_ids, 0, num_entries, top_k, fill, src_rows, slot_rows);
 }
 
 // Many entries, step 1: each block's per-expert counts of its slice, slice_rows [blocks][E].
@@ -226,8 +245,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_count_kernel(const int32_t*
   for (int e = threadIdx.x; e < num_experts; e += kPlanThreads) counts[e] = 0;
   __syncthreads();
   const int begin = blockIdx.x * kPlanEntriesPerBlock, end = min(begin + kPlanEntriesPerBlock, num_entries);
-  for (int i = begin + threadIdx.x; i < end; i += kPlanThreads) atomicAdd(&counts[expert_ids[i]], 1);
-  __syncthreads();
+  count_entries(expert_ids, begin, end, counts);
   for (int e = threadIdx.x; e < num_experts; e += kPlanThreads) slice_rows[blockIdx.x * num_experts + e] = counts[e];
 }
 
@@ -249,19 +267,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_offsets_kernel(int num_slic
     totals[e] = sum;
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    int rows = 0, blocks = 0;
-    for (int e = 0; e < num_experts; ++e) {
-      row_offsets[e] = rows;
-      block_offsets[e] = blocks;
-      starts[e] = rows;
-      rows += totals[e];
-      blocks += (totals[e] + rows_per_block - 1) / rows_per_block;
-    }
-    row_offsets[num_experts] = rows;
-    block_offsets[num_experts] = blocks;
-  }
-  __syncthreads();
+  expert_offsets(totals, num_experts, rows_per_block, row_offsets, block_offsets, starts);
   for (int e = threadIdx.x; e < num_experts; e += kPlanThreads)
     for (int b = 0; b < num_slices; ++b) slice_rows[b * num_experts + e] += starts[e];
 }
@@ -275,11 +281,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_fill_kernel(const int32_t* 
   for (int e = threadIdx.x; e < num_experts; e += kPlanThreads) fill[e] = slice_rows[blockIdx.x * num_experts + e];
   __syncthreads();
   const int begin = blockIdx.x * kPlanEntriesPerBlock, end = min(begin + kPlanEntriesPerBlock, num_entries);
-  for (int i = begin + threadIdx.x; i < end; i += kPlanThreads) {
-    const int row = atomicAdd(&fill[expert_ids[i]], 1);
-    src_rows[row] = i / top_k;
-    slot_rows[i] = row;
-  }
+  place_entries(expert_ids, begin, end, top_k, fill, src_rows, slot_rows);
 }
 
 __device__ void load_values(const float* p, float (&v)[1]) { v[0] = *p; }
