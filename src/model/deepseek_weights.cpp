@@ -5,8 +5,8 @@
 #include <cstring>
 #include <functional>
 #include <optional>
-#include <random>
 #include <string>
+#include <utility>
 
 #include "core/check.h"
 #include "core/dtype.h"
@@ -231,14 +231,36 @@ ModelWeights load_model_weights(const ModelConfig& config, const Checkpoint& ckp
   return builder.model([&](const std::string& name) { return ckpt.has(name); });
 }
 
+namespace {
+
+// Word `index` of stream `seed`: splitmix64 (a Weyl sequence through its finaliser), which can
+// start at any index.
+uint64_t draw_bits(uint64_t seed, uint64_t index) {
+  uint64_t z = seed + (index + 1) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Two independent standard normal values from one 64-bit word: Box-Muller on two 24-bit
+// uniforms, the first in (0, 1] so that its logarithm is finite.
+std::pair<float, float> normal_pair(uint64_t bits) {
+  constexpr float kTwoPi = 6.28318530717958647692f;
+  const float u1 = static_cast<float>((bits >> 40) + 1) * 0x1p-24f;
+  const float u2 = static_cast<float>((bits >> 16) & 0xFFFFFFu) * 0x1p-24f;
+  const float radius = std::sqrt(-2.0f * std::log(u1));
+  return {radius * std::cos(kTwoPi * u2), radius * std::sin(kTwoPi * u2)};
+}
+
+}  // namespace
+
 ModelWeights make_random_weights(const ModelConfig& model_config, Backend& backend, uint64_t seed, bool fp8_linears) {
   ModelConfig config = model_config;
   if (fp8_linears) config.fp8 = Fp8Quantization{true, 128, 128};
   FetchFn fetch = [&](const std::string& name, const std::vector<int64_t>& shape) {
-    // Each tensor's values depend only on its name and the seed. Large tensors are drawn in
-    // chunks of 2^16 values with their own streams, in parallel (a full-size model has ~1e10
-    // values, most in expert matrices of a few million); chunk 0 uses the tensor's base stream,
-    // so small tensors are as they always were.
+    // Each tensor's values depend only on its name and the seed: value pair j comes from one
+    // counter-based draw, so the tensor fills in parallel in any split (a full-size model has
+    // ~1e10 values, most in expert matrices of a few million).
     const uint64_t base_seed = seed ^ std::hash<std::string>{}(name);
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
@@ -247,24 +269,25 @@ ModelWeights make_random_weights(const ModelConfig& model_config, Backend& backe
     const bool is_bias = name.find("bias") != std::string::npos;
     const bool is_embed = name.find("embed_tokens") != std::string::npos;
     const float scale = shape.size() == 2 ? 1.0f / std::sqrt(static_cast<float>(shape[1])) : 0.1f;
-    constexpr int64_t kChunk = int64_t{1} << 16;
-    const int64_t num_chunks = (n + kChunk - 1) / kChunk;
-    auto fill_chunks = [&](int64_t chunk_begin, int64_t chunk_end) {
-      for (int64_t c = chunk_begin; c < chunk_end; ++c) {
-        std::mt19937_64 rng(c == 0 ? base_seed : base_seed ^ (static_cast<uint64_t>(c) * 0x9E3779B97F4A7C15ull));
-        std::normal_distribution<float> dist(0.0f, 1.0f);
-        const int64_t end = std::min(n, (c + 1) * kChunk);
-        for (int64_t i = c * kChunk; i < end; ++i) {
-          float& x = v[i];
-          if (is_norm) x = 1.0f + 0.1f * dist(rng);
-          else if (is_bias) x = 0.05f * std::abs(dist(rng));
-          else if (is_embed) x = dist(rng);
-          else x = scale * dist(rng);
-        }
+    auto shaped = [&](float z) {
+      if (is_norm) return 1.0f + 0.1f * z;
+      if (is_bias) return 0.05f * std::abs(z);
+      if (is_embed) return z;
+      return scale * z;
+    };
+    constexpr int64_t kPairsPerTask = int64_t{1} << 15;
+    const int64_t num_pairs = (n + 1) / 2;
+    auto fill_pairs = [&](int64_t task_begin, int64_t task_end) {
+      const int64_t pair_end = std::min(num_pairs, task_end * kPairsPerTask);
+      for (int64_t j = task_begin * kPairsPerTask; j < pair_end; ++j) {
+        const auto [a, b] = normal_pair(draw_bits(base_seed, static_cast<uint64_t>(j)));
+        v[2 * j] = shaped(a);
+        if (2 * j + 1 < n) v[2 * j + 1] = shaped(b);
       }
     };
-    if (num_chunks <= 1) fill_chunks(0, num_chunks);
-    else global_thread_pool().parallel_for(num_chunks, fill_chunks, 1);
+    const int64_t num_tasks = (num_pairs + kPairsPerTask - 1) / kPairsPerTask;
+    if (num_tasks <= 1) fill_pairs(0, num_tasks);
+    else global_thread_pool().parallel_for(num_tasks, fill_pairs, 1);
     return v;
   };
   // FP8 as DeepSeek-V3 ships it: the projection matrices of the layers in e4m3 with one scale
