@@ -1,4 +1,5 @@
-// Runs the dsinfer binary as a user would, for tests: exit code plus stdout and stderr together.
+// Runs the dsinfer binary (or another command) as a user would, for tests: exit code plus stdout
+// and stderr together.
 #pragma once
 
 #include <sys/wait.h>
@@ -14,9 +15,9 @@ struct RunResult {
   std::string out;
 };
 
-// `args` is appended to the binary's path and run through the shell.
-inline RunResult run_dsinfer(const std::string& args) {
-  const std::string cmd = std::string(DSINFER_BINARY) + " " + args + " 2>&1";
+// Runs `command` through the shell, stderr folded into stdout.
+inline RunResult run_command(const std::string& command) {
+  const std::string cmd = command + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   RunResult r;
   if (p == nullptr) return r;
@@ -27,5 +28,8 @@ inline RunResult run_dsinfer(const std::string& args) {
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
 }
+
+// `args` is appended to the binary's path and run through the shell.
+inline RunResult run_dsinfer(const std::string& args) { return run_command(std::string(DSINFER_BINARY) + " " + args); }
 
 }  // namespace dsinfer::testing

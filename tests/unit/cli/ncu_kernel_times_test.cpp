@@ -1,0 +1,54 @@
+// tools/ncu_kernel_times.py, which turns Nsight Compute's per-kernel summary into the per-layer
+// tables of bench/RESULTS.md: totals per kernel across time units, per marker kernel, and
+// cuBLASLt's kernels lumped into one row.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "run_binary.h"
+
+namespace dsinfer {
+namespace {
+
+using testing::run_command;
+
+std::string tool(const std::string& args) {
+  const std::string source = DSINFER_SOURCE_DIR;
+  const auto r = run_command("python3 " + source + "/tools/ncu_kernel_times.py " + source +
+                             "/tests/data/ncu_per_kernel_sample.txt " + args);
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  return r.out;
+}
+
+TEST(NcuKernelTimesTest, TotalsPerKernelAcrossUnits) {
+  const std::string out = tool("");
+  // 2 x 61 us + 2 x 0.25 ms + 4 x 300 us + 1 x 20,000 ns = 1,842 us.
+  EXPECT_NE(out.find("1842.0 us, all kernels"), std::string::npos) << out;
+  EXPECT_NE(out.find("1200.0 us     4.0 calls  nvjet_sm90_tss_256x128"), std::string::npos) << out;
+  EXPECT_NE(out.find("500.0 us     2.0 calls  dsinfer::combine_kernel<float, 4>"), std::string::npos) << out;
+  EXPECT_NE(out.find("122.0 us     2.0 calls  dsinfer::route_kernel"), std::string::npos) << out;
+  EXPECT_NE(out.find("20.0 us     1.0 calls  nvjet_sm90_tss_128x168"), std::string::npos) << out;
+  // Longest first.
+  EXPECT_LT(out.find("nvjet_sm90_tss_256x128"), out.find("combine_kernel")) << out;
+}
+
+TEST(NcuKernelTimesTest, PerMarkerKernelWithLibraryKernelsInOneRow) {
+  const std::string out = tool("--per route_kernel --group-library");
+  EXPECT_NE(out.find("921.0 us per route_kernel, all kernels"), std::string::npos) << out;
+  EXPECT_NE(out.find("610.0 us per route_kernel     2.5 calls  cuBLASLt products"), std::string::npos) << out;
+  EXPECT_NE(out.find("61.0 us per route_kernel     1.0 calls  dsinfer::route_kernel"), std::string::npos) << out;
+}
+
+TEST(NcuKernelTimesTest, SaysWhatIsMissing) {
+  const std::string source = DSINFER_SOURCE_DIR;
+  const auto no_marker = run_command("python3 " + source + "/tools/ncu_kernel_times.py " + source +
+                                     "/tests/data/ncu_per_kernel_sample.txt --per no_such_kernel");
+  EXPECT_NE(no_marker.exit_code, 0);
+  EXPECT_NE(no_marker.out.find("no kernel named like 'no_such_kernel'"), std::string::npos) << no_marker.out;
+  const auto not_ncu = run_command("python3 " + source + "/tools/ncu_kernel_times.py " + source + "/README.md");
+  EXPECT_NE(not_ncu.exit_code, 0);
+  EXPECT_NE(not_ncu.out.find("no kernel summaries found"), std::string::npos) << not_ncu.out;
+}
+
+}  // namespace
+}  // namespace dsinfer
