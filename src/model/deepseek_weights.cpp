@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -18,12 +19,35 @@
 namespace dsinfer {
 namespace {
 
+// Default-initialises its elements, i.e. leaves floats unwritten: every producer of host
+// values below writes each of them, and a full-size model's ~1e10 values would otherwise be
+// zeroed on one thread before being written (in parallel).
+template <typename T>
+struct UninitialisedAllocator : std::allocator<T> {
+  template <typename U>
+  struct rebind {
+    using other = UninitialisedAllocator<U>;
+  };
+  UninitialisedAllocator() = default;
+  template <typename U>
+  UninitialisedAllocator(const UninitialisedAllocator<U>&) noexcept {}
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    if constexpr (sizeof...(Args) == 0)
+      ::new (static_cast<void*>(p)) U;
+    else
+      ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+// A tensor's fp32 values in host memory.
+using HostValues = std::vector<float, UninitialisedAllocator<float>>;
+
 // A tensor source: either a checkpoint or a random generator, so both paths share the layout
 // code below. Returns the tensor widened to fp32 in host memory (FP8 block scales applied).
-using FetchFn = std::function<std::vector<float>(const std::string& name, const std::vector<int64_t>& shape)>;
+using FetchFn = std::function<HostValues(const std::string& name, const std::vector<int64_t>& shape)>;
 
-std::vector<float> widen(const TensorInfo& info, const Checkpoint& ckpt, const ModelConfig& config) {
-  std::vector<float> out(info.num_elements());
+HostValues widen(const TensorInfo& info, const Checkpoint& ckpt, const ModelConfig& config) {
+  HostValues out(info.num_elements());
   // Copy through an aligned buffer: tensors inside a mapping may be unaligned.
   std::vector<uint8_t> raw(info.data, info.data + info.num_bytes);
   if (info.dtype == DType::kF8E4M3) {
@@ -108,7 +132,7 @@ class WeightBuilder {
     m.kv_a_layernorm = vec(p + "self_attn.kv_a_layernorm.weight", lora);
     // kv_b_proj rows per head: [W_UK (nope rows); W_UV (v rows)], each row kv_lora wide.
     auto kv_b = fetch_(p + "self_attn.kv_b_proj.weight", {heads * (nope + vdim), lora});
-    std::vector<float> uk(heads * nope * lora), uv(heads * vdim * lora);
+    HostValues uk(heads * nope * lora), uv(heads * vdim * lora);
     for (int64_t h = 0; h < heads; ++h) {
       const float* base = kv_b.data() + h * (nope + vdim) * lora;
       std::copy_n(base, nope * lora, uk.data() + h * nope * lora);
@@ -186,7 +210,7 @@ class WeightBuilder {
     return gate_up ? be_.make_gate_up(h) : be_.make_linear(h);
   }
 
-  Tensor host(std::vector<int64_t> shape, std::vector<float> data) {
+  Tensor host(std::vector<int64_t> shape, HostValues data) {
     HostTensor h{DType::kF32, std::move(shape), data.data()};
     return be_.from_host(h);
   }
@@ -264,7 +288,7 @@ ModelWeights make_random_weights(const ModelConfig& model_config, Backend& backe
     const uint64_t base_seed = seed ^ std::hash<std::string>{}(name);
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
-    std::vector<float> v(n);
+    HostValues v(n);
     const bool is_norm = name.find("norm") != std::string::npos;
     const bool is_bias = name.find("bias") != std::string::npos;
     const bool is_embed = name.find("embed_tokens") != std::string::npos;
@@ -299,7 +323,7 @@ ModelWeights make_random_weights(const ModelConfig& model_config, Backend& backe
                               name.compare(name.size() - 12, 12, "_proj.weight") == 0 &&
                               name.find("kv_b_proj") == std::string::npos;
       if (!projection || shape.size() != 2) return std::nullopt;
-      const std::vector<float> v = fetch(name, shape);
+      const HostValues v = fetch(name, shape);
       const int64_t rows = shape[0], cols = shape[1], rb = (rows + 127) / 128, cb = (cols + 127) / 128;
       RawFp8 raw;
       raw.scales.assign(rb * cb, 0.0f);
