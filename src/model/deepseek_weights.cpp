@@ -43,11 +43,11 @@ struct UninitialisedAllocator : std::allocator<T> {
 using HostValues = std::vector<float, UninitialisedAllocator<float>>;
 
 // A tensor source: either a checkpoint or a random generator, so both paths share the layout
-// code below. Returns the tensor widened to fp32 in host memory (FP8 block scales applied).
-using FetchFn = std::function<HostValues(const std::string& name, const std::vector<int64_t>& shape)>;
+// code below. Writes the tensor, widened to fp32 (FP8 block scales applied), to `out`, which
+// holds as many floats as the shape has elements (so that two halves can land side by side).
+using FetchFn = std::function<void(const std::string& name, const std::vector<int64_t>& shape, float* out)>;
 
-HostValues widen(const TensorInfo& info, const Checkpoint& ckpt, const ModelConfig& config) {
-  HostValues out(info.num_elements());
+void widen(const TensorInfo& info, const Checkpoint& ckpt, const ModelConfig& config, float* out) {
   // Copy through an aligned buffer: tensors inside a mapping may be unaligned.
   std::vector<uint8_t> raw(info.data, info.data + info.num_bytes);
   if (info.dtype == DType::kF8E4M3) {
@@ -55,11 +55,16 @@ HostValues widen(const TensorInfo& info, const Checkpoint& ckpt, const ModelConf
     std::vector<float> s(scale.num_elements());
     std::memcpy(s.data(), scale.data, scale.num_bytes);
     dequantize_fp8_block(raw.data(), s.data(), info.shape[0], info.shape[1], config.fp8.block_rows,
-                         config.fp8.block_cols, out.data());
+                         config.fp8.block_cols, out);
   } else {
-    convert_to_f32(info.dtype, raw.data(), out.data(), out.size());
+    convert_to_f32(info.dtype, raw.data(), out, info.num_elements());
   }
-  return out;
+}
+
+int64_t num_elements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
 }
 
 // An F8_E4M3 checkpoint weight as stored, for backends that keep FP8 (Backend::wants_raw_fp8).
@@ -75,15 +80,15 @@ class WeightBuilder {
   WeightBuilder(const ModelConfig& config, Backend& backend, FetchFn fetch, RawFp8Fn raw_fp8 = nullptr)
       : c_(config), be_(backend), fetch_(std::move(fetch)), raw_fp8_(std::move(raw_fp8)) {}
 
-  Tensor vec(const std::string& name, int64_t n) { return host({n}, fetch_(name, {n})); }
+  Tensor vec(const std::string& name, int64_t n) { return host({n}, fetch(name, {n})); }
   Tensor mat(const std::string& name, int64_t rows, int64_t cols) {
-    return host({rows, cols}, fetch_(name, {rows, cols}));
+    return host({rows, cols}, fetch(name, {rows, cols}));
   }
   LinearWeight linear(const std::string& name, int64_t out, int64_t in) {
     if (raw_fp8_) {
       if (auto raw = raw_fp8_(name, {out, in})) return fp8_linear(*raw, out, in);
     }
-    auto data = fetch_(name, {out, in});
+    const HostValues data = fetch(name, {out, in});
     HostTensor h{DType::kF32, {out, in}, data.data()};
     return be_.make_linear(h);
   }
@@ -99,10 +104,10 @@ class WeightBuilder {
         return fp8_linear(*gate, 2 * inter, in, /*gate_up=*/true);
       }
     }
-    auto gate = fetch_(prefix + "gate_proj.weight", {inter, in});
-    auto up = fetch_(prefix + "up_proj.weight", {inter, in});
-    gate.insert(gate.end(), up.begin(), up.end());
-    HostTensor h{DType::kF32, {2 * inter, in}, gate.data()};
+    HostValues gate_up(2 * inter * in);
+    fetch_(prefix + "gate_proj.weight", {inter, in}, gate_up.data());
+    fetch_(prefix + "up_proj.weight", {inter, in}, gate_up.data() + inter * in);
+    HostTensor h{DType::kF32, {2 * inter, in}, gate_up.data()};
     return be_.make_gate_up(h);
   }
 
@@ -131,7 +136,7 @@ class WeightBuilder {
     m.v_head_dim = static_cast<int>(vdim);
     m.kv_a_layernorm = vec(p + "self_attn.kv_a_layernorm.weight", lora);
     // kv_b_proj rows per head: [W_UK (nope rows); W_UV (v rows)], each row kv_lora wide.
-    auto kv_b = fetch_(p + "self_attn.kv_b_proj.weight", {heads * (nope + vdim), lora});
+    const HostValues kv_b = fetch(p + "self_attn.kv_b_proj.weight", {heads * (nope + vdim), lora});
     HostValues uk(heads * nope * lora), uv(heads * vdim * lora);
     for (int64_t h = 0; h < heads; ++h) {
       const float* base = kv_b.data() + h * (nope + vdim) * lora;
@@ -210,6 +215,12 @@ class WeightBuilder {
     return gate_up ? be_.make_gate_up(h) : be_.make_linear(h);
   }
 
+  HostValues fetch(const std::string& name, const std::vector<int64_t>& shape) {
+    HostValues values(num_elements(shape));
+    fetch_(name, shape, values.data());
+    return values;
+  }
+
   Tensor host(std::vector<int64_t> shape, HostValues data) {
     HostTensor h{DType::kF32, std::move(shape), data.data()};
     return be_.from_host(h);
@@ -225,12 +236,12 @@ class WeightBuilder {
 
 ModelWeights load_model_weights(const ModelConfig& config, const Checkpoint& ckpt, Backend& backend) {
   validate_checkpoint(ckpt, config);
-  FetchFn fetch = [&](const std::string& name, const std::vector<int64_t>& shape) {
+  FetchFn fetch = [&](const std::string& name, const std::vector<int64_t>& shape, float* out) {
     const TensorInfo& info = ckpt.get(name);
     if (info.shape != shape)
       throw Error(StatusCode::kInvalidArgument, "tensor " + name + " in " + info.file + " has shape " +
                                                     shape_to_string(info.shape) + ", expected " + shape_to_string(shape));
-    return widen(info, ckpt, config);
+    widen(info, ckpt, config, out);
   };
   RawFp8Fn raw_fp8;
   if (backend.wants_raw_fp8()) {
@@ -281,14 +292,12 @@ std::pair<float, float> normal_pair(uint64_t bits) {
 ModelWeights make_random_weights(const ModelConfig& model_config, Backend& backend, uint64_t seed, bool fp8_linears) {
   ModelConfig config = model_config;
   if (fp8_linears) config.fp8 = Fp8Quantization{true, 128, 128};
-  FetchFn fetch = [&](const std::string& name, const std::vector<int64_t>& shape) {
+  FetchFn fetch = [&](const std::string& name, const std::vector<int64_t>& shape, float* v) {
     // Each tensor's values depend only on its name and the seed: value pair j comes from one
     // counter-based draw, so the tensor fills in parallel in any split (a full-size model has
     // ~1e10 values, most in expert matrices of a few million).
     const uint64_t base_seed = seed ^ std::hash<std::string>{}(name);
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    HostValues v(n);
+    const int64_t n = num_elements(shape);
     const bool is_norm = name.find("norm") != std::string::npos;
     const bool is_bias = name.find("bias") != std::string::npos;
     const bool is_embed = name.find("embed_tokens") != std::string::npos;
@@ -312,7 +321,6 @@ ModelWeights make_random_weights(const ModelConfig& model_config, Backend& backe
     const int64_t num_tasks = (num_pairs + kPairsPerTask - 1) / kPairsPerTask;
     if (num_tasks <= 1) fill_pairs(0, num_tasks);
     else global_thread_pool().parallel_for(num_tasks, fill_pairs, 1);
-    return v;
   };
   // FP8 as DeepSeek-V3 ships it: the projection matrices of the layers in e4m3 with one scale
   // per 128x128 block (amax / 448); embeddings, norms, router and LM head stay wide.
@@ -323,7 +331,8 @@ ModelWeights make_random_weights(const ModelConfig& model_config, Backend& backe
                               name.compare(name.size() - 12, 12, "_proj.weight") == 0 &&
                               name.find("kv_b_proj") == std::string::npos;
       if (!projection || shape.size() != 2) return std::nullopt;
-      const HostValues v = fetch(name, shape);
+      HostValues v(num_elements(shape));
+      fetch(name, shape, v.data());
       const int64_t rows = shape[0], cols = shape[1], rb = (rows + 127) / 128, cb = (cols + 127) / 128;
       RawFp8 raw;
       raw.scales.assign(rb * cb, 0.0f);
