@@ -12,6 +12,12 @@ void Backend::add_rms_norm(Tensor& x, const Tensor& y, const Tensor& w, float ep
   rms_norm(x, w, eps, out);
 }
 
+void Backend::linear_pair(const Tensor& x, const LinearWeight& w1, Tensor& out1, const LinearWeight& w2,
+                          Tensor& out2) {
+  linear(x, w1, out1);
+  linear(x, w2, out2);
+}
+
 void Backend::gated_mlp(const Tensor& x, const LinearWeight& gate_up, const LinearWeight& down, Tensor& out) {
   const int64_t rows = x.dim(0);
   Tensor gu = empty({rows, gate_up.out_features}, DType::kF32);

@@ -153,6 +153,11 @@ class Backend {
   // two passes; the default runs add, then rms_norm.
   virtual void add_rms_norm(Tensor& x, const Tensor& y, const Tensor& w, float eps, Tensor& out);
   virtual void linear(const Tensor& x, const LinearWeight& w, Tensor& out) = 0;
+  // Two projections of one input, out1 = x · w1ᵀ and out2 = x · w2ᵀ (attention's query and
+  // latent projections). A backend may share the work both do on x; the default runs linear
+  // twice.
+  virtual void linear_pair(const Tensor& x, const LinearWeight& w1, Tensor& out1, const LinearWeight& w2,
+                           Tensor& out2);
   virtual void silu_mul(const Tensor& gate_up, Tensor& out) = 0;  // [T, 2I] → [T, I]
   virtual void concat_cols(const Tensor& a, const Tensor& b, Tensor& out) = 0;  // [T,A],[T,B]→[T,A+B]
   virtual void gather_rows(const Tensor& x, std::span<const int32_t> rows, Tensor& out) = 0;

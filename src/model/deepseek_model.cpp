@@ -45,16 +45,15 @@ void DeepseekModel::attention(const LayerWeights& l, const Tensor& h, const Forw
   const int64_t t = h.dim(0);
   const int64_t heads = config_.num_attention_heads;
   Tensor q = backend_.empty({t, heads * config_.qk_head_dim()}, DType::kF32);
+  Tensor kv_a = backend_.empty({t, config_.kv_lora_rank + config_.qk_rope_head_dim}, DType::kF32);
   if (l.has_q_lora) {
     Tensor qa = backend_.empty({t, config_.q_lora_rank}, DType::kF32);
-    backend_.linear(h, l.q_a, qa);
+    backend_.linear_pair(h, l.q_a, qa, l.kv_a, kv_a);
     backend_.rms_norm(qa, l.q_a_norm, kLatentNormEps, qa);
     backend_.linear(qa, l.q_b, q);
   } else {
-    backend_.linear(h, l.q, q);
+    backend_.linear_pair(h, l.q, q, l.kv_a, kv_a);
   }
-  Tensor kv_a = backend_.empty({t, config_.kv_lora_rank + config_.qk_rope_head_dim}, DType::kF32);
-  backend_.linear(h, l.kv_a, kv_a);
   Tensor attn = backend_.empty({t, heads * config_.v_head_dim}, DType::kF32);
   MlaAttentionArgs args;
   args.weights = &l.mla;

@@ -54,6 +54,12 @@ std::vector<float> widen_host(const HostTensor& h) {
   return out;
 }
 
+void check_linear(const Tensor& x, const LinearWeight& w, const Tensor& out) {
+  DS_CHECK_MSG(x.dim(1) == w.in_features, "linear: input width " << x.dim(1) << " vs " << w.in_features);
+  DS_CHECK_MSG(!w.packed_gate_up, "linear: a packed gate/up weight goes through gated_mlp or moe");
+  DS_CHECK(x.dtype == DType::kF32 && out.dtype == DType::kF32 && out.dim(1) == w.out_features);
+}
+
 }  // namespace
 
 namespace {
@@ -535,13 +541,26 @@ bool CudaBackend::library_product_fp8(const Tensor& x_bf16, int64_t rows, const 
 }
 
 void CudaBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
-  DS_CHECK_MSG(x.dim(1) == w.in_features, "linear: input width " << x.dim(1) << " vs " << w.in_features);
-  DS_CHECK_MSG(!w.packed_gate_up, "linear: a packed gate/up weight goes through gated_mlp or moe");
-  DS_CHECK(x.dtype == DType::kF32 && out.dtype == DType::kF32 && out.dim(1) == w.out_features);
+  check_linear(x, w, out);
   const int64_t m = x.dim(0);
   if (m == 0) return;
   Tensor xb = to_bf16_padded(x, w.weight.dim(1));
   gemm(xb, m, w, static_cast<int>(GemmEpilogue::kStoreF32), out.data, w.out_features, w.out_features);
+}
+
+void CudaBackend::linear_pair(const Tensor& x, const LinearWeight& w1, Tensor& out1, const LinearWeight& w2,
+                              Tensor& out2) {
+  if (w1.weight.dim(1) != w2.weight.dim(1)) {
+    Backend::linear_pair(x, w1, out1, w2, out2);
+    return;
+  }
+  check_linear(x, w1, out1);
+  check_linear(x, w2, out2);
+  const int64_t m = x.dim(0);
+  if (m == 0) return;
+  Tensor xb = to_bf16_padded(x, w1.weight.dim(1));
+  gemm(xb, m, w1, static_cast<int>(GemmEpilogue::kStoreF32), out1.data, w1.out_features, w1.out_features);
+  gemm(xb, m, w2, static_cast<int>(GemmEpilogue::kStoreF32), out2.data, w2.out_features, w2.out_features);
 }
 
 void CudaBackend::gated_mlp_bf16(const Tensor& x_bf16, int64_t rows, const LinearWeight& gate_up,

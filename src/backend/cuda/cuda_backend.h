@@ -59,6 +59,9 @@ class CudaBackend final : public Backend {
   void add(Tensor& x, const Tensor& y) override;
   void add_rms_norm(Tensor& x, const Tensor& y, const Tensor& w, float eps, Tensor& out) override;
   void linear(const Tensor& x, const LinearWeight& w, Tensor& out) override;
+  // One bf16 conversion of x for both products when their weights pad k alike.
+  void linear_pair(const Tensor& x, const LinearWeight& w1, Tensor& out1, const LinearWeight& w2,
+                   Tensor& out2) override;
   void silu_mul(const Tensor& gate_up, Tensor& out) override;
   void concat_cols(const Tensor& a, const Tensor& b, Tensor& out) override;
   void gather_rows(const Tensor& x, std::span<const int32_t> rows, Tensor& out) override;

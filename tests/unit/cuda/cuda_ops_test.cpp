@@ -166,6 +166,27 @@ TEST_F(CudaOpsTest, GatedMlpMatchesCpuIncludingPaddedShapes) {
   }
 }
 
+// Attention's query and latent projections share one bf16 conversion of their input: each
+// product gives the bits that linear alone gives, on the own kernel and through cuBLASLt.
+TEST_F(CudaOpsTest, LinearPairGivesWhatTwoLinearsGive) {
+  const int64_t k = 200, n1 = 96, n2 = 40;
+  const auto w1 = random_values(n1 * k, 41, 0.1f), w2 = random_values(n2 * k, 42, 0.1f);
+  Backend& be = *gpu_;
+  LinearWeight lw1 = be.make_linear(HostTensor{DType::kF32, {n1, k}, w1.data()});
+  LinearWeight lw2 = be.make_linear(HostTensor{DType::kF32, {n2, k}, w2.data()});
+  for (int64_t m : {1, 9, 300}) {
+    const auto x = random_values(m * k, 43);
+    Tensor tx = upload(be, {m, k}, x);
+    Tensor pair1 = be.empty({m, n1}, DType::kF32), alone1 = be.empty({m, n1}, DType::kF32);
+    Tensor pair2 = be.empty({m, n2}, DType::kF32), alone2 = be.empty({m, n2}, DType::kF32);
+    be.linear_pair(tx, lw1, pair1, lw2, pair2);
+    be.linear(tx, lw1, alone1);
+    be.linear(tx, lw2, alone2);
+    EXPECT_EQ(download(be, pair1), download(be, alone1)) << m << " rows";
+    EXPECT_EQ(download(be, pair2), download(be, alone2)) << m << " rows";
+  }
+}
+
 // The GEMM's summation order of a row does not depend on the other rows: a row computed alone
 // is bit-identical to the same row computed among many (the own kernel's whole range, and every
 // size once batch invariance is asked for).
