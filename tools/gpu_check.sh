@@ -3,7 +3,8 @@
 # facts, the CUDA unit tests (CPU-vs-CUDA consistency and the golden fixtures), a short
 # compute-sanitizer pass, then three V2-Lite-shaped benchmarks with random weights, each under
 # its own timeout: decode against the device copy bandwidth, prefill against the bf16 GEMM
-# ceiling (both measured in the same run), and an offline workload through the whole engine.
+# ceiling (both measured in the same run), and an offline workload through the whole engine;
+# optionally a kernel profile of the prefill (NCU_TIMEOUT_S).
 # Logs go to $OUT; a short summary is printed last.
 #
 # Run from the repository root:
@@ -25,7 +26,12 @@ BENCH_ARGS="${BENCH_ARGS:-}"  # e.g. "--decode-steps 8"
 PREFILL_TIMEOUT_S="${PREFILL_TIMEOUT_S:-150}"
 PREFILL_BATCHES="${PREFILL_BATCHES:-4}"
 PREFILL_LEN="${PREFILL_LEN:-4096}"
-PREFILL_ARGS="${PREFILL_ARGS:-}"
+PREFILL_ARGS="${PREFILL_ARGS:---prefill-reps 3}"
+# Optional (NCU_TIMEOUT_S > 0, after the prefill bench): the same prefill under Nsight Compute,
+# kernel durations only, tabled per MoE layer by tools/ncu_kernel_times.py. NCU_ARGS picks the
+# kernels (the default skips the first passes' start and takes about four layers).
+NCU_TIMEOUT_S="${NCU_TIMEOUT_S:-0}"
+NCU_ARGS="${NCU_ARGS:---launch-skip 2000 --launch-count 600}"
 # Offline workload NUMxINxOUT through the engine (0 or empty skips it).
 WORKLOAD_TIMEOUT_S="${WORKLOAD_TIMEOUT_S:-240}"
 WORKLOAD="${WORKLOAD-200x1000x100}"
@@ -92,6 +98,18 @@ else
   prefill_rc=$?
 fi
 
+ncu_rc=skipped
+ncu_s=$(step_budget "$NCU_TIMEOUT_S")
+if [ "$ncu_s" -le 0 ] || ! command -v ncu > /dev/null; then
+  echo "kernel profile skipped (NCU_TIMEOUT_S=0, no ncu, or TOTAL_BUDGET_S spent)" > "$OUT/ncu_prefill_layers.txt"
+else
+  timeout "$ncu_s" ncu --metrics gpu__time_duration.sum $NCU_ARGS --print-summary per-kernel \
+    "$BIN_DIR/dsinfer" bench --backend cuda --dummy-weights --model "$MODEL_DIR" --batch-sizes "$PREFILL_BATCHES" \
+    --prompt-len "$PREFILL_LEN" --prefill-only > "$OUT/ncu_prefill.txt" 2>&1
+  ncu_rc=$?
+  python3 tools/ncu_kernel_times.py "$OUT/ncu_prefill.txt" --per route_kernel > "$OUT/ncu_prefill_layers.txt" 2>&1
+fi
+
 workload_rc=skipped
 workload_s=$(step_budget "$WORKLOAD_TIMEOUT_S")
 if [ -z "$WORKLOAD" ] || [ "$WORKLOAD" = "0" ] || [ "$workload_s" -le 0 ]; then
@@ -136,6 +154,8 @@ echo "=== decode bench ($(explain_rc "$bench_rc"))"
 tail -12 "$OUT/bench.log"
 echo "=== prefill bench $PREFILL_BATCHES x $PREFILL_LEN ($(explain_rc "$prefill_rc"), limit ${prefill_s}s)"
 grep -E "GEMM ceiling|^\| |error|skipped" "$OUT/prefill.log" | tail -8
+echo "=== prefill kernels per MoE layer, Nsight Compute ($(explain_rc "$ncu_rc"), limit ${ncu_s}s)"
+head -16 "$OUT/ncu_prefill_layers.txt"
 echo "=== workload $WORKLOAD ($(explain_rc "$workload_rc"), limit ${workload_s}s)"
 grep -E "GEMM ceiling|^completed|^- engine|^- device idle|^\| |error|skipped" "$OUT/workload.log" | tail -12
 echo "=== FP8 decode bench $FP8_BATCHES ($(explain_rc "$fp8_rc"), limit ${fp8_s}s)"
