@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/shape.h"
 
 namespace dsinfer {
 
@@ -17,11 +18,7 @@ struct Tensor {
   DType dtype = DType::kF32;
 
   int64_t dim(int i) const { return shape[i < 0 ? shape.size() + i : i]; }
-  int64_t num_elements() const {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    return n;
-  }
+  int64_t num_elements() const { return dsinfer::num_elements(shape); }
   size_t num_bytes() const { return num_elements() * dtype_size_bytes(dtype); }
   bool empty() const { return data == nullptr; }
   template <typename T> T* as() { return static_cast<T*>(data); }

@@ -11,6 +11,7 @@
 
 #include "core/check.h"
 #include "core/dtype.h"
+#include "core/shape.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
 #include "model/expected_tensors.h"
@@ -47,6 +48,12 @@ using HostValues = std::vector<float, UninitialisedAllocator<float>>;
 // holds as many floats as the shape has elements (so that two halves can land side by side).
 using FetchFn = std::function<void(const std::string& name, const std::vector<int64_t>& shape, float* out)>;
 
+HostValues fetch_values(const FetchFn& fetch, const std::string& name, const std::vector<int64_t>& shape) {
+  HostValues values(num_elements(shape));
+  fetch(name, shape, values.data());
+  return values;
+}
+
 void widen(const TensorInfo& info, const Checkpoint& ckpt, const ModelConfig& config, float* out) {
   // Copy through an aligned buffer: tensors inside a mapping may be unaligned.
   std::vector<uint8_t> raw(info.data, info.data + info.num_bytes);
@@ -61,11 +68,6 @@ void widen(const TensorInfo& info, const Checkpoint& ckpt, const ModelConfig& co
   }
 }
 
-int64_t num_elements(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
 
 // An F8_E4M3 checkpoint weight as stored, for backends that keep FP8 (Backend::wants_raw_fp8).
 struct RawFp8 {
@@ -216,9 +218,7 @@ class WeightBuilder {
   }
 
   HostValues fetch(const std::string& name, const std::vector<int64_t>& shape) {
-    HostValues values(num_elements(shape));
-    fetch_(name, shape, values.data());
-    return values;
+    return fetch_values(fetch_, name, shape);
   }
 
   Tensor host(std::vector<int64_t> shape, HostValues data) {
@@ -331,8 +331,7 @@ ModelWeights make_random_weights(const ModelConfig& model_config, Backend& backe
                               name.compare(name.size() - 12, 12, "_proj.weight") == 0 &&
                               name.find("kv_b_proj") == std::string::npos;
       if (!projection || shape.size() != 2) return std::nullopt;
-      HostValues v(num_elements(shape));
-      fetch(name, shape, v.data());
+      const HostValues v = fetch_values(fetch, name, shape);
       const int64_t rows = shape[0], cols = shape[1], rb = (rows + 127) / 128, cb = (cols + 127) / 128;
       RawFp8 raw;
       raw.scales.assign(rb * cb, 0.0f);

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/shape.h"
 #include "core/status.h"
 
 namespace dsinfer {
@@ -69,11 +70,7 @@ bool as_u64(const json& v, uint64_t* out) {
 
 }  // namespace
 
-int64_t TensorInfo::num_elements() const {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
+int64_t TensorInfo::num_elements() const { return dsinfer::num_elements(shape); }
 
 std::string shape_to_string(const std::vector<int64_t>& shape) {
   std::string s = "[";

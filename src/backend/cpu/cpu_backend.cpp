@@ -6,6 +6,7 @@
 
 #include "backend/cpu/cpu_matmul.h"
 #include "core/check.h"
+#include "core/shape.h"
 #include "core/thread_pool.h"
 
 namespace dsinfer {
@@ -23,8 +24,7 @@ Tensor CpuBackend::empty(const std::vector<int64_t>& shape, DType dtype) {
 }
 
 Tensor CpuBackend::from_host(const HostTensor& host) {
-  int64_t n = 1;
-  for (int64_t d : host.shape) n *= d;
+  const int64_t n = num_elements(host.shape);
   if (host.dtype == DType::kI32 || host.dtype == DType::kI64) {
     Tensor t = empty(host.shape, host.dtype);
     std::memcpy(t.data, host.data, t.num_bytes());

@@ -19,6 +19,7 @@
 #include "backend/cuda/lt_matmul.h"
 #include "backend/cuda/step_gaps.h"
 #include "core/logging.h"
+#include "core/shape.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
 #include "model/weights_fp8.h"
@@ -34,15 +35,9 @@ size_t packed_data_bytes(int64_t n_padded, int64_t k_padded, int64_t elem_bytes)
   return static_cast<size_t>(round_up(n_padded * k_padded * elem_bytes, 256));
 }
 
-int64_t num_elements_of(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
 // A checkpoint tensor widened to fp32 on the host, FP8 block scales applied.
 std::vector<float> widen_host(const HostTensor& h) {
-  const int64_t n = num_elements_of(h.shape);
+  const int64_t n = num_elements(h.shape);
   std::vector<float> out(n);
   if (h.dtype == DType::kF8E4M3 && h.scale_inv != nullptr) {
     DS_CHECK(h.shape.size() == 2);
@@ -464,10 +459,10 @@ void CudaBackend::gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w
     }
     if (kind == GemmEpilogue::kSiluMulBf16) {
       DS_CHECK(ldy == g.n_padded / 2);
-      Tensor gate_up = alloc_->cached({rows_out, g.n_padded}, gate_up_bf16(g) ? DType::kBF16 : DType::kF32);
-      library_gate_up(x_bf16, rows, g, gate_up.data);
-      launch_silu_mul_interleaved(gate_up.data, gate_up_bf16(g), rows, g.n_padded / 2, static_cast<uint16_t*>(y),
-                                  stream_);
+      Tensor gate_up = alloc_->cached({rows_out, g.n_padded}, library_output_dtype(g));
+      library_product_native(x_bf16, rows, g, gate_up.data);
+      launch_silu_mul_interleaved(gate_up.data, gate_up.dtype == DType::kBF16, rows, g.n_padded / 2,
+                                  static_cast<uint16_t*>(y), stream_);
       return;
     }
     Tensor full = alloc_->cached({rows_out, g.n_padded}, DType::kF32);
@@ -516,8 +511,8 @@ void CudaBackend::library_product(const Tensor& x_bf16, int64_t rows, const Gemm
   matmul_->bf16(widened.as<uint16_t>(), x, out, rows, w.n_padded, w.k_padded);
 }
 
-void CudaBackend::library_gate_up(const Tensor& x_bf16, int64_t rows, const GemmWeight& w, void* out) {
-  if (gate_up_bf16(w))
+void CudaBackend::library_product_native(const Tensor& x_bf16, int64_t rows, const GemmWeight& w, void* out) {
+  if (library_output_dtype(w) == DType::kBF16)
     matmul_->bf16(static_cast<const uint16_t*>(w.data), x_bf16.as<uint16_t>(), out, rows, w.n_padded, w.k_padded,
                   /*y_bf16=*/true);
   else
@@ -550,12 +545,10 @@ void CudaBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
 
 void CudaBackend::linear_pair(const Tensor& x, const LinearWeight& w1, Tensor& out1, const LinearWeight& w2,
                               Tensor& out2) {
-  if (w1.weight.dim(1) != w2.weight.dim(1)) {
-    Backend::linear_pair(x, w1, out1, w2, out2);
-    return;
-  }
+  // Both weights take x's width, so they pad k alike (whole 128-column tiles).
   check_linear(x, w1, out1);
   check_linear(x, w2, out2);
+  DS_CHECK(w1.weight.dim(1) == w2.weight.dim(1));
   const int64_t m = x.dim(0);
   if (m == 0) return;
   Tensor xb = to_bf16_padded(x, w1.weight.dim(1));

@@ -59,7 +59,7 @@ class CudaBackend final : public Backend {
   void add(Tensor& x, const Tensor& y) override;
   void add_rms_norm(Tensor& x, const Tensor& y, const Tensor& w, float eps, Tensor& out) override;
   void linear(const Tensor& x, const LinearWeight& w, Tensor& out) override;
-  // One bf16 conversion of x for both products when their weights pad k alike.
+  // One bf16 conversion of x for both products.
   void linear_pair(const Tensor& x, const LinearWeight& w1, Tensor& out1, const LinearWeight& w2,
                    Tensor& out2) override;
   void silu_mul(const Tensor& gate_up, Tensor& out) override;
@@ -110,11 +110,11 @@ class CudaBackend final : public Backend {
   void library_product(const Tensor& x_bf16, int64_t rows, const GemmWeight& w, float* out);
   // The block-scaled FP8 product when cuBLASLt has one for the shape; false: nothing was run.
   bool library_product_fp8(const Tensor& x_bf16, int64_t rows, const GemmWeight& w, float* out);
-  // cuBLASLt's gate/up product (before SiLU·up) of many rows into out [rows rounded up to 4,
-  // n_padded]: bf16 for bf16 weights (half the bytes to write and read back), fp32 for e4m3
-  // ones, whose block-scaled products write fp32 (gate_up_bf16 says which).
-  static bool gate_up_bf16(const GemmWeight& w) { return w.scales == nullptr; }
-  void library_gate_up(const Tensor& x_bf16, int64_t rows, const GemmWeight& w, void* out);
+  // cuBLASLt's product of many rows into out [rows rounded up to 4, n_padded] in
+  // library_output_dtype: bf16 for bf16 weights (half the bytes to write and read back), fp32
+  // for e4m3 ones, whose block-scaled products write fp32.
+  static DType library_output_dtype(const GemmWeight& w) { return w.scales == nullptr ? DType::kBF16 : DType::kF32; }
+  void library_product_native(const Tensor& x_bf16, int64_t rows, const GemmWeight& w, void* out);
   Tensor to_bf16_padded(const Tensor& x, int64_t k_padded);
   void moe_experts_grouped(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
                            const int32_t* block_offsets, const int32_t* src_rows, int64_t num_entries,

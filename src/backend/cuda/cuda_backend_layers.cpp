@@ -181,36 +181,34 @@ Tensor CudaBackend::moe_experts_host_planned(const MoeWeights& w, const Tensor& 
   // them. An FP8 product writes its rows in groups of 4: the spare rows of one expert are
   // overwritten by the next one's (the stream runs them in order), the last one's land in
   // the extra rows at the end.
-  const GemmWeight gate_up0 = gemm_weight_of(gu0);
-  const bool gate_up_is_bf16 = gate_up_bf16(gate_up0);
-  const size_t gate_up_row_bytes = 2 * inter_p * (gate_up_is_bf16 ? sizeof(uint16_t) : sizeof(float));
   Tensor gate_up = alloc_->cached({num_entries + kLibraryFp8RowMultiple, 2 * inter_p},
-                                  gate_up_is_bf16 ? DType::kBF16 : DType::kF32);
+                                  library_output_dtype(gemm_weight_of(gu0)));
+  const size_t gate_up_row_bytes = 2 * inter_p * dtype_size_bytes(gate_up.dtype);
   for (int e = 0; e < num_experts; ++e) {
     const int64_t begin = offsets[e], n = offsets[e + 1] - offsets[e];
     if (n == 0) continue;
-    library_gate_up(view_rows(xeb, begin, n), n, gemm_weight_of(w.expert_gate_up[e]),
-                    static_cast<char*>(gate_up.data) + begin * gate_up_row_bytes);
+    library_product_native(view_rows(xeb, begin, n), n, gemm_weight_of(w.expert_gate_up[e]),
+                           static_cast<char*>(gate_up.data) + begin * gate_up_row_bytes);
   }
   Tensor act = alloc_->cached({num_entries, inter_p}, DType::kBF16);
-  launch_silu_mul_interleaved(gate_up.data, gate_up_is_bf16, num_entries, inter_p, act.as<uint16_t>(), stream_);
+  launch_silu_mul_interleaved(gate_up.data, gate_up.dtype == DType::kBF16, num_entries, inter_p,
+                              act.as<uint16_t>(), stream_);
+  // bf16 rows straight from cuBLASLt; fp32 ones (e4m3 experts) through gemm, which drops the
+  // FP8 product's spare rows on the way to `hidden`-wide rows.
   const GemmWeight down0 = gemm_weight_of(w.expert_down[0]);
-  const bool down_bf16 = down0.scales == nullptr;
+  const bool down_bf16 = library_output_dtype(down0) == DType::kBF16;
   Tensor expert_out = down_bf16 ? alloc_->cached({num_entries, down0.n_padded}, DType::kBF16)
                                 : alloc_->cached({num_entries, hidden}, DType::kF32);
   for (int e = 0; e < num_experts; ++e) {
     const int64_t begin = offsets[e], n = offsets[e + 1] - offsets[e];
     if (n == 0) continue;
     const Tensor act_rows = view_rows(act, begin, n);
-    if (down_bf16) {
-      const GemmWeight down = gemm_weight_of(w.expert_down[e]);
-      matmul_->bf16(static_cast<const uint16_t*>(down.data), act_rows.as<uint16_t>(),
-                    expert_out.as<uint16_t>() + begin * down.n_padded, n, down.n_padded, down.k_padded,
-                    /*y_bf16=*/true);
-    } else {
+    if (down_bf16)
+      library_product_native(act_rows, n, gemm_weight_of(w.expert_down[e]),
+                             expert_out.as<uint16_t>() + begin * down0.n_padded);
+    else
       gemm(act_rows, n, w.expert_down[e], static_cast<int>(GemmEpilogue::kStoreF32),
            expert_out.as<float>() + begin * hidden, hidden, hidden, /*library_gemm=*/true);
-    }
   }
   return expert_out;
 }

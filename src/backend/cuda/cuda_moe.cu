@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 
 #include <cfloat>
+#include <type_traits>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
@@ -386,20 +387,15 @@ void launch_moe_combine(const void* expert_out, bool expert_out_bf16, int64_t ld
   const int64_t n = num_tokens * (hidden / width);
   if (n == 0) return;
   const unsigned blocks = static_cast<unsigned>((n + 255) / 256);
-  const auto* bf16_out = static_cast<const __nv_bfloat16*>(expert_out);
-  const auto* f32_out = static_cast<const float*>(expert_out);
-  if (expert_out_bf16 && vectors)
-    launch_kernel(combine_kernel<__nv_bfloat16, 4>, blocks, 256, 0, stream, bf16_out, ld_expert, slot_row, weights,
-                  shared, num_tokens, top_k, hidden, out);
-  else if (expert_out_bf16)
-    launch_kernel(combine_kernel<__nv_bfloat16, 1>, blocks, 256, 0, stream, bf16_out, ld_expert, slot_row, weights,
-                  shared, num_tokens, top_k, hidden, out);
-  else if (vectors)
-    launch_kernel(combine_kernel<float, 4>, blocks, 256, 0, stream, f32_out, ld_expert, slot_row, weights, shared,
-                  num_tokens, top_k, hidden, out);
+  auto launch = [&](auto* typed_out) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(typed_out)>>;
+    launch_kernel(vectors ? combine_kernel<T, 4> : combine_kernel<T, 1>, blocks, 256, 0, stream, typed_out, ld_expert,
+                  slot_row, weights, shared, num_tokens, top_k, hidden, out);
+  };
+  if (expert_out_bf16)
+    launch(static_cast<const __nv_bfloat16*>(expert_out));
   else
-    launch_kernel(combine_kernel<float, 1>, blocks, 256, 0, stream, f32_out, ld_expert, slot_row, weights, shared,
-                  num_tokens, top_k, hidden, out);
+    launch(static_cast<const float*>(expert_out));
   DS_CUDA_CHECK_LAUNCH();
 }
 

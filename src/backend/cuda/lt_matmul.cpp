@@ -53,7 +53,7 @@ int LtMatmul::pick_algorithm(Plan* p, uint32_t alignment_bytes) {
 
 std::unique_ptr<LtMatmul::Plan> LtMatmul::make_plan(Kind kind, int64_t m, int64_t n, int64_t k, int* status) {
   auto p = std::make_unique<Plan>();
-  const bool fp8 = kind == Kind::kFp8Blocks || kind == Kind::kFp8Rows;
+  const bool fp8 = is_fp8(kind);
   const cudaDataType_t ab_type = kind == Kind::kF32 ? CUDA_R_32F : fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
   const cudaDataType_t y_type = kind == Kind::kBf16ToBf16 ? CUDA_R_16BF : CUDA_R_32F;
   DS_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -94,7 +94,7 @@ LtMatmul::Plan* LtMatmul::plan(Kind kind, int64_t m, int64_t n, int64_t k, bool 
   if (it == plans_.end()) {
     int status = 0;
     it = plans_.emplace(key, make_plan(kind, m, n, k, &status)).first;
-    if (!it->second->ok && (kind == Kind::kFp8Blocks || kind == Kind::kFp8Rows))
+    if (!it->second->ok && is_fp8(kind))
       DS_LOG_INFO("cuda: cuBLASLt has no block-scaled FP8 algorithm for m=" << m << " n=" << n << " k=" << k
                                                                             << " (status " << status << ")");
   }

@@ -66,6 +66,7 @@ class LtMatmul {
  private:
   struct Plan;
   enum class Kind { kBf16, kBf16ToBf16, kF32, kFp8Blocks, kFp8Rows };
+  static bool is_fp8(Kind kind) { return kind == Kind::kFp8Blocks || kind == Kind::kFp8Rows; }
   static Kind fp8_kind(Fp8WeightScales w_scales_mode) {
     return w_scales_mode == Fp8WeightScales::kBlocks128x128 ? Kind::kFp8Blocks : Kind::kFp8Rows;
   }
