@@ -105,19 +105,22 @@ int DeepseekModel::decode_bucket(const ForwardBatch& batch) {
   return 0;
 }
 
-// A decode step of n sequences runs as the recording of its bucket's size. Padding sequences
-// have one token (id 0 at position 0) that attends to the first real sequence's first cache
-// entry and stores nothing (slot -1); their rows are computed and ignored.
+// A decode step of n sequences runs as the recording of its bucket's size. Each padding
+// sequence repeats the last real sequence's step (its token, position, context and block table)
+// but stores nothing (slot -1); its rows are computed and ignored. Padding so shaped costs what
+// a real sequence costs, and no more: one-position contexts made the attention's balanced work
+// ranges lopsided (each such token costs far more than its share), and a 200-sequence step in
+// the 224 bucket took 2.87 ms per three layers instead of 2.28.
 ForwardOutput DeepseekModel::forward_recorded(const ForwardBatch& batch, KvCaches& caches, int bucket) {
   const int n = batch.num_tokens;
   ForwardBatch padded = batch;
   for (int i = n; i < bucket; ++i) {
-    padded.token_ids.push_back(0);
-    padded.positions.push_back(0);
+    padded.token_ids.push_back(batch.token_ids[n - 1]);
+    padded.positions.push_back(batch.positions[n - 1]);
     padded.slot_mapping.push_back(-1);
     padded.token_seq.push_back(i);
-    padded.block_tables.push_back({batch.block_tables[0][0]});
-    padded.context_lens.push_back(1);
+    padded.block_tables.push_back(batch.block_tables[n - 1]);
+    padded.context_lens.push_back(batch.context_lens[n - 1]);
     padded.logits_indices.push_back(i);
   }
   padded.num_tokens = bucket;

@@ -259,53 +259,79 @@ __global__ void __launch_bounds__(kCombineWarps * 32) attention_combine_kernel(M
 }
 
 constexpr int kHeadGemmTokens = 16;
-constexpr int kHeadGemmCols = 32;
+constexpr int kHeadGemmColsPerLane = 2;
+constexpr int kHeadGemmCols = 32 * kHeadGemmColsPerLane;
 constexpr int kHeadGemmWarps = 8;
 constexpr int kMaxHeadGemmK = 512;
+// Floats per k row of the transposed x tile: 16 tokens + 4, so that 16-byte reads stay aligned
+// and the transposing writes spread over the banks.
+constexpr int kHeadGemmLdX = kHeadGemmTokens + 4;
+constexpr size_t kHeadGemmSharedBytes =
+    std::max(sizeof(float) * kMaxHeadGemmK * kHeadGemmLdX,
+             sizeof(float) * kHeadGemmWarps * kHeadGemmTokens * kHeadGemmCols);
 
 // y[t, h, n] = sum_k x[t, h, k] · w[h, k, n] for every head: the absorption of W_UK into the
-// queries and of W_UV into the outputs. A block owns 16 tokens × 32 columns of one head; its
-// eight warps take every eighth k (lane = column, so each weight row read is one coalesced
-// 128-byte line serving 16 tokens) and their partial sums are added in warp order, so every
-// output sums over k in the same order whatever the batch.
+// queries and of W_UV into the outputs. A block owns 16 tokens × 64 columns of one head; its
+// eight warps take every eighth k, and a lane holds two columns for all 16 tokens, so each k
+// costs it one pair of weight reads (a warp's pairs form one 256-byte line) and four 16-byte
+// broadcast reads of the tokens' x (kept transposed in shared memory) for 32 multiply-adds.
+// The warps' partial sums are added in warp order, so every output sums over k in the same
+// order whatever the batch.
 __global__ void __launch_bounds__(kHeadGemmWarps * 32) head_gemm_kernel(const float* x, int64_t x_token_stride,
                                                                       int64_t x_head_stride, const float* w, int k,
                                                                       int n, float* y, int64_t y_token_stride,
                                                                       int64_t y_head_stride, int num_tokens) {
   await_previous_kernels();
-  __shared__ float s_x[kHeadGemmTokens][kMaxHeadGemmK];
-  __shared__ float s_part[kHeadGemmWarps][kHeadGemmTokens][kHeadGemmCols];
+  extern __shared__ __align__(16) float smem_f[];
+  float* s_xt = smem_f;    // [k][kHeadGemmLdX]: x of the block's tokens, transposed
+  float* s_part = smem_f;  // [warp][token][kHeadGemmCols], once s_xt is read
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int col = blockIdx.x * kHeadGemmCols + lane, h = blockIdx.y;
+  const int col0 = blockIdx.x * kHeadGemmCols + lane * kHeadGemmColsPerLane, h = blockIdx.y;
   const int t0 = blockIdx.z * kHeadGemmTokens;
   const int rows = min(kHeadGemmTokens, num_tokens - t0);
   for (int i = threadIdx.x; i < kHeadGemmTokens * k; i += kHeadGemmWarps * 32) {
     const int r = i / k, c = i % k;
-    s_x[r][c] = r < rows ? x[(t0 + r) * x_token_stride + h * x_head_stride + c] : 0.0f;
+    s_xt[c * kHeadGemmLdX + r] = r < rows ? x[(t0 + r) * x_token_stride + h * x_head_stride + c] : 0.0f;
   }
   __syncthreads();
-  float acc[kHeadGemmTokens];
+  float acc[kHeadGemmTokens][kHeadGemmColsPerLane];
 #pragma unroll
-  for (int r = 0; r < kHeadGemmTokens; ++r) acc[r] = 0.0f;
-  if (col < n) {
-    const float* wh = w + static_cast<int64_t>(h) * k * n + col;
-#pragma unroll 4
+  for (int r = 0; r < kHeadGemmTokens; ++r) acc[r][0] = acc[r][1] = 0.0f;
+  if (col0 < n) {
+    const bool pair = col0 + 1 < n;
+    const float* wh = w + static_cast<int64_t>(h) * k * n + col0;
+#pragma unroll 2
     for (int c = warp; c < k; c += kHeadGemmWarps) {
-      const float wv = __ldg(wh + static_cast<int64_t>(c) * n);
+      const float w0 = __ldg(wh + static_cast<int64_t>(c) * n);
+      const float w1 = pair ? __ldg(wh + static_cast<int64_t>(c) * n + 1) : 0.0f;
+      const float4* xc = reinterpret_cast<const float4*>(s_xt + c * kHeadGemmLdX);
 #pragma unroll
-      for (int r = 0; r < kHeadGemmTokens; ++r) acc[r] += s_x[r][c] * wv;
+      for (int q = 0; q < kHeadGemmTokens / 4; ++q) {
+        const float4 xv = xc[q];
+        acc[4 * q][0] += xv.x * w0;
+        acc[4 * q][1] += xv.x * w1;
+        acc[4 * q + 1][0] += xv.y * w0;
+        acc[4 * q + 1][1] += xv.y * w1;
+        acc[4 * q + 2][0] += xv.z * w0;
+        acc[4 * q + 2][1] += xv.z * w1;
+        acc[4 * q + 3][0] += xv.w * w0;
+        acc[4 * q + 3][1] += xv.w * w1;
+      }
     }
   }
+  __syncthreads();  // s_xt is read: its memory takes the partial sums
 #pragma unroll
-  for (int r = 0; r < kHeadGemmTokens; ++r) s_part[warp][r][lane] = acc[r];
+  for (int r = 0; r < kHeadGemmTokens; ++r)
+    *reinterpret_cast<float2*>(s_part + (warp * kHeadGemmTokens + r) * kHeadGemmCols + lane * kHeadGemmColsPerLane) =
+        make_float2(acc[r][0], acc[r][1]);
   __syncthreads();
   for (int i = threadIdx.x; i < kHeadGemmTokens * kHeadGemmCols; i += kHeadGemmWarps * 32) {
     const int r = i / kHeadGemmCols, c = i % kHeadGemmCols;
     const int out_col = blockIdx.x * kHeadGemmCols + c;
     if (r >= rows || out_col >= n) continue;
-    float v = s_part[0][r][c];
+    float v = s_part[r * kHeadGemmCols + c];
 #pragma unroll
-    for (int q = 1; q < kHeadGemmWarps; ++q) v += s_part[q][r][c];
+    for (int q = 1; q < kHeadGemmWarps; ++q) v += s_part[(q * kHeadGemmTokens + r) * kHeadGemmCols + c];
     y[(t0 + r) * y_token_stride + h * y_head_stride + out_col] = v;
   }
 }
@@ -420,7 +446,8 @@ void launch_head_gemm(const float* x, int64_t x_token_stride, int64_t x_head_str
   const int64_t token_tiles = (num_tokens + kHeadGemmTokens - 1) / kHeadGemmTokens;
   DS_CHECK(token_tiles <= 65535 && num_heads <= 65535);
   const dim3 grid((n + kHeadGemmCols - 1) / kHeadGemmCols, num_heads, static_cast<unsigned>(token_tiles));
-  launch_kernel(head_gemm_kernel, grid, kHeadGemmWarps * 32, 0, stream, x, x_token_stride, x_head_stride, w, k, n, y,
+  static_assert(kHeadGemmSharedBytes <= 48 * 1024, "within a launch's default shared memory");
+  launch_kernel(head_gemm_kernel, grid, kHeadGemmWarps * 32, kHeadGemmSharedBytes, stream, x, x_token_stride, x_head_stride, w, k, n, y,
                 y_token_stride, y_head_stride, num_tokens);
   DS_CUDA_CHECK_LAUNCH();
 }

@@ -82,7 +82,8 @@ CudaBackend::CudaBackend() {
   graphs_enabled_ = !env_is("DSINFER_CUDA_GRAPHS", "0");
   fused_prefill_attention_ = !env_is("DSINFER_MLA_FLASH", "0");
   library_fp8_ = !env_is("DSINFER_CUDA_FP8_GEMM", "0");
-  if (const char* rows = std::getenv("DSINFER_CUDA_GEMM_MAX_ROWS")) own_gemm_max_rows_ = std::max(1, std::atoi(rows));
+  if (const char* rows = std::getenv("DSINFER_CUDA_GEMM_MAX_ROWS"))
+    own_gemm_max_rows_ = own_gemm_max_rows_fp8_ = std::max(1, std::atoi(rows));
 }
 
 CudaBackend::~CudaBackend() {
@@ -445,7 +446,8 @@ void CudaBackend::gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w
   if (rows == 0) return;
   const GemmWeight g = gemm_weight_of(w);
   const auto kind = static_cast<GemmEpilogue>(epilogue);
-  if (!batch_invariant_ && (library_gemm || rows > own_gemm_max_rows_)) {
+  const int own_max_rows = g.scales != nullptr ? own_gemm_max_rows_fp8_ : own_gemm_max_rows_;
+  if (!batch_invariant_ && (library_gemm || rows > own_max_rows)) {
     // Many rows: compute-bound, cuBLASLt. Its fp32 output lands in y directly when the layouts
     // agree (an FP8 product writes whole groups of 4 rows).
     const bool fp8 = g.scales != nullptr;

@@ -16,6 +16,12 @@ namespace {
 // From this many routed rows per expert on average (prefill), an MoE layer plans its expert
 // GEMMs on the host; below it (decode) everything stays on the device.
 constexpr int64_t kHostPlannedRowsPerExpert = 32;
+// From this many routed rows per expert on average, bf16 experts run on 128-row expert blocks
+// (grouped_gemm_experts.cu). Below it an expert's weight is read by few blocks of that size
+// (one per SM at batch 1), which keep too little in flight, and the 32-row blocks win.
+constexpr int64_t kExpertBlockRowsPerExpert = 4;
+// Router logits of up to this many tokens come from the own fp32 kernel, above it from cuBLAS.
+constexpr int64_t kRouterKernelMaxTokens = 128;
 }  // namespace
 
 // Device descriptors of a layer's expert weights, [gate_up of each expert | down of each expert].
@@ -63,7 +69,7 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
   Tensor d_weights = alloc_->cached({num_entries}, DType::kF32);
   const float* bias = w.score_correction_bias.empty() ? nullptr : w.score_correction_bias.as<float>();
   Tensor logits = alloc_->cached({num_tokens, num_experts}, DType::kF32);
-  if (!batch_invariant_ && num_tokens > own_gemm_max_rows_)
+  if (!batch_invariant_ && num_tokens > kRouterKernelMaxTokens)
     matmul_->f32(w.gate.as<float>(), x.as<float>(), logits.as<float>(), num_tokens, num_experts, hidden);
   else
     launch_router_logits(x.as<float>(), w.gate.as<float>(), num_tokens, static_cast<int>(hidden), num_experts,
@@ -140,6 +146,8 @@ void CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, con
   up.block_offsets = block_offsets;
   up.num_groups = num_experts;
   up.weights_fp8 = gu0.weight.dtype == DType::kF8E4M3;
+  // Batch-invariant steps keep one kind of block at every batch size.
+  up.expert_blocks = !up.weights_fp8 && !batch_invariant_ && rows_hint >= kExpertBlockRowsPerExpert;
   up.epilogue = GemmEpilogue::kSiluMulBf16;
   up.y = act.data;
   up.ldy = inter_p;
@@ -152,6 +160,7 @@ void CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, con
   down.src_rows = nullptr;
   down.groups = gate_up_table + num_experts;
   down.weights_fp8 = down0.weight.dtype == DType::kF8E4M3;
+  down.expert_blocks = !down.weights_fp8 && !batch_invariant_ && rows_hint >= kExpertBlockRowsPerExpert;
   down.epilogue = GemmEpilogue::kStoreF32;
   down.y = expert_out.data;
   down.ldy = hidden;

@@ -1,4 +1,4 @@
-// The grouped GEMM kernel (see grouped_gemm.h for the contract and the shape of the work).
+// The GEMM kernel with 32-row weight tiles (both forms), and the launcher (see grouped_gemm.h).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -7,7 +7,7 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_check.h"
-#include "backend/cuda/grouped_gemm.h"
+#include "backend/cuda/grouped_gemm.cuh"
 #include "backend/cuda/kernel_launch.cuh"
 #include "backend/cuda/tensor_core.cuh"
 
@@ -99,17 +99,10 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedGemmArgs 
   } else {
     const int block = blockIdx.y;
     if (block >= a.block_offsets[a.num_groups]) return;
-    // The last group whose first row-block is at or before ours (empty groups share offsets
-    // with their successor, so the search lands on the group that owns the block).
-    int lo = 0, hi = a.num_groups - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (a.block_offsets[mid] <= block) lo = mid;
-      else hi = mid - 1;
-    }
-    w = a.groups[lo];
-    row_begin = a.row_offsets[lo] + (block - a.block_offsets[lo]) * kGemmRowsPerBlock;
-    row_end = min(row_begin + kGemmRowsPerBlock, a.row_offsets[lo + 1]);
+    const int group = group_of_block(a, block);
+    w = a.groups[group];
+    row_begin = a.row_offsets[group] + (block - a.block_offsets[group]) * kGemmRowsPerBlock;
+    row_end = min(row_begin + kGemmRowsPerBlock, a.row_offsets[group + 1]);
   }
   const int n0 = blockIdx.x * kGemmTileRows;
   if (n0 >= w.n_padded) return;
@@ -304,6 +297,10 @@ void launch_grouped_gemm(const GroupedGemmArgs& args, int max_n_padded, int max_
                                                             args.tile_counters != nullptr)));
   DS_CHECK(args.k_splits == 1 || static_cast<int64_t>(max_n_padded / kGemmTileRows) * max_row_blocks <=
                                      kGemmMaxTileCounters);
+  if (args.groups != nullptr && args.expert_blocks) {
+    launch_expert_gemm(args, max_n_padded, max_row_blocks, rows_hint, stream);
+    return;
+  }
   const dim3 grid(max_n_padded / kGemmTileRows, max_row_blocks, args.k_splits);
   const bool fp8 = args.weights_fp8;
   // The fragment count follows the rows a group typically has; it never changes the result.

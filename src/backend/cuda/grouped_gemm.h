@@ -8,12 +8,16 @@
 // routing kernel writes it), so a whole MoE layer runs without the host, and a step can be
 // recorded as a CUDA graph.
 //
-// Shape of the work: a thread block owns 32 weight rows (outputs) and up to 64 rows of x; its
-// four warps split K four ways (warp w takes the 32-wide K chunks w, w + 4, …), stream their
+// Shape of the work, dense form: a thread block owns 32 weight rows (outputs) and up to 64 rows
+// of x; its four warps split K four ways (warp w takes the 32-wide K chunks w, w + 4, …), stream their
 // chunks through a cp.async pipeline into tensor-core products (bf16 in, fp32 accumulate, the
 // weight as the 32-row operand, 8 rows of x per fragment), and sum their partial tiles in a
-// fixed order. The summation order of an output element therefore never depends on how many
-// rows the batch has, which keeps greedy decoding batch-invariant.
+// fixed order. The grouped form runs on the same blocks, or, with `expert_blocks` (bf16
+// weights), on blocks of 128 weight rows of one expert (grouped_gemm_experts.cu): a warp per
+// 32 rows, the four sharing one block-wide pipeline of x and weight chunks, each warp summing
+// its outputs over the whole K in order. Either way the summation order of an output element
+// never depends on how many rows the batch has, which keeps greedy decoding batch-invariant
+// as long as the caller's choice of blocks does not depend on it either.
 //
 // FP8 weights (e4m3) are converted to bf16 in shared memory with their block scale as they
 // arrive: a decode step then reads one byte per weight.
@@ -64,6 +68,10 @@ struct GroupedGemmArgs {
   GemmWeight dense;
   int dense_rows = 0;
   bool weights_fp8 = false;  // every weight of the call is e4m3 (else bf16)
+  // Grouped form, bf16 weights: 128-row expert blocks, which keep about three times the bytes
+  // in flight and read x a quarter as often; worth it from a few rows per expert up. Its sums
+  // run in another order than the 32-row blocks'.
+  bool expert_blocks = false;
   GemmEpilogue epilogue = GemmEpilogue::kStoreF32;
   void* y = nullptr;
   int64_t ldy = 0;
@@ -89,6 +97,10 @@ constexpr int kGemmMaxTileCounters = 1 << 16;
 // rows_hint: typical rows per group, which picks the fragment count (never the result).
 void launch_grouped_gemm(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks, int rows_hint,
                          Stream stream);
+
+// The 128-row expert blocks (launch_grouped_gemm calls it for args.expert_blocks).
+void launch_expert_gemm(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks, int rows_hint,
+                        Stream stream);
 
 // Dequantises an e4m3 weight in the kernel's layout to bf16 [n_padded, k_padded].
 void launch_gemm_weight_to_bf16(const GemmWeight& w, uint16_t* out, Stream stream);

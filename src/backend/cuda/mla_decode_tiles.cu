@@ -63,17 +63,23 @@ __device__ __forceinline__ int64_t chunk_slot(const int32_t* table, int block_si
 }
 
 // Cache entries of the kChunk positions from `slot` into a stage; rows from num_valid on are
-// zero. The trip count is fixed, so every copy of the chunk is issued back to back.
+// zero. Warp w copies rows 2w and 2w + 1, each lane every 32nd 16-byte piece of a row, so
+// every copy's addresses are a fixed offset from the row's: the trip count is fixed and the
+// copies of a chunk are issued back to back, with little arithmetic between them.
 __device__ __forceinline__ void load_chunk(float (*stage)[kLdEntry], const float* cache, int64_t slot, int entry,
                                            int num_valid) {
-  constexpr int kVecs = kMaxEntry / 4;
+  static_assert(kChunk == 2 * kWarps, "a warp copies two rows of a chunk");
+  constexpr int kPieces = kMaxEntry / 4;  // 16-byte pieces of the widest entry
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
-  for (int u = 0; u < (kChunk * kVecs + kThreads - 1) / kThreads; ++u) {
-    const int i = threadIdx.x + u * kThreads, j = i / kVecs, c = i % kVecs * 4;
-    if (i < kChunk * kVecs && c < entry) {
-      const bool valid = j < num_valid;
-      cp_async16(&stage[j][c], cache + (slot + (valid ? j : 0)) * entry + c, valid);
-    }
+  for (int h = 0; h < 2; ++h) {
+    const int j = 2 * warp + h;
+    const bool valid = j < num_valid;
+    const float* src = cache + (slot + (valid ? j : 0)) * entry + 4 * lane;
+    float* dst = stage[j] + 4 * lane;
+#pragma unroll
+    for (int u = 0; u < (kPieces + 31) / 32; ++u)
+      if (4 * (lane + 32 * u) < entry) cp_async16(dst + 128 * u, src + 128 * u, valid);
   }
 }
 

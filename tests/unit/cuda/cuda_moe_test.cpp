@@ -23,6 +23,7 @@ struct GateSpec {
   bool norm_topk_prob;
   float scaling;
   bool shared;
+  int favoured_experts = 0;  // noaux_tc: experts 0 .. n-1 get a correction bias every token picks
 };
 
 class CudaMoeTest : public CudaVsCpuTest {
@@ -53,6 +54,7 @@ class CudaMoeTest : public CudaVsCpuTest {
     w.gate = upload(be, {g.num_experts, hidden}, random_values(g.num_experts * hidden, seed, 0.3f));
     if (g.method == GateTopk::kNoauxTc) {
       auto bias = random_values(g.num_experts, seed + 1, 0.05f);
+      for (int e = 0; e < g.favoured_experts; ++e) bias[e] += 10.0f;
       w.score_correction_bias = upload(be, {g.num_experts}, bias);
     }
     const float s_in = 1.0f / std::sqrt(static_cast<float>(hidden)), s_mid = 1.0f / std::sqrt(static_cast<float>(inter));
@@ -142,6 +144,16 @@ TEST_F(CudaMoeTest, PrefillSizedBatchIsPlannedAcrossBlocks) {
   run_case(g, 1100, 21, 128, 64);
   // hidden 90, not a multiple of 4: the combine and the bf16 conversion take their scalar paths.
   run_case(g, 1100, 22, 90, 64);
+}
+
+TEST_F(CudaMoeTest, SkewedRoutingRunsExpertsOverManyRowBlocks) {
+  // Every token picks experts 0-3 (and no other: top-4), so those take all 100 rows while the
+  // batch averages 6 rows per expert: the decode kernel runs them as row-blocks of 64 and 36
+  // rows in passes of 32, and the other experts' blocks find no rows. inter 96 gives a gate/up
+  // of 192 rows, one and a half 128-row blocks; hidden 80 a down of 96 rows.
+  const GateSpec g{64, 4, 1, 1, GateScoring::kSigmoid, GateTopk::kNoauxTc, true, 1.0f, false, 4};
+  run_case(g, 100, 31, 80, 96);
+  run_case(g, 100, 32, 256, 128, /*fp8=*/true);
 }
 
 TEST_F(CudaMoeTest, GroupLimitedGreedySoftmax) {

@@ -202,7 +202,7 @@ TEST_F(CudaOpsTest, LinearRowsAreBatchInvariant) {
     return download(be, ty);
   };
   const auto alone = run(*gpu_, 1);
-  for (int64_t rows : {7, 64, 100}) {
+  for (int64_t rows : {7, 20, 32}) {
     const auto many = run(*gpu_, rows);
     EXPECT_TRUE(std::equal(alone.begin(), alone.end(), many.begin())) << rows << " rows";
   }
