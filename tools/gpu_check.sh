@@ -65,7 +65,7 @@ unit_rc=$?
 sanitizer_rc=skipped
 if command -v compute-sanitizer > /dev/null && [ "$SANITIZER_TIMEOUT_S" -gt 0 ]; then
   timeout "$SANITIZER_TIMEOUT_S" compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN_DIR/unit_cuda" \
-    --gtest_filter='CudaOpsTest.*:CudaFp8GemmTest.Linear*:CudaAttentionTest.RaggedBatch*:CudaMoeTest.NoauxTc*:CudaMoeTest.PrefillSized*' > "$OUT/sanitizer.log" 2>&1
+    --gtest_filter='CudaOpsTest.*:CudaFp8GemmTest.Linear*:CudaAttentionTest.RaggedBatch*:CudaMoeTest.NoauxTc*:CudaMoeTest.PrefillSized*:CudaMoeTest.Skewed*:CudaAttentionTest.DecodeBatchInHeadTiles' > "$OUT/sanitizer.log" 2>&1
   sanitizer_rc=$?
 fi
 

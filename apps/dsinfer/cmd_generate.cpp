@@ -115,7 +115,7 @@ int run_generate(int argc, char** argv) {
       read_optional(j, "top_p", r.sampling.top_p, line_no);
       read_optional(j, "top_k", r.sampling.top_k, line_no);
       read_optional(j, "min_p", r.sampling.min_p, line_no);
-      uint64_t line_seed;
+      uint64_t line_seed = 0;
       if (j.contains("seed") && !j["seed"].is_null()) {
         read_optional(j, "seed", line_seed, line_no);
         r.sampling.seed = line_seed;

@@ -1,12 +1,14 @@
-// The grouped form of the GEMM (grouped_gemm.h): the routed experts of a decode-sized MoE layer.
+// The grouped GEMM's 128-row expert blocks (grouped_gemm.h, `expert_blocks`): the bf16 routed
+// experts of a decode-sized MoE layer with a few rows per expert or more.
 //
 // A thread block owns 128 weight rows of one expert (four 32-row tiles, one per warp) and one
 // row-block of that expert's routed rows. The four warps share every x chunk, and weights and
 // rows stream through one block-wide cp.async pipeline of 64-column stages: 16 KB of bf16
 // weight per stage, three stages in flight, two blocks per SM, so that about 100 KB per SM is
 // on its way from memory at any time. That is what a product bound by weight bandwidth needs;
-// the dense form's blocks (32 weight rows, a pipeline per warp) keep a third of it in flight
-// and re-read x for every 32 weight rows.
+// the 32-row blocks (a pipeline per warp) keep a third of it in flight and re-read x for
+// every 32 weight rows. At batch 256 on V2-Lite the gate/up product reads 754 MB in 243 µs,
+// 73% of the copy rate.
 //
 // Each warp walks the whole K of its tile in order, 16 columns per tensor-core step, so an
 // output is summed over k in one fixed order, whatever the number of rows: greedy decoding
