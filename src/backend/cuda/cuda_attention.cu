@@ -447,8 +447,8 @@ void launch_head_gemm(const float* x, int64_t x_token_stride, int64_t x_head_str
   DS_CHECK(token_tiles <= 65535 && num_heads <= 65535);
   const dim3 grid((n + kHeadGemmCols - 1) / kHeadGemmCols, num_heads, static_cast<unsigned>(token_tiles));
   static_assert(kHeadGemmSharedBytes <= 48 * 1024, "within a launch's default shared memory");
-  launch_kernel(head_gemm_kernel, grid, kHeadGemmWarps * 32, kHeadGemmSharedBytes, stream, x, x_token_stride, x_head_stride, w, k, n, y,
-                y_token_stride, y_head_stride, num_tokens);
+  launch_kernel(head_gemm_kernel, grid, kHeadGemmWarps * 32, kHeadGemmSharedBytes, stream, x, x_token_stride,
+                x_head_stride, w, k, n, y, y_token_stride, y_head_stride, num_tokens);
   DS_CUDA_CHECK_LAUNCH();
 }
 

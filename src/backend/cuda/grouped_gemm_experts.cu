@@ -101,15 +101,17 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_kernel(GroupedGemmArg
 #pragma unroll
       for (int c = threadIdx.x; c < kBlockWeightRows * kPiecesPerRow; c += kThreads) {
         const int r = c / kPiecesPerRow, part = c % kPiecesPerRow;
-        if (r < weight_rows && part < num_pieces)
-          cp_async16(stage + (r * kLd + part * 8) * 2, wb + static_cast<int64_t>(n_block + r) * k_padded + k0 + part * 8,
-                     true);
+        if (r < weight_rows && part < num_pieces) {
+          const __nv_bfloat16* src = wb + static_cast<int64_t>(n_block + r) * k_padded + k0 + part * 8;
+          cp_async16(stage + (r * kLd + part * 8) * 2, src, true);
+        }
       }
       unsigned char* x_tile = stage + L::kWeightBytes;
 #pragma unroll
       for (int j = 0; j < kXPerThread; ++j) {
         const int p = threadIdx.x + j * kThreads, t = p / kPiecesPerRow, part = p % kPiecesPerRow;
-        if (p < kXPieces && part < num_pieces) cp_async16(x_tile + (t * kLd + part * 8) * 2, x_src[j] + k0, x_valid[j]);
+        if (p < kXPieces && part < num_pieces)
+          cp_async16(x_tile + (t * kLd + part * 8) * 2, x_src[j] + k0, x_valid[j]);
       }
     };
 
@@ -159,7 +161,8 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_kernel(GroupedGemmArg
       if (a.epilogue == GemmEpilogue::kStoreF32) {
         float* y = static_cast<float*>(a.y);
         for (int t = 0; t < pass_rows; ++t)
-          if (n0 + lane < a.n_out) y[static_cast<int64_t>(pass_begin + t) * a.ldy + n0 + lane] = tile[t * kGemmTileRows + lane];
+          if (n0 + lane < a.n_out)
+            y[static_cast<int64_t>(pass_begin + t) * a.ldy + n0 + lane] = tile[t * kGemmTileRows + lane];
       } else {
         __nv_bfloat16* y = static_cast<__nv_bfloat16*>(a.y);
         for (int idx = lane; idx < kGemmGateUpHalf * pass_rows; idx += 32) {
