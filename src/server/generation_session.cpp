@@ -220,7 +220,7 @@ void GenerationSession::maybe_finish() {
 }
 
 void GenerationSession::flush_stream() {
-  if (out_.empty() || finished_ && exchange_->closed()) {
+  if (out_.empty() || (finished_ && exchange_->closed())) {
     out_.clear();
     return;
   }
