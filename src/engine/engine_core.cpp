@@ -62,7 +62,11 @@ EngineCore::EngineCore(const EngineConfig& config) : config_(config) {
     DS_LOG_WARN("KV cache of " << num_blocks << " blocks cannot hold one full-length request; using " << min_blocks);
     num_blocks = min_blocks;
   }
-  kv::KvCacheConfig kv_config{num_blocks, bs, config_.enable_prefix_caching, model_identity(config_, model_->config())};
+  kv::KvCacheConfig kv_config;
+  kv_config.num_device_blocks = num_blocks;
+  kv_config.block_size_tokens = bs;
+  kv_config.enable_prefix_caching = config_.enable_prefix_caching;
+  kv_config.model_identity = model_identity(config_, model_->config());
   const kv::KvTierOptions& tiers = config_.kv_tiers;
   if (config_.enable_prefix_caching && (tiers.host_cache_bytes > 0 || tiers.store_enabled)) {
     kv_block_io_ = std::make_unique<KvCachesBlockIo>(*backend_, model_->config(), config_.kv_cache_format, bs);

@@ -46,7 +46,9 @@ struct Fp8Weight {
   int64_t n = 0, k = 0, block_rows = 0;
   std::vector<uint8_t> codes;
   std::vector<float> scales;  // [ceil(n / block_rows)][ceil(k / 128)]
-  HostTensor host() const { return HostTensor{DType::kF8E4M3, {n, k}, codes.data(), scales.data(), block_rows, kTile}; }
+  HostTensor host() const {
+    return HostTensor{DType::kF8E4M3, {n, k}, codes.data(), scales.data(), static_cast<int>(block_rows), kTile};
+  }
   float value(int64_t r, int64_t c) const {
     const int64_t col_blocks = (k + kTile - 1) / kTile;
     return fp8e4m3_to_f32(codes[r * k + c]) * scales[(r / block_rows) * col_blocks + c / kTile];
