@@ -68,7 +68,6 @@ void widen(const TensorInfo& info, const Checkpoint& ckpt, const ModelConfig& co
   }
 }
 
-
 // An F8_E4M3 checkpoint weight as stored, for backends that keep FP8 (Backend::wants_raw_fp8).
 struct RawFp8 {
   std::vector<uint8_t> bytes;  // [rows, cols] e4m3

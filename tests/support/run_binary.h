@@ -32,4 +32,9 @@ inline RunResult run_command(const std::string& command) {
 // `args` is appended to the binary's path and run through the shell.
 inline RunResult run_dsinfer(const std::string& args) { return run_command(std::string(DSINFER_BINARY) + " " + args); }
 
+// Runs the source tree's tools/<script> with python3 and `args`.
+inline RunResult run_tool(const std::string& script, const std::string& args) {
+  return run_command("python3 " + std::string(DSINFER_SOURCE_DIR) + "/tools/" + script + " " + args);
+}
+
 }  // namespace dsinfer::testing

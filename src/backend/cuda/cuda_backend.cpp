@@ -446,11 +446,10 @@ void CudaBackend::gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w
   if (rows == 0) return;
   const GemmWeight g = gemm_weight_of(w);
   const auto kind = static_cast<GemmEpilogue>(epilogue);
-  const int own_max_rows = g.scales != nullptr ? own_gemm_max_rows_fp8_ : own_gemm_max_rows_;
-  if (!batch_invariant_ && (library_gemm || rows > own_max_rows)) {
+  const bool fp8 = g.scales != nullptr;
+  if (!batch_invariant_ && (library_gemm || rows > (fp8 ? own_gemm_max_rows_fp8_ : own_gemm_max_rows_))) {
     // Many rows: compute-bound, cuBLASLt. Its fp32 output lands in y directly when the layouts
     // agree (an FP8 product writes whole groups of 4 rows).
-    const bool fp8 = g.scales != nullptr;
     const int64_t rows_out = fp8 ? round_up(rows, kLibraryFp8RowMultiple) : rows;
     const uintptr_t alignment = fp8 ? LtMatmul::kFp8AlignmentBytes : LtMatmul::kMinAlignmentBytes;
     const bool direct = kind == GemmEpilogue::kStoreF32 && ldy == g.n_padded && rows_out == rows &&
@@ -476,7 +475,7 @@ void CudaBackend::gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w
   GroupedGemmArgs a;
   a.ldx = g.k_padded;
   a.dense = g;
-  a.weights_fp8 = g.scales != nullptr;
+  a.weights_fp8 = fp8;
   a.epilogue = kind;
   a.ldy = ldy;
   a.n_out = static_cast<int>(n_out);
@@ -541,8 +540,11 @@ void CudaBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   check_linear(x, w, out);
   const int64_t m = x.dim(0);
   if (m == 0) return;
-  Tensor xb = to_bf16_padded(x, w.weight.dim(1));
-  gemm(xb, m, w, static_cast<int>(GemmEpilogue::kStoreF32), out.data, w.out_features, w.out_features);
+  linear_bf16(to_bf16_padded(x, w.weight.dim(1)), m, w, out);
+}
+
+void CudaBackend::linear_bf16(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, Tensor& out) {
+  gemm(x_bf16, rows, w, static_cast<int>(GemmEpilogue::kStoreF32), out.data, w.out_features, w.out_features);
 }
 
 void CudaBackend::linear_pair(const Tensor& x, const LinearWeight& w1, Tensor& out1, const LinearWeight& w2,
@@ -553,9 +555,9 @@ void CudaBackend::linear_pair(const Tensor& x, const LinearWeight& w1, Tensor& o
   DS_CHECK(w1.weight.dim(1) == w2.weight.dim(1));
   const int64_t m = x.dim(0);
   if (m == 0) return;
-  Tensor xb = to_bf16_padded(x, w1.weight.dim(1));
-  gemm(xb, m, w1, static_cast<int>(GemmEpilogue::kStoreF32), out1.data, w1.out_features, w1.out_features);
-  gemm(xb, m, w2, static_cast<int>(GemmEpilogue::kStoreF32), out2.data, w2.out_features, w2.out_features);
+  const Tensor xb = to_bf16_padded(x, w1.weight.dim(1));
+  linear_bf16(xb, m, w1, out1);
+  linear_bf16(xb, m, w2, out2);
 }
 
 void CudaBackend::gated_mlp_bf16(const Tensor& x_bf16, int64_t rows, const LinearWeight& gate_up,

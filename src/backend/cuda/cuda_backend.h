@@ -116,6 +116,8 @@ class CudaBackend final : public Backend {
   static DType library_output_dtype(const GemmWeight& w) { return w.scales == nullptr ? DType::kBF16 : DType::kF32; }
   void library_product_native(const Tensor& x_bf16, int64_t rows, const GemmWeight& w, void* out);
   Tensor to_bf16_padded(const Tensor& x, int64_t k_padded);
+  // out fp32 [rows, w.out_features] = x · wᵀ for bf16 x [rows, w's k_padded].
+  void linear_bf16(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, Tensor& out);
   void moe_experts_grouped(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
                            const int32_t* block_offsets, const int32_t* src_rows, int64_t num_entries,
                            Tensor& expert_out);

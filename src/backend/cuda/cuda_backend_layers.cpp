@@ -135,6 +135,9 @@ void CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, con
   const int64_t k_p = gu0.weight.dim(1), inter_p = gu0.weight.dim(0) / 2, hidden = down0.out_features;
   const int max_blocks = static_cast<int>((num_entries + kGemmRowsPerBlock - 1) / kGemmRowsPerBlock + num_experts);
   const int rows_hint = static_cast<int>((num_entries + num_experts - 1) / num_experts);
+  // bf16 experts with enough rows take the 128-row expert blocks; batch-invariant steps keep
+  // one kind of block at every batch size.
+  const bool expert_blocks = !batch_invariant_ && rows_hint >= kExpertBlockRowsPerExpert;
 
   Tensor act = alloc_->cached({num_entries, inter_p}, DType::kBF16);
   GroupedGemmArgs up;
@@ -146,8 +149,7 @@ void CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, con
   up.block_offsets = block_offsets;
   up.num_groups = num_experts;
   up.weights_fp8 = gu0.weight.dtype == DType::kF8E4M3;
-  // Batch-invariant steps keep one kind of block at every batch size.
-  up.expert_blocks = !up.weights_fp8 && !batch_invariant_ && rows_hint >= kExpertBlockRowsPerExpert;
+  up.expert_blocks = expert_blocks && !up.weights_fp8;
   up.epilogue = GemmEpilogue::kSiluMulBf16;
   up.y = act.data;
   up.ldy = inter_p;
@@ -160,7 +162,7 @@ void CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, con
   down.src_rows = nullptr;
   down.groups = gate_up_table + num_experts;
   down.weights_fp8 = down0.weight.dtype == DType::kF8E4M3;
-  down.expert_blocks = !down.weights_fp8 && !batch_invariant_ && rows_hint >= kExpertBlockRowsPerExpert;
+  down.expert_blocks = expert_blocks && !down.weights_fp8;
   down.epilogue = GemmEpilogue::kStoreF32;
   down.y = expert_out.data;
   down.ldy = hidden;

@@ -122,26 +122,7 @@ __device__ uint4 pack_bf16x8(const float (&v)[8]) {
   return packed;
 }
 
-// Eight output columns per thread, one 16-byte store (ldy a multiple of 8). `vector_loads`:
-// x is 16-byte aligned and k a multiple of 4, so whole groups read as two float4.
-__global__ void f32_to_bf16_padded_kernel(const float* x, int64_t rows, int64_t k, int64_t ldy, bool vector_loads,
-                                          __nv_bfloat16* y) {
-  await_previous_kernels();
-  const int64_t groups = ldy / 8;
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= rows * groups) return;
-  const int64_t r = i / groups, c0 = (i % groups) * 8;
-  const float* src = x + r * k + c0;
-  float v[8];
-  if (vector_loads && c0 + 8 <= k) {
-    const float4 a = *reinterpret_cast<const float4*>(src), b = *reinterpret_cast<const float4*>(src + 4);
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-  } else {
-    for (int j = 0; j < 8; ++j) v[j] = c0 + j < k ? src[j] : 0.0f;
-  }
-  *reinterpret_cast<uint4*>(y + r * ldy + c0) = pack_bf16x8(v);
-}
-
+// Eight values from 16-byte aligned memory, as fp32.
 __device__ void load8(const float* p, float (&v)[8]) {
   const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
   v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
@@ -154,6 +135,25 @@ __device__ void load8(const __nv_bfloat16* p, float (&v)[8]) {
     const float2 f = __bfloat1622float2(pairs[i]);
     v[2 * i] = f.x, v[2 * i + 1] = f.y;
   }
+}
+
+// Eight output columns per thread, one 16-byte store (ldy a multiple of 8). `vector_loads`:
+// x is 16-byte aligned and k a multiple of 4, so whole groups read as two float4.
+__global__ void f32_to_bf16_padded_kernel(const float* x, int64_t rows, int64_t k, int64_t ldy, bool vector_loads,
+                                          __nv_bfloat16* y) {
+  await_previous_kernels();
+  const int64_t groups = ldy / 8;
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= rows * groups) return;
+  const int64_t r = i / groups, c0 = (i % groups) * 8;
+  const float* src = x + r * k + c0;
+  float v[8];
+  if (vector_loads && c0 + 8 <= k) {
+    load8(src, v);
+  } else {
+    for (int j = 0; j < 8; ++j) v[j] = c0 + j < k ? src[j] : 0.0f;
+  }
+  *reinterpret_cast<uint4*>(y + r * ldy + c0) = pack_bf16x8(v);
 }
 
 // Eight outputs per thread (inter_padded a multiple of 16): outputs j..j+7 of a group of 16

@@ -164,11 +164,7 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedGemmArgs 
 #pragma unroll
     for (int f = 0; f < kFrags; ++f) wmma::fill_fragment(acc[f], 0.0f);
 
-#pragma unroll
-    for (int i = 0; i < kStages - 1; ++i) {
-      if (i < my_chunks) issue(i);
-      cp_async_commit();
-    }
+    start_cp_async_pipeline<kStages>(issue, my_chunks);
     for (int i = 0; i < my_chunks; ++i) {
       // Refill the stage consumed one iteration ago; a commit per iteration keeps the group
       // count in step with the chunk index even when there is nothing left to load.

@@ -119,11 +119,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_kernel(GroupedGemmArg
 #pragma unroll
     for (int f = 0; f < kFrags; ++f) wmma::fill_fragment(acc[f], 0.0f);
 
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      if (s < num_stages) issue(s);
-      cp_async_commit();
-    }
+    start_cp_async_pipeline<kStages>(issue, num_stages);
     for (int s = 0; s < num_stages; ++s) {
       cp_async_wait<kStages - 2>();
       __syncthreads();  // stage s is in place; every warp is done with stage s - 1, which is refilled now

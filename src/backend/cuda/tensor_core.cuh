@@ -29,6 +29,19 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
+// The start of a cp.async pipeline of kStages stages: issue(s) for the first kStages - 1 of
+// num_stages, one commit each whether or not there was a stage to load, so that the group
+// count stays in step with the stage index (cp_async_wait<kStages - 2> then waits for the
+// oldest stage).
+template <int kStages, typename Issue>
+__device__ __forceinline__ void start_cp_async_pipeline(Issue& issue, int num_stages) {
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < num_stages) issue(s);
+    cp_async_commit();
+  }
+}
+
 // Four 8x8 bf16 matrices: lanes 8i .. 8i+7 give the row addresses of matrix i; register i of
 // lane l receives row l/4, columns 2(l%4) and 2(l%4)+1 of matrix i (of its transpose with
 // the .trans form).

@@ -10,12 +10,12 @@
 namespace dsinfer {
 namespace {
 
-using testing::run_command;
+using testing::run_tool;
+
+const std::string kSample = std::string(DSINFER_SOURCE_DIR) + "/tests/data/ncu_per_kernel_sample.txt";
 
 std::string tool(const std::string& args) {
-  const std::string source = DSINFER_SOURCE_DIR;
-  const auto r = run_command("python3 " + source + "/tools/ncu_kernel_times.py " + source +
-                             "/tests/data/ncu_per_kernel_sample.txt " + args);
+  const auto r = run_tool("ncu_kernel_times.py", kSample + " " + args);
   EXPECT_EQ(r.exit_code, 0) << r.out;
   return r.out;
 }
@@ -40,12 +40,10 @@ TEST(NcuKernelTimesTest, PerMarkerKernelWithLibraryKernelsInOneRow) {
 }
 
 TEST(NcuKernelTimesTest, SaysWhatIsMissing) {
-  const std::string source = DSINFER_SOURCE_DIR;
-  const auto no_marker = run_command("python3 " + source + "/tools/ncu_kernel_times.py " + source +
-                                     "/tests/data/ncu_per_kernel_sample.txt --per no_such_kernel");
+  const auto no_marker = run_tool("ncu_kernel_times.py", kSample + " --per no_such_kernel");
   EXPECT_NE(no_marker.exit_code, 0);
   EXPECT_NE(no_marker.out.find("no kernel named like 'no_such_kernel'"), std::string::npos) << no_marker.out;
-  const auto not_ncu = run_command("python3 " + source + "/tools/ncu_kernel_times.py " + source + "/README.md");
+  const auto not_ncu = run_tool("ncu_kernel_times.py", std::string(DSINFER_SOURCE_DIR) + "/README.md");
   EXPECT_NE(not_ncu.exit_code, 0);
   EXPECT_NE(not_ncu.out.find("no kernel summaries found"), std::string::npos) << not_ncu.out;
 }

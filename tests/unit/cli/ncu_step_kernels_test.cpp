@@ -10,15 +10,12 @@
 namespace dsinfer {
 namespace {
 
-using testing::run_command;
+using testing::run_tool;
 
-testing::RunResult tool_run(const std::string& file, const std::string& args) {
-  const std::string source = DSINFER_SOURCE_DIR;
-  return run_command("python3 " + source + "/tools/ncu_step_kernels.py " + file + " " + args);
-}
+const std::string kSample = std::string(DSINFER_SOURCE_DIR) + "/tests/data/ncu_raw_sample.csv";
 
 std::string tool(const std::string& args) {
-  const auto r = tool_run(std::string(DSINFER_SOURCE_DIR) + "/tests/data/ncu_raw_sample.csv", args);
+  const auto r = run_tool("ncu_step_kernels.py", kSample + " " + args);
   EXPECT_EQ(r.exit_code, 0) << r.out;
   return r.out;
 }
@@ -47,14 +44,13 @@ TEST(NcuStepKernelsTest, StepChosenByIndexAndSummedPerKernel) {
 }
 
 TEST(NcuStepKernelsTest, SaysWhatIsMissing) {
-  const std::string sample = std::string(DSINFER_SOURCE_DIR) + "/tests/data/ncu_raw_sample.csv";
-  const auto beyond = tool_run(sample, "--step 3");
+  const auto beyond = run_tool("ncu_step_kernels.py", kSample + " --step 3");
   EXPECT_NE(beyond.exit_code, 0);
   EXPECT_NE(beyond.out.find("step 3 asked for, 3 steps found"), std::string::npos) << beyond.out;
-  const auto no_end = tool_run(sample, "--step-end no_such_kernel");
+  const auto no_end = run_tool("ncu_step_kernels.py", kSample + " --step-end no_such_kernel");
   EXPECT_NE(no_end.exit_code, 0);
   EXPECT_NE(no_end.out.find("no kernel named like 'no_such_kernel' ends a step"), std::string::npos) << no_end.out;
-  const auto not_ncu = tool_run(std::string(DSINFER_SOURCE_DIR) + "/README.md", "");
+  const auto not_ncu = run_tool("ncu_step_kernels.py", std::string(DSINFER_SOURCE_DIR) + "/README.md");
   EXPECT_NE(not_ncu.exit_code, 0);
   EXPECT_NE(not_ncu.out.find("no launch table found"), std::string::npos) << not_ncu.out;
 }
