@@ -10,6 +10,7 @@ struct LtMatmul::Plan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
   bool ok = false;
+  int64_t rows = 0;  // m the layouts b, c and d describe now
   ~Plan() {
     if (a) cublasLtMatrixLayoutDestroy(a);
     if (b) cublasLtMatrixLayoutDestroy(b);
@@ -28,6 +29,7 @@ LtMatmul::LtMatmul(Stream stream) : stream_(stream) {
 
 LtMatmul::~LtMatmul() {
   plans_.clear();
+  exact_plans_.clear();
   if (workspace_) cudaFree(workspace_);
   if (placeholder_scales_) cudaFree(placeholder_scales_);
   if (handle_) cublasLtDestroy(handle_);
@@ -88,20 +90,57 @@ std::unique_ptr<LtMatmul::Plan> LtMatmul::make_plan(Kind kind, int64_t m, int64_
   return p;
 }
 
-LtMatmul::Plan* LtMatmul::plan(Kind kind, int64_t m, int64_t n, int64_t k, bool must_exist) {
-  auto key = std::make_tuple(static_cast<int>(kind), m, n, k);
-  auto it = plans_.find(key);
-  if (it == plans_.end()) {
+// The row count a plan's algorithm is chosen for: m itself up to kExactPlanRows rows, above
+// that m rounded up to a multiple of kPlanRowsStep. Prefill-sized MoE layers run one product
+// per expert, and the experts' row counts change with every step's routing: a plan per exact m
+// would ask cuBLASLt's heuristic again for nearly every product (and keep every answer). The
+// algorithm chosen for the rounded count runs the counts below it in the same tiles.
+int64_t LtMatmul::plan_rows(int64_t m) {
+  return m <= kExactPlanRows ? m : (m + kPlanRowsStep - 1) / kPlanRowsStep * kPlanRowsStep;
+}
+
+LtMatmul::Plan* LtMatmul::find_plan(Kind kind, int64_t rows, int64_t n, int64_t k,
+                                    std::map<PlanKey, std::unique_ptr<Plan>>& plans) {
+  const PlanKey key(static_cast<int>(kind), rows, n, k);
+  auto it = plans.find(key);
+  if (it == plans.end()) {
     int status = 0;
-    it = plans_.emplace(key, make_plan(kind, m, n, k, &status)).first;
+    it = plans.emplace(key, make_plan(kind, rows, n, k, &status)).first;
+    it->second->rows = rows;
     if (!it->second->ok && is_fp8(kind))
-      DS_LOG_INFO("cuda: cuBLASLt has no block-scaled FP8 algorithm for m=" << m << " n=" << n << " k=" << k
+      DS_LOG_INFO("cuda: cuBLASLt has no block-scaled FP8 algorithm for m=" << rows << " n=" << n << " k=" << k
                                                                             << " (status " << status << ")");
   }
-  DS_CHECK_MSG(it->second->ok || !must_exist, "cuBLASLt has no algorithm for kind " << static_cast<int>(kind)
-                                                                                  << " m=" << m << " n=" << n
-                                                                                  << " k=" << k);
   return it->second.get();
+}
+
+LtMatmul::Plan* LtMatmul::plan(Kind kind, int64_t m, int64_t n, int64_t k, bool must_exist) {
+  Plan* p = find_plan(kind, plan_rows(m), n, k, plans_);
+  DS_CHECK_MSG(p->ok || !must_exist, "cuBLASLt has no algorithm for kind " << static_cast<int>(kind) << " m=" << m
+                                                                          << " n=" << n << " k=" << k);
+  set_rows(p, m);
+  return p;
+}
+
+void LtMatmul::set_rows(Plan* p, int64_t m) {
+  if (p->rows == m) return;
+  // Column-major views: B = x is [k, m], C and D are [n, m]; m is their column count.
+  const uint64_t cols = static_cast<uint64_t>(m);
+  for (cublasLtMatrixLayout_t layout : {p->b, p->c, p->d})
+    DS_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_COLS, &cols, sizeof cols));
+  p->rows = m;
+}
+
+// Runs y = x · Wᵀ for m rows on the plan of m's rounded row count; should cuBLASLt turn that
+// algorithm down for m itself, on a plan chosen for exactly m (kept apart, in a bounded cache).
+int LtMatmul::run_rows(Kind kind, int64_t m, int64_t n, int64_t k, const void* w, const void* x, void* y,
+                       const float* w_scales, const float* x_scales) {
+  const int st = run(plan(kind, m, n, k, true), w, x, y, w_scales, x_scales);
+  if (st != CUBLAS_STATUS_NOT_SUPPORTED || plan_rows(m) == m) return st;
+  if (exact_plans_.size() >= kMaxExactPlans) exact_plans_.clear();
+  Plan* exact = find_plan(kind, m, n, k, exact_plans_);
+  if (!exact->ok) return st;
+  return run(exact, w, x, y, w_scales, x_scales);
 }
 
 int LtMatmul::run(Plan* p, const void* a, const void* b, void* d, const float* a_scales, const float* b_scales) {
@@ -118,7 +157,7 @@ int LtMatmul::run(Plan* p, const void* a, const void* b, void* d, const float* a
 
 void LtMatmul::bf16(const uint16_t* w, const uint16_t* x, void* y, int64_t m, int64_t n, int64_t k, bool y_bf16) {
   if (m == 0 || n == 0) return;
-  const int st = run(plan(y_bf16 ? Kind::kBf16ToBf16 : Kind::kBf16, m, n, k, true), w, x, y, nullptr, nullptr);
+  const int st = run_rows(y_bf16 ? Kind::kBf16ToBf16 : Kind::kBf16, m, n, k, w, x, y, nullptr, nullptr);
   DS_CHECK_MSG(st == CUBLAS_STATUS_SUCCESS, "cublasLtMatmul (bf16): status " << st);
 }
 
@@ -176,7 +215,7 @@ void LtMatmul::bf16_strided(const Strided& s, const uint16_t* x, const uint16_t*
 
 void LtMatmul::f32(const float* w, const float* x, float* y, int64_t m, int64_t n, int64_t k) {
   if (m == 0 || n == 0) return;
-  const int st = run(plan(Kind::kF32, m, n, k, true), w, x, y, nullptr, nullptr);
+  const int st = run_rows(Kind::kF32, m, n, k, w, x, y, nullptr, nullptr);
   DS_CHECK_MSG(st == CUBLAS_STATUS_SUCCESS, "cublasLtMatmul (fp32): status " << st);
 }
 
@@ -192,7 +231,7 @@ void LtMatmul::fp8(const uint8_t* w, const float* w_scales, Fp8WeightScales w_sc
                           static_cast<const void*>(x), static_cast<const void*>(x_scales), static_cast<const void*>(y)})
     DS_CHECK_MSG(reinterpret_cast<uintptr_t>(ptr) % kFp8AlignmentBytes == 0,
                  "FP8 product: operands must be aligned to " << kFp8AlignmentBytes << " bytes");
-  const int st = run(plan(fp8_kind(w_scales_mode), m, n, k, true), w, x, y, w_scales, x_scales);
+  const int st = run_rows(fp8_kind(w_scales_mode), m, n, k, w, x, y, w_scales, x_scales);
   DS_CHECK_MSG(st == CUBLAS_STATUS_SUCCESS, "cublasLtMatmul (FP8 block-scaled): status " << st);
 }
 

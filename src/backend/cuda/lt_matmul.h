@@ -1,7 +1,8 @@
 // cuBLASLt matrix products of the CUDA backend, all in one orientation: y = x · Wᵀ with W
 // [n, k] and x [m, k] row-major, y [m, n] row-major. In cuBLASLt's column-major terms that is
 // D[n, m] = op(A)=Wᵀ-transposed · B, i.e. the "TN" layout, which is also the only one its FP8
-// matmul accepts. Plans (descriptors + heuristic algorithm) are cached per shape.
+// matmul accepts. Plans (descriptors + heuristic algorithm) are cached per shape, with row
+// counts above 128 rounded up to a multiple of 128 (plan_rows).
 #pragma once
 
 #include <cstdint>
@@ -70,7 +71,17 @@ class LtMatmul {
   static Kind fp8_kind(Fp8WeightScales w_scales_mode) {
     return w_scales_mode == Fp8WeightScales::kBlocks128x128 ? Kind::kFp8Blocks : Kind::kFp8Rows;
   }
+  using PlanKey = std::tuple<int, int64_t, int64_t, int64_t>;
+  static constexpr int64_t kExactPlanRows = 128;
+  static constexpr int64_t kPlanRowsStep = 128;
+  static constexpr size_t kMaxExactPlans = 256;
+  static int64_t plan_rows(int64_t m);
+  Plan* find_plan(Kind kind, int64_t rows, int64_t n, int64_t k, std::map<PlanKey, std::unique_ptr<Plan>>& plans);
+  // The plan of m's rounded row count, its layouts set to m rows.
   Plan* plan(Kind kind, int64_t m, int64_t n, int64_t k, bool must_exist);
+  void set_rows(Plan* p, int64_t m);
+  int run_rows(Kind kind, int64_t m, int64_t n, int64_t k, const void* w, const void* x, void* y,
+               const float* w_scales, const float* x_scales);
   std::unique_ptr<Plan> make_plan(Kind kind, int64_t m, int64_t n, int64_t k, int* status);
   // Asks the heuristic for p's algorithm (p->ok, p->algo); returns cuBLASLt's status.
   int pick_algorithm(Plan* p, uint32_t alignment_bytes);
@@ -84,7 +95,9 @@ class LtMatmul {
   void* placeholder_scales_ = nullptr;
   static constexpr size_t kMaxStridedPlans = 1024;
   std::unique_ptr<Plan> make_strided_plan(const Strided& s);
-  std::map<std::tuple<int, int64_t, int64_t, int64_t>, std::unique_ptr<Plan>> plans_;
+  std::map<PlanKey, std::unique_ptr<Plan>> plans_;
+  // Plans for exact row counts whose rounded plan cuBLASLt turned down (bounded).
+  std::map<PlanKey, std::unique_ptr<Plan>> exact_plans_;
   std::map<StridedKey, std::unique_ptr<Plan>> strided_plans_;
 };
 

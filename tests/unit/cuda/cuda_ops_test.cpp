@@ -118,6 +118,31 @@ TEST_F(CudaOpsTest, LinearBf16MatchesCpuAtSeveralShapes) {
   }
 }
 
+TEST_F(CudaOpsTest, LinearRowCountsSharingAPlanMatchCpu) {
+  // Above 128 rows cuBLASLt's plans are chosen per row count rounded up to 128, and one plan
+  // serves every count it covers with its layouts reset to each call's rows. Counts that share
+  // a plan, in an order that shrinks and grows it: a plan left at a smaller count would leave
+  // the later rows unwritten, one left at a larger count would write past the output.
+  const int64_t n = 640, k = 256;
+  const auto w = random_values(n * k, 31, 1.0f / std::sqrt(static_cast<float>(k)));
+  LinearWeight lw_cpu = cpu_->make_linear(HostTensor{DType::kF32, {n, k}, w.data()});
+  LinearWeight lw_gpu = gpu_->make_linear(HostTensor{DType::kF32, {n, k}, w.data()});
+  for (int64_t m : {257, 300, 129, 384, 257, 300}) {
+    const auto x = random_values(m * k, 32 + static_cast<uint32_t>(m));
+    Tensor cx = upload(*cpu_, {m, k}, x), cy = cpu_->empty({m, n}, DType::kF32);
+    cpu_->linear(cx, lw_cpu, cy);
+    // The output is the first m rows of a buffer of m + 8 rows filled with a sentinel.
+    Tensor gx = upload(*gpu_, {m, k}, x), gy = upload(*gpu_, {m + 8, n}, std::vector<float>((m + 8) * n, 12345.0f));
+    Tensor gy_rows = gy;
+    gy_rows.shape = {m, n};
+    gpu_->linear(gx, lw_gpu, gy_rows);
+    const auto got = download(*gpu_, gy);
+    const std::vector<float> rows(got.begin(), got.begin() + m * n), past(got.begin() + m * n, got.end());
+    EXPECT_LT(relative_error(rows, download(*cpu_, cy)), 2e-2) << m << " rows";
+    EXPECT_EQ(past, std::vector<float>(8 * n, 12345.0f)) << m << " rows: written past the output";
+  }
+}
+
 TEST_F(CudaOpsTest, LinearFp8BlockScaledMatchesDequantisedCpu) {
   // e4m3 weights stay e4m3 on the device and are widened tile by tile inside the decode-sized
   // GEMM (products of more rows: cuda_fp8_gemm_test.cpp).
