@@ -283,7 +283,7 @@ int run_bench(int argc, char** argv) {
     size_t expert_bytes = 0;
     std::vector<size_t> step_bytes;
     std::vector<int32_t> greedy_ids;
-    constexpr int kWarmupSteps = 2;
+    constexpr int kWarmupSteps = 3;
     const int last_step = decode_steps + kWarmupSteps;  // untimed, routed
     for (int step = 0; step <= last_step; ++step) {
       ForwardBatch db;
@@ -299,7 +299,7 @@ int run_bench(int argc, char** argv) {
         db.logits_indices.push_back(s);
       }
       db.num_tokens = batch;
-      // The first steps are warm-up (a device backend records its decode step on the second);
+      // The first steps are warm-up (a device backend records its decode step on the third);
       // the last one is untimed and records the routing, which sets how many experts a step
       // reads (recording it would make the timed steps wait for the host).
       const bool routed = step == last_step;

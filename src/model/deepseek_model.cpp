@@ -93,6 +93,11 @@ ForwardOutput DeepseekModel::forward(const ForwardBatch& batch, KvCaches& caches
   return out;
 }
 
+namespace {
+// Eager runs of a decode bucket before it is recorded (see forward_recorded).
+constexpr int kEagerRunsBeforeRecording = 2;
+}  // namespace
+
 int DeepseekModel::decode_bucket(const ForwardBatch& batch) {
   static constexpr int kBuckets[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256};
   const int n = batch.num_tokens;
@@ -136,7 +141,7 @@ ForwardOutput DeepseekModel::forward_recorded(const ForwardBatch& batch, KvCache
     if (done) out = rec.output;
     rec.captured = done;  // the backend dropped it (its step buffers moved): record again
   }
-  if (!done && rec.num_eager_runs > 0 && !rec.failed) {
+  if (!done && rec.num_eager_runs >= kEagerRunsBeforeRecording && !rec.failed) {
     backend_.begin_recording(key);
     ForwardOutput recorded = run_layers(padded, caches, false);
     if (backend_.end_recording(key) && backend_.replay(key)) {
@@ -149,7 +154,9 @@ ForwardOutput DeepseekModel::forward_recorded(const ForwardBatch& batch, KvCache
     }
   }
   if (!done) {
-    // The first run of a bucket is eager: it builds whatever the backend makes lazily.
+    // The first runs of a bucket are eager: the first builds whatever the backend makes lazily,
+    // and a bucket met only once or twice (the shrinking batches at the end of a workload)
+    // never pays for a recording, which costs more than an eager step.
     ++rec.num_eager_runs;
     out = run_layers(padded, caches, false);
   }
