@@ -353,7 +353,6 @@ __global__ void __launch_bounds__(kFewWarps * 32) head_gemm_few_kernel(const flo
                                                                       int64_t x_head_stride, const float* w, int k,
                                                                       int n, float* y, int64_t y_token_stride,
                                                                       int64_t y_head_stride, int num_tokens) {
-  await_previous_kernels();
   namespace cg = cooperative_groups;
   __shared__ float s_x[kFewTokens][kFewRows];
   __shared__ float4 s_part[kFewWarps][kFewTokens][32];
@@ -361,6 +360,20 @@ __global__ void __launch_bounds__(kFewWarps * 32) head_gemm_few_kernel(const flo
   const cg::cluster_group cluster = cg::this_cluster();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int h = blockIdx.y, slice = blockIdx.z, k0 = slice * kFewRows;
+  const int col = blockIdx.x * kFewCols + 4 * lane;
+  // The weight is written by no kernel: its rows are requested before the wait for the kernels
+  // before this one, so that with overlapped launches they arrive while those finish.
+  float4 wv[kFewRowsPerWarp];
+  if (col < n) {
+    const float* wh = w + static_cast<int64_t>(h) * k * n + col;
+#pragma unroll
+    for (int j = 0; j < kFewRowsPerWarp; ++j) {
+      const int kk = k0 + warp * kFewRowsPerWarp + j;
+      wv[j] = kk < k ? __ldg(reinterpret_cast<const float4*>(wh + static_cast<int64_t>(kk) * n))
+                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  }
+  await_previous_kernels();
   for (int i = threadIdx.x; i < kFewTokens * kFewRows; i += kFewWarps * 32) {
     const int r = i / kFewRows, c = i % kFewRows;
     s_x[r][c] = r < num_tokens && k0 + c < k ? x[r * x_token_stride + h * x_head_stride + k0 + c] : 0.0f;
@@ -369,16 +382,7 @@ __global__ void __launch_bounds__(kFewWarps * 32) head_gemm_few_kernel(const flo
   float4 acc[kFewTokens];
 #pragma unroll
   for (int r = 0; r < kFewTokens; ++r) acc[r] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  const int col = blockIdx.x * kFewCols + 4 * lane;
   if (col < n) {
-    const float* wh = w + static_cast<int64_t>(h) * k * n + col;
-    float4 wv[kFewRowsPerWarp];
-#pragma unroll
-    for (int j = 0; j < kFewRowsPerWarp; ++j) {
-      const int kk = k0 + warp * kFewRowsPerWarp + j;
-      wv[j] = kk < k ? __ldg(reinterpret_cast<const float4*>(wh + static_cast<int64_t>(kk) * n))
-                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
 #pragma unroll
     for (int j = 0; j < kFewRowsPerWarp; ++j) {
 #pragma unroll

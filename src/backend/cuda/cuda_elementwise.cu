@@ -4,6 +4,8 @@
 // conversion, SiLU·up) take eight elements per thread in 16-byte accesses.
 #include <cuda_bf16.h>
 
+#include <cstdint>
+
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/kernel_launch.cuh"
@@ -30,7 +32,66 @@ __device__ float block_sum(float sum, float* warp_sums) {
   return warp_sums[0];
 }
 
-// One block per row: mean square in fp32 through a block reduction, then scale.
+// Rows of up to this many float4 per thread (kThreads * 4 * 8 = 8,192 floats: every hidden size
+// of the DeepSeek family) are normalised from registers. Each thread issues all its loads, of
+// the row, the added row and the weight, before it uses any, so a row costs one memory latency
+// instead of one per loop step: at batch 1 a norm of 2,048 floats took 8.6 µs as a loop.
+constexpr int kNormVec4PerThread = 8;
+
+bool norm_fits_registers(const void* x, const void* y, const void* w, const void* out, int64_t n) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return n % 4 == 0 && n <= int64_t{kThreads} * 4 * kNormVec4PerThread && aligned(x) && aligned(w) &&
+         aligned(out) && (y == nullptr || aligned(y));
+}
+
+// One block per row: x += y first when kAddFirst (x updated in memory), then out = the row's
+// RMS norm, its mean square in fp32 through a block reduction. x and out may alias: every
+// thread holds its elements in registers before it writes them.
+template <bool kAddFirst>
+__global__ void __launch_bounds__(kThreads) rms_norm_registers_kernel(float* x, const float* y, const float* w,
+                                                                      float eps, int n, float* out) {
+  await_previous_kernels();
+  __shared__ float warp_sums[32];
+  const int64_t base = blockIdx.x * static_cast<int64_t>(n);
+  float4* row = reinterpret_cast<float4*>(x + base);
+  const float4* add_row = reinterpret_cast<const float4*>(kAddFirst ? y + base : nullptr);
+  const float4* w4 = reinterpret_cast<const float4*>(w);
+  float4* dst = reinterpret_cast<float4*>(out + base);
+  const int n4 = n / 4;
+  float4 v[kNormVec4PerThread], wv[kNormVec4PerThread];
+#pragma unroll
+  for (int j = 0; j < kNormVec4PerThread; ++j) {
+    const int i = threadIdx.x + j * kThreads;
+    if (i < n4) {
+      v[j] = row[i];
+      wv[j] = __ldg(w4 + i);
+      if constexpr (kAddFirst) {
+        const float4 a = add_row[i];
+        v[j] = make_float4(v[j].x + a.x, v[j].y + a.y, v[j].z + a.z, v[j].w + a.w);
+      }
+    }
+  }
+  float sum = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kNormVec4PerThread; ++j) {
+    const int i = threadIdx.x + j * kThreads;
+    if (i < n4) {
+      if constexpr (kAddFirst) row[i] = v[j];
+      sum += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+    }
+  }
+  const float inv = rsqrtf(block_sum(sum, warp_sums) / static_cast<float>(n) + eps);
+#pragma unroll
+  for (int j = 0; j < kNormVec4PerThread; ++j) {
+    const int i = threadIdx.x + j * kThreads;
+    if (i < n4)
+      dst[i] = make_float4(v[j].x * inv * wv[j].x, v[j].y * inv * wv[j].y, v[j].z * inv * wv[j].z,
+                           v[j].w * inv * wv[j].w);
+  }
+}
+
+// The same norms for any row width, in loops over the row (widths not a multiple of 4 or wider
+// than the register form holds).
 __global__ void rms_norm_kernel(const float* x, const float* w, float eps, int64_t n, float* out) {
   await_previous_kernels();
   __shared__ float warp_sums[32];
@@ -43,8 +104,7 @@ __global__ void rms_norm_kernel(const float* x, const float* w, float eps, int64
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = row[i] * inv * w[i];
 }
 
-// One block per row: x += y, then the norm of the new row, as rms_norm_kernel computes it.
-// Each thread re-reads only the elements it wrote.
+// x += y, then the norm of the new row; each thread re-reads only the elements it wrote.
 __global__ void add_rms_norm_kernel(float* x, const float* y, const float* w, float eps, int64_t n, float* out) {
   await_previous_kernels();
   __shared__ float warp_sums[32];
@@ -249,14 +309,22 @@ void launch_argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, S
 
 void launch_rms_norm(const float* x, const float* w, float eps, int64_t rows, int64_t n, float* out, Stream stream) {
   if (rows == 0) return;
-  launch_kernel(rms_norm_kernel, static_cast<unsigned>(rows), kThreads, 0, stream, x, w, eps, n, out);
+  if (norm_fits_registers(x, nullptr, w, out, n))
+    launch_kernel(rms_norm_registers_kernel<false>, static_cast<unsigned>(rows), kThreads, 0, stream,
+                  const_cast<float*>(x), nullptr, w, eps, static_cast<int>(n), out);
+  else
+    launch_kernel(rms_norm_kernel, static_cast<unsigned>(rows), kThreads, 0, stream, x, w, eps, n, out);
   DS_CUDA_CHECK_LAUNCH();
 }
 
 void launch_add_rms_norm(float* x, const float* y, const float* w, float eps, int64_t rows, int64_t n, float* out,
                          Stream stream) {
   if (rows == 0) return;
-  launch_kernel(add_rms_norm_kernel, static_cast<unsigned>(rows), kThreads, 0, stream, x, y, w, eps, n, out);
+  if (norm_fits_registers(x, y, w, out, n))
+    launch_kernel(rms_norm_registers_kernel<true>, static_cast<unsigned>(rows), kThreads, 0, stream, x, y, w, eps,
+                  static_cast<int>(n), out);
+  else
+    launch_kernel(add_rms_norm_kernel, static_cast<unsigned>(rows), kThreads, 0, stream, x, y, w, eps, n, out);
   DS_CUDA_CHECK_LAUNCH();
 }
 

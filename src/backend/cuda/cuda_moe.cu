@@ -151,10 +151,14 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logit
   }
 }
 
-constexpr int kLogitWarps = 8;
+// Four experts per block: a decode step of one token still spreads its 64 experts (V2-Lite)
+// over 16 SMs.
+constexpr int kLogitWarps = 4;
 
-// Router logits in fp32: block (token, 8 experts), one warp per expert, lanes strided over the
-// hidden size and a fixed shuffle tree, so a logit has the same bits whatever the batch.
+// Router logits in fp32: block (token, kLogitWarps experts), one warp per expert, lanes strided
+// over the hidden size and a fixed shuffle tree, so a logit has the same bits whatever the batch.
+// The loop is unrolled eight deep so that a lane's loads are in flight together (a hidden size
+// of 2,048 is 16 float4 per lane).
 __global__ void __launch_bounds__(kLogitWarps * 32) router_logits_kernel(const float* x, const float* gate,
                                                                          int hidden, int num_experts, float* logits) {
   await_previous_kernels();
@@ -168,7 +172,7 @@ __global__ void __launch_bounds__(kLogitWarps * 32) router_logits_kernel(const f
   if (hidden % 4 == 0) {
     const float4* x4 = reinterpret_cast<const float4*>(xr);
     const float4* g4 = reinterpret_cast<const float4*>(g);
-#pragma unroll 4
+#pragma unroll 8
     for (int i = lane; i < hidden / 4; i += 32) {
       const float4 a = x4[i], b = __ldg(g4 + i);
       acc += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;

@@ -83,16 +83,61 @@ __device__ void finish_split_tile(const GroupedGemmArgs& a, const GemmWeight& w,
 
 template <int kFrags, bool kFp8>
 __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedGemmArgs a) {
-  await_previous_kernels();
   using L = Layout<kFrags, kFp8>;
   constexpr int kRows = L::kRows;
   extern __shared__ __align__(128) unsigned char smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  unsigned char* warp_smem = smem + warp * L::kWarpBytes;
+  const int split = blockIdx.z;
+
+  // A dense product's weight is written by no kernel, and which tile and k range a block takes
+  // follows from the launch alone. Its first pipeline stages' weight tiles are therefore
+  // requested before this kernel waits for the ones before it: with overlapped launches they
+  // stream while those kernels finish (at batch 1 a projection is little more than its weight
+  // read). Everything else (x, row lists, partials, counters) is touched after the wait.
+  const GemmWeight dense_w = a.dense;
+  const int dense_n0 = blockIdx.x * kGemmTileRows;
+  const int dense_chunks = dense_w.k_padded / kGemmChunkK;
+  const int dense_begin = dense_chunks * split / a.k_splits, dense_end = dense_chunks * (split + 1) / a.k_splits;
+  auto chunks_of_warp = [&](int begin, int end) {
+    const int n = end - begin;
+    return n > warp ? (n - warp + kWarps - 1) / kWarps : 0;
+  };
+  // The weight tile of this warp's i-th chunk (chunks begin, begin + kWarps, ...).
+  auto issue_weight = [&](const GemmWeight& w, int n0, int chunk_begin, int i) {
+    unsigned char* stage = warp_smem + (i % kStages) * L::kStageBytes;
+    const int k0 = (chunk_begin + warp + i * kWarps) * kGemmChunkK;
+    if constexpr (kFp8) {
+      const uint8_t* wq = static_cast<const uint8_t*>(w.data);
+#pragma unroll
+      for (int c = lane; c < kGemmTileRows * 2; c += 32) {
+        const int r = c / 2, part = c % 2;
+        cp_async16(stage + r * kGemmChunkK + part * 16, wq + static_cast<int64_t>(n0 + r) * w.k_padded + k0 + part * 16,
+                   true);
+      }
+    } else {
+      const __nv_bfloat16* wb = static_cast<const __nv_bfloat16*>(w.data);
+#pragma unroll
+      for (int c = lane; c < kGemmTileRows * 4; c += 32) {
+        const int r = c / 4, part = c % 4;
+        cp_async16(stage + (r * kLd + part * 8) * 2, wb + static_cast<int64_t>(n0 + r) * w.k_padded + k0 + part * 8,
+                   true);
+      }
+    }
+  };
+  const bool prefetch = a.groups == nullptr && static_cast<int>(blockIdx.y) * kGemmRowsPerBlock < a.dense_rows &&
+                        dense_n0 < dense_w.n_padded;
+  if (prefetch) {
+    const int n = min(kStages - 1, chunks_of_warp(dense_begin, dense_end));
+    for (int i = 0; i < n; ++i) issue_weight(dense_w, dense_n0, dense_begin, i);
+  }
+  await_previous_kernels();
 
   // This block's weight and rows.
   GemmWeight w;
   int row_begin = 0, row_end = 0;
   if (a.groups == nullptr) {
-    w = a.dense;
+    w = dense_w;
     row_begin = blockIdx.y * kGemmRowsPerBlock;
     if (row_begin >= a.dense_rows) return;
     row_end = min(row_begin + kGemmRowsPerBlock, a.dense_rows);
@@ -109,12 +154,8 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedGemmArgs 
 
   const int k_padded = w.k_padded;
   const int num_chunks = k_padded / kGemmChunkK;
-  const int split = blockIdx.z;
   const int chunk_begin = num_chunks * split / a.k_splits, chunk_end = num_chunks * (split + 1) / a.k_splits;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int split_chunks = chunk_end - chunk_begin;
-  const int my_chunks = split_chunks > warp ? (split_chunks - warp + kWarps - 1) / kWarps : 0;
-  unsigned char* warp_smem = smem + warp * L::kWarpBytes;
+  const int my_chunks = chunks_of_warp(chunk_begin, chunk_end);
   __nv_bfloat16* widened = reinterpret_cast<__nv_bfloat16*>(warp_smem + kStages * L::kStageBytes);
   const int scale_cols = (k_padded + kScaleCols - 1) / kScaleCols;
 
@@ -132,39 +173,31 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedGemmArgs 
       x_src[f] = reinterpret_cast<const __nv_bfloat16*>(a.x) + row * a.ldx + (lane % 4) * 8;
     }
 
-    auto issue = [&](int i) {
-      unsigned char* stage = warp_smem + (i % kStages) * L::kStageBytes;
+    auto issue_x = [&](int i) {
+      unsigned char* x_tile = warp_smem + (i % kStages) * L::kStageBytes + L::kWeightStageBytes;
       const int k0 = (chunk_begin + warp + i * kWarps) * kGemmChunkK;
-      if constexpr (kFp8) {
-        const uint8_t* wq = static_cast<const uint8_t*>(w.data);
-#pragma unroll
-        for (int c = lane; c < kGemmTileRows * 2; c += 32) {
-          const int r = c / 2, part = c % 2;
-          cp_async16(stage + r * kGemmChunkK + part * 16, wq + static_cast<int64_t>(n0 + r) * k_padded + k0 + part * 16,
-                     true);
-        }
-      } else {
-        const __nv_bfloat16* wb = static_cast<const __nv_bfloat16*>(w.data);
-#pragma unroll
-        for (int c = lane; c < kGemmTileRows * 4; c += 32) {
-          const int r = c / 4, part = c % 4;
-          cp_async16(stage + (r * kLd + part * 8) * 2, wb + static_cast<int64_t>(n0 + r) * k_padded + k0 + part * 8,
-                     true);
-        }
-      }
-      unsigned char* x_tile = stage + L::kWeightStageBytes;
 #pragma unroll
       for (int f = 0; f < kFrags; ++f) {
         const int t = lane / 4 + 8 * f;
         cp_async16(x_tile + (t * kLd + (lane % 4) * 8) * 2, x_src[f] + k0, x_valid[f]);
       }
     };
+    auto issue = [&](int i) {
+      issue_weight(w, n0, chunk_begin, i);
+      issue_x(i);
+    };
 
     wmma::fragment<wmma::accumulator, 32, 8, 16, float> acc[kFrags];
 #pragma unroll
     for (int f = 0; f < kFrags; ++f) wmma::fill_fragment(acc[f], 0.0f);
 
-    start_cp_async_pipeline<kStages>(issue, my_chunks);
+    if (prefetch && pass_begin == row_begin) {
+      // The weight tiles of the first stages are in flight already: their x tiles join them,
+      // and the first commit takes both.
+      start_cp_async_pipeline<kStages>(issue_x, my_chunks);
+    } else {
+      start_cp_async_pipeline<kStages>(issue, my_chunks);
+    }
     for (int i = 0; i < my_chunks; ++i) {
       // Refill the stage consumed one iteration ago; a commit per iteration keeps the group
       // count in step with the chunk index even when there is nothing left to load.
