@@ -5,9 +5,10 @@
 // otherwise idles between two of them while the second is launched and its blocks start. With
 // this launch the next kernel may be scheduled as soon as every block of the current one has
 // begun; its blocks then wait, before touching memory, until the kernels before it on the
-// stream have finished and their writes are visible. The rule that makes it safe: every kernel
-// of the backend calls await_previous_kernels() first, before any read, write or early return,
-// so a finished kernel implies that all kernels before it have finished too.
+// stream have finished and their writes are visible. The rule that makes it safe: every block
+// of every kernel of the backend calls await_previous_kernels() before it writes anything, reads
+// anything another kernel may write, or returns, so a finished kernel implies that all kernels
+// before it have finished too. Weights, which no kernel writes, may be read before it.
 // DSINFER_PDL=0 launches every kernel in plain stream order instead (same results).
 #pragma once
 
@@ -20,8 +21,9 @@
 
 namespace dsinfer::cuda {
 
-// The first statement of every kernel: waits for the kernels before it (a no-op when it was
-// launched in plain stream order), then lets the next kernel's blocks be scheduled.
+// Called by every block before its first write, its first read of kernel-written data and any
+// return: waits for the kernels before it (a no-op when it was launched in plain stream order),
+// then lets the next kernel's blocks be scheduled.
 __device__ __forceinline__ void await_previous_kernels() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
