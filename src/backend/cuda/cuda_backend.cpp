@@ -66,7 +66,14 @@ bool env_is(const char* name, const char* value) {
 
 CudaBackend::CudaBackend() {
   DS_CUDA_CHECK(cudaSetDevice(0));
-  DS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  // The main stream at the highest priority: where work forks onto the side stream (shared
+  // experts beside the routing), the main stream's kernels are the step's critical path.
+  int least_priority = 0, greatest_priority = 0;
+  DS_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least_priority, &greatest_priority));
+  DS_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest_priority));
+  DS_CUDA_CHECK(cudaStreamCreateWithPriority(&side_stream_, cudaStreamNonBlocking, least_priority));
+  DS_CUDA_CHECK(cudaEventCreateWithFlags(&fork_event_, cudaEventDisableTiming));
+  DS_CUDA_CHECK(cudaEventCreateWithFlags(&join_event_, cudaEventDisableTiming));
   alloc_ = std::make_shared<DeviceAllocator>();
   matmul_ = std::make_unique<LtMatmul>(stream_);
   step_ = std::make_unique<StepBuffers>();
@@ -81,6 +88,7 @@ CudaBackend::CudaBackend() {
   batch_invariant_ = env_is("DSINFER_BATCH_INVARIANT", "1");
   graphs_enabled_ = !env_is("DSINFER_CUDA_GRAPHS", "0");
   fused_prefill_attention_ = !env_is("DSINFER_MLA_FLASH", "0");
+  shared_experts_alongside_ = !env_is("DSINFER_MOE_SIDE_STREAM", "0");
   library_fp8_ = !env_is("DSINFER_CUDA_FP8_GEMM", "0");
   if (const char* rows = std::getenv("DSINFER_CUDA_GEMM_MAX_ROWS"))
     own_gemm_max_rows_ = own_gemm_max_rows_fp8_ = std::max(1, std::atoi(rows));
@@ -92,6 +100,10 @@ CudaBackend::~CudaBackend() {
   choices_.reset();
   step_.reset();
   matmul_.reset();
+  cudaStreamSynchronize(side_stream_);
+  cudaEventDestroy(fork_event_);
+  cudaEventDestroy(join_event_);
+  cudaStreamDestroy(side_stream_);
   cudaStreamDestroy(stream_);
 }
 
@@ -441,13 +453,17 @@ Tensor CudaBackend::to_bf16_padded(const Tensor& x, int64_t k_padded) {
   return xb;
 }
 
+bool CudaBackend::own_gemm_takes(const GemmWeight& w, int64_t rows) const {
+  return batch_invariant_ || rows <= (w.scales != nullptr ? own_gemm_max_rows_fp8_ : own_gemm_max_rows_);
+}
+
 void CudaBackend::gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, int epilogue, void* y,
                        int64_t ldy, int64_t n_out, bool library_gemm) {
   if (rows == 0) return;
   const GemmWeight g = gemm_weight_of(w);
   const auto kind = static_cast<GemmEpilogue>(epilogue);
   const bool fp8 = g.scales != nullptr;
-  if (!batch_invariant_ && (library_gemm || rows > (fp8 ? own_gemm_max_rows_fp8_ : own_gemm_max_rows_))) {
+  if (library_gemm || !own_gemm_takes(g, rows)) {
     // Many rows: compute-bound, cuBLASLt. Its fp32 output lands in y directly when the layouts
     // agree (an FP8 product writes whole groups of 4 rows).
     const int64_t rows_out = fp8 ? round_up(rows, kLibraryFp8RowMultiple) : rows;

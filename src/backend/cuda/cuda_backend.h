@@ -33,6 +33,8 @@
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/grouped_gemm.h"
 
+struct CUevent_st;
+
 namespace dsinfer::cuda {
 
 class DeviceAllocator;
@@ -123,6 +125,9 @@ class CudaBackend final : public Backend {
                            Tensor& expert_out);
   Tensor moe_experts_host_planned(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
                                   const int32_t* src_rows, int64_t num_entries);
+  // Whether a product of `rows` rows with w runs on the own kernel (else cuBLASLt, unless the
+  // caller asks for the library anyway).
+  bool own_gemm_takes(const GemmWeight& w, int64_t rows) const;
   // x · gate_up → SiLU·mul → down for bf16 x [rows, gate_up's k_padded].
   void gated_mlp_bf16(const Tensor& x_bf16, int64_t rows, const LinearWeight& gate_up, const LinearWeight& down,
                       float* out, int64_t ldo);
@@ -142,11 +147,17 @@ class CudaBackend final : public Backend {
   const int32_t* device_ints(std::span<const int32_t> host, Tensor& uploaded);
 
   Stream stream_ = nullptr;
+  // Small MoE steps run their shared experts on side_stream_, beside the routing and the routed
+  // experts on stream_ (see moe); the events fork and join the two.
+  Stream side_stream_ = nullptr;
+  CUevent_st* fork_event_ = nullptr;
+  CUevent_st* join_event_ = nullptr;
   int num_sms_ = 132;
   bool batch_invariant_ = false;
   bool graphs_enabled_ = true;
   bool recording_ = false;
   bool library_fp8_ = true;  // many-row e4m3 products in FP8 (DSINFER_CUDA_FP8_GEMM=0: weights widened to bf16)
+  bool shared_experts_alongside_ = true;  // DSINFER_MOE_SIDE_STREAM=0: shared experts after the routed ones
   bool fused_prefill_attention_ = true;  // expanded prefill in one kernel (DSINFER_MLA_FLASH=0: cuBLASLt products)
   // Above this many rows a dense product goes to cuBLASLt (not batch-invariant). bf16: the own
   // kernel runs rows in passes of up to 32 that each re-read the weight tile, and at 64 rows it

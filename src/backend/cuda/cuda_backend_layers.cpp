@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <climits>
 #include <map>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
@@ -22,6 +24,55 @@ constexpr int64_t kHostPlannedRowsPerExpert = 32;
 constexpr int64_t kExpertBlockRowsPerExpert = 4;
 // Router logits of up to this many tokens come from the own fp32 kernel, above it from cuBLAS.
 constexpr int64_t kRouterKernelMaxTokens = 128;
+}  // namespace
+
+namespace {
+// Work forked onto a second stream until join(): the side stream starts after everything queued
+// on the main stream so far, and the main stream's work after join() waits for the side's.
+// Blocks the allocator gets back in between are held until the join, since either stream may
+// still be using them. The destructor joins when join() was not reached (an exception).
+class ForkedStreams {
+ public:
+  ForkedStreams(Stream main, Stream side, CUevent_st* fork, CUevent_st* join, DeviceAllocator& alloc)
+      : main_(main), side_(side), join_(join), alloc_(alloc) {
+    DS_CUDA_CHECK(cudaEventRecord(fork, main_));
+    DS_CUDA_CHECK(cudaStreamWaitEvent(side_, fork, 0));
+    alloc_.hold_reuse(true);
+  }
+  ForkedStreams(const ForkedStreams&) = delete;
+  ForkedStreams& operator=(const ForkedStreams&) = delete;
+  ~ForkedStreams() {
+    if (joined_) return;
+    cudaEventRecord(join_, side_);
+    cudaStreamWaitEvent(main_, join_, 0);
+    alloc_.hold_reuse(false);
+  }
+  void join() {
+    joined_ = true;
+    alloc_.hold_reuse(false);
+    DS_CUDA_CHECK(cudaEventRecord(join_, side_));
+    DS_CUDA_CHECK(cudaStreamWaitEvent(main_, join_, 0));
+  }
+
+ private:
+  Stream main_, side_;
+  CUevent_st* join_;
+  DeviceAllocator& alloc_;
+  bool joined_ = false;
+};
+
+// Swaps two stream handles for its lifetime: launches that read the first go to the second.
+class SwappedStreams {
+ public:
+  SwappedStreams(Stream& a, Stream& b) : a_(a), b_(b) { std::swap(a_, b_); }
+  SwappedStreams(const SwappedStreams&) = delete;
+  SwappedStreams& operator=(const SwappedStreams&) = delete;
+  ~SwappedStreams() { std::swap(a_, b_); }
+
+ private:
+  Stream& a_;
+  Stream& b_;
+};
 }  // namespace
 
 // Device descriptors of a layer's expert weights, [gate_up of each expert | down of each expert].
@@ -65,6 +116,34 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
                                                                          : 2,
                         w.norm_topk_prob,
                         w.routed_scaling_factor};
+  DS_CHECK_MSG(!w.derived.empty(), "moe: the layer's weights were not prepared (Backend::prepare)");
+  const LinearWeight& gu0 = w.expert_gate_up[0];
+  const LinearWeight& down0 = w.expert_down[0];
+  const int64_t k_p = gu0.weight.dim(1), inter_p = gu0.weight.dim(0) / 2;
+  DS_CHECK(down0.weight.dim(1) == inter_p && down0.out_features == hidden && gu0.in_features == hidden);
+  Tensor xb = to_bf16_padded(x, k_p);
+  const bool host_planned =
+      !batch_invariant_ && !recording_ && num_entries >= kHostPlannedRowsPerExpert * num_experts;
+
+  // The shared experts depend on x alone. In a small step the routing before the routed experts
+  // is a chain of short kernels that leave the memory idle, so the shared experts run beside it
+  // on the side stream, joined before the combine. Only where both of their products take the
+  // own kernel (cuBLASLt's handle is bound to the main stream).
+  Tensor shared;
+  if (w.has_shared) {
+    DS_CHECK(w.shared_gate_up.weight.dim(1) == k_p);
+    shared = alloc_->cached({num_tokens, hidden}, DType::kF32);
+  }
+  const bool shared_alongside = w.has_shared && shared_experts_alongside_ && !host_planned &&
+                                own_gemm_takes(gemm_weight_of(w.shared_gate_up), num_tokens) &&
+                                own_gemm_takes(gemm_weight_of(w.shared_down), num_tokens);
+  std::optional<ForkedStreams> forked;
+  if (shared_alongside) {
+    forked.emplace(stream_, side_stream_, fork_event_, join_event_, *alloc_);
+    const SwappedStreams on_side(stream_, side_stream_);
+    gated_mlp_bf16(xb, num_tokens, w.shared_gate_up, w.shared_down, shared.as<float>(), hidden);
+  }
+
   Tensor d_ids = alloc_->cached({num_entries}, DType::kI32);
   Tensor d_weights = alloc_->cached({num_entries}, DType::kF32);
   const float* bias = w.score_correction_bias.empty() ? nullptr : w.score_correction_bias.as<float>();
@@ -89,26 +168,16 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
                   row_offsets, block_offsets, src_rows, slot_rows,
                   plan_workspace_ints > 0 ? plan_workspace.as<int32_t>() : nullptr, stream_);
 
-  DS_CHECK_MSG(!w.derived.empty(), "moe: the layer's weights were not prepared (Backend::prepare)");
-  const LinearWeight& gu0 = w.expert_gate_up[0];
-  const LinearWeight& down0 = w.expert_down[0];
-  const int64_t k_p = gu0.weight.dim(1), inter_p = gu0.weight.dim(0) / 2;
-  DS_CHECK(down0.weight.dim(1) == inter_p && down0.out_features == hidden && gu0.in_features == hidden);
-  Tensor xb = to_bf16_padded(x, k_p);
   Tensor expert_out;
-  if (!batch_invariant_ && !recording_ && num_entries >= kHostPlannedRowsPerExpert * num_experts) {
+  if (host_planned) {
     expert_out = moe_experts_host_planned(w, xb, row_offsets, src_rows, num_entries);
   } else {
     expert_out = alloc_->cached({num_entries, hidden}, DType::kF32);
     moe_experts_grouped(w, xb, row_offsets, block_offsets, src_rows, num_entries, expert_out);
   }
 
-  Tensor shared;
-  if (w.has_shared) {
-    DS_CHECK(w.shared_gate_up.weight.dim(1) == k_p);
-    shared = alloc_->cached({num_tokens, hidden}, DType::kF32);
-    gated_mlp_bf16(xb, num_tokens, w.shared_gate_up, w.shared_down, shared.as<float>(), hidden);
-  }
+  if (forked) forked->join();
+  else if (w.has_shared) gated_mlp_bf16(xb, num_tokens, w.shared_gate_up, w.shared_down, shared.as<float>(), hidden);
   launch_moe_combine(expert_out.data, expert_out.dtype == DType::kBF16, expert_out.dim(1), slot_rows,
                      d_weights.as<float>(), shared.empty() ? nullptr : shared.as<float>(), num_tokens, top_k, hidden,
                      out.as<float>(), stream_);

@@ -22,6 +22,7 @@ size_t round_size(size_t bytes) {
 }  // namespace
 
 DeviceAllocator::~DeviceAllocator() {
+  hold_reuse(false);
   release_cached();
   for (void* p : graph_blocks_) cudaFree(p);
 }
@@ -98,8 +99,23 @@ Tensor DeviceAllocator::persistent_bytes(size_t num_bytes) {
 
 void DeviceAllocator::give_back(int pool, void* p, size_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (holding_) {
+    held_.push_back({pool, p, bytes});
+    return;
+  }
   idle_[pool].emplace(bytes, p);
   if (pool == kEagerPool) idle_bytes_ += bytes;
+}
+
+void DeviceAllocator::hold_reuse(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  holding_ = on;
+  if (on) return;
+  for (const HeldBlock& b : held_) {
+    idle_[b.pool].emplace(b.bytes, b.p);
+    if (b.pool == kEagerPool) idle_bytes_ += b.bytes;
+  }
+  held_.clear();
 }
 
 size_t DeviceAllocator::cached_bytes() const {

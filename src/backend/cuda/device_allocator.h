@@ -1,8 +1,10 @@
 // Device memory for the CUDA backend: a caching allocator for per-step activations and plain
 // cudaMalloc for long-lived weights. Never managed memory.
 //
-// The backend issues all its work on one stream, so a block handed back while kernels that use
-// it are still queued can be handed out again at once: the next user's kernels run after them.
+// The backend issues its work on one stream, so a block handed back while kernels that use it
+// are still queued can be handed out again at once: the next user's kernels run after them.
+// Where work forks onto a second stream for a while, blocks handed back meanwhile are held until
+// the streams join (hold_reuse).
 #pragma once
 
 #include <cstddef>
@@ -37,6 +39,11 @@ class DeviceAllocator : public std::enable_shared_from_this<DeviceAllocator> {
   // the graph pool's blocks may be shared between graphs.
   void set_graph_pool(bool on);
 
+  // While work runs on two streams, a block handed back by one may still be in use by the
+  // other's queued kernels: between hold_reuse(true) and hold_reuse(false) blocks handed back
+  // stay out of the cache, and they return to it when the hold ends (after the streams join).
+  void hold_reuse(bool on);
+
  private:
   static constexpr int kEagerPool = 0;
   static constexpr int kGraphPool = 1;
@@ -48,6 +55,13 @@ class DeviceAllocator : public std::enable_shared_from_this<DeviceAllocator> {
   std::multimap<size_t, void*> idle_[2];  // per pool: rounded size → block
   size_t idle_bytes_ = 0;                 // eager pool
   std::vector<void*> graph_blocks_;       // every block ever given to the graph pool
+  struct HeldBlock {
+    int pool;
+    void* p;
+    size_t bytes;
+  };
+  bool holding_ = false;
+  std::vector<HeldBlock> held_;  // handed back while holding_
 };
 
 }  // namespace dsinfer::cuda

@@ -2,6 +2,7 @@
 // chosen with the same weights, and the combined output within bf16 tolerance.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 
 #include "core/dtype.h"
@@ -115,6 +116,33 @@ TEST_F(CudaMoeTest, GreedySoftmaxV2Style) {
   const GateSpec g{64, 6, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, false, 1.0f, true};
   run_case(g, 1, 1);
   run_case(g, 37, 2);
+}
+
+TEST_F(CudaMoeTest, SharedExpertsBesideTheRoutingGiveTheSameBits) {
+  // Small steps run the shared experts on a second stream beside the routing; the same kernels
+  // in the same order per stream, so the result has the same bits as with the shared experts
+  // after the routed ones (DSINFER_MOE_SIDE_STREAM=0). Steps that take both paths: 1 and 32
+  // tokens beside, 33 after (cuBLASLt's shared product).
+  setenv("DSINFER_MOE_SIDE_STREAM", "0", 1);
+  auto after = make_backend("cuda");
+  unsetenv("DSINFER_MOE_SIDE_STREAM");
+  const GateSpec g{16, 4, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, true, 1.0f, true};
+  const int64_t hidden = 256, inter = 96;
+  for (int64_t num_tokens : {1, 32, 33}) {
+    const auto x = random_values(num_tokens * hidden, 40 + static_cast<uint32_t>(num_tokens));
+    Backend* bes[2] = {gpu_.get(), after.get()};
+    std::vector<float> out[2];
+    for (int b = 0; b < 2; ++b) {
+      MoeWeights w = build(*bes[b], g, hidden, inter, 41);
+      Tensor tx = upload(*bes[b], {num_tokens, hidden}, x), tout = bes[b]->empty({num_tokens, hidden}, DType::kF32);
+      // Twice on the same backend: blocks held while the streams run side by side go back to
+      // the cache, and the second step's buffers come from it.
+      for (int rep = 0; rep < 2; ++rep) bes[b]->moe(tx, w, tout, nullptr);
+      out[b] = download(*bes[b], tout);
+    }
+    EXPECT_EQ(out[0], out[1]) << num_tokens << " tokens";
+    EXPECT_GT(*std::max_element(out[0].begin(), out[0].end()), 0.0f);
+  }
 }
 
 TEST_F(CudaMoeTest, PaddedShapesAndManyRowsPerExpert) {

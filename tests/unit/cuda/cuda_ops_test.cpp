@@ -119,15 +119,15 @@ TEST_F(CudaOpsTest, LinearBf16MatchesCpuAtSeveralShapes) {
 }
 
 TEST_F(CudaOpsTest, LinearRowCountsSharingAPlanMatchCpu) {
-  // Above 128 rows cuBLASLt's plans are chosen per row count rounded up to 128, and one plan
+  // Above 128 rows cuBLASLt's plans are chosen per row count rounded up to 32, and one plan
   // serves every count it covers with its layouts reset to each call's rows. Counts that share
-  // a plan, in an order that shrinks and grows it: a plan left at a smaller count would leave
-  // the later rows unwritten, one left at a larger count would write past the output.
+  // a plan (289-320), in an order that shrinks and grows it: a plan left at a smaller count would
+  // leave the later rows unwritten, one left at a larger count would write past the output.
   const int64_t n = 640, k = 256;
   const auto w = random_values(n * k, 31, 1.0f / std::sqrt(static_cast<float>(k)));
   LinearWeight lw_cpu = cpu_->make_linear(HostTensor{DType::kF32, {n, k}, w.data()});
   LinearWeight lw_gpu = gpu_->make_linear(HostTensor{DType::kF32, {n, k}, w.data()});
-  for (int64_t m : {257, 300, 129, 384, 257, 300}) {
+  for (int64_t m : {300, 289, 320, 129, 289, 319}) {
     const auto x = random_values(m * k, 32 + static_cast<uint32_t>(m));
     Tensor cx = upload(*cpu_, {m, k}, x), cy = cpu_->empty({m, n}, DType::kF32);
     cpu_->linear(cx, lw_cpu, cy);
