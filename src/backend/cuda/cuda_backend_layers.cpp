@@ -24,9 +24,7 @@ constexpr int64_t kHostPlannedRowsPerExpert = 32;
 constexpr int64_t kExpertBlockRowsPerExpert = 4;
 // Router logits of up to this many tokens come from the own fp32 kernel, above it from cuBLAS.
 constexpr int64_t kRouterKernelMaxTokens = 128;
-}  // namespace
 
-namespace {
 // Work forked onto a second stream until join(): the side stream starts after everything queued
 // on the main stream so far, and the main stream's work after join() waits for the side's.
 // Blocks the allocator gets back in between are held until the join, since either stream may
