@@ -5,8 +5,8 @@
 // per-head GEMM that reads each weight row once per 16 tokens; (2) one thread block per
 // (split, head, token) walks its slice of the context with four warps; each warp owns every
 // fourth position and keeps an online-softmax state whose latent accumulator is spread over the
-// lanes (lane i holds columns i, i+32, …), so a position costs one coalesced 576-float read and
-// one warp reduction; (3) the splits are merged flash-decoding style into the latent output;
+// lanes (lane i holds columns i, i+32, …), so a position costs one coalesced 576-float read
+// (issued one position ahead) and one warp reduction; (3) the splits are merged flash-decoding style into the latent output;
 // (4) that output is projected through W_UV by the same per-head GEMM. Decode batches use many
 // splits so that 132 SMs have work even for one sequence.
 #include <algorithm>
@@ -138,21 +138,37 @@ __global__ void __launch_bounds__(kThreads) attention_partial_kernel(MlaDims d, 
   const int end = min(begin + split_len, num_ctx);
   const int32_t* table = b.tables + b.table_offsets[b.token_seq[t]];
   float m = -FLT_MAX, l_sum = 0.0f;
-  for (int s = begin + warp; s < end; s += kWarps) {
+  // A warp's positions form a chain (score, then the running softmax), so the next position's
+  // entry is read while the current one is used: each step waits for one memory round trip
+  // less. The sums keep their order.
+  float next_lat[kLoraPerLane], next_rope[kRopePerLane];
+  auto read_entry = [&](int s) {
     const uint8_t* kv = cache_entry(d, cache, static_cast<int64_t>(table[s / bs]) * bs + s % bs);
-    float kv_lat[kLoraPerLane];
-    float part = 0.0f;
 #pragma unroll
     for (int i = 0; i < kLoraPerLane; ++i) {
       const int l = lane + 32 * i;
-      kv_lat[i] = l < lora ? latent_value(d, kv, l) : 0.0f;
-      part += q_lat[i] * kv_lat[i];
+      next_lat[i] = l < lora ? latent_value(d, kv, l) : 0.0f;
     }
 #pragma unroll
     for (int i = 0; i < kRopePerLane; ++i) {
       const int r = lane + 32 * i;
-      if (r < rope) part += q_rope[i] * rope_value(d, kv, r);
+      next_rope[i] = r < rope ? rope_value(d, kv, r) : 0.0f;
     }
+  };
+  if (begin + warp < end) read_entry(begin + warp);
+  for (int s = begin + warp; s < end; s += kWarps) {
+    float kv_lat[kLoraPerLane], kv_rope[kRopePerLane];
+#pragma unroll
+    for (int i = 0; i < kLoraPerLane; ++i) kv_lat[i] = next_lat[i];
+#pragma unroll
+    for (int i = 0; i < kRopePerLane; ++i) kv_rope[i] = next_rope[i];
+    if (s + kWarps < end) read_entry(s + kWarps);
+    float part = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kLoraPerLane; ++i) part += q_lat[i] * kv_lat[i];
+#pragma unroll
+    for (int i = 0; i < kRopePerLane; ++i)
+      if (lane + 32 * i < rope) part += q_rope[i] * kv_rope[i];
     const float score = warp_sum(part) * softmax_scale;
     const float m_new = fmaxf(m, score);
     const float corr = expf(m - m_new);
