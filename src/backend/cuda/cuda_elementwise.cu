@@ -91,30 +91,21 @@ __global__ void __launch_bounds__(kThreads) rms_norm_registers_kernel(float* x, 
 }
 
 // The same norms for any row width, in loops over the row (widths not a multiple of 4 or wider
-// than the register form holds).
-__global__ void rms_norm_kernel(const float* x, const float* w, float eps, int64_t n, float* out) {
-  await_previous_kernels();
-  __shared__ float warp_sums[32];
-  const float* row = x + blockIdx.x * n;
-  float* dst = out + blockIdx.x * n;
-  float sum = 0.0f;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += row[i] * row[i];
-  const float inv = rsqrtf(block_sum(sum, warp_sums) / static_cast<float>(n) + eps);
-  // x and out may alias: every thread reads its own elements before writing them.
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = row[i] * inv * w[i];
-}
-
-// x += y, then the norm of the new row; each thread re-reads only the elements it wrote.
-__global__ void add_rms_norm_kernel(float* x, const float* y, const float* w, float eps, int64_t n, float* out) {
+// than the register form holds). Each thread re-reads only the elements it wrote, and x and out
+// may alias: every thread reads its own elements before writing them.
+template <bool kAddFirst>
+__global__ void rms_norm_loop_kernel(float* x, const float* y, const float* w, float eps, int64_t n, float* out) {
   await_previous_kernels();
   __shared__ float warp_sums[32];
   float* row = x + blockIdx.x * n;
-  const float* add_row = y + blockIdx.x * n;
   float* dst = out + blockIdx.x * n;
   float sum = 0.0f;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const float v = row[i] + add_row[i];
-    row[i] = v;
+    float v = row[i];
+    if constexpr (kAddFirst) {
+      v += y[blockIdx.x * n + i];
+      row[i] = v;
+    }
     sum += v * v;
   }
   const float inv = rsqrtf(block_sum(sum, warp_sums) / static_cast<float>(n) + eps);
@@ -313,7 +304,8 @@ void launch_rms_norm(const float* x, const float* w, float eps, int64_t rows, in
     launch_kernel(rms_norm_registers_kernel<false>, static_cast<unsigned>(rows), kThreads, 0, stream,
                   const_cast<float*>(x), nullptr, w, eps, static_cast<int>(n), out);
   else
-    launch_kernel(rms_norm_kernel, static_cast<unsigned>(rows), kThreads, 0, stream, x, w, eps, n, out);
+    launch_kernel(rms_norm_loop_kernel<false>, static_cast<unsigned>(rows), kThreads, 0, stream, const_cast<float*>(x),
+                  nullptr, w, eps, n, out);
   DS_CUDA_CHECK_LAUNCH();
 }
 
@@ -324,7 +316,7 @@ void launch_add_rms_norm(float* x, const float* y, const float* w, float eps, in
     launch_kernel(rms_norm_registers_kernel<true>, static_cast<unsigned>(rows), kThreads, 0, stream, x, y, w, eps,
                   static_cast<int>(n), out);
   else
-    launch_kernel(add_rms_norm_kernel, static_cast<unsigned>(rows), kThreads, 0, stream, x, y, w, eps, n, out);
+    launch_kernel(rms_norm_loop_kernel<true>, static_cast<unsigned>(rows), kThreads, 0, stream, x, y, w, eps, n, out);
   DS_CUDA_CHECK_LAUNCH();
 }
 

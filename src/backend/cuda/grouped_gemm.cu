@@ -95,16 +95,16 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedGemmArgs 
   // requested before this kernel waits for the ones before it: with overlapped launches they
   // stream while those kernels finish (at batch 1 a projection is little more than its weight
   // read). Everything else (x, row lists, partials, counters) is touched after the wait.
-  const GemmWeight dense_w = a.dense;
-  const int dense_n0 = blockIdx.x * kGemmTileRows;
-  const int dense_chunks = dense_w.k_padded / kGemmChunkK;
-  const int dense_begin = dense_chunks * split / a.k_splits, dense_end = dense_chunks * (split + 1) / a.k_splits;
-  auto chunks_of_warp = [&](int begin, int end) {
-    const int n = end - begin;
+  const int n0 = blockIdx.x * kGemmTileRows;
+  // The first k chunk of split s of w's k range, and how many chunks of this block's split this
+  // warp takes (chunks begin + warp, begin + warp + kWarps, ...).
+  auto split_chunk = [&](const GemmWeight& w, int s) { return w.k_padded / kGemmChunkK * s / a.k_splits; };
+  auto chunks_of_warp = [&](const GemmWeight& w) {
+    const int n = split_chunk(w, split + 1) - split_chunk(w, split);
     return n > warp ? (n - warp + kWarps - 1) / kWarps : 0;
   };
-  // The weight tile of this warp's i-th chunk (chunks begin, begin + kWarps, ...).
-  auto issue_weight = [&](const GemmWeight& w, int n0, int chunk_begin, int i) {
+  // The weight tile of this warp's i-th chunk.
+  auto issue_weight = [&](const GemmWeight& w, int chunk_begin, int i) {
     unsigned char* stage = warp_smem + (i % kStages) * L::kStageBytes;
     const int k0 = (chunk_begin + warp + i * kWarps) * kGemmChunkK;
     if constexpr (kFp8) {
@@ -126,10 +126,10 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedGemmArgs 
     }
   };
   const bool prefetch = a.groups == nullptr && static_cast<int>(blockIdx.y) * kGemmRowsPerBlock < a.dense_rows &&
-                        dense_n0 < dense_w.n_padded;
+                        n0 < a.dense.n_padded;
   if (prefetch) {
-    const int n = min(kStages - 1, chunks_of_warp(dense_begin, dense_end));
-    for (int i = 0; i < n; ++i) issue_weight(dense_w, dense_n0, dense_begin, i);
+    const int n = min(kStages - 1, chunks_of_warp(a.dense));
+    for (int i = 0; i < n; ++i) issue_weight(a.dense, split_chunk(a.dense, split), i);
   }
   await_previous_kernels();
 
@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedGemmArgs 
   GemmWeight w;
   int row_begin = 0, row_end = 0;
   if (a.groups == nullptr) {
-    w = dense_w;
+    w = a.dense;
     row_begin = blockIdx.y * kGemmRowsPerBlock;
     if (row_begin >= a.dense_rows) return;
     row_end = min(row_begin + kGemmRowsPerBlock, a.dense_rows);
@@ -149,13 +149,11 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedGemmArgs 
     row_begin = a.row_offsets[group] + (block - a.block_offsets[group]) * kGemmRowsPerBlock;
     row_end = min(row_begin + kGemmRowsPerBlock, a.row_offsets[group + 1]);
   }
-  const int n0 = blockIdx.x * kGemmTileRows;
   if (n0 >= w.n_padded) return;
 
   const int k_padded = w.k_padded;
-  const int num_chunks = k_padded / kGemmChunkK;
-  const int chunk_begin = num_chunks * split / a.k_splits, chunk_end = num_chunks * (split + 1) / a.k_splits;
-  const int my_chunks = chunks_of_warp(chunk_begin, chunk_end);
+  const int chunk_begin = split_chunk(w, split);
+  const int my_chunks = chunks_of_warp(w);
   __nv_bfloat16* widened = reinterpret_cast<__nv_bfloat16*>(warp_smem + kStages * L::kStageBytes);
   const int scale_cols = (k_padded + kScaleCols - 1) / kScaleCols;
 
@@ -183,11 +181,11 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedGemmArgs 
       }
     };
     auto issue = [&](int i) {
-      issue_weight(w, n0, chunk_begin, i);
+      issue_weight(w, chunk_begin, i);
       issue_x(i);
     };
 
-    wmma::fragment<wmma::accumulator, 32, 8, 16, float> acc[kFrags];
+    WeightRowsAccumulators<kFrags> acc;
 #pragma unroll
     for (int f = 0; f < kFrags; ++f) wmma::fill_fragment(acc[f], 0.0f);
 
@@ -233,16 +231,7 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedGemmArgs 
       }
       const __nv_bfloat16* x_tile = reinterpret_cast<const __nv_bfloat16*>(stage + L::kWeightStageBytes);
 #pragma unroll
-      for (int kk = 0; kk < kGemmChunkK; kk += 16) {
-        wmma::fragment<wmma::matrix_a, 32, 8, 16, __nv_bfloat16, wmma::row_major> fa;
-        wmma::load_matrix_sync(fa, w_tile + kk, kLd);
-#pragma unroll
-        for (int f = 0; f < kFrags; ++f) {
-          wmma::fragment<wmma::matrix_b, 32, 8, 16, __nv_bfloat16, wmma::col_major> fb;
-          wmma::load_matrix_sync(fb, x_tile + f * 8 * kLd + kk, kLd);
-          wmma::mma_sync(acc[f], fa, fb, acc[f]);
-        }
-      }
+      for (int kk = 0; kk < kGemmChunkK; kk += 16) mma_k16_step<kFrags>(acc, w_tile + kk, x_tile + kk, kLd);
       __syncwarp();  // the stage is refilled next iteration
     }
 

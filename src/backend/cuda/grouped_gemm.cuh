@@ -1,6 +1,9 @@
 // Device helpers of the grouped GEMM's two kernels (grouped_gemm.cu, grouped_gemm_experts.cu).
 #pragma once
 
+#include <cuda_bf16.h>
+#include <mma.h>
+
 #include "backend/cuda/grouped_gemm.h"
 
 namespace dsinfer::cuda {
@@ -16,6 +19,26 @@ __device__ __forceinline__ int group_of_block(const GroupedGemmArgs& a, int bloc
     else hi = mid - 1;
   }
   return lo;
+}
+
+// A warp's accumulators for its 32 weight rows against kFrags groups of 8 x rows.
+template <int kFrags>
+using WeightRowsAccumulators = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 32, 8, 16, float>[kFrags];
+
+// One 16-column k step: acc[f] += W · X_fᵀ, with the warp's 32 weight rows at w_tile and the
+// x rows at x_tile (group f from row 8 f), both bf16 in shared memory with row stride ld.
+template <int kFrags>
+__device__ __forceinline__ void mma_k16_step(WeightRowsAccumulators<kFrags>& acc, const __nv_bfloat16* w_tile,
+                                             const __nv_bfloat16* x_tile, int ld) {
+  using namespace nvcuda;
+  wmma::fragment<wmma::matrix_a, 32, 8, 16, __nv_bfloat16, wmma::row_major> fa;
+  wmma::load_matrix_sync(fa, w_tile, ld);
+#pragma unroll
+  for (int f = 0; f < kFrags; ++f) {
+    wmma::fragment<wmma::matrix_b, 32, 8, 16, __nv_bfloat16, wmma::col_major> fb;
+    wmma::load_matrix_sync(fb, x_tile + f * 8 * ld, ld);
+    wmma::mma_sync(acc[f], fa, fb, acc[f]);
+  }
 }
 
 }  // namespace dsinfer::cuda

@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_kernel(GroupedGemmArg
       }
     };
 
-    wmma::fragment<wmma::accumulator, 32, 8, 16, float> acc[kFrags];
+    WeightRowsAccumulators<kFrags> acc;
 #pragma unroll
     for (int f = 0; f < kFrags; ++f) wmma::fill_fragment(acc[f], 0.0f);
 
@@ -133,14 +133,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_kernel(GroupedGemmArg
 #pragma unroll
       for (int kk = 0; kk < kStageK; kk += 16) {
         if (kk >= num_k) break;
-        wmma::fragment<wmma::matrix_a, 32, 8, 16, __nv_bfloat16, wmma::row_major> fa;
-        wmma::load_matrix_sync(fa, w_tile + kk, kLd);
-#pragma unroll
-        for (int f = 0; f < kFrags; ++f) {
-          wmma::fragment<wmma::matrix_b, 32, 8, 16, __nv_bfloat16, wmma::col_major> fb;
-          wmma::load_matrix_sync(fb, x_tile + f * 8 * kLd + kk, kLd);
-          wmma::mma_sync(acc[f], fa, fb, acc[f]);
-        }
+        mma_k16_step<kFrags>(acc, w_tile + kk, x_tile + kk, kLd);
       }
     }
 
