@@ -156,7 +156,13 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedGemmArgs 
   const int my_chunks = chunks_of_warp(w);
   __nv_bfloat16* widened = reinterpret_cast<__nv_bfloat16*>(warp_smem + kStages * L::kStageBytes);
   const int scale_cols = (k_padded + kScaleCols - 1) / kScaleCols;
-
+  // e4m3 chunks are widened exactly and their block scales multiply each chunk's sums in fp32:
+  // scaling before the widening would round every weight to bf16, 2^-9 of its value, and move
+  // the product off the checkpoint's weights. The scale depends on the 16-row group of a
+  // weight row. A 32x8 accumulator fragment is two 16x8 tiles on this architecture: elements
+  // 0..3 of a lane hold rows 0..15, elements 4..7 rows 16..31 (the FP8 gate/up tests, whose
+  // gate and up rows have different scales, fail if it is not so).
+  constexpr int kFirstSecondGroupElement = 4;
   for (int pass_begin = row_begin; pass_begin < row_end; pass_begin += kRows) {
     const int pass_rows = min(kRows, row_end - pass_begin);
     // The x rows this lane copies: rows lane / 4 + 8 f, 16 bytes at (lane % 4) * 8 elements.
@@ -204,10 +210,10 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedGemmArgs 
       cp_async_wait<kStages - 1>();
       __syncwarp();
       const unsigned char* stage = warp_smem + (i % kStages) * L::kStageBytes;
-      const __nv_bfloat16* w_tile = reinterpret_cast<const __nv_bfloat16*>(stage);
+      const __nv_bfloat16* x_tile = reinterpret_cast<const __nv_bfloat16*>(stage + L::kWeightStageBytes);
       if constexpr (kFp8) {
         // The 32x32-byte chunk as 256 words, lane-consecutive (no bank conflicts): word q is
-        // row q / 8, bytes (q % 8) * 4 .. +3, widened with its row group's block scale.
+        // row q / 8, bytes (q % 8) * 4 .. +3.
         const int k0 = (chunk_begin + warp + i * kWarps) * kGemmChunkK;
         const float scale_lo = w.scales[(n0 / 16) * scale_cols + k0 / kScaleCols];
         const float scale_hi = w.scales[(n0 / 16 + 1) * scale_cols + k0 / kScaleCols];
@@ -216,22 +222,32 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedGemmArgs 
         for (int j = 0; j < 8; ++j) {
           const int q = lane + 32 * j, row = q / 8, col = (q % 8) * 4;
           const uint32_t packed = words[q];
-          const float scale = row < 16 ? scale_lo : scale_hi;
           const auto pair_lo = static_cast<__nv_fp8x2_storage_t>(packed & 0xffffu);
           const auto pair_hi = static_cast<__nv_fp8x2_storage_t>(packed >> 16);
           const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(pair_lo, __NV_E4M3);
           const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(pair_hi, __NV_E4M3);
           const float2 a = __half22float2(__half2(lo)), b = __half22float2(__half2(hi));
           __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(widened + row * kLd + col);
-          dst[0] = __floats2bfloat162_rn(a.x * scale, a.y * scale);
-          dst[1] = __floats2bfloat162_rn(b.x * scale, b.y * scale);
+          dst[0] = __floats2bfloat162_rn(a.x, a.y);  // exact: e4m3 values are bf16 values
+          dst[1] = __floats2bfloat162_rn(b.x, b.y);
         }
         __syncwarp();
-        w_tile = widened;
-      }
-      const __nv_bfloat16* x_tile = reinterpret_cast<const __nv_bfloat16*>(stage + L::kWeightStageBytes);
+        // The chunk lies in one 128-column scale block: its sums, scaled per 16-row group.
+        WeightRowsAccumulators<kFrags> chunk;
 #pragma unroll
-      for (int kk = 0; kk < kGemmChunkK; kk += 16) mma_k16_step<kFrags>(acc, w_tile + kk, x_tile + kk, kLd);
+        for (int f = 0; f < kFrags; ++f) wmma::fill_fragment(chunk[f], 0.0f);
+#pragma unroll
+        for (int kk = 0; kk < kGemmChunkK; kk += 16) mma_k16_step<kFrags>(chunk, widened + kk, x_tile + kk, kLd);
+#pragma unroll
+        for (int f = 0; f < kFrags; ++f)
+#pragma unroll
+          for (int e = 0; e < acc[f].num_elements; ++e)
+            acc[f].x[e] += chunk[f].x[e] * (e < kFirstSecondGroupElement ? scale_lo : scale_hi);
+      } else {
+        const __nv_bfloat16* w_tile = reinterpret_cast<const __nv_bfloat16*>(stage);
+#pragma unroll
+        for (int kk = 0; kk < kGemmChunkK; kk += 16) mma_k16_step<kFrags>(acc, w_tile + kk, x_tile + kk, kLd);
+      }
       __syncwarp();  // the stage is refilled next iteration
     }
 

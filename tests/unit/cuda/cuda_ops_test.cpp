@@ -167,8 +167,38 @@ TEST_F(CudaOpsTest, LinearFp8BlockScaledMatchesDequantisedCpu) {
       bes[i]->linear(tx, lw, ty);
       y[i] = download(*bes[i], ty);
     }
-    // The weight times its scale is rounded to bf16 on the GPU, and so are the activations.
+    // The activations are rounded to bf16 on the GPU.
     EXPECT_LT(relative_error(y[1], y[0]), 2e-2) << s.m << "x" << s.n << "x" << s.k;
+  }
+}
+
+TEST_F(CudaOpsTest, LinearFp8ComputesWithTheCheckpointsWeightsExactly) {
+  // With bf16-exact activations the only difference from the CPU's fp32 product of the
+  // dequantised weight is the order of fp32 sums: the e4m3 weights and their block scales reach
+  // the sums unrounded. Scales per 16 rows and 128 columns, all different, so that both row
+  // groups of each 32-row tile and every k block carry their own; rows 1 / 9 / 32 take the
+  // kernel's three tile heights.
+  constexpr int64_t n = 96, k = 384, block_rows = 16;
+  const int64_t rb = n / block_rows, cb = k / 128;
+  std::vector<float> scales(rb * cb);
+  for (size_t i = 0; i < scales.size(); ++i) scales[i] = 1e-3f * (1.0f + static_cast<float>((7 * i) % 23));
+  const auto w_real = random_values(n * k, 41, 100.0f);
+  std::vector<uint8_t> w_fp8(n * k);
+  for (int64_t i = 0; i < n * k; ++i) w_fp8[i] = f32_to_fp8e4m3(w_real[i]);
+  const HostTensor h{DType::kF8E4M3, {n, k}, w_fp8.data(), scales.data(), block_rows, 128};
+  for (int64_t m : {1, 9, 32}) {
+    auto x = random_values(m * k, 42);
+    for (float& v : x) v = bf16_to_f32(f32_to_bf16(v));
+    std::vector<float> y[2];
+    Backend* bes[2] = {cpu_.get(), gpu_.get()};
+    for (int i = 0; i < 2; ++i) {
+      LinearWeight lw = bes[i]->make_linear(h);
+      Tensor tx = upload(*bes[i], {m, k}, x), ty = bes[i]->empty({m, n}, DType::kF32);
+      bes[i]->linear(tx, lw, ty);
+      y[i] = download(*bes[i], ty);
+    }
+    // Weights rounded to bf16 after their scale would be about 1e-3 off.
+    EXPECT_LT(relative_error(y[1], y[0]), 2e-5) << m << " rows";
   }
 }
 
