@@ -85,8 +85,6 @@ CudaBackend::CudaBackend() {
   DS_CUDA_CHECK(cudaEventCreateWithFlags(&step_->copied, cudaEventDisableTiming));
   tile_counters_ = alloc_->persistent({kGemmMaxTileCounters}, DType::kI32);
   DS_CUDA_CHECK(cudaMemsetAsync(tile_counters_.data, 0, tile_counters_.num_bytes(), stream_));
-  route_counters_ = alloc_->persistent({kMoeSmallStepMaxTokens + 1}, DType::kI32);
-  DS_CUDA_CHECK(cudaMemsetAsync(route_counters_.data, 0, route_counters_.num_bytes(), stream_));
   batch_invariant_ = env_is("DSINFER_BATCH_INVARIANT", "1");
   graphs_enabled_ = !env_is("DSINFER_CUDA_GRAPHS", "0");
   fused_prefill_attention_ = !env_is("DSINFER_MLA_FLASH", "0");

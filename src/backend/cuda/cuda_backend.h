@@ -167,7 +167,6 @@ class CudaBackend final : public Backend {
   int own_gemm_max_rows_fp8_ = 128;
   const ForwardBatch* step_batch_ = nullptr;
   Tensor tile_counters_;  // [kGemmMaxTileCounters] split-K arrival counts, zero between GEMMs
-  Tensor route_counters_;  // [kMoeSmallStepMaxTokens + 1] arrival counts of the one-launch routing, zero between
   std::shared_ptr<DeviceAllocator> alloc_;
   std::unique_ptr<LtMatmul> matmul_;
   // cuBLASLt's copy of the scales of each e4m3 weight (keyed by the weight's device data): per

@@ -146,34 +146,25 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
   Tensor d_weights = alloc_->cached({num_entries}, DType::kF32);
   const float* bias = w.score_correction_bias.empty() ? nullptr : w.score_correction_bias.as<float>();
   Tensor logits = alloc_->cached({num_tokens, num_experts}, DType::kF32);
+  if (!batch_invariant_ && num_tokens > kRouterKernelMaxTokens)
+    matmul_->f32(w.gate.as<float>(), x.as<float>(), logits.as<float>(), num_tokens, num_experts, hidden);
+  else
+    launch_router_logits(x.as<float>(), w.gate.as<float>(), num_tokens, static_cast<int>(hidden), num_experts,
+                         logits.as<float>(), stream_);
+  launch_moe_route(logits.as<float>(), num_tokens, params, bias, d_ids.as<int32_t>(), d_weights.as<float>(), stream_);
+
   // plan = [row_offsets E+1 | block_offsets E+1 | src_rows | slot_rows]
   Tensor plan = alloc_->cached({2 * (num_experts + 1) + 2 * num_entries}, DType::kI32);
   int32_t* row_offsets = plan.as<int32_t>();
   int32_t* block_offsets = row_offsets + num_experts + 1;
   int32_t* src_rows = block_offsets + num_experts + 1;
   int32_t* slot_rows = src_rows + num_entries;
-  Tensor plan_workspace;  // held to the end of the layer, like every buffer of its kernels
-  if (num_tokens <= kMoeSmallStepMaxTokens) {
-    // The chain in front of the routed experts as one launch: at batch 1 it is most of the
-    // time the shared experts have to hide.
-    launch_moe_route_small_step(x.as<float>(), w.gate.as<float>(), num_tokens, static_cast<int>(hidden), params,
-                                bias, kGemmRowsPerBlock, logits.as<float>(), d_ids.as<int32_t>(),
-                                d_weights.as<float>(), row_offsets, block_offsets, src_rows, slot_rows,
-                                route_counters_.as<int>(), stream_);
-  } else {
-    if (!batch_invariant_ && num_tokens > kRouterKernelMaxTokens)
-      matmul_->f32(w.gate.as<float>(), x.as<float>(), logits.as<float>(), num_tokens, num_experts, hidden);
-    else
-      launch_router_logits(x.as<float>(), w.gate.as<float>(), num_tokens, static_cast<int>(hidden), num_experts,
-                           logits.as<float>(), stream_);
-    launch_moe_route(logits.as<float>(), num_tokens, params, bias, d_ids.as<int32_t>(), d_weights.as<float>(),
-                     stream_);
-    const int64_t plan_workspace_ints = moe_plan_workspace_ints(static_cast<int>(num_entries), num_experts);
-    if (plan_workspace_ints > 0) plan_workspace = alloc_->cached({plan_workspace_ints}, DType::kI32);
-    launch_moe_plan(d_ids.as<int32_t>(), static_cast<int>(num_entries), top_k, num_experts, kGemmRowsPerBlock,
-                    row_offsets, block_offsets, src_rows, slot_rows,
-                    plan_workspace_ints > 0 ? plan_workspace.as<int32_t>() : nullptr, stream_);
-  }
+  const int64_t plan_workspace_ints = moe_plan_workspace_ints(static_cast<int>(num_entries), num_experts);
+  Tensor plan_workspace;
+  if (plan_workspace_ints > 0) plan_workspace = alloc_->cached({plan_workspace_ints}, DType::kI32);
+  launch_moe_plan(d_ids.as<int32_t>(), static_cast<int>(num_entries), top_k, num_experts, kGemmRowsPerBlock,
+                  row_offsets, block_offsets, src_rows, slot_rows,
+                  plan_workspace_ints > 0 ? plan_workspace.as<int32_t>() : nullptr, stream_);
 
   Tensor expert_out;
   if (host_planned) {

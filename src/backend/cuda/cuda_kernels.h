@@ -180,15 +180,6 @@ void launch_moe_route(const float* logits, int64_t num_tokens, const MoeRoutePar
 // Router logits in fp32: logits [T, E] = x [T, hidden] · gate [E, hidden]ᵀ, batch-invariant.
 void launch_router_logits(const float* x, const float* gate, int64_t num_tokens, int hidden, int num_experts,
                           float* logits, Stream stream);
-// Steps of up to this many tokens may route and plan in one launch.
-constexpr int kMoeSmallStepMaxTokens = 64;
-// A small step's router logits, routing and plan in one launch: what launch_router_logits,
-// launch_moe_route and launch_moe_plan give, for 1 <= T <= kMoeSmallStepMaxTokens. counters
-// [kMoeSmallStepMaxTokens + 1] int32 are zero before and after.
-void launch_moe_route_small_step(const float* x, const float* gate, int64_t num_tokens, int hidden,
-                                 const MoeRouteParams& p, const float* bias, int rows_per_block, float* logits,
-                                 int32_t* expert_ids, float* weights, int32_t* row_offsets, int32_t* block_offsets,
-                                 int32_t* src_rows, int32_t* slot_rows, int* counters, Stream stream);
 // Groups the T * top_k routed entries by expert: row_offsets / block_offsets [E + 1] (block =
 // rows_per_block rows), src_rows [T * top_k] (source token of each grouped row), slot_rows
 // [T * top_k] (grouped row of each entry). Many entries (prefill) spread over several blocks,

@@ -19,6 +19,7 @@ constexpr int kMaxTopK = 32;
 // One warp per token: routing is a handful of short reductions over at most a few hundred
 // scores, and a prefill step routes tens of thousands of tokens.
 constexpr int kRouteThreads = 32;
+constexpr int kRouteWarps = kRouteThreads / 32;
 
 struct Best {
   float v;
@@ -31,60 +32,67 @@ __device__ __forceinline__ Best better(Best a, Best b) {
   return (b.v > a.v || (b.v == a.v && b.i < a.i)) ? b : a;
 }
 
-// A token is routed by one warp (the first warp of its block), so the routing helpers
-// synchronise the warp only; lane is the thread's lane.
-static_assert(kRouteThreads == 32, "routing is warp-wide");
-
-// The warp's best of the entries not yet taken (every lane calls; all get the result).
-__device__ Best warp_best(const float* v, const bool* taken, int n, int lane) {
+// Block-wide best of the entries not yet taken (every thread calls; all get the result).
+__device__ Best block_best(const float* v, const bool* taken, int n, Best* s_warp) {
   Best best{0.0f, -1};
-  for (int e = lane; e < n; e += 32)
+  for (int e = threadIdx.x; e < n; e += kRouteThreads)
     if (!taken[e]) best = better(best, Best{v[e], e});
   for (int off = 16; off > 0; off >>= 1) {
     Best other{__shfl_xor_sync(0xffffffffu, best.v, off), __shfl_xor_sync(0xffffffffu, best.i, off)};
     best = better(best, other);
   }
-  return best;
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) s_warp[threadIdx.x / 32] = best;
+  __syncthreads();
+  Best all = s_warp[0];
+  for (int w = 1; w < kRouteWarps; ++w) all = better(all, s_warp[w]);
+  return all;
 }
 
-__device__ float warp_total(float v) {
+__device__ float block_sum(float v, float* s_warp) {
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-  return v;
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) s_warp[threadIdx.x / 32] = v;
+  __syncthreads();
+  float total = 0.0f;
+  for (int w = 0; w < kRouteWarps; ++w) total += s_warp[w];
+  return total;
 }
 
-// Routes token t from its logits lg [E] (any memory this warp may read), with the selection
-// rules of cpu::route_token (the same experts whenever the scores agree). Called by one whole
-// warp; lane is the thread's lane.
-__device__ void route_token(const float* lg, int64_t t, const MoeRouteParams& p, const float* bias, int lane,
-                            int32_t* expert_ids, float* weights) {
+// One block (a warp) per token: scores, optional correction bias, group limit, top-k and weights, with
+// the selection rules of cpu::route_token (the same experts whenever the scores agree).
+__global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logits, MoeRouteParams p,
+                                                              const float* bias, int32_t* expert_ids,
+                                                              float* weights) {
+  await_previous_kernels();
   __shared__ float s_score[kMaxExperts], s_choice[kMaxExperts], s_group[kMaxExperts];
   __shared__ bool s_taken[kMaxExperts], s_group_taken[kMaxExperts], s_kept[kMaxExperts];
+  __shared__ Best s_best[kRouteWarps];
+  __shared__ float s_sum[kRouteWarps];
   __shared__ int s_ids[kMaxTopK];
+  const int64_t t = blockIdx.x;
   const int n = p.num_experts;
-  for (int e = lane; e < n; e += 32) {
-    s_taken[e] = false;
-    s_score[e] = lg[e];
-  }
-  __syncwarp();
+  const float* lg = logits + t * n;
+  for (int e = threadIdx.x; e < n; e += kRouteThreads) s_taken[e] = false;
+  __syncthreads();
   if (!p.sigmoid) {
-    const float max_logit = warp_best(s_score, s_taken, n, lane).v;
-    __syncwarp();
+    const float max_logit = block_best(lg, s_taken, n, s_best).v;
     float part = 0.0f;
-    for (int e = lane; e < n; e += 32) {
-      s_score[e] = expf(s_score[e] - max_logit);
+    for (int e = threadIdx.x; e < n; e += kRouteThreads) {
+      s_score[e] = expf(lg[e] - max_logit);
       part += s_score[e];
     }
-    const float sum = warp_total(part);
-    for (int e = lane; e < n; e += 32) s_score[e] /= sum;
+    const float sum = block_sum(part, s_sum);
+    for (int e = threadIdx.x; e < n; e += kRouteThreads) s_score[e] /= sum;
   } else {
-    for (int e = lane; e < n; e += 32) s_score[e] = 1.0f / (1.0f + expf(-s_score[e]));
+    for (int e = threadIdx.x; e < n; e += kRouteThreads) s_score[e] = 1.0f / (1.0f + expf(-lg[e]));
   }
-  for (int e = lane; e < n; e += 32)
+  for (int e = threadIdx.x; e < n; e += kRouteThreads)
     s_choice[e] = s_score[e] + ((p.topk_method == 2 && bias != nullptr) ? bias[e] : 0.0f);
-  __syncwarp();
+  __syncthreads();
   if (p.topk_method != 0 && p.num_groups > 1) {
     const int per_group = n / p.num_groups;
-    for (int g = lane; g < p.num_groups; g += 32) {
+    for (int g = threadIdx.x; g < p.num_groups; g += kRouteThreads) {
       const float* c = s_choice + g * per_group;
       if (p.topk_method == 2) {  // noaux_tc: the sum of the group's top two
         int i0 = 0;
@@ -106,30 +114,28 @@ __device__ void route_token(const float* lg, int64_t t, const MoeRouteParams& p,
       s_group_taken[g] = false;
       s_kept[g] = false;
     }
-    __syncwarp();
+    __syncthreads();
     for (int i = 0; i < p.topk_groups; ++i) {
-      const Best b = warp_best(s_group, s_group_taken, p.num_groups, lane);
-      __syncwarp();
-      if (lane == 0) {
+      const Best b = block_best(s_group, s_group_taken, p.num_groups, s_best);
+      if (threadIdx.x == 0) {
         s_group_taken[b.i] = true;
         s_kept[b.i] = true;
       }
-      __syncwarp();
+      __syncthreads();
     }
-    for (int e = lane; e < n; e += 32)
+    for (int e = threadIdx.x; e < n; e += kRouteThreads)
       if (!s_kept[e / per_group]) s_choice[e] = -INFINITY;
-    __syncwarp();
+    __syncthreads();
   }
   for (int i = 0; i < p.top_k; ++i) {
-    const Best b = warp_best(s_choice, s_taken, n, lane);
-    __syncwarp();
-    if (lane == 0) {
+    const Best b = block_best(s_choice, s_taken, n, s_best);
+    if (threadIdx.x == 0) {
       s_taken[b.i] = true;
       s_ids[i] = b.i;
     }
-    __syncwarp();
+    __syncthreads();
   }
-  if (lane == 0) {
+  if (threadIdx.x == 0) {
     float w[kMaxTopK];
     float sum = 0.0f;
     for (int i = 0; i < p.top_k; ++i) {
@@ -145,24 +151,21 @@ __device__ void route_token(const float* lg, int64_t t, const MoeRouteParams& p,
   }
 }
 
-// One block (a warp) per token.
-__global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logits, MoeRouteParams p,
-                                                              const float* bias, int32_t* expert_ids,
-                                                              float* weights) {
-  await_previous_kernels();
-  const int64_t t = blockIdx.x;
-  route_token(logits + t * p.num_experts, t, p, bias, threadIdx.x, expert_ids, weights);
-}
-
 // Four experts per block: a decode step of one token still spreads its 64 experts (V2-Lite)
 // over 16 SMs.
 constexpr int kLogitWarps = 4;
 
-// Router logits in fp32: one warp per (token, expert), lanes strided over the hidden size and a
-// fixed shuffle tree, so a logit has the same bits whatever the batch. The loop is unrolled
-// eight deep so that a lane's loads are in flight together (a hidden size of 2,048 is 16
-// float4 per lane). Every lane gets the logit.
-__device__ float router_logit(const float* x, const float* gate, int hidden, int64_t t, int e, int lane) {
+// Router logits in fp32: block (token, kLogitWarps experts), one warp per expert, lanes strided
+// over the hidden size and a fixed shuffle tree, so a logit has the same bits whatever the batch.
+// The loop is unrolled eight deep so that a lane's loads are in flight together (a hidden size
+// of 2,048 is 16 float4 per lane).
+__global__ void __launch_bounds__(kLogitWarps * 32) router_logits_kernel(const float* x, const float* gate,
+                                                                         int hidden, int num_experts, float* logits) {
+  await_previous_kernels();
+  const int64_t t = blockIdx.x;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int e = blockIdx.y * kLogitWarps + warp;
+  if (e >= num_experts) return;
   const float* xr = x + t * hidden;
   const float* g = gate + static_cast<int64_t>(e) * hidden;
   float acc = 0.0f;
@@ -178,18 +181,6 @@ __device__ float router_logit(const float* x, const float* gate, int hidden, int
     for (int i = lane; i < hidden; i += 32) acc += xr[i] * g[i];
   }
   for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-  return acc;
-}
-
-// Block (token, kLogitWarps experts).
-__global__ void __launch_bounds__(kLogitWarps * 32) router_logits_kernel(const float* x, const float* gate,
-                                                                         int hidden, int num_experts, float* logits) {
-  await_previous_kernels();
-  const int64_t t = blockIdx.x;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int e = blockIdx.y * kLogitWarps + warp;
-  if (e >= num_experts) return;
-  const float acc = router_logit(x, gate, hidden, t, e, lane);
   if (lane == 0) logits[t * num_experts + e] = acc;
 }
 
@@ -198,27 +189,18 @@ constexpr int kPlanThreads = 1024;
 // block takes a slice of this many entries, and three kernels count, offset and place.
 constexpr int kPlanEntriesPerBlock = 4096;
 
-// Helpers of the planning kernels, called by every thread of a group of kThreads: the block
-// (kPlanThreads), or one warp (32, the small-step kernel).
-template <int kThreads>
-__device__ __forceinline__ void sync_group() {
-  if constexpr (kThreads == 32) __syncwarp();
-  else __syncthreads();
-}
-
+// Block-wide helpers of the planning kernels (every thread calls them).
 // counts[expert] += the entries in [begin, end) routed to it (counts in shared memory).
-template <int kThreads>
 __device__ void count_entries(const int32_t* expert_ids, int begin, int end, int* counts) {
-  for (int i = begin + threadIdx.x % kThreads; i < end; i += kThreads) atomicAdd(&counts[__ldcg(expert_ids + i)], 1);
-  sync_group<kThreads>();
+  for (int i = begin + threadIdx.x; i < end; i += kPlanThreads) atomicAdd(&counts[expert_ids[i]], 1);
+  __syncthreads();
 }
 
 // The experts' first rows and first GEMM row-blocks from their row counts; starts[e] (shared)
 // gets expert e's first row too.
-template <int kThreads>
 __device__ void expert_offsets(const int* counts, int num_experts, int rows_per_block, int32_t* row_offsets,
                                int32_t* block_offsets, int* starts) {
-  if (threadIdx.x % kThreads == 0) {
+  if (threadIdx.x == 0) {
     int rows = 0, blocks = 0;
     for (int e = 0; e < num_experts; ++e) {
       row_offsets[e] = rows;
@@ -230,32 +212,17 @@ __device__ void expert_offsets(const int* counts, int num_experts, int rows_per_
     row_offsets[num_experts] = rows;
     block_offsets[num_experts] = blocks;
   }
-  sync_group<kThreads>();
+  __syncthreads();
 }
 
 // Each entry of [begin, end) takes the next free row of its expert (fill, shared).
-template <int kThreads>
 __device__ void place_entries(const int32_t* expert_ids, int begin, int end, int top_k, int* fill, int32_t* src_rows,
                               int32_t* slot_rows) {
-  for (int i = begin + threadIdx.x % kThreads; i < end; i += kThreads) {
-    const int row = atomicAdd(&fill[__ldcg(expert_ids + i)], 1);
+  for (int i = begin + threadIdx.x; i < end; i += kPlanThreads) {
+    const int row = atomicAdd(&fill[expert_ids[i]], 1);
     src_rows[row] = i / top_k;
     slot_rows[i] = row;
   }
-}
-
-// Plans entries [0, num_entries) in one group of kThreads (see plan_kernel).
-template <int kThreads>
-__device__ void plan_all_entries(const int32_t* expert_ids, int num_entries, int top_k, int num_experts,
-                                 int rows_per_block, int32_t* row_offsets, int32_t* block_offsets, int32_t* src_rows,
-                                 int32_t* slot_rows) {
-  __shared__ int counts[kMaxExperts];
-  __shared__ int fill[kMaxExperts];
-  for (int e = threadIdx.x % kThreads; e < num_experts; e += kThreads) counts[e] = 0;
-  sync_group<kThreads>();
-  count_entries<kThreads>(expert_ids, 0, num_entries, counts);
-  expert_offsets<kThreads>(counts, num_experts, rows_per_block, row_offsets, block_offsets, fill);
-  place_entries<kThreads>(expert_ids, 0, num_entries, top_k, fill, src_rows, slot_rows);
 }
 
 // Groups the (token, slot) entries by expert in one block: counts, offsets in rows and in GEMM
@@ -266,51 +233,13 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const int32_t* exper
                                                             int32_t* block_offsets, int32_t* src_rows,
                                                             int32_t* slot_rows) {
   await_previous_kernels();
-  plan_all_entries<kPlanThreads>(expert_ids, num_entries, top_k, num_experts, rows_per_block, row_offsets,
-                                 block_offsets, src_rows, slot_rows);
-}
-
-// A small step's router logits, routing and plan in one launch (no kernel boundaries on the
-// chain in front of the routed experts). Block (token, kLogitWarps experts) computes its
-// logits; the last block of a token to finish routes the token with its first warp, and the
-// warp that routes the step's last token plans the step. The counters [num_tokens + 1] are
-// zero before the launch and set back to zero by the warps that read them last, so a
-// recorded step replays. Each expert's rows land in any order, as in plan_kernel.
-__global__ void __launch_bounds__(kLogitWarps * 32)
-    route_small_step_kernel(const float* x, const float* gate, int hidden, MoeRouteParams p, const float* bias,
-                            int num_tokens, int rows_per_block, float* logits, int32_t* expert_ids, float* weights,
-                            int32_t* row_offsets, int32_t* block_offsets, int32_t* src_rows, int32_t* slot_rows,
-                            int* counters) {
-  await_previous_kernels();
-  __shared__ bool s_last;
-  const int64_t t = blockIdx.x;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int e = blockIdx.y * kLogitWarps + warp;
-  const int n = p.num_experts;
-  if (e < n) {
-    const float logit = router_logit(x, gate, hidden, t, e, lane);
-    if (lane == 0) logits[t * n + e] = logit;
-  }
-  __threadfence();  // this block's logits are visible before it is counted
+  __shared__ int counts[kMaxExperts];
+  __shared__ int fill[kMaxExperts];
+  for (int e = threadIdx.x; e < num_experts; e += kPlanThreads) counts[e] = 0;
   __syncthreads();
-  if (threadIdx.x == 0) s_last = atomicAdd(counters + t, 1) == static_cast<int>(gridDim.y) - 1;
-  __syncthreads();
-  if (!s_last || warp != 0) return;
-  __threadfence();
-  __shared__ float s_logits[kMaxExperts];
-  for (int i = lane; i < n; i += 32) s_logits[i] = __ldcg(logits + t * n + i);
-  if (lane == 0) counters[t] = 0;
-  __syncwarp();
-  route_token(s_logits, t, p, bias, lane, expert_ids, weights);
-  __threadfence();  // this token's experts are visible before it is counted
-  __syncwarp();
-  int last_token = 0;
-  if (lane == 0) last_token = atomicAdd(counters + num_tokens, 1) == num_tokens - 1;
-  if (!__shfl_sync(0xffffffffu, last_token, 0)) return;
-  __threadfence();
-  if (lane == 0) counters[num_tokens] = 0;
-  plan_all_entries<32>(expert_ids, num_tokens * p.top_k, p.top_k, n, rows_per_block, row_offsets, block_offsets,
-                       src_rows, slot_rows);
+  count_entries(expert_ids, 0, num_entries, counts);
+  expert_offsets(counts, num_experts, rows_per_block, row_offsets, block_offsets, fill);
+  place_entries(expert_ids, 0, num_entries, top_k, fill, src_rows, slot_rows);
 }
 
 // Many entries, step 1: each block's per-expert counts of its slice, slice_rows [blocks][E].
@@ -321,7 +250,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_count_kernel(const int32_t*
   for (int e = threadIdx.x; e < num_experts; e += kPlanThreads) counts[e] = 0;
   __syncthreads();
   const int begin = blockIdx.x * kPlanEntriesPerBlock, end = min(begin + kPlanEntriesPerBlock, num_entries);
-  count_entries<kPlanThreads>(expert_ids, begin, end, counts);
+  count_entries(expert_ids, begin, end, counts);
   for (int e = threadIdx.x; e < num_experts; e += kPlanThreads) slice_rows[blockIdx.x * num_experts + e] = counts[e];
 }
 
@@ -343,7 +272,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_offsets_kernel(int num_slic
     totals[e] = sum;
   }
   __syncthreads();
-  expert_offsets<kPlanThreads>(totals, num_experts, rows_per_block, row_offsets, block_offsets, starts);
+  expert_offsets(totals, num_experts, rows_per_block, row_offsets, block_offsets, starts);
   for (int e = threadIdx.x; e < num_experts; e += kPlanThreads)
     for (int b = 0; b < num_slices; ++b) slice_rows[b * num_experts + e] += starts[e];
 }
@@ -357,7 +286,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_fill_kernel(const int32_t* 
   for (int e = threadIdx.x; e < num_experts; e += kPlanThreads) fill[e] = slice_rows[blockIdx.x * num_experts + e];
   __syncthreads();
   const int begin = blockIdx.x * kPlanEntriesPerBlock, end = min(begin + kPlanEntriesPerBlock, num_entries);
-  place_entries<kPlanThreads>(expert_ids, begin, end, top_k, fill, src_rows, slot_rows);
+  place_entries(expert_ids, begin, end, top_k, fill, src_rows, slot_rows);
 }
 
 __device__ void load_values(const float* p, float (&v)[1]) { v[0] = *p; }
@@ -420,19 +349,6 @@ void launch_router_logits(const float* x, const float* gate, int64_t num_tokens,
   DS_CHECK(num_tokens <= 0x7fffffff);
   const dim3 grid(static_cast<unsigned>(num_tokens), (num_experts + kLogitWarps - 1) / kLogitWarps);
   launch_kernel(router_logits_kernel, grid, kLogitWarps * 32, 0, stream, x, gate, hidden, num_experts, logits);
-  DS_CUDA_CHECK_LAUNCH();
-}
-
-void launch_moe_route_small_step(const float* x, const float* gate, int64_t num_tokens, int hidden,
-                                 const MoeRouteParams& p, const float* bias, int rows_per_block, float* logits,
-                                 int32_t* expert_ids, float* weights, int32_t* row_offsets, int32_t* block_offsets,
-                                 int32_t* src_rows, int32_t* slot_rows, int* counters, Stream stream) {
-  check_route_params(p);
-  DS_CHECK(num_tokens >= 1 && num_tokens <= kMoeSmallStepMaxTokens);
-  const dim3 grid(static_cast<unsigned>(num_tokens), (p.num_experts + kLogitWarps - 1) / kLogitWarps);
-  launch_kernel(route_small_step_kernel, grid, kLogitWarps * 32, 0, stream, x, gate, hidden, p, bias,
-                static_cast<int>(num_tokens), rows_per_block, logits, expert_ids, weights, row_offsets, block_offsets,
-                src_rows, slot_rows, counters);
   DS_CUDA_CHECK_LAUNCH();
 }
 
