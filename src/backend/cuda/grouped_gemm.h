@@ -93,7 +93,8 @@ int gemm_k_splits(int n_padded, int k_padded);
 constexpr int kGemmMaxTileCounters = 1 << 16;
 
 // max_n_padded: the largest n_padded of any group; max_row_blocks: an upper bound of the number
-// of row-blocks (dense: ceil(dense_rows / 64); grouped: total_rows / 64 + num_groups);
+// of row-blocks (dense: ceil(dense_rows / 64); grouped: min(total_rows, total_rows / 64 +
+// num_groups), since no row-block is empty);
 // rows_hint: typical rows per group, which picks the fragment count (never the result).
 void launch_grouped_gemm(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks, int rows_hint,
                          Stream stream);
