@@ -508,8 +508,7 @@ void launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
                                  softmax_scale, prefill_tiles,
                                  num_prefill_tiles, o_latent, stream);
   } else if (head_tile_blocks > 0) {
-    launch_mla_decode_head_tiles(d, b, q, q_latent, rope_cos, rope_sin, static_cast<const float*>(cache),
-                                 softmax_scale, head_tile_blocks,
+    launch_mla_decode_head_tiles(d, b, q, q_latent, rope_cos, rope_sin, cache, softmax_scale, head_tile_blocks,
                                  work_starts, workspace, o_latent, stream);
   } else {
     // Partial results per (token, head, split) from the fp32 kernel, then merged.

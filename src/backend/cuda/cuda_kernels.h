@@ -127,7 +127,7 @@ bool mla_head_tiles_supported(const MlaDims& d);
 int mla_head_tile_blocks(const MlaDims& d, int num_sms);
 // Workspace: (num_blocks + T) * num_heads * (kv_lora_rank + 2) floats; work_starts: T + 1 ints.
 void launch_mla_decode_head_tiles(const MlaDims& d, const MlaBatchView& b, const float* q, const float* q_latent,
-                                  const float* rope_cos, const float* rope_sin, const float* cache,
+                                  const float* rope_cos, const float* rope_sin, const void* cache,
                                   float softmax_scale, int num_blocks, int32_t* work_starts, float* workspace,
                                   float* o_latent, Stream stream);
 

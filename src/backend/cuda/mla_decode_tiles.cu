@@ -18,12 +18,18 @@
 // leaves its unnormalised output, max and sum in a slot of the workspace, and the combine
 // kernel merges a token's slots into o_lat. A plan kernel turns the step's positions into the
 // work offsets on the device, so a recorded step replays for any lengths.
+//
+// An FP8 cache (latent_cache_format.h) streams its 656-byte entries through the same stages as
+// raw bytes; once a chunk has arrived, the block widens it to fp32 in the chunk's stage (e4m3
+// times its tile's scale, bf16 rope) while the next chunk loads, and computes as above.
 #include <algorithm>
 #include <cfloat>
+#include <cstddef>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/kernel_launch.cuh"
+#include "backend/cuda/latent_entry.cuh"
 #include "backend/cuda/tensor_core.cuh"
 
 namespace dsinfer::cuda {
@@ -36,6 +42,7 @@ constexpr int kChunk = 16;           // positions per stage
 constexpr int kStages = 2;  // with two stages a block fits twice per SM
 constexpr int kMaxEntry = 576;  // kv_lora_rank + qk_rope_head_dim
 constexpr int kMaxLora = 512;
+constexpr int kMaxFp8Entry = 656;  // bytes of an FP8 entry of lora 512, rope 64
 // Floats per cache row in shared memory: 4 past a multiple of 32, so the B fragments of the
 // scores (8 rows x 4 columns per load) hit 32 distinct banks.
 constexpr int kLdEntry = kMaxEntry + 4;
@@ -53,8 +60,12 @@ struct Smem {
   float partial[kWarps][kRows][kLdScores];
   float probs[kRows][kLdScores];
   float row_max[kRows], row_sum[kRows], row_scale[kRows];
+  // FP8 caches only (the launch for an fp32 cache leaves it out): the entries as they arrive.
+  alignas(16) uint8_t raw[kStages][kChunk][kMaxFp8Entry];
 };
 static_assert(kRows <= kChunk, "the query rows fit in one stage");
+// Shared memory of a launch: without the FP8 bytes for an fp32 cache.
+constexpr size_t smem_bytes(bool fp8) { return fp8 ? sizeof(Smem) : offsetof(Smem, raw); }
 
 // The cache slot of a chunk's first position. A chunk starts at a multiple of kChunk and the
 // block size is a multiple of kChunk, so its positions are consecutive slots of one block.
@@ -81,6 +92,41 @@ __device__ __forceinline__ void load_chunk(float (*stage)[kLdEntry], const float
     for (int u = 0; u < (kPieces + 31) / 32; ++u)
       if (4 * (lane + 32 * u) < entry) cp_async16(dst + 128 * u, src + 128 * u, valid);
   }
+}
+
+// The FP8 entries of the kChunk positions from `slot`, as stored, into raw; rows from num_valid
+// on are zero bytes, which widen to zeros.
+__device__ __forceinline__ void load_chunk_fp8(uint8_t (*raw)[kMaxFp8Entry], const uint8_t* cache, int64_t slot,
+                                               int entry_bytes, int num_valid) {
+  constexpr int kVecs = kMaxFp8Entry / 16;
+#pragma unroll
+  for (int u = 0; u < (kChunk * kVecs + kThreads - 1) / kThreads; ++u) {
+    const int i = threadIdx.x + u * kThreads, j = i / kVecs, c = i % kVecs * 16;
+    if (i < kChunk * kVecs && c < entry_bytes) {
+      const bool valid = j < num_valid;
+      cp_async16(&raw[j][c], cache + (slot + (valid ? j : 0)) * entry_bytes + c, valid);
+    }
+  }
+}
+
+// A chunk of FP8 entries widened into fp32 rows [lora | rope] of its stage.
+__device__ __forceinline__ void widen_chunk(float (*stage)[kLdEntry], const uint8_t (*raw)[kMaxFp8Entry],
+                                            const MlaDims& d) {
+  const int lora = d.kv_lora_rank, entry = lora + d.qk_rope_head_dim;
+  for (int i = threadIdx.x; i < kChunk * entry; i += kThreads) {
+    const int j = i / entry, c = i % entry;
+    stage[j][c] = c < lora ? latent_value(d, raw[j], c) : rope_value(d, raw[j], c - lora);
+  }
+}
+
+// A chunk's entries into its stage: fp32 straight in, FP8 into the raw bytes (widened later).
+template <bool kFp8>
+__device__ __forceinline__ void load_chunk_any(Smem& s, int stage, const MlaDims& d, const void* cache, int64_t slot,
+                                               int num_valid) {
+  if constexpr (kFp8)
+    load_chunk_fp8(s.raw[stage], static_cast<const uint8_t*>(cache), slot, d.cache_entry_bytes, num_valid);
+  else
+    load_chunk(s.stage[stage], static_cast<const float*>(cache), slot, d.kv_lora_rank + d.qk_rope_head_dim, num_valid);
 }
 
 // The block of a head group whose range of the work holds offset x (ranges [⌊bW/B⌋, ⌊(b+1)W/B⌋)).
@@ -115,8 +161,9 @@ __global__ void __launch_bounds__(1024) plan_kernel(MlaBatchView b, int32_t* wor
 // The tile's rows (heads h0 .. h0 + count - 1 of token t) attend over cache positions
 // [begin, end) of the token's sequence; the unnormalised output, max and sum of row r go to
 // part + r * (lora + 2). Ends with the block synchronised: the shared memory may be reused.
+template <bool kFp8>
 __device__ void attend_segment(Smem& s, const MlaDims& d, const MlaBatchView& b, const float* q,
-                               const float* q_latent, const float* rope_cos, const float* rope_sin, const float* cache,
+                               const float* q_latent, const float* rope_cos, const float* rope_sin, const void* cache,
                                float softmax_scale, int t, int h0, int count, int begin, int end, float* part) {
   const int lora = d.kv_lora_rank, rope = d.qk_rope_head_dim, entry = lora + rope;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
@@ -124,7 +171,7 @@ __device__ void attend_segment(Smem& s, const MlaDims& d, const MlaBatchView& b,
   const int num_chunks = (end - begin + kChunk - 1) / kChunk;
   for (int c = 0; c < kStages - 1; ++c) {
     const int p0 = begin + c * kChunk;
-    if (c < num_chunks) load_chunk(s.stage[c], cache, chunk_slot(table, d.block_size, p0), entry, end - p0);
+    if (c < num_chunks) load_chunk_any<kFp8>(s, c, d, cache, chunk_slot(table, d.block_size, p0), end - p0);
     cp_async_commit();
   }
   // The slot of the chunk loaded next, read one iteration ahead so that the table's latency is
@@ -178,9 +225,14 @@ __device__ void attend_segment(Smem& s, const MlaDims& d, const MlaBatchView& b,
     __syncthreads();  // chunk ch is in place; every warp is done with chunk ch - 1
     {
       const int next = ch + kStages - 1;
-      if (next < num_chunks) load_chunk(s.stage[next % kStages], cache, next_slot, entry, end - begin - next * kChunk);
+      if (next < num_chunks) load_chunk_any<kFp8>(s, next % kStages, d, cache, next_slot, end - begin - next * kChunk);
       cp_async_commit();
       if (next + 1 < num_chunks) next_slot = chunk_slot(table, d.block_size, begin + (next + 1) * kChunk);
+    }
+    if constexpr (kFp8) {
+      // Chunk ch's bytes are in; its stage was last read for chunk ch - kStages.
+      widen_chunk(s.stage[ch % kStages], s.raw[ch % kStages], d);
+      __syncthreads();
     }
     const float (*kv)[kLdEntry] = s.stage[ch % kStages];
     const int p0 = begin + ch * kChunk;
@@ -271,10 +323,12 @@ __device__ void attend_segment(Smem& s, const MlaDims& d, const MlaBatchView& b,
   __syncthreads();
 }
 
-// Block (head group, b): the b-th of num_blocks equal ranges of the batch's work.
+// Block (head group, b): the b-th of num_blocks equal ranges of the batch's work; kFp8: the
+// cache holds FP8 entries.
+template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, 2) decode_tiles_kernel(MlaDims d, MlaBatchView b, const float* q,
                                                                 const float* q_latent, const float* rope_cos,
-                                                                const float* rope_sin, const float* cache,
+                                                                const float* rope_sin, const void* cache,
                                                                 float softmax_scale, int num_blocks,
                                                                 const int32_t* work_starts, float* workspace) {
   await_previous_kernels();
@@ -299,7 +353,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_tiles_kernel(MlaDims d, Ml
     // Slot blk + t is this segment's: the blocks of token t are consecutive and later tokens
     // start at its last block or after, so slots never collide.
     float* part = workspace + ((static_cast<int64_t>(blk) + t) * d.num_heads + h0) * (lora + 2);
-    attend_segment(s, d, b, q, q_latent, rope_cos, rope_sin, cache, softmax_scale, t, h0, count,
+    attend_segment<kFp8>(s, d, b, q, q_latent, rope_cos, rope_sin, cache, softmax_scale, t, h0, count,
                    static_cast<int>(c_lo) * kChunk, min(static_cast<int>(c_hi) * kChunk, num_ctx), part);
   }
 }
@@ -336,21 +390,30 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(MlaDims d, int num_to
   const int num_parts = block_of(first_chunk + num_chunks - 1, total, num_blocks) - first + 1;
   const int64_t stride = static_cast<int64_t>(d.num_heads) * (lora + 2);
   const float* parts = workspace + ((static_cast<int64_t>(first) + t) * d.num_heads + h) * (lora + 2);
+  // With less work than blocks, some blocks' ranges are empty, also between two that hold this
+  // token's chunks: such a block wrote no slot, and what its slot holds is left from earlier.
+  auto holds_work = [&](int i) {
+    const int64_t blk = first + i;
+    return blk * total / num_blocks < (blk + 1) * total / num_blocks;
+  };
   float m = -FLT_MAX;
-  for (int i = threadIdx.x; i < num_parts; i += kThreads) m = fmaxf(m, parts[i * stride + lora]);
+  for (int i = threadIdx.x; i < num_parts; i += kThreads)
+    if (holds_work(i)) m = fmaxf(m, parts[i * stride + lora]);
   m = block_reduce<true>(m, s_red);
   float denom = 0.0f;
   for (int i = threadIdx.x; i < num_parts; i += kThreads) {
-    const float e = expf(parts[i * stride + lora] - m);
+    const bool used = holds_work(i);
+    const float e = used ? expf(parts[i * stride + lora] - m) : 0.0f;
     s_weight[i] = e;
-    denom += parts[i * stride + lora + 1] * e;
+    if (used) denom += parts[i * stride + lora + 1] * e;
   }
   denom = block_reduce<false>(denom, s_red);  // its barriers also publish s_weight
   const float inv = 1.0f / denom;
   float* dst = o_latent + (static_cast<int64_t>(t) * d.num_heads + h) * lora;
   for (int c = threadIdx.x; c < lora; c += kThreads) {
     float v = 0.0f;
-    for (int i = 0; i < num_parts; ++i) v += parts[i * stride + c] * s_weight[i];
+    for (int i = 0; i < num_parts; ++i)
+      if (s_weight[i] != 0.0f) v += parts[i * stride + c] * s_weight[i];
     dst[c] = v * inv;
   }
 }
@@ -358,33 +421,47 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(MlaDims d, int num_to
 }  // namespace
 
 bool mla_head_tiles_supported(const MlaDims& d) {
-  return mla_tiles_supported(d) && d.kv_lora_rank <= kMaxLora && d.kv_lora_rank + d.qk_rope_head_dim <= kMaxEntry &&
-         d.block_size % kChunk == 0;
+  const int lora = d.kv_lora_rank, entry = lora + d.qk_rope_head_dim;
+  return lora <= kMaxLora && entry <= kMaxEntry && lora % 16 == 0 && entry % 16 == 0 && d.qk_rope_head_dim % 2 == 0 &&
+         d.block_size % kChunk == 0 && (!d.cache_fp8 || d.cache_entry_bytes <= kMaxFp8Entry);
 }
 
-int mla_head_tile_blocks(const MlaDims& d, int num_sms) {
+namespace {
+// Blocks of the decode-tile kernel for this cache format that fit on an SM.
+template <bool kFp8>
+int decode_tile_blocks_per_sm() {
   static const int per_sm = [] {
-    allow_shared_bytes<decode_tiles_kernel>(sizeof(Smem));
+    allow_shared_bytes<decode_tiles_kernel<kFp8>>(smem_bytes(kFp8));
     int n = 0;
-    DS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_tiles_kernel, kThreads, sizeof(Smem)));
+    DS_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_tiles_kernel<kFp8>, kThreads, smem_bytes(kFp8)));
     return n;
   }();
+  return per_sm;
+}
+}  // namespace
+
+int mla_head_tile_blocks(const MlaDims& d, int num_sms) {
+  const int per_sm = d.cache_fp8 ? decode_tile_blocks_per_sm<true>() : decode_tile_blocks_per_sm<false>();
   const int groups = (d.num_heads + kRows - 1) / kRows;
   return std::clamp(num_sms * std::max(per_sm, 1) / groups, 1, kMaxBlocksPerGroup);
 }
 
 void launch_mla_decode_head_tiles(const MlaDims& d, const MlaBatchView& b, const float* q, const float* q_latent,
-                                  const float* rope_cos, const float* rope_sin, const float* cache,
+                                  const float* rope_cos, const float* rope_sin, const void* cache,
                                   float softmax_scale, int num_blocks, int32_t* work_starts, float* workspace,
                                   float* o_latent, Stream stream) {
   DS_CHECK(mla_head_tiles_supported(d) && num_blocks >= 1 && num_blocks <= kMaxBlocksPerGroup &&
            d.num_heads <= 65535);
   if (b.num_tokens == 0) return;
-  allow_shared_bytes<decode_tiles_kernel>(sizeof(Smem));
+  allow_shared_bytes<decode_tiles_kernel<false>>(smem_bytes(false));
+  allow_shared_bytes<decode_tiles_kernel<true>>(smem_bytes(true));
   launch_kernel(plan_kernel, 1, 1024, 0, stream, b, work_starts);
   DS_CUDA_CHECK_LAUNCH();
   const dim3 grid((d.num_heads + kRows - 1) / kRows, num_blocks);
-  launch_kernel(decode_tiles_kernel, grid, kThreads, sizeof(Smem), stream, d, b, q, q_latent, rope_cos, rope_sin, cache,
+  launch_kernel(d.cache_fp8 ? decode_tiles_kernel<true> : decode_tiles_kernel<false>, grid, kThreads,
+                smem_bytes(d.cache_fp8),
+                stream, d, b, q, q_latent, rope_cos, rope_sin, cache,
                 softmax_scale, num_blocks, work_starts, workspace);
   DS_CUDA_CHECK_LAUNCH();
   const dim3 grid2(b.num_tokens, d.num_heads);

@@ -137,8 +137,9 @@ class CudaAttentionTest : public CudaVsCpuTest {
     const bool invariant = invariant_env != nullptr && std::string(invariant_env) == "1";
     bool prefill_chunk = false;
     for (const auto& sq : seqs) prefill_chunk = prefill_chunk || sq.num_new >= 16;
-    // An FP8 cache runs every token through the fp32 kernels (or the expanded form), over
-    // entries that may differ by one e4m3 step where they were just written.
+    // An FP8 cache widens its entries to fp32 in every kernel that reads them (decode batches
+    // of 16 tokens or more: in the head tiles, TF32), over entries that may differ by one e4m3
+    // step where they were just written.
     const bool fp32 = !prefill_chunk && (invariant || t < 16);
     EXPECT_LT(relative_error(out[1], out[0]), fp32 && !fp8 ? 1e-4 : 2e-2) << "attention output";
   }
@@ -160,9 +161,10 @@ TEST_F(CudaAttentionTest, LongContextDecodeSplitsTheContext) {
 
 // 16 decode tokens or more attend in head tiles: contexts from one position to past 2k, so some
 // tokens use one split and others many, the rest of their splits left empty.
-// The FP8 latent cache: decode alone and in a batch of 20 with long contexts, a prefill chunk of
-// 16 tokens (head tiles and query tiles take fp32 entries only: the fp32 kernel takes these),
-// and chunks of 70 and 80 tokens in the expanded form, whose gather dequantises the entries.
+// The FP8 latent cache: decode alone (the fp32 split kernel) and in a batch of 20 with long
+// contexts (head tiles, which widen each chunk as it arrives), a prefill chunk of 16 tokens
+// beside a decode (query tiles take fp32 entries only: these go to the head tiles too), and
+// chunks of 70 and 80 tokens in the expanded form, whose gather dequantises the entries.
 TEST_F(CudaAttentionTest, Fp8LatentCache) {
   run_case(kV3Dims, {{2100, 1}}, 3000, KvCacheFormat::kFp8);
   std::vector<SeqSpec> seqs;
@@ -170,6 +172,23 @@ TEST_F(CudaAttentionTest, Fp8LatentCache) {
   run_case(kV3Dims, seqs, 3100, KvCacheFormat::kFp8);
   run_case(kV3Dims, {{100, 16}, {0, 70}, {40, 1}}, 3200, KvCacheFormat::kFp8);
   run_case(kTinyDims, {{0, 17}, {64, 1}, {5, 9}, {0, 80}}, 3300, KvCacheFormat::kFp8);
+}
+
+TEST_F(CudaAttentionTest, HeadTilesWithLessWorkThanBlocks) {
+  // 16 decodes of 18 to 63 positions are less work than the head tiles have blocks, so blocks
+  // with empty ranges sit between the blocks that hold a token's chunks. Those write no partial
+  // result, and their slots hold what the step before left there: the merge must skip them.
+  // Each short step follows a long one of as many tokens, whose workspace has the same size (so
+  // the allocator hands the same memory back) and whose blocks all wrote their slots.
+  std::vector<SeqSpec> longer, shorter;
+  for (int i = 0; i < 16; ++i) {
+    longer.push_back({1500 + 37 * i, 1});
+    shorter.push_back({17 + 3 * i, 1});
+  }
+  for (KvCacheFormat format : {KvCacheFormat::kF32, KvCacheFormat::kFp8}) {
+    run_case(kV3Dims, longer, 1700, format);
+    run_case(kV3Dims, shorter, 1800, format);
+  }
 }
 
 TEST_F(CudaAttentionTest, DecodeBatchInHeadTiles) {
