@@ -298,26 +298,30 @@ void launch_argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, S
   DS_CUDA_CHECK_LAUNCH();
 }
 
-void launch_rms_norm(const float* x, const float* w, float eps, int64_t rows, int64_t n, float* out, Stream stream) {
+namespace {
+// Either norm, from registers where the row fits them, else in loops.
+template <bool kAddFirst>
+void launch_norm(float* x, const float* y, const float* w, float eps, int64_t rows, int64_t n, float* out,
+                 Stream stream) {
   if (rows == 0) return;
-  if (norm_fits_registers(x, nullptr, w, out, n))
-    launch_kernel(rms_norm_registers_kernel<false>, static_cast<unsigned>(rows), kThreads, 0, stream,
-                  const_cast<float*>(x), nullptr, w, eps, static_cast<int>(n), out);
+  if (norm_fits_registers(x, y, w, out, n))
+    launch_kernel(rms_norm_registers_kernel<kAddFirst>, static_cast<unsigned>(rows), kThreads, 0, stream, x, y, w,
+                  eps, static_cast<int>(n), out);
   else
-    launch_kernel(rms_norm_loop_kernel<false>, static_cast<unsigned>(rows), kThreads, 0, stream, const_cast<float*>(x),
-                  nullptr, w, eps, n, out);
+    launch_kernel(rms_norm_loop_kernel<kAddFirst>, static_cast<unsigned>(rows), kThreads, 0, stream, x, y, w, eps, n,
+                  out);
   DS_CUDA_CHECK_LAUNCH();
+}
+}  // namespace
+
+void launch_rms_norm(const float* x, const float* w, float eps, int64_t rows, int64_t n, float* out, Stream stream) {
+  // Without the add the kernels only read x.
+  launch_norm<false>(const_cast<float*>(x), nullptr, w, eps, rows, n, out, stream);
 }
 
 void launch_add_rms_norm(float* x, const float* y, const float* w, float eps, int64_t rows, int64_t n, float* out,
                          Stream stream) {
-  if (rows == 0) return;
-  if (norm_fits_registers(x, y, w, out, n))
-    launch_kernel(rms_norm_registers_kernel<true>, static_cast<unsigned>(rows), kThreads, 0, stream, x, y, w, eps,
-                  static_cast<int>(n), out);
-  else
-    launch_kernel(rms_norm_loop_kernel<true>, static_cast<unsigned>(rows), kThreads, 0, stream, x, y, w, eps, n, out);
-  DS_CUDA_CHECK_LAUNCH();
+  launch_norm<true>(x, y, w, eps, rows, n, out, stream);
 }
 
 void launch_add(float* x, const float* y, int64_t n, Stream stream) {

@@ -112,6 +112,10 @@ void launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
 // Rows of a tensor-core tile: 16 query tokens of one head (prefill), or 16 heads of one token
 // (decode).
 constexpr int kMlaTileRows = 16;
+// Head widths the tensor-core tiles take (lora and lora + rope whole 16-column steps, within
+// 512 and 576), whatever the cache format.
+bool mla_tile_shapes_supported(const MlaDims& d);
+// The prefill query tiles: those widths over an fp32 cache.
 bool mla_tiles_supported(const MlaDims& d);
 // o_latent [T, H, lora] for the tokens of the tiles (bf16 operands, fp32 softmax and sums).
 void launch_mla_prefill_attention(const MlaDims& d, const MlaBatchView& b, const float* q, const float* q_latent,
@@ -121,7 +125,8 @@ void launch_mla_prefill_attention(const MlaDims& d, const MlaBatchView& b, const
 // Decode in head tiles (up to 16 heads of a token per block; TF32 products of the fp32 cache,
 // fp32 softmax and sums; mla_decode_tiles.cu), the work balanced over num_blocks blocks per head
 // group whatever the tokens' context lengths, merged into o_lat [T, H, lora].
-// Head tiles also need a cache block size that is a multiple of 16.
+// Head tiles take the tile widths over an fp32 or FP8 cache, and need a cache block size that
+// is a multiple of 16.
 bool mla_head_tiles_supported(const MlaDims& d);
 // Blocks per head group that fill the GPU once (a function of the model's shape only).
 int mla_head_tile_blocks(const MlaDims& d, int num_sms);

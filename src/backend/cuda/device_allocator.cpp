@@ -99,10 +99,11 @@ Tensor DeviceAllocator::persistent_bytes(size_t num_bytes) {
 
 void DeviceAllocator::give_back(int pool, void* p, size_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (holding_) {
-    held_.push_back({pool, p, bytes});
-    return;
-  }
+  if (holding_) held_.push_back({pool, p, bytes});
+  else cache_block(pool, p, bytes);
+}
+
+void DeviceAllocator::cache_block(int pool, void* p, size_t bytes) {
   idle_[pool].emplace(bytes, p);
   if (pool == kEagerPool) idle_bytes_ += bytes;
 }
@@ -111,10 +112,7 @@ void DeviceAllocator::hold_reuse(bool on) {
   std::lock_guard<std::mutex> lock(mu_);
   holding_ = on;
   if (on) return;
-  for (const HeldBlock& b : held_) {
-    idle_[b.pool].emplace(b.bytes, b.p);
-    if (b.pool == kEagerPool) idle_bytes_ += b.bytes;
-  }
+  for (const HeldBlock& b : held_) cache_block(b.pool, b.p, b.bytes);
   held_.clear();
 }
 

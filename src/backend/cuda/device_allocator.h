@@ -49,6 +49,7 @@ class DeviceAllocator : public std::enable_shared_from_this<DeviceAllocator> {
   static constexpr int kGraphPool = 1;
   void* device_malloc(size_t bytes);
   void give_back(int pool, void* p, size_t bytes);
+  void cache_block(int pool, void* p, size_t bytes);  // into the pool's idle blocks; mu_ held
 
   mutable std::mutex mu_;
   int current_pool_ = kEagerPool;

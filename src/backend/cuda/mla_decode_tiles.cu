@@ -169,11 +169,11 @@ __device__ void attend_segment(Smem& s, const MlaDims& d, const MlaBatchView& b,
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
   const int32_t* table = b.tables + b.table_offsets[b.token_seq[t]];
   const int num_chunks = (end - begin + kChunk - 1) / kChunk;
-  for (int c = 0; c < kStages - 1; ++c) {
+  auto load_first = [&](int c) {
     const int p0 = begin + c * kChunk;
-    if (c < num_chunks) load_chunk_any<kFp8>(s, c, d, cache, chunk_slot(table, d.block_size, p0), end - p0);
-    cp_async_commit();
-  }
+    load_chunk_any<kFp8>(s, c, d, cache, chunk_slot(table, d.block_size, p0), end - p0);
+  };
+  start_cp_async_pipeline<kStages>(load_first, num_chunks);
   // The slot of the chunk loaded next, read one iteration ahead so that the table's latency is
   // off the loop's path.
   int64_t next_slot = kStages - 1 < num_chunks ? chunk_slot(table, d.block_size, begin + (kStages - 1) * kChunk) : 0;
@@ -421,9 +421,9 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(MlaDims d, int num_to
 }  // namespace
 
 bool mla_head_tiles_supported(const MlaDims& d) {
-  const int lora = d.kv_lora_rank, entry = lora + d.qk_rope_head_dim;
-  return lora <= kMaxLora && entry <= kMaxEntry && lora % 16 == 0 && entry % 16 == 0 && d.qk_rope_head_dim % 2 == 0 &&
-         d.block_size % kChunk == 0 && (!d.cache_fp8 || d.cache_entry_bytes <= kMaxFp8Entry);
+  return mla_tile_shapes_supported(d) && d.kv_lora_rank <= kMaxLora &&
+         d.kv_lora_rank + d.qk_rope_head_dim <= kMaxEntry && d.block_size % kChunk == 0 &&
+         (!d.cache_fp8 || d.cache_entry_bytes <= kMaxFp8Entry);
 }
 
 namespace {

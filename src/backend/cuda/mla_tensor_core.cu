@@ -215,11 +215,13 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(MlaDims d, MlaBatchVi
 
 }  // namespace
 
-bool mla_tiles_supported(const MlaDims& d) {
+bool mla_tile_shapes_supported(const MlaDims& d) {
   const int entry = d.kv_lora_rank + d.qk_rope_head_dim;
-  return !d.cache_fp8 && d.kv_lora_rank <= kMaxLora && entry <= kMaxEntry && d.kv_lora_rank % 16 == 0 &&
-         entry % 16 == 0 && d.qk_rope_head_dim % 2 == 0;
+  return d.kv_lora_rank <= kMaxLora && entry <= kMaxEntry && d.kv_lora_rank % 16 == 0 && entry % 16 == 0 &&
+         d.qk_rope_head_dim % 2 == 0;
 }
+
+bool mla_tiles_supported(const MlaDims& d) { return !d.cache_fp8 && mla_tile_shapes_supported(d); }
 
 void launch_mla_prefill_attention(const MlaDims& d, const MlaBatchView& b, const float* q, const float* q_latent,
                                   const float* rope_cos, const float* rope_sin, const float* cache,
