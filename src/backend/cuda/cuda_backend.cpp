@@ -92,6 +92,8 @@ CudaBackend::CudaBackend() {
   library_fp8_ = !env_is("DSINFER_CUDA_FP8_GEMM", "0");
   if (const char* rows = std::getenv("DSINFER_CUDA_GEMM_MAX_ROWS"))
     own_gemm_max_rows_ = own_gemm_max_rows_fp8_ = std::max(1, std::atoi(rows));
+  if (const char* rows = std::getenv("DSINFER_CUDA_FEW_ROW_GEMM_MAX_ROWS"))
+    few_row_gemm_max_rows_ = std::clamp(std::atoi(rows), 0, kFewRowGemmMaxRows);
 }
 
 CudaBackend::~CudaBackend() {
@@ -463,6 +465,20 @@ void CudaBackend::gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w
   const GemmWeight g = gemm_weight_of(w);
   const auto kind = static_cast<GemmEpilogue>(epilogue);
   const bool fp8 = g.scales != nullptr;
+  GroupedGemmArgs a;
+  a.ldx = g.k_padded;
+  a.dense = g;
+  a.weights_fp8 = fp8;
+  a.epilogue = kind;
+  a.ldy = ldy;
+  a.n_out = static_cast<int>(n_out);
+  if (!library_gemm && few_row_gemm_takes(rows)) {
+    a.x = x_bf16.as<uint16_t>();
+    a.y = y;
+    a.dense_rows = static_cast<int>(rows);
+    launch_few_row_gemm(a, g.n_padded, 1, static_cast<int>(rows), stream_);
+    return;
+  }
   if (library_gemm || !own_gemm_takes(g, rows)) {
     // Many rows: compute-bound, cuBLASLt. Its fp32 output lands in y directly when the layouts
     // agree (an FP8 product writes whole groups of 4 rows).
@@ -488,13 +504,6 @@ void CudaBackend::gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w
                                     n_out * sizeof(float), rows, cudaMemcpyDeviceToDevice, stream_));
     return;
   }
-  GroupedGemmArgs a;
-  a.ldx = g.k_padded;
-  a.dense = g;
-  a.weights_fp8 = fp8;
-  a.epilogue = kind;
-  a.ldy = ldy;
-  a.n_out = static_cast<int>(n_out);
   a.k_splits = gemm_k_splits(g.n_padded, g.k_padded);
   a.tile_counters = tile_counters_.as<int>();
   // Split-K products keep their partial tiles in a workspace: at most 1024 rows per launch.

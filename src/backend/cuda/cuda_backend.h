@@ -128,6 +128,8 @@ class CudaBackend final : public Backend {
   // Whether a product of `rows` rows with w runs on the own kernel (else cuBLASLt, unless the
   // caller asks for the library anyway).
   bool own_gemm_takes(const GemmWeight& w, int64_t rows) const;
+  // Whether products whose row-blocks have at most `rows` rows take the few-row kernel.
+  bool few_row_gemm_takes(int64_t rows) const { return !batch_invariant_ && rows <= few_row_gemm_max_rows_; }
   // x · gate_up → SiLU·mul → down for bf16 x [rows, gate_up's k_padded].
   void gated_mlp_bf16(const Tensor& x_bf16, int64_t rows, const LinearWeight& gate_up, const LinearWeight& down,
                       float* out, int64_t ldo);
@@ -165,6 +167,10 @@ class CudaBackend final : public Backend {
   // also quantises the activations to e4m3, so the own kernel (bf16 activations) keeps more rows.
   int own_gemm_max_rows_ = 32;
   int own_gemm_max_rows_fp8_ = 128;
+  // Up to this many rows (per expert, in an MoE layer) products take the few-row kernel, whose
+  // blocks sum whole rows on CUDA cores (DSINFER_CUDA_FEW_ROW_GEMM_MAX_ROWS; 0: never). Not in
+  // batch-invariant steps, which keep one kernel at every batch size.
+  int few_row_gemm_max_rows_ = kFewRowGemmDefaultMaxRows;
   const ForwardBatch* step_batch_ = nullptr;
   Tensor tile_counters_;  // [kGemmMaxTileCounters] split-K arrival counts, zero between GEMMs
   std::shared_ptr<DeviceAllocator> alloc_;

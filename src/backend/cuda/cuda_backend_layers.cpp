@@ -226,7 +226,14 @@ void CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, con
   up.y = act.data;
   up.ldy = inter_p;
   up.n_out = static_cast<int>(inter_p);
-  launch_grouped_gemm(up, static_cast<int>(gu0.weight.dim(0)), max_blocks, rows_hint, stream_);
+  // A token's experts are distinct: no expert has more rows than the step has tokens.
+  const int64_t num_tokens = num_entries / w.top_k;
+  const bool few_rows = few_row_gemm_takes(num_tokens);
+  const int max_rows_per_block = static_cast<int>(num_tokens);
+  if (few_rows)
+    launch_few_row_gemm(up, static_cast<int>(gu0.weight.dim(0)), max_blocks, max_rows_per_block, stream_);
+  else
+    launch_grouped_gemm(up, static_cast<int>(gu0.weight.dim(0)), max_blocks, rows_hint, stream_);
 
   GroupedGemmArgs down = up;
   down.x = act.as<uint16_t>();
@@ -239,7 +246,10 @@ void CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, con
   down.y = expert_out.data;
   down.ldy = hidden;
   down.n_out = static_cast<int>(hidden);
-  launch_grouped_gemm(down, static_cast<int>(down0.weight.dim(0)), max_blocks, rows_hint, stream_);
+  if (few_rows)
+    launch_few_row_gemm(down, static_cast<int>(down0.weight.dim(0)), max_blocks, max_rows_per_block, stream_);
+  else
+    launch_grouped_gemm(down, static_cast<int>(down0.weight.dim(0)), max_blocks, rows_hint, stream_);
 }
 
 // Prefill-sized batches: the experts' row counts come to the host (one wait per layer) and

@@ -103,6 +103,20 @@ void launch_grouped_gemm(const GroupedGemmArgs& args, int max_n_padded, int max_
 void launch_expert_gemm(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks, int rows_hint,
                         Stream stream);
 
+// Products of at most a few rows per row-block (decode at batch 1 to 4) on CUDA cores
+// (few_row_gemm.cu): a block takes four weight rows over their whole K, so no partial sum leaves
+// it, and the order of an output's sums depends on K alone (another order than the tensor-core
+// kernels'). Takes the same arguments, with k_splits 1; max_rows_per_block bounds the rows of a
+// row-block (dense: the rows; grouped: the rows of the largest group) and only picks how many
+// are handled together.
+constexpr int kFewRowGemmMaxRows = 4;
+// The backend's default bound: at batch 4 on the V2-Lite shape the tensor-core kernel was faster
+// (its routed experts, about one row each, read once per 32-row tile either way, but without the
+// few-row kernel's sums of four rows per weight piece).
+constexpr int kFewRowGemmDefaultMaxRows = 2;
+void launch_few_row_gemm(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks, int max_rows_per_block,
+                         Stream stream);
+
 // Dequantises an e4m3 weight in the kernel's layout to bf16 [n_padded, k_padded].
 void launch_gemm_weight_to_bf16(const GemmWeight& w, uint16_t* out, Stream stream);
 

@@ -118,6 +118,18 @@ TEST_F(CudaMoeTest, GreedySoftmaxV2Style) {
   run_case(g, 37, 2);
 }
 
+TEST_F(CudaMoeTest, FewTokensShareExpertsInTheFewRowKernel) {
+  // Steps of up to four tokens may take the few-row kernel for the routed and shared experts
+  // (up to two by default; four here); with 4 experts and top-2, experts get up to four rows
+  // each.
+  setenv("DSINFER_CUDA_FEW_ROW_GEMM_MAX_ROWS", "4", 1);
+  gpu_ = make_backend("cuda");
+  unsetenv("DSINFER_CUDA_FEW_ROW_GEMM_MAX_ROWS");
+  const GateSpec g{4, 2, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, true, 1.0f, true};
+  for (int64_t num_tokens : {2, 3, 4}) run_case(g, num_tokens, 80 + static_cast<uint32_t>(num_tokens));
+  run_case(g, 4, 90, 256, 128, /*fp8=*/true);
+}
+
 TEST_F(CudaMoeTest, SharedExpertsBesideTheRoutingGiveTheSameBits) {
   // Small steps run the shared experts on a second stream beside the routing; the same kernels
   // in the same order per stream, so the result has the same bits as with the shared experts

@@ -6,6 +6,7 @@
 
 #include <numeric>
 
+#include "backend/cuda/grouped_gemm.h"
 #include "core/dtype.h"
 #include "cuda_test_util.h"
 
@@ -242,9 +243,79 @@ TEST_F(CudaOpsTest, LinearPairGivesWhatTwoLinearsGive) {
   }
 }
 
+// Products of one to four rows take the few-row kernel (sums of whole rows on CUDA cores):
+// against the CPU and against the tensor-core kernel, with K over several of the kernel's
+// phases, ragged K, gate/up pairs, and e4m3 weights with scales that vary per 16 rows.
+TEST_F(CudaOpsTest, FewRowProductsMatchCpuAndTheTensorCoreKernel) {
+  setenv("DSINFER_CUDA_FEW_ROW_GEMM_MAX_ROWS", "0", 1);
+  auto tensor_cores = make_backend("cuda");
+  setenv("DSINFER_CUDA_FEW_ROW_GEMM_MAX_ROWS", "4", 1);  // every row count the kernel has
+  auto few_rows = make_backend("cuda");
+  unsetenv("DSINFER_CUDA_FEW_ROW_GEMM_MAX_ROWS");
+  Backend* bes[3] = {cpu_.get(), few_rows.get(), tensor_cores.get()};
+  struct Shape { int64_t n, k; };
+  for (Shape s : {Shape{96, 200}, Shape{40, 90}, Shape{576, 2048}, Shape{64, 9000}}) {
+    const auto w = random_values(s.n * s.k, 51, 1.0f / std::sqrt(static_cast<float>(s.k)));
+    for (int64_t m : {1, 2, 3, 4}) {
+      const auto x = random_values(m * s.k, 52 + static_cast<uint32_t>(m));
+      std::vector<float> y[3];
+      for (int i = 0; i < 3; ++i) {
+        LinearWeight lw = bes[i]->make_linear(HostTensor{DType::kF32, {s.n, s.k}, w.data()});
+        Tensor tx = upload(*bes[i], {m, s.k}, x), ty = bes[i]->empty({m, s.n}, DType::kF32);
+        bes[i]->linear(tx, lw, ty);
+        y[i] = download(*bes[i], ty);
+      }
+      EXPECT_LT(relative_error(y[1], y[0]), 2e-2) << m << "x" << s.n << "x" << s.k;
+      // Both kernels see the same bf16 operands: they differ only in the order of fp32 sums.
+      EXPECT_LT(relative_error(y[1], y[2]), 1e-5) << m << "x" << s.n << "x" << s.k;
+    }
+  }
+  for (int64_t m : {1, 3}) {
+    const int64_t hidden = 320, inter = 700;
+    const auto gu = random_values(2 * inter * hidden, 61, 1.0f / std::sqrt(static_cast<float>(hidden)));
+    const auto down = random_values(hidden * inter, 62, 1.0f / std::sqrt(static_cast<float>(inter)));
+    const auto x = random_values(m * hidden, 63);
+    std::vector<float> y[3];
+    for (int i = 0; i < 3; ++i) {
+      LinearWeight w_gu = bes[i]->make_gate_up(HostTensor{DType::kF32, {2 * inter, hidden}, gu.data()});
+      LinearWeight w_down = bes[i]->make_linear(HostTensor{DType::kF32, {hidden, inter}, down.data()});
+      Tensor tx = upload(*bes[i], {m, hidden}, x), ty = bes[i]->empty({m, hidden}, DType::kF32);
+      bes[i]->gated_mlp(tx, w_gu, w_down, ty);
+      y[i] = download(*bes[i], ty);
+    }
+    EXPECT_LT(relative_error(y[1], y[0]), 2e-2) << m << " rows, gated MLP";
+    // SiLU·up is rounded to bf16 between the two products, so an order of sums may move it by
+    // one bf16 step.
+    EXPECT_LT(relative_error(y[1], y[2]), 1e-3) << m << " rows, gated MLP";
+  }
+  {
+    constexpr int64_t n = 160, k = 1152, block_rows = 16;
+    std::vector<float> scales((n / block_rows) * (k / 128));
+    for (size_t i = 0; i < scales.size(); ++i) scales[i] = 1e-3f * (1.0f + static_cast<float>((5 * i) % 19));
+    const auto w_real = random_values(n * k, 71, 100.0f);
+    std::vector<uint8_t> w_fp8(n * k);
+    for (int64_t i = 0; i < n * k; ++i) w_fp8[i] = f32_to_fp8e4m3(w_real[i]);
+    const HostTensor h{DType::kF8E4M3, {n, k}, w_fp8.data(), scales.data(), block_rows, 128};
+    for (int64_t m : {2, 4}) {
+      auto x = random_values(m * k, 72);
+      for (float& v : x) v = bf16_to_f32(f32_to_bf16(v));
+      std::vector<float> y[3];
+      for (int i = 0; i < 3; ++i) {
+        LinearWeight lw = bes[i]->make_linear(h);
+        Tensor tx = upload(*bes[i], {m, k}, x), ty = bes[i]->empty({m, n}, DType::kF32);
+        bes[i]->linear(tx, lw, ty);
+        y[i] = download(*bes[i], ty);
+      }
+      EXPECT_LT(relative_error(y[1], y[0]), 2e-5) << m << " rows, e4m3";
+      EXPECT_LT(relative_error(y[1], y[2]), 2e-5) << m << " rows, e4m3";
+    }
+  }
+}
+
 // The GEMM's summation order of a row does not depend on the other rows: a row computed alone
-// is bit-identical to the same row computed among many (the own kernel's whole range, and every
-// size once batch invariance is asked for).
+// is bit-identical to the same row computed among others of the same kernel (the few-row
+// kernel's rows, and the tensor-core kernel's up to 32), and among any number once batch
+// invariance is asked for.
 TEST_F(CudaOpsTest, LinearRowsAreBatchInvariant) {
   const int64_t n = 576, k = 2048;
   const auto w = random_values(n * k, 41, 1.0f / std::sqrt(static_cast<float>(k)));
@@ -257,15 +328,21 @@ TEST_F(CudaOpsTest, LinearRowsAreBatchInvariant) {
     return download(be, ty);
   };
   const auto alone = run(*gpu_, 1);
+  for (int64_t rows = 2; rows <= cuda::kFewRowGemmDefaultMaxRows; ++rows) {
+    const auto few = run(*gpu_, rows);
+    EXPECT_TRUE(std::equal(alone.begin(), alone.end(), few.begin())) << rows << " rows";
+  }
+  const auto first_of_more = run(*gpu_, cuda::kFewRowGemmDefaultMaxRows + 1);
   for (int64_t rows : {7, 20, 32}) {
     const auto many = run(*gpu_, rows);
-    EXPECT_TRUE(std::equal(alone.begin(), alone.end(), many.begin())) << rows << " rows";
+    EXPECT_TRUE(std::equal(first_of_more.begin(), first_of_more.begin() + n, many.begin())) << rows << " rows";
   }
   setenv("DSINFER_BATCH_INVARIANT", "1", 1);
   auto invariant = make_backend("cuda");
   unsetenv("DSINFER_BATCH_INVARIANT");
+  // Batch-invariant steps never take the few-row kernel: a row alone runs as among many.
   const auto inv_alone = run(*invariant, 1);
-  EXPECT_TRUE(std::equal(inv_alone.begin(), inv_alone.end(), alone.begin()));
+  EXPECT_TRUE(std::equal(inv_alone.begin(), inv_alone.end(), first_of_more.begin()));
   const auto inv_many = run(*invariant, 300);
   EXPECT_TRUE(std::equal(inv_alone.begin(), inv_alone.end(), inv_many.begin())) << "300 rows, batch-invariant mode";
 }
