@@ -125,12 +125,7 @@ __global__ void __launch_bounds__(kThreads) few_row_gemm_kernel(GroupedGemmArgs 
     w = a.dense;
     row_end = a.dense_rows;
   } else {
-    const int block = blockIdx.y;
-    if (block >= a.block_offsets[a.num_groups]) return;
-    const int group = group_of_block(a, block);
-    w = a.groups[group];
-    row_begin = a.row_offsets[group] + (block - a.block_offsets[group]) * kGemmRowsPerBlock;
-    row_end = min(row_begin + kGemmRowsPerBlock, a.row_offsets[group + 1]);
+    if (!grouped_row_block(a, blockIdx.y, w, row_begin, row_end)) return;
   }
   const Walk k = walk_of(w);
   if (k.num_steps == 0) return;

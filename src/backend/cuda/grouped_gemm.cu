@@ -142,12 +142,7 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedGemmArgs 
     if (row_begin >= a.dense_rows) return;
     row_end = min(row_begin + kGemmRowsPerBlock, a.dense_rows);
   } else {
-    const int block = blockIdx.y;
-    if (block >= a.block_offsets[a.num_groups]) return;
-    const int group = group_of_block(a, block);
-    w = a.groups[group];
-    row_begin = a.row_offsets[group] + (block - a.block_offsets[group]) * kGemmRowsPerBlock;
-    row_end = min(row_begin + kGemmRowsPerBlock, a.row_offsets[group + 1]);
+    if (!grouped_row_block(a, blockIdx.y, w, row_begin, row_end)) return;
   }
   if (n0 >= w.n_padded) return;
 

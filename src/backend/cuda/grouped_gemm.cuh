@@ -21,6 +21,18 @@ __device__ __forceinline__ int group_of_block(const GroupedGemmArgs& a, int bloc
   return lo;
 }
 
+// The weight and the output rows [row_begin, row_end) of row-block `block` of a grouped call
+// (at most kGemmRowsPerBlock rows of one group); false for a block past the last group's.
+__device__ __forceinline__ bool grouped_row_block(const GroupedGemmArgs& a, int block, GemmWeight& w, int& row_begin,
+                                                  int& row_end) {
+  if (block >= a.block_offsets[a.num_groups]) return false;
+  const int group = group_of_block(a, block);
+  w = a.groups[group];
+  row_begin = a.row_offsets[group] + (block - a.block_offsets[group]) * kGemmRowsPerBlock;
+  row_end = min(row_begin + kGemmRowsPerBlock, a.row_offsets[group + 1]);
+  return true;
+}
+
 // A warp's accumulators for its 32 weight rows against kFrags groups of 8 x rows.
 template <int kFrags>
 using WeightRowsAccumulators = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 32, 8, 16, float>[kFrags];

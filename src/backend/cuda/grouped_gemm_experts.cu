@@ -59,12 +59,9 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_kernel(GroupedGemmArg
   extern __shared__ __align__(128) unsigned char smem[];
 
   // This block's expert and rows.
-  const int block = blockIdx.y;
-  if (block >= a.block_offsets[a.num_groups]) return;
-  const int group = group_of_block(a, block);
-  const GemmWeight w = a.groups[group];
-  const int row_begin = a.row_offsets[group] + (block - a.block_offsets[group]) * kGemmRowsPerBlock;
-  const int row_end = min(row_begin + kGemmRowsPerBlock, a.row_offsets[group + 1]);
+  GemmWeight w;
+  int row_begin = 0, row_end = 0;
+  if (!grouped_row_block(a, blockIdx.y, w, row_begin, row_end)) return;
   const int n_block = blockIdx.x * kBlockWeightRows;
   if (n_block >= w.n_padded) return;
 
