@@ -12,8 +12,6 @@
 // through warp shuffles and shared memory. No partial sum leaves the block, and the order of an
 // output's sums depends on K alone.
 #include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
 
 #include <algorithm>
 
@@ -53,18 +51,16 @@ __device__ __forceinline__ void widen_bf16x8(const uint4& v, float (&out)[8]) {
   }
 }
 
-// The sixteen e4m3 of a 16-byte piece, exactly (every e4m3 value is an f16 value).
+// The sixteen e4m3 of a 16-byte piece, exactly.
 __device__ __forceinline__ void widen_e4m3x16(const uint4& v, float (&out)[16]) {
   const uint32_t words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(words[i] & 0xffffu), __NV_E4M3);
-    const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(words[i] >> 16), __NV_E4M3);
-    const float2 a = __half22float2(__half2(lo)), b = __half22float2(__half2(hi));
-    out[4 * i] = a.x;
-    out[4 * i + 1] = a.y;
-    out[4 * i + 2] = b.x;
-    out[4 * i + 3] = b.y;
+    const float4 f = widen_e4m3x4(words[i]);
+    out[4 * i] = f.x;
+    out[4 * i + 1] = f.y;
+    out[4 * i + 2] = f.z;
+    out[4 * i + 3] = f.w;
   }
 }
 
@@ -103,7 +99,7 @@ __global__ void __launch_bounds__(kThreads) few_row_gemm_kernel(GroupedGemmArgs 
   };
   uint4 pieces[kDepth][kQuadRows];
   auto issue = [&](const GemmWeight& w, const Walk& k, int s, uint4 (&dst)[kQuadRows]) {
-    const int q = first_quad + s / max(k.num_phases, 1), p = (s % max(k.num_phases, 1)) * kThreads + tid;
+    const int q = first_quad + s / k.num_phases, p = (s % k.num_phases) * kThreads + tid;
     const bool valid = s < k.num_steps && p < k.num_pieces;
     const int64_t row_bytes = kFp8 ? w.k_padded : 2 * static_cast<int64_t>(w.k_padded);
     const char* data = static_cast<const char*>(w.data) + p * 16;
@@ -124,8 +120,8 @@ __global__ void __launch_bounds__(kThreads) few_row_gemm_kernel(GroupedGemmArgs 
   if (dense) {
     w = a.dense;
     row_end = a.dense_rows;
-  } else {
-    if (!grouped_row_block(a, blockIdx.y, w, row_begin, row_end)) return;
+  } else if (!grouped_row_block(a, blockIdx.y, w, row_begin, row_end)) {
+    return;
   }
   const Walk k = walk_of(w);
   if (k.num_steps == 0) return;

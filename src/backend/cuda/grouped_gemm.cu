@@ -216,15 +216,10 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedGemmArgs 
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           const int q = lane + 32 * j, row = q / 8, col = (q % 8) * 4;
-          const uint32_t packed = words[q];
-          const auto pair_lo = static_cast<__nv_fp8x2_storage_t>(packed & 0xffffu);
-          const auto pair_hi = static_cast<__nv_fp8x2_storage_t>(packed >> 16);
-          const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(pair_lo, __NV_E4M3);
-          const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(pair_hi, __NV_E4M3);
-          const float2 a = __half22float2(__half2(lo)), b = __half22float2(__half2(hi));
+          const float4 v = widen_e4m3x4(words[q]);
           __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(widened + row * kLd + col);
-          dst[0] = __floats2bfloat162_rn(a.x, a.y);  // exact: e4m3 values are bf16 values
-          dst[1] = __floats2bfloat162_rn(b.x, b.y);
+          dst[0] = __floats2bfloat162_rn(v.x, v.y);  // exact: e4m3 values are bf16 values
+          dst[1] = __floats2bfloat162_rn(v.z, v.w);
         }
         __syncwarp();
         // The chunk lies in one 128-column scale block: its sums, scaled per 16-row group.

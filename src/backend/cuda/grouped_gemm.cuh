@@ -1,7 +1,10 @@
-// Device helpers of the grouped GEMM's two kernels (grouped_gemm.cu, grouped_gemm_experts.cu).
+// Device helpers of the grouped GEMM's kernels (grouped_gemm.cu, grouped_gemm_experts.cu,
+// few_row_gemm.cu).
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <mma.h>
 
 #include "backend/cuda/grouped_gemm.h"
@@ -31,6 +34,15 @@ __device__ __forceinline__ bool grouped_row_block(const GroupedGemmArgs& a, int 
   row_begin = a.row_offsets[group] + (block - a.block_offsets[group]) * kGemmRowsPerBlock;
   row_end = min(row_begin + kGemmRowsPerBlock, a.row_offsets[group + 1]);
   return true;
+}
+
+// The four e4m3 of a word (the low byte first), widened exactly: every e4m3 value is an f16
+// value, and a bf16 one.
+__device__ __forceinline__ float4 widen_e4m3x4(uint32_t packed) {
+  const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(packed & 0xffffu), __NV_E4M3);
+  const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(packed >> 16), __NV_E4M3);
+  const float2 a = __half22float2(__half2(lo)), b = __half22float2(__half2(hi));
+  return make_float4(a.x, a.y, b.x, b.y);
 }
 
 // A warp's accumulators for its 32 weight rows against kFrags groups of 8 x rows.

@@ -104,9 +104,9 @@ void launch_expert_gemm(const GroupedGemmArgs& args, int max_n_padded, int max_r
                         Stream stream);
 
 // Products of at most a few rows per row-block (decode at batch 1 to 4) on CUDA cores
-// (few_row_gemm.cu): a block takes four weight rows over their whole K, so no partial sum leaves
-// it, and the order of an output's sums depends on K alone (another order than the tensor-core
-// kernels'). Takes the same arguments, with k_splits 1; max_rows_per_block bounds the rows of a
+// (few_row_gemm.cu): a block takes weight rows four at a time over their whole K, so no partial
+// sum leaves it, and the order of an output's sums depends on K alone (another order than the
+// tensor-core kernels'). Takes the same arguments, with k_splits 1; max_rows_per_block bounds the rows of a
 // row-block (dense: the rows; grouped: the rows of the largest group) and only picks how many
 // are handled together.
 constexpr int kFewRowGemmMaxRows = 4;

@@ -21,6 +21,39 @@ using testing_cuda::upload;
 
 class CudaOpsTest : public CudaVsCpuTest {};
 
+// An e4m3 weight [n, k] with one scale per 16 rows x 128 columns, all different in a test's
+// shapes (scale i is 1e-3 · (1 + (scale_step · i) % scale_period)).
+struct Fp8BlockScaledWeight {
+  static constexpr int kBlockRows = 16;
+  Fp8BlockScaledWeight(int64_t rows, int64_t cols, uint32_t seed, int scale_step, int scale_period)
+      : n(rows), k(cols), scales((rows / kBlockRows) * ((cols + 127) / 128)), bytes(rows * cols) {
+    for (size_t i = 0; i < scales.size(); ++i)
+      scales[i] = 1e-3f * (1.0f + static_cast<float>((scale_step * i) % scale_period));
+    const auto real = random_values(n * k, seed, 100.0f);
+    for (int64_t i = 0; i < n * k; ++i) bytes[i] = f32_to_fp8e4m3(real[i]);
+  }
+  HostTensor host() const { return {DType::kF8E4M3, {n, k}, bytes.data(), scales.data(), kBlockRows, 128}; }
+
+  int64_t n, k;
+  std::vector<float> scales;
+  std::vector<uint8_t> bytes;
+};
+
+// y [m, w's rows] = x · wᵀ on one backend, for x [m, w's columns] and a weight given on the host.
+std::vector<float> linear_on(Backend& be, const HostTensor& w, const std::vector<float>& x, int64_t m) {
+  const LinearWeight lw = be.make_linear(w);
+  Tensor tx = upload(be, {m, w.shape[1]}, x), ty = be.empty({m, w.shape[0]}, DType::kF32);
+  be.linear(tx, lw, ty);
+  return download(be, ty);
+}
+
+// Random values that bf16 holds exactly, so that the GPU's rounding of activations is a no-op.
+std::vector<float> bf16_exact_values(int64_t count, uint32_t seed) {
+  auto x = random_values(count, seed);
+  for (float& v : x) v = bf16_to_f32(f32_to_bf16(v));
+  return x;
+}
+
 TEST_F(CudaOpsTest, RmsNormMatchesCpuIncludingInPlace) {
   for (auto [rows, n] : {std::pair<int64_t, int64_t>{1, 64}, {7, 1000}, {33, 7168}}) {
     const auto x = random_values(rows * n, 1, 2.0f, 0.5f);
@@ -108,12 +141,7 @@ TEST_F(CudaOpsTest, LinearBf16MatchesCpuAtSeveralShapes) {
     const auto x = random_values(s.m * s.k, 12);
     std::vector<float> y[2];
     Backend* bes[2] = {cpu_.get(), gpu_.get()};
-    for (int i = 0; i < 2; ++i) {
-      LinearWeight lw = bes[i]->make_linear(HostTensor{DType::kF32, {s.n, s.k}, w.data()});
-      Tensor tx = upload(*bes[i], {s.m, s.k}, x), ty = bes[i]->empty({s.m, s.n}, DType::kF32);
-      bes[i]->linear(tx, lw, ty);
-      y[i] = download(*bes[i], ty);
-    }
+    for (int i = 0; i < 2; ++i) y[i] = linear_on(*bes[i], HostTensor{DType::kF32, {s.n, s.k}, w.data()}, x, s.m);
     // bf16 operands (8 significant bits) with fp32 accumulation.
     EXPECT_LT(relative_error(y[1], y[0]), 2e-2) << s.m << "x" << s.n << "x" << s.k;
   }
@@ -162,12 +190,7 @@ TEST_F(CudaOpsTest, LinearFp8BlockScaledMatchesDequantisedCpu) {
     HostTensor h{DType::kF8E4M3, {s.n, s.k}, w_fp8.data(), scales.data(), 128, 128};
     std::vector<float> y[2];
     Backend* bes[2] = {cpu_.get(), gpu_.get()};
-    for (int i = 0; i < 2; ++i) {
-      LinearWeight lw = bes[i]->make_linear(h);
-      Tensor tx = upload(*bes[i], {s.m, s.k}, x), ty = bes[i]->empty({s.m, s.n}, DType::kF32);
-      bes[i]->linear(tx, lw, ty);
-      y[i] = download(*bes[i], ty);
-    }
+    for (int i = 0; i < 2; ++i) y[i] = linear_on(*bes[i], h, x, s.m);
     // The activations are rounded to bf16 on the GPU.
     EXPECT_LT(relative_error(y[1], y[0]), 2e-2) << s.m << "x" << s.n << "x" << s.k;
   }
@@ -179,25 +202,14 @@ TEST_F(CudaOpsTest, LinearFp8ComputesWithTheCheckpointsWeightsExactly) {
   // the sums unrounded. Scales per 16 rows and 128 columns, all different, so that both row
   // groups of each 32-row tile and every k block carry their own; rows 1 / 9 / 32 take the
   // kernel's three tile heights.
-  constexpr int64_t n = 96, k = 384, block_rows = 16;
-  const int64_t rb = n / block_rows, cb = k / 128;
-  std::vector<float> scales(rb * cb);
-  for (size_t i = 0; i < scales.size(); ++i) scales[i] = 1e-3f * (1.0f + static_cast<float>((7 * i) % 23));
-  const auto w_real = random_values(n * k, 41, 100.0f);
-  std::vector<uint8_t> w_fp8(n * k);
-  for (int64_t i = 0; i < n * k; ++i) w_fp8[i] = f32_to_fp8e4m3(w_real[i]);
-  const HostTensor h{DType::kF8E4M3, {n, k}, w_fp8.data(), scales.data(), block_rows, 128};
+  constexpr int64_t n = 96, k = 384;
+  const Fp8BlockScaledWeight weight(n, k, 41, 7, 23);
+  const HostTensor h = weight.host();
   for (int64_t m : {1, 9, 32}) {
-    auto x = random_values(m * k, 42);
-    for (float& v : x) v = bf16_to_f32(f32_to_bf16(v));
+    const auto x = bf16_exact_values(m * k, 42);
     std::vector<float> y[2];
     Backend* bes[2] = {cpu_.get(), gpu_.get()};
-    for (int i = 0; i < 2; ++i) {
-      LinearWeight lw = bes[i]->make_linear(h);
-      Tensor tx = upload(*bes[i], {m, k}, x), ty = bes[i]->empty({m, n}, DType::kF32);
-      bes[i]->linear(tx, lw, ty);
-      y[i] = download(*bes[i], ty);
-    }
+    for (int i = 0; i < 2; ++i) y[i] = linear_on(*bes[i], h, x, m);
     // Weights rounded to bf16 after their scale would be about 1e-3 off.
     EXPECT_LT(relative_error(y[1], y[0]), 2e-5) << m << " rows";
   }
@@ -259,12 +271,7 @@ TEST_F(CudaOpsTest, FewRowProductsMatchCpuAndTheTensorCoreKernel) {
     for (int64_t m : {1, 2, 3, 4}) {
       const auto x = random_values(m * s.k, 52 + static_cast<uint32_t>(m));
       std::vector<float> y[3];
-      for (int i = 0; i < 3; ++i) {
-        LinearWeight lw = bes[i]->make_linear(HostTensor{DType::kF32, {s.n, s.k}, w.data()});
-        Tensor tx = upload(*bes[i], {m, s.k}, x), ty = bes[i]->empty({m, s.n}, DType::kF32);
-        bes[i]->linear(tx, lw, ty);
-        y[i] = download(*bes[i], ty);
-      }
+      for (int i = 0; i < 3; ++i) y[i] = linear_on(*bes[i], HostTensor{DType::kF32, {s.n, s.k}, w.data()}, x, m);
       EXPECT_LT(relative_error(y[1], y[0]), 2e-2) << m << "x" << s.n << "x" << s.k;
       // Both kernels see the same bf16 operands: they differ only in the order of fp32 sums.
       EXPECT_LT(relative_error(y[1], y[2]), 1e-5) << m << "x" << s.n << "x" << s.k;
@@ -289,23 +296,13 @@ TEST_F(CudaOpsTest, FewRowProductsMatchCpuAndTheTensorCoreKernel) {
     EXPECT_LT(relative_error(y[1], y[2]), 1e-3) << m << " rows, gated MLP";
   }
   {
-    constexpr int64_t n = 160, k = 1152, block_rows = 16;
-    std::vector<float> scales((n / block_rows) * (k / 128));
-    for (size_t i = 0; i < scales.size(); ++i) scales[i] = 1e-3f * (1.0f + static_cast<float>((5 * i) % 19));
-    const auto w_real = random_values(n * k, 71, 100.0f);
-    std::vector<uint8_t> w_fp8(n * k);
-    for (int64_t i = 0; i < n * k; ++i) w_fp8[i] = f32_to_fp8e4m3(w_real[i]);
-    const HostTensor h{DType::kF8E4M3, {n, k}, w_fp8.data(), scales.data(), block_rows, 128};
+    constexpr int64_t n = 160, k = 1152;
+    const Fp8BlockScaledWeight weight(n, k, 71, 5, 19);
+    const HostTensor h = weight.host();
     for (int64_t m : {2, 4}) {
-      auto x = random_values(m * k, 72);
-      for (float& v : x) v = bf16_to_f32(f32_to_bf16(v));
+      const auto x = bf16_exact_values(m * k, 72);
       std::vector<float> y[3];
-      for (int i = 0; i < 3; ++i) {
-        LinearWeight lw = bes[i]->make_linear(h);
-        Tensor tx = upload(*bes[i], {m, k}, x), ty = bes[i]->empty({m, n}, DType::kF32);
-        bes[i]->linear(tx, lw, ty);
-        y[i] = download(*bes[i], ty);
-      }
+      for (int i = 0; i < 3; ++i) y[i] = linear_on(*bes[i], h, x, m);
       EXPECT_LT(relative_error(y[1], y[0]), 2e-5) << m << " rows, e4m3";
       EXPECT_LT(relative_error(y[1], y[2]), 2e-5) << m << " rows, e4m3";
     }
@@ -321,11 +318,7 @@ TEST_F(CudaOpsTest, LinearRowsAreBatchInvariant) {
   const auto w = random_values(n * k, 41, 1.0f / std::sqrt(static_cast<float>(k)));
   const auto x = random_values(300 * k, 42);
   auto run = [&](Backend& be, int64_t rows) {
-    LinearWeight lw = be.make_linear(HostTensor{DType::kF32, {n, k}, w.data()});
-    std::vector<float> xs(x.begin(), x.begin() + rows * k);
-    Tensor tx = upload(be, {rows, k}, xs), ty = be.empty({rows, n}, DType::kF32);
-    be.linear(tx, lw, ty);
-    return download(be, ty);
+    return linear_on(be, HostTensor{DType::kF32, {n, k}, w.data()}, {x.begin(), x.begin() + rows * k}, rows);
   };
   const auto alone = run(*gpu_, 1);
   for (int64_t rows = 2; rows <= cuda::kFewRowGemmDefaultMaxRows; ++rows) {
