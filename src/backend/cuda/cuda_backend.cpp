@@ -89,6 +89,7 @@ CudaBackend::CudaBackend() {
   graphs_enabled_ = !env_is("DSINFER_CUDA_GRAPHS", "0");
   fused_prefill_attention_ = !env_is("DSINFER_MLA_FLASH", "0");
   shared_experts_alongside_ = !env_is("DSINFER_MOE_SIDE_STREAM", "0");
+  host_planned_experts_ = !env_is("DSINFER_MOE_HOST_PLAN", "0");
   library_fp8_ = !env_is("DSINFER_CUDA_FP8_GEMM", "0");
   if (const char* rows = std::getenv("DSINFER_CUDA_GEMM_MAX_ROWS"))
     own_gemm_max_rows_ = own_gemm_max_rows_fp8_ = std::max(1, std::atoi(rows));
@@ -110,6 +111,7 @@ CudaBackend::~CudaBackend() {
 }
 
 void CudaBackend::begin_step(const ForwardBatch& batch) {
+  forget_normed_copy();
   using F = StepBuffers::Field;
   StepBuffers& st = *step_;
   int64_t table_ints = 0;
@@ -188,6 +190,7 @@ const int32_t* CudaBackend::device_ints(std::span<const int32_t> host, Tensor& u
 }
 
 void CudaBackend::begin_recording(uint64_t key) {
+  forget_normed_copy();
   (void)key;
   DS_CHECK(!recording_);
   alloc_->set_graph_pool(true);
@@ -196,6 +199,7 @@ void CudaBackend::begin_recording(uint64_t key) {
 }
 
 bool CudaBackend::end_recording(uint64_t key) {
+  forget_normed_copy();
   DS_CHECK(recording_);
   cudaGraph_t graph = nullptr;
   cudaError_t err = cudaStreamEndCapture(stream_, &graph);
@@ -221,6 +225,7 @@ bool CudaBackend::end_recording(uint64_t key) {
 }
 
 bool CudaBackend::replay(uint64_t key) {
+  forget_normed_copy();
   auto it = recordings_->graphs.find(key);
   if (it == recordings_->graphs.end()) return false;
   DS_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
@@ -249,6 +254,7 @@ void CudaBackend::choose_into(const Tensor& logits, std::span<const RowSampling>
 }
 
 void CudaBackend::sample_rows(const Tensor& logits, std::span<const RowSampling> rows, std::vector<int32_t>& out) {
+  forget_normed_copy();
   const int64_t num_rows = logits.dim(0);
   out.resize(static_cast<size_t>(num_rows));
   if (num_rows == 0) return;
@@ -259,6 +265,7 @@ void CudaBackend::sample_rows(const Tensor& logits, std::span<const RowSampling>
 }
 
 void CudaBackend::end_step() {
+  forget_normed_copy();
   step_batch_ = nullptr;
   step_gaps_->mark_tail(stream_);
 }
@@ -266,6 +273,7 @@ void CudaBackend::end_step() {
 std::optional<StepGapStats> CudaBackend::step_gaps() { return step_gaps_->take_stats(); }
 
 uint64_t CudaBackend::choose_async(const Tensor& logits, std::span<const RowSampling> rows) {
+  forget_normed_copy();
   Choices& c = *choices_;
   Choices::Slot& slot = c.slots[c.latest == 0 ? 1 : 0];
   DS_CHECK_MSG(slot.ticket == 0, "choose_async: two choices are still waiting");
@@ -320,6 +328,7 @@ Tensor CudaBackend::view_rows(const Tensor& t, int64_t row_begin, int64_t num_ro
 }
 
 Tensor CudaBackend::from_host(const HostTensor& host) {
+  forget_normed_copy();
   if (host.dtype == DType::kI32 || host.dtype == DType::kI64) {
     Tensor t = alloc_->persistent(host.shape, host.dtype);
     DS_CUDA_CHECK(cudaMemcpyAsync(t.data, host.data, t.num_bytes(), cudaMemcpyHostToDevice, stream_));
@@ -450,9 +459,30 @@ GemmWeight gemm_weight_of(const LinearWeight& w) {
 
 Tensor CudaBackend::to_bf16_padded(const Tensor& x, int64_t k_padded) {
   DS_CHECK(x.dtype == DType::kF32 && x.shape.size() == 2 && x.dim(1) <= k_padded);
+  if (normed_copy_.of != nullptr && normed_copy_.of == x.data && normed_copy_.shape == x.shape &&
+      normed_copy_.bf16.dim(1) == k_padded)
+    return normed_copy_.bf16;
   Tensor xb = alloc_->cached({x.dim(0), k_padded}, DType::kBF16);
   launch_f32_to_bf16_padded(x.as<float>(), x.dim(0), x.dim(1), k_padded, xb.as<uint16_t>(), stream_);
   return xb;
+}
+
+uint16_t* CudaBackend::start_normed_copy(const Tensor& out) {
+  forget_normed_copy();
+  if (out.dtype != DType::kF32 || out.shape.size() != 2 || out.dim(0) == 0) return nullptr;
+  normed_copy_.of = out.data;
+  normed_copy_.keep = out.storage;
+  normed_copy_.shape = out.shape;
+  normed_copy_.bf16 = alloc_->cached({out.dim(0), round_up(out.dim(1), kLibraryFp8TileColumns)}, DType::kBF16);
+  return normed_copy_.bf16.as<uint16_t>();
+}
+
+void CudaBackend::forget_normed_copy_if_written(const Tensor& written) {
+  if (normed_copy_.of == nullptr || written.empty()) return;
+  const auto* begin = static_cast<const char*>(written.data);
+  const auto* of = static_cast<const char*>(normed_copy_.of);
+  const size_t of_bytes = num_elements(normed_copy_.shape) * sizeof(float);
+  if (begin < of + of_bytes && of < begin + written.num_bytes()) forget_normed_copy();
 }
 
 bool CudaBackend::own_gemm_takes(const GemmWeight& w, int64_t rows) const {
@@ -566,6 +596,7 @@ void CudaBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   const int64_t m = x.dim(0);
   if (m == 0) return;
   linear_bf16(to_bf16_padded(x, w.weight.dim(1)), m, w, out);
+  forget_normed_copy_if_written(out);
 }
 
 void CudaBackend::linear_bf16(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, Tensor& out) {
@@ -583,6 +614,8 @@ void CudaBackend::linear_pair(const Tensor& x, const LinearWeight& w1, Tensor& o
   const Tensor xb = to_bf16_padded(x, w1.weight.dim(1));
   linear_bf16(xb, m, w1, out1);
   linear_bf16(xb, m, w2, out2);
+  forget_normed_copy_if_written(out1);
+  forget_normed_copy_if_written(out2);
 }
 
 void CudaBackend::gated_mlp_bf16(const Tensor& x_bf16, int64_t rows, const LinearWeight& gate_up,
@@ -603,9 +636,11 @@ void CudaBackend::gated_mlp(const Tensor& x, const LinearWeight& gate_up, const 
   if (m == 0) return;
   Tensor xb = to_bf16_padded(x, gate_up.weight.dim(1));
   gated_mlp_bf16(xb, m, gate_up, down, out.as<float>(), out.dim(1));
+  forget_normed_copy_if_written(out);
 }
 
 void CudaBackend::embedding(const Tensor& table, std::span<const TokenId> ids, Tensor& out) {
+  forget_normed_copy();
   const int64_t vocab = table.dim(0), hidden = table.dim(1);
   // Placeholders (< 0) are the step's, resolved on the device by begin_step.
   const bool step_ids = step_ints(ids.data()) != nullptr;
@@ -617,28 +652,36 @@ void CudaBackend::embedding(const Tensor& table, std::span<const TokenId> ids, T
 }
 
 void CudaBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) {
-  launch_rms_norm(x.as<float>(), w.as<float>(), eps, x.dim(0), x.dim(1), out.as<float>(), stream_);
+  uint16_t* copy = start_normed_copy(out);
+  launch_rms_norm(x.as<float>(), w.as<float>(), eps, x.dim(0), x.dim(1), out.as<float>(), copy,
+                  copy == nullptr ? 0 : normed_copy_.bf16.dim(1), stream_);
 }
 
 void CudaBackend::add(Tensor& x, const Tensor& y) {
+  forget_normed_copy();
   DS_CHECK(y.num_elements() == x.num_elements());
   launch_add(x.as<float>(), y.as<float>(), x.num_elements(), stream_);
 }
 
 void CudaBackend::add_rms_norm(Tensor& x, const Tensor& y, const Tensor& w, float eps, Tensor& out) {
   DS_CHECK(y.num_elements() == x.num_elements() && out.num_elements() == x.num_elements());
-  launch_add_rms_norm(x.as<float>(), y.as<float>(), w.as<float>(), eps, x.dim(0), x.dim(1), out.as<float>(), stream_);
+  uint16_t* copy = start_normed_copy(out);
+  launch_add_rms_norm(x.as<float>(), y.as<float>(), w.as<float>(), eps, x.dim(0), x.dim(1), out.as<float>(), copy,
+                      copy == nullptr ? 0 : normed_copy_.bf16.dim(1), stream_);
 }
 
 void CudaBackend::silu_mul(const Tensor& gate_up, Tensor& out) {
+  forget_normed_copy();
   launch_silu_mul(gate_up.as<float>(), gate_up.dim(0), gate_up.dim(1) / 2, out.as<float>(), stream_);
 }
 
 void CudaBackend::concat_cols(const Tensor& a, const Tensor& b, Tensor& out) {
+  forget_normed_copy();
   launch_concat_cols(a.as<float>(), b.as<float>(), a.dim(0), a.dim(1), b.dim(1), out.as<float>(), stream_);
 }
 
 void CudaBackend::gather_rows(const Tensor& x, std::span<const int32_t> rows, Tensor& out) {
+  forget_normed_copy();
   const int64_t num_rows = x.dim(0);
   for (int32_t i : rows) DS_CHECK_MSG(i >= 0 && i < num_rows, "gather_rows: row " << i << " of " << num_rows);
   Tensor uploaded;
@@ -654,6 +697,7 @@ void CudaBackend::read_cache_block(const LayerKvCache& cache, int32_t block, voi
 }
 
 void CudaBackend::write_cache_block(LayerKvCache& cache, int32_t block, const void* src) {
+  forget_normed_copy();
   const size_t block_bytes = cache.data.num_bytes() / static_cast<size_t>(cache.data.dim(0));
   DS_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(cache.data.data) + block * block_bytes, src, block_bytes,
                                 cudaMemcpyHostToDevice, stream_));

@@ -117,7 +117,15 @@ class CudaBackend final : public Backend {
   // for e4m3 ones, whose block-scaled products write fp32.
   static DType library_output_dtype(const GemmWeight& w) { return w.scales == nullptr ? DType::kBF16 : DType::kF32; }
   void library_product_native(const Tensor& x_bf16, int64_t rows, const GemmWeight& w, void* out);
+  // x in bf16, rows padded with zeros to k_padded columns: the last norm's bf16 copy where x is
+  // that norm's output (see NormedCopy), else a conversion.
   Tensor to_bf16_padded(const Tensor& x, int64_t k_padded);
+  // A bf16 buffer for the norm about to write `out`, remembered as out's copy; null where the
+  // norm writes no copy (out not a 2-D fp32 tensor).
+  uint16_t* start_normed_copy(const Tensor& out);
+  void forget_normed_copy() { normed_copy_ = {}; }
+  // Forgets the copy when `written` overlaps the tensor it was made from.
+  void forget_normed_copy_if_written(const Tensor& written);
   // out fp32 [rows, w.out_features] = x · wᵀ for bf16 x [rows, w's k_padded].
   void linear_bf16(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, Tensor& out);
   void moe_experts_grouped(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
@@ -160,6 +168,10 @@ class CudaBackend final : public Backend {
   bool recording_ = false;
   bool library_fp8_ = true;  // many-row e4m3 products in FP8 (DSINFER_CUDA_FP8_GEMM=0: weights widened to bf16)
   bool shared_experts_alongside_ = true;  // DSINFER_MOE_SIDE_STREAM=0: shared experts after the routed ones
+  // Prefill-sized MoE layers give each expert's rows to cuBLASLt, which needs the row counts on
+  // the host: one wait per layer. DSINFER_MOE_HOST_PLAN=0 keeps them on the own grouped kernel
+  // instead, with no wait.
+  bool host_planned_experts_ = true;
   bool fused_prefill_attention_ = true;  // expanded prefill in one kernel (DSINFER_MLA_FLASH=0: cuBLASLt products)
   // Above this many rows a dense product goes to cuBLASLt (not batch-invariant). bf16: the own
   // kernel runs rows in passes of up to 32 that each re-read the weight tile, and at 64 rows it
@@ -187,6 +199,19 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Recordings> recordings_;
   std::unique_ptr<Choices> choices_;
   std::unique_ptr<StepGapTracker> step_gaps_;
+  // The last norm's output in bf16 (rows padded with zeros to whole 128-column tiles), written
+  // by the norm's own kernel: the products that take that output next (linear, linear_pair,
+  // gated_mlp, moe) read it instead of converting the output again, a kernel fewer before
+  // each product that follows a norm. Every other op forgets it before it runs, and those
+  // products forget it when they write over its source, so it never outlives the values it
+  // copies.
+  struct NormedCopy {
+    const void* of = nullptr;    // the fp32 tensor it copies
+    std::shared_ptr<void> keep;  // of's storage, so that its memory is not handed out again meanwhile
+    std::vector<int64_t> shape;  // of's shape
+    Tensor bf16;                 // [rows, cols rounded up to 128]
+  };
+  NormedCopy normed_copy_;
 
 };
 

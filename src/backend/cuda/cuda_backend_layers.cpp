@@ -120,8 +120,8 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
   const int64_t k_p = gu0.weight.dim(1), inter_p = gu0.weight.dim(0) / 2;
   DS_CHECK(down0.weight.dim(1) == inter_p && down0.out_features == hidden && gu0.in_features == hidden);
   Tensor xb = to_bf16_padded(x, k_p);
-  const bool host_planned =
-      !batch_invariant_ && !recording_ && num_entries >= kHostPlannedRowsPerExpert * num_experts;
+  const bool host_planned = host_planned_experts_ && !batch_invariant_ && !recording_ &&
+                            num_entries >= kHostPlannedRowsPerExpert * num_experts;
 
   // The shared experts depend on x alone. In a small step the routing before the routed experts
   // is a chain of short kernels that leave the memory idle, so the shared experts run beside it
@@ -151,7 +151,6 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
   else
     launch_router_logits(x.as<float>(), w.gate.as<float>(), num_tokens, static_cast<int>(hidden), num_experts,
                          logits.as<float>(), stream_);
-  launch_moe_route(logits.as<float>(), num_tokens, params, bias, d_ids.as<int32_t>(), d_weights.as<float>(), stream_);
 
   // plan = [row_offsets E+1 | block_offsets E+1 | src_rows | slot_rows]
   Tensor plan = alloc_->cached({2 * (num_experts + 1) + 2 * num_entries}, DType::kI32);
@@ -162,9 +161,9 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
   const int64_t plan_workspace_ints = moe_plan_workspace_ints(static_cast<int>(num_entries), num_experts);
   Tensor plan_workspace;
   if (plan_workspace_ints > 0) plan_workspace = alloc_->cached({plan_workspace_ints}, DType::kI32);
-  launch_moe_plan(d_ids.as<int32_t>(), static_cast<int>(num_entries), top_k, num_experts, kGemmRowsPerBlock,
-                  row_offsets, block_offsets, src_rows, slot_rows,
-                  plan_workspace_ints > 0 ? plan_workspace.as<int32_t>() : nullptr, stream_);
+  launch_moe_route_and_plan(logits.as<float>(), num_tokens, params, bias, d_ids.as<int32_t>(), d_weights.as<float>(),
+                            kGemmRowsPerBlock, row_offsets, block_offsets, src_rows, slot_rows,
+                            plan_workspace_ints > 0 ? plan_workspace.as<int32_t>() : nullptr, stream_);
 
   Tensor expert_out;
   if (host_planned) {
@@ -189,6 +188,7 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
                                   stream_));
     synchronize();
   }
+  forget_normed_copy_if_written(out);
 }
 
 // All experts in two grouped GEMMs that read the routing from the device (no host wait).

@@ -118,6 +118,7 @@ void CudaBackend::prepare(MlaWeights& w) {
 }
 
 void CudaBackend::mla_attention(const MlaAttentionArgs& args) {
+  forget_normed_copy();
   const MlaWeights& w = *args.weights;
   DS_CHECK_MSG(!w.derived.empty(), "mla_attention: the layer's weights were not prepared (Backend::prepare)");
   const ForwardBatch& batch = *args.batch;

@@ -44,12 +44,28 @@ bool norm_fits_registers(const void* x, const void* y, const void* w, const void
          aligned(out) && (y == nullptr || aligned(y));
 }
 
+// Where a norm also writes its output in bf16: y [rows, ldy], columns n..ldy zero.
+struct NormBf16Copy {
+  __nv_bfloat16* y = nullptr;
+  int64_t ldy = 0;
+};
+
+// Four floats as four bf16 (round to nearest even, as the conversion kernel rounds), 8 bytes.
+__device__ __forceinline__ void store_bf16x4(__nv_bfloat16* dst, float4 v) {
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+  uint2 packed;
+  packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+  packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+  *reinterpret_cast<uint2*>(dst) = packed;
+}
+
 // One block per row: x += y first when kAddFirst (x updated in memory), then out = the row's
 // RMS norm, its mean square in fp32 through a block reduction. x and out may alias: every
 // thread holds its elements in registers before it writes them.
 template <bool kAddFirst>
 __global__ void __launch_bounds__(kThreads) rms_norm_registers_kernel(float* x, const float* y, const float* w,
-                                                                      float eps, int n, float* out) {
+                                                                      float eps, int n, float* out,
+                                                                      NormBf16Copy copy) {
   await_previous_kernels();
   __shared__ float warp_sums[32];
   const int64_t base = blockIdx.x * static_cast<int64_t>(n);
@@ -81,20 +97,27 @@ __global__ void __launch_bounds__(kThreads) rms_norm_registers_kernel(float* x, 
     }
   }
   const float inv = rsqrtf(block_sum(sum, warp_sums) / static_cast<float>(n) + eps);
+  __nv_bfloat16* copy_row = copy.y == nullptr ? nullptr : copy.y + blockIdx.x * copy.ldy;
 #pragma unroll
   for (int j = 0; j < kNormVec4PerThread; ++j) {
     const int i = threadIdx.x + j * kThreads;
-    if (i < n4)
-      dst[i] = make_float4(v[j].x * inv * wv[j].x, v[j].y * inv * wv[j].y, v[j].z * inv * wv[j].z,
-                           v[j].w * inv * wv[j].w);
+    if (i < n4) {
+      const float4 o = make_float4(v[j].x * inv * wv[j].x, v[j].y * inv * wv[j].y, v[j].z * inv * wv[j].z,
+                                   v[j].w * inv * wv[j].w);
+      dst[i] = o;
+      if (copy_row != nullptr) store_bf16x4(copy_row + 4 * i, o);
+    }
   }
+  if (copy_row != nullptr)
+    for (int64_t c = n + 4 * threadIdx.x; c < copy.ldy; c += 4 * kThreads) store_bf16x4(copy_row + c, float4{});
 }
 
 // The same norms for any row width, in loops over the row (widths not a multiple of 4 or wider
 // than the register form holds). Each thread re-reads only the elements it wrote, and x and out
 // may alias: every thread reads its own elements before writing them.
 template <bool kAddFirst>
-__global__ void rms_norm_loop_kernel(float* x, const float* y, const float* w, float eps, int64_t n, float* out) {
+__global__ void rms_norm_loop_kernel(float* x, const float* y, const float* w, float eps, int64_t n, float* out,
+                                     NormBf16Copy copy) {
   await_previous_kernels();
   __shared__ float warp_sums[32];
   float* row = x + blockIdx.x * n;
@@ -109,7 +132,14 @@ __global__ void rms_norm_loop_kernel(float* x, const float* y, const float* w, f
     sum += v * v;
   }
   const float inv = rsqrtf(block_sum(sum, warp_sums) / static_cast<float>(n) + eps);
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = row[i] * inv * w[i];
+  __nv_bfloat16* copy_row = copy.y == nullptr ? nullptr : copy.y + blockIdx.x * copy.ldy;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float o = row[i] * inv * w[i];
+    dst[i] = o;
+    if (copy_row != nullptr) copy_row[i] = __float2bfloat16_rn(o);
+  }
+  if (copy_row != nullptr)
+    for (int64_t c = n + threadIdx.x; c < copy.ldy; c += blockDim.x) copy_row[c] = __float2bfloat16_rn(0.0f);
 }
 
 __global__ void add_kernel(float* x, const float* y, int64_t n) {
@@ -302,26 +332,33 @@ namespace {
 // Either norm, from registers where the row fits them, else in loops.
 template <bool kAddFirst>
 void launch_norm(float* x, const float* y, const float* w, float eps, int64_t rows, int64_t n, float* out,
-                 Stream stream) {
+                 uint16_t* out_bf16, int64_t ld_bf16, Stream stream) {
   if (rows == 0) return;
+  NormBf16Copy copy;
+  if (out_bf16 != nullptr) {
+    DS_CHECK_MSG(ld_bf16 % 8 == 0 && ld_bf16 >= n && reinterpret_cast<uintptr_t>(out_bf16) % 16 == 0,
+                 "rms_norm: the bf16 rows (" << ld_bf16 << " wide) must be 16-byte aligned");
+    copy = NormBf16Copy{reinterpret_cast<__nv_bfloat16*>(out_bf16), ld_bf16};
+  }
   if (norm_fits_registers(x, y, w, out, n))
     launch_kernel(rms_norm_registers_kernel<kAddFirst>, static_cast<unsigned>(rows), kThreads, 0, stream, x, y, w,
-                  eps, static_cast<int>(n), out);
+                  eps, static_cast<int>(n), out, copy);
   else
     launch_kernel(rms_norm_loop_kernel<kAddFirst>, static_cast<unsigned>(rows), kThreads, 0, stream, x, y, w, eps, n,
-                  out);
+                  out, copy);
   DS_CUDA_CHECK_LAUNCH();
 }
 }  // namespace
 
-void launch_rms_norm(const float* x, const float* w, float eps, int64_t rows, int64_t n, float* out, Stream stream) {
+void launch_rms_norm(const float* x, const float* w, float eps, int64_t rows, int64_t n, float* out,
+                     uint16_t* out_bf16, int64_t ld_bf16, Stream stream) {
   // Without the add the kernels only read x.
-  launch_norm<false>(const_cast<float*>(x), nullptr, w, eps, rows, n, out, stream);
+  launch_norm<false>(const_cast<float*>(x), nullptr, w, eps, rows, n, out, out_bf16, ld_bf16, stream);
 }
 
 void launch_add_rms_norm(float* x, const float* y, const float* w, float eps, int64_t rows, int64_t n, float* out,
-                         Stream stream) {
-  launch_norm<true>(x, y, w, eps, rows, n, out, stream);
+                         uint16_t* out_bf16, int64_t ld_bf16, Stream stream) {
+  launch_norm<true>(x, y, w, eps, rows, n, out, out_bf16, ld_bf16, stream);
 }
 
 void launch_add(float* x, const float* y, int64_t n, Stream stream) {

@@ -15,12 +15,16 @@ namespace dsinfer::cuda {
 using Stream = CUstream_st*;
 
 // ---- element-wise and row kernels (cuda_elementwise.cu) ----
-void launch_rms_norm(const float* x, const float* w, float eps, int64_t rows, int64_t n, float* out, Stream stream);
+// out = rms_norm(x) · w, rows of n. With out_bf16, the same values also go there in bf16
+// [rows, ld_bf16] (rounded as launch_f32_to_bf16_padded rounds, columns n..ld_bf16 zero), for a
+// product that takes the norm's output next.
+void launch_rms_norm(const float* x, const float* w, float eps, int64_t rows, int64_t n, float* out,
+                     uint16_t* out_bf16, int64_t ld_bf16, Stream stream);
 void launch_add(float* x, const float* y, int64_t n, Stream stream);
 // x += y, then out = rms_norm(x) · w, rows of n, in one pass over the rows: the same fp32
-// operations and reduction order as launch_add followed by launch_rms_norm.
+// operations and reduction order as launch_add followed by launch_rms_norm; out_bf16 as there.
 void launch_add_rms_norm(float* x, const float* y, const float* w, float eps, int64_t rows, int64_t n, float* out,
-                         Stream stream);
+                         uint16_t* out_bf16, int64_t ld_bf16, Stream stream);
 void launch_silu_mul(const float* gate_up, int64_t rows, int64_t inter, float* out, Stream stream);
 void launch_concat_cols(const float* a, const float* b, int64_t rows, int64_t na, int64_t nb, float* out,
                         Stream stream);
@@ -193,6 +197,11 @@ int64_t moe_plan_workspace_ints(int num_entries, int num_experts);
 void launch_moe_plan(const int32_t* expert_ids, int num_entries, int top_k, int num_experts, int rows_per_block,
                      int32_t* row_offsets, int32_t* block_offsets, int32_t* src_rows, int32_t* slot_rows,
                      int32_t* workspace, Stream stream);
+// launch_moe_route then launch_moe_plan; a step of a few tokens in one launch (same results).
+void launch_moe_route_and_plan(const float* logits, int64_t num_tokens, const MoeRouteParams& p, const float* bias,
+                               int32_t* expert_ids, float* weights, int rows_per_block, int32_t* row_offsets,
+                               int32_t* block_offsets, int32_t* src_rows, int32_t* slot_rows, int32_t* workspace,
+                               Stream stream);
 // out[t] = sum_k weights[t, k] * expert_out[slot_row[t * top_k + k]] in slot order, + shared[t]
 // when shared is not null. expert_out [T * top_k, ld_expert] holds fp32, or bf16 where
 // expert_out_bf16; shared and out are fp32 [T, hidden].

@@ -19,7 +19,6 @@ constexpr int kMaxTopK = 32;
 // One warp per token: routing is a handful of short reductions over at most a few hundred
 // scores, and a prefill step routes tens of thousands of tokens.
 constexpr int kRouteThreads = 32;
-constexpr int kRouteWarps = kRouteThreads / 32;
 
 struct Best {
   float v;
@@ -32,68 +31,59 @@ __device__ __forceinline__ Best better(Best a, Best b) {
   return (b.v > a.v || (b.v == a.v && b.i < a.i)) ? b : a;
 }
 
-// Block-wide best of the entries not yet taken (every thread calls; all get the result).
-__device__ Best block_best(const float* v, const bool* taken, int n, Best* s_warp) {
+// The warp's best of the entries not yet taken (every lane calls; all get the result).
+__device__ Best warp_best(const float* v, const bool* taken, int n, int lane) {
   Best best{0.0f, -1};
-  for (int e = threadIdx.x; e < n; e += kRouteThreads)
+  for (int e = lane; e < n; e += 32)
     if (!taken[e]) best = better(best, Best{v[e], e});
   for (int off = 16; off > 0; off >>= 1) {
     Best other{__shfl_xor_sync(0xffffffffu, best.v, off), __shfl_xor_sync(0xffffffffu, best.i, off)};
     best = better(best, other);
   }
-  __syncthreads();
-  if (threadIdx.x % 32 == 0) s_warp[threadIdx.x / 32] = best;
-  __syncthreads();
-  Best all = s_warp[0];
-  for (int w = 1; w < kRouteWarps; ++w) all = better(all, s_warp[w]);
-  return all;
+  return best;
 }
 
-__device__ float block_sum(float v, float* s_warp) {
+__device__ float warp_sum(float v) {
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-  __syncthreads();
-  if (threadIdx.x % 32 == 0) s_warp[threadIdx.x / 32] = v;
-  __syncthreads();
-  float total = 0.0f;
-  for (int w = 0; w < kRouteWarps; ++w) total += s_warp[w];
-  return total;
+  return v;
 }
 
-// One block (a warp) per token: scores, optional correction bias, group limit, top-k and weights, with
-// the selection rules of cpu::route_token (the same experts whenever the scores agree).
-__global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logits, MoeRouteParams p,
-                                                              const float* bias, int32_t* expert_ids,
-                                                              float* weights) {
-  await_previous_kernels();
-  __shared__ float s_score[kMaxExperts], s_choice[kMaxExperts], s_group[kMaxExperts];
-  __shared__ bool s_taken[kMaxExperts], s_group_taken[kMaxExperts], s_kept[kMaxExperts];
-  __shared__ Best s_best[kRouteWarps];
-  __shared__ float s_sum[kRouteWarps];
-  __shared__ int s_ids[kMaxTopK];
-  const int64_t t = blockIdx.x;
+// A warp's working space for routing one token (shared memory).
+struct RouteScratch {
+  float score[kMaxExperts], choice[kMaxExperts], group[kMaxExperts];
+  bool taken[kMaxExperts], group_taken[kMaxExperts], kept[kMaxExperts];
+  int ids[kMaxTopK];
+};
+
+// Routes token t with one warp (every lane calls): scores, optional correction bias, group
+// limit, top-k and weights, with the selection rules of cpu::route_token (the same experts
+// whenever the scores agree).
+__device__ void route_token(const float* logits, const MoeRouteParams& p, const float* bias, int64_t t,
+                            RouteScratch& s, int32_t* expert_ids, float* weights) {
+  const int lane = threadIdx.x % 32;
   const int n = p.num_experts;
   const float* lg = logits + t * n;
-  for (int e = threadIdx.x; e < n; e += kRouteThreads) s_taken[e] = false;
-  __syncthreads();
+  for (int e = lane; e < n; e += 32) s.taken[e] = false;
+  __syncwarp();
   if (!p.sigmoid) {
-    const float max_logit = block_best(lg, s_taken, n, s_best).v;
+    const float max_logit = warp_best(lg, s.taken, n, lane).v;
     float part = 0.0f;
-    for (int e = threadIdx.x; e < n; e += kRouteThreads) {
-      s_score[e] = expf(lg[e] - max_logit);
-      part += s_score[e];
+    for (int e = lane; e < n; e += 32) {
+      s.score[e] = expf(lg[e] - max_logit);
+      part += s.score[e];
     }
-    const float sum = block_sum(part, s_sum);
-    for (int e = threadIdx.x; e < n; e += kRouteThreads) s_score[e] /= sum;
+    const float sum = warp_sum(part);
+    for (int e = lane; e < n; e += 32) s.score[e] /= sum;
   } else {
-    for (int e = threadIdx.x; e < n; e += kRouteThreads) s_score[e] = 1.0f / (1.0f + expf(-lg[e]));
+    for (int e = lane; e < n; e += 32) s.score[e] = 1.0f / (1.0f + expf(-lg[e]));
   }
-  for (int e = threadIdx.x; e < n; e += kRouteThreads)
-    s_choice[e] = s_score[e] + ((p.topk_method == 2 && bias != nullptr) ? bias[e] : 0.0f);
-  __syncthreads();
+  for (int e = lane; e < n; e += 32)
+    s.choice[e] = s.score[e] + ((p.topk_method == 2 && bias != nullptr) ? bias[e] : 0.0f);
+  __syncwarp();
   if (p.topk_method != 0 && p.num_groups > 1) {
     const int per_group = n / p.num_groups;
-    for (int g = threadIdx.x; g < p.num_groups; g += kRouteThreads) {
-      const float* c = s_choice + g * per_group;
+    for (int g = lane; g < p.num_groups; g += 32) {
+      const float* c = s.choice + g * per_group;
       if (p.topk_method == 2) {  // noaux_tc: the sum of the group's top two
         int i0 = 0;
         for (int i = 1; i < per_group; ++i)
@@ -105,50 +95,59 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logit
             if (i != i0 && (i1 < 0 || c[i] > c[i1])) i1 = i;
           second = c[i1];
         }
-        s_group[g] = c[i0] + second;
+        s.group[g] = c[i0] + second;
       } else {  // group_limited_greedy: the group's best
         float mx = c[0];
         for (int i = 1; i < per_group; ++i) mx = fmaxf(mx, c[i]);
-        s_group[g] = mx;
+        s.group[g] = mx;
       }
-      s_group_taken[g] = false;
-      s_kept[g] = false;
+      s.group_taken[g] = false;
+      s.kept[g] = false;
     }
-    __syncthreads();
+    __syncwarp();
     for (int i = 0; i < p.topk_groups; ++i) {
-      const Best b = block_best(s_group, s_group_taken, p.num_groups, s_best);
-      if (threadIdx.x == 0) {
-        s_group_taken[b.i] = true;
-        s_kept[b.i] = true;
+      const Best b = warp_best(s.group, s.group_taken, p.num_groups, lane);
+      if (lane == 0) {
+        s.group_taken[b.i] = true;
+        s.kept[b.i] = true;
       }
-      __syncthreads();
+      __syncwarp();
     }
-    for (int e = threadIdx.x; e < n; e += kRouteThreads)
-      if (!s_kept[e / per_group]) s_choice[e] = -INFINITY;
-    __syncthreads();
+    for (int e = lane; e < n; e += 32)
+      if (!s.kept[e / per_group]) s.choice[e] = -INFINITY;
+    __syncwarp();
   }
   for (int i = 0; i < p.top_k; ++i) {
-    const Best b = block_best(s_choice, s_taken, n, s_best);
-    if (threadIdx.x == 0) {
-      s_taken[b.i] = true;
-      s_ids[i] = b.i;
+    const Best b = warp_best(s.choice, s.taken, n, lane);
+    if (lane == 0) {
+      s.taken[b.i] = true;
+      s.ids[i] = b.i;
     }
-    __syncthreads();
+    __syncwarp();
   }
-  if (threadIdx.x == 0) {
+  if (lane == 0) {
     float w[kMaxTopK];
     float sum = 0.0f;
     for (int i = 0; i < p.top_k; ++i) {
-      w[i] = s_score[s_ids[i]];
+      w[i] = s.score[s.ids[i]];
       sum += w[i];
     }
     if (p.norm_topk_prob && p.top_k > 1)
       for (int i = 0; i < p.top_k; ++i) w[i] /= (sum + 1e-20f);
     for (int i = 0; i < p.top_k; ++i) {
-      expert_ids[t * p.top_k + i] = s_ids[i];
+      expert_ids[t * p.top_k + i] = s.ids[i];
       weights[t * p.top_k + i] = w[i] * p.routed_scaling_factor;
     }
   }
+}
+
+// One block (a warp) per token.
+__global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logits, MoeRouteParams p,
+                                                              const float* bias, int32_t* expert_ids,
+                                                              float* weights) {
+  await_previous_kernels();
+  __shared__ RouteScratch scratch;
+  route_token(logits, p, bias, blockIdx.x, scratch, expert_ids, weights);
 }
 
 // Four experts per block: a decode step of one token still spreads its 64 experts (V2-Lite)
@@ -192,7 +191,7 @@ constexpr int kPlanEntriesPerBlock = 4096;
 // Block-wide helpers of the planning kernels (every thread calls them).
 // counts[expert] += the entries in [begin, end) routed to it (counts in shared memory).
 __device__ void count_entries(const int32_t* expert_ids, int begin, int end, int* counts) {
-  for (int i = begin + threadIdx.x; i < end; i += kPlanThreads) atomicAdd(&counts[expert_ids[i]], 1);
+  for (int i = begin + threadIdx.x; i < end; i += blockDim.x) atomicAdd(&counts[expert_ids[i]], 1);
   __syncthreads();
 }
 
@@ -218,7 +217,7 @@ __device__ void expert_offsets(const int* counts, int num_experts, int rows_per_
 // Each entry of [begin, end) takes the next free row of its expert (fill, shared).
 __device__ void place_entries(const int32_t* expert_ids, int begin, int end, int top_k, int* fill, int32_t* src_rows,
                               int32_t* slot_rows) {
-  for (int i = begin + threadIdx.x; i < end; i += kPlanThreads) {
+  for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
     const int row = atomicAdd(&fill[expert_ids[i]], 1);
     src_rows[row] = i / top_k;
     slot_rows[i] = row;
@@ -240,6 +239,29 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const int32_t* exper
   count_entries(expert_ids, 0, num_entries, counts);
   expert_offsets(counts, num_experts, rows_per_block, row_offsets, block_offsets, fill);
   place_entries(expert_ids, 0, num_entries, top_k, fill, src_rows, slot_rows);
+}
+
+// A step of up to kRoutePlanMaxTokens tokens routes and plans in one block: a warp per token,
+// then the block groups the entries as plan_kernel does. In a decode step the routing and the
+// planning are two latency-bound launches in a chain that leaves the memory idle; one launch
+// takes a kernel boundary out of that chain.
+constexpr int kRoutePlanMaxTokens = 4;
+
+__global__ void __launch_bounds__(kRoutePlanMaxTokens * 32) route_plan_kernel(
+    const float* logits, int num_tokens, MoeRouteParams p, const float* bias, int32_t* expert_ids, float* weights,
+    int rows_per_block, int32_t* row_offsets, int32_t* block_offsets, int32_t* src_rows, int32_t* slot_rows) {
+  await_previous_kernels();
+  __shared__ RouteScratch scratch[kRoutePlanMaxTokens];
+  __shared__ int counts[kMaxExperts];
+  __shared__ int fill[kMaxExperts];
+  const int warp = threadIdx.x / 32;
+  for (int e = threadIdx.x; e < p.num_experts; e += blockDim.x) counts[e] = 0;
+  if (warp < num_tokens) route_token(logits, p, bias, warp, scratch[warp], expert_ids, weights);
+  __syncthreads();  // the block's global writes (expert_ids) are visible to the block after it
+  const int num_entries = num_tokens * p.top_k;
+  count_entries(expert_ids, 0, num_entries, counts);
+  expert_offsets(counts, p.num_experts, rows_per_block, row_offsets, block_offsets, fill);
+  place_entries(expert_ids, 0, num_entries, p.top_k, fill, src_rows, slot_rows);
 }
 
 // Many entries, step 1: each block's per-expert counts of its slice, slice_rows [blocks][E].
@@ -340,6 +362,23 @@ void launch_moe_route(const float* logits, int64_t num_tokens, const MoeRoutePar
   DS_CHECK(num_tokens <= 0x7fffffff);
   launch_kernel(route_kernel, static_cast<unsigned>(num_tokens), kRouteThreads, 0, stream, logits, p, bias, expert_ids,
                 weights);
+  DS_CUDA_CHECK_LAUNCH();
+}
+
+void launch_moe_route_and_plan(const float* logits, int64_t num_tokens, const MoeRouteParams& p, const float* bias,
+                               int32_t* expert_ids, float* weights, int rows_per_block, int32_t* row_offsets,
+                               int32_t* block_offsets, int32_t* src_rows, int32_t* slot_rows, int32_t* workspace,
+                               Stream stream) {
+  check_route_params(p);
+  if (num_tokens == 0) return;
+  if (num_tokens > kRoutePlanMaxTokens) {
+    launch_moe_route(logits, num_tokens, p, bias, expert_ids, weights, stream);
+    launch_moe_plan(expert_ids, static_cast<int>(num_tokens * p.top_k), p.top_k, p.num_experts, rows_per_block,
+                    row_offsets, block_offsets, src_rows, slot_rows, workspace, stream);
+    return;
+  }
+  launch_kernel(route_plan_kernel, 1, kRoutePlanMaxTokens * 32, 0, stream, logits, static_cast<int>(num_tokens), p,
+                bias, expert_ids, weights, rows_per_block, row_offsets, block_offsets, src_rows, slot_rows);
   DS_CUDA_CHECK_LAUNCH();
 }
 

@@ -254,7 +254,9 @@ void launch_with(const GroupedGemmArgs& args, int max_n_padded, int max_row_bloc
   constexpr auto kernel = few_row_gemm_kernel<kTokens, kFp8>;
   // As many quads per block as make the whole product one wave of resident blocks (so that
   // no block waits for another to finish, and each block's lookups and sums are shared by
-  // several quads), within the bound of the block's sums.
+  // several quads), within the bound of the block's sums. Even the LM head (25,600 quads)
+  // keeps one wave: in blocks of one quad it took 97.5 µs instead of 112.6 under Nsight
+  // Compute, yet recorded steps were 2% slower at batch 1 and 2.
   const int num_quads = max_n_padded / kQuadRows;
   const int64_t work = static_cast<int64_t>(num_quads) * max_row_blocks;
   const int64_t capacity = resident_blocks<kernel>();

@@ -186,6 +186,19 @@ TEST_F(CudaMoeTest, PrefillSizedBatchIsPlannedAcrossBlocks) {
   run_case(g, 1100, 22, 90, 64);
 }
 
+TEST_F(CudaMoeTest, PrefillSizedBatchWithoutTheHostWaitStaysOnTheGroupedKernel) {
+  // DSINFER_MOE_HOST_PLAN=0: the same prefill-sized layers keep their experts on the own
+  // grouped kernel (128-row expert blocks for bf16, 32-row blocks for e4m3), planned on the
+  // device with no copy of the row counts to the host.
+  setenv("DSINFER_MOE_HOST_PLAN", "0", 1);
+  gpu_ = make_backend("cuda");
+  unsetenv("DSINFER_MOE_HOST_PLAN");
+  const GateSpec g{16, 4, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, true, 1.0f, true};
+  run_case(g, 1100, 23, 128, 64);
+  run_case(g, 1100, 24, 90, 64);
+  run_case(g, 301, 25, 256, 128, /*fp8=*/true, /*tolerance=*/8e-2);
+}
+
 TEST_F(CudaMoeTest, SkewedRoutingRunsExpertsOverManyRowBlocks) {
   // Every token picks experts 0-3 (and no other: top-4), so those take all 100 rows while the
   // batch averages 6 rows per expert: the decode kernel runs them as row-blocks of 64 and 36

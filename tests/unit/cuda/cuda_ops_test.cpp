@@ -99,6 +99,57 @@ TEST_F(CudaOpsTest, AddRmsNormIsAddThenRmsNorm) {
   }
 }
 
+// A norm also writes its output in bf16, and the product that takes that output next reads the
+// copy instead of converting it. The copy must give the conversion's bits, for widths it pads
+// with zeros and rows the register kernel does not hold, and must never outlive its values:
+// a write over the norm's output, by another op or by the product itself, makes the next
+// product read the new values.
+TEST_F(CudaOpsTest, ProductsAfterANormReadItsBf16CopyOnlyWhileItHolds) {
+  Backend& be = *gpu_;
+  const float eps = 1e-6f;
+  for (auto [rows, n] : {std::pair<int64_t, int64_t>{1, 2048}, {3, 200}, {5, 202}, {40, 9000}}) {
+    const int64_t n_out = 96;
+    const auto x = random_values(rows * n, 51, 2.0f, 0.5f), y = random_values(rows * n, 52);
+    const auto w = random_values(n, 53, 0.1f, 1.0f);
+    const auto wp = random_values(n_out * n, 54, 0.05f);
+    const LinearWeight proj = be.make_linear(HostTensor{DType::kF32, {n_out, n}, wp.data()});
+    Tensor tx = upload(be, {rows, n}, x), ty = upload(be, {rows, n}, y), tw = upload(be, {n}, w);
+    Tensor normed = be.empty({rows, n}, DType::kF32);
+    Tensor got = be.empty({rows, n_out}, DType::kF32), got2 = be.empty({rows, n_out}, DType::kF32);
+    // The product of a tensor that no norm wrote: a conversion, the reference for each case.
+    const auto converted = [&](const Tensor& t) {
+      Tensor fresh = upload(be, {rows, n}, download(be, t)), r = be.empty({rows, n_out}, DType::kF32);
+      be.linear(fresh, proj, r);
+      return download(be, r);
+    };
+    const std::string shape = std::to_string(rows) + "x" + std::to_string(n);
+
+    be.rms_norm(tx, tw, eps, normed);
+    be.linear(normed, proj, got);
+    EXPECT_EQ(download(be, got), converted(normed)) << shape << ": rms_norm, then linear";
+
+    Tensor sum = upload(be, {rows, n}, x);
+    be.add_rms_norm(sum, ty, tw, eps, normed);
+    be.linear_pair(normed, proj, got, proj, got2);
+    const auto want = converted(normed);
+    EXPECT_EQ(download(be, got), want) << shape << ": add_rms_norm, then linear_pair";
+    EXPECT_EQ(download(be, got2), want) << shape << ": add_rms_norm, then linear_pair";
+
+    be.rms_norm(tx, tw, eps, normed);
+    be.add(normed, ty);
+    be.linear(normed, proj, got);
+    EXPECT_EQ(download(be, got), converted(normed)) << shape << ": an add over the norm's output";
+
+    if (n > 2048) continue;  // a square weight of the widest rows would take a gigabyte
+    const auto wsq = random_values(n * n, 55, 0.05f);
+    const LinearWeight square = be.make_linear(HostTensor{DType::kF32, {n, n}, wsq.data()});
+    be.rms_norm(tx, tw, eps, normed);
+    be.linear(normed, square, normed);  // the product writes over its own input
+    be.linear(normed, proj, got);
+    EXPECT_EQ(download(be, got), converted(normed)) << shape << ": a product over the norm's output";
+  }
+}
+
 TEST_F(CudaOpsTest, AddSiluMulConcatGatherEmbeddingMatchCpu) {
   const int64_t rows = 19, a_cols = 48, b_cols = 80, inter = 333, vocab = 50;
   const auto a = random_values(rows * a_cols, 3), b = random_values(rows * b_cols, 4);
