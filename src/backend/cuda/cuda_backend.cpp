@@ -89,7 +89,8 @@ CudaBackend::CudaBackend() {
   graphs_enabled_ = !env_is("DSINFER_CUDA_GRAPHS", "0");
   fused_prefill_attention_ = !env_is("DSINFER_MLA_FLASH", "0");
   shared_experts_alongside_ = !env_is("DSINFER_MOE_SIDE_STREAM", "0");
-  host_planned_experts_ = !env_is("DSINFER_MOE_HOST_PLAN", "0");
+  if (env_is("DSINFER_MOE_PREFILL_EXPERTS", "host")) prefill_experts_ = PrefillExperts::kHostPlanned;
+  if (env_is("DSINFER_MOE_PREFILL_EXPERTS", "grouped")) prefill_experts_ = PrefillExperts::kGrouped;
   library_fp8_ = !env_is("DSINFER_CUDA_FP8_GEMM", "0");
   if (const char* rows = std::getenv("DSINFER_CUDA_GEMM_MAX_ROWS"))
     own_gemm_max_rows_ = own_gemm_max_rows_fp8_ = std::max(1, std::atoi(rows));

@@ -133,6 +133,10 @@ class CudaBackend final : public Backend {
                            Tensor& expert_out);
   Tensor moe_experts_host_planned(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
                                   const int32_t* src_rows, int64_t num_entries);
+  bool chunked_experts_ready(const MoeWeights& w, int num_chunks);
+  Tensor moe_experts_chunked(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
+                             const int32_t* chunk_offsets, const int32_t* src_rows, const int32_t* expert_ids,
+                             const int32_t* slot_rows, int64_t num_entries, int num_chunks, int32_t* chunk_slot_rows);
   // Whether a product of `rows` rows with w runs on the own kernel (else cuBLASLt, unless the
   // caller asks for the library anyway).
   bool own_gemm_takes(const GemmWeight& w, int64_t rows) const;
@@ -168,10 +172,14 @@ class CudaBackend final : public Backend {
   bool recording_ = false;
   bool library_fp8_ = true;  // many-row e4m3 products in FP8 (DSINFER_CUDA_FP8_GEMM=0: weights widened to bf16)
   bool shared_experts_alongside_ = true;  // DSINFER_MOE_SIDE_STREAM=0: shared experts after the routed ones
-  // Prefill-sized MoE layers give each expert's rows to cuBLASLt, which needs the row counts on
-  // the host: one wait per layer. DSINFER_MOE_HOST_PLAN=0 keeps them on the own grouped kernel
-  // instead, with no wait.
-  bool host_planned_experts_ = true;
+  // Where prefill-sized MoE layers run their experts (DSINFER_MOE_PREFILL_EXPERTS):
+  // - kChunked ("chunked", the default for bf16 experts): cuBLASLt products batched through
+  //   pointer arrays that the device fills from its plan, no host wait;
+  // - kHostPlanned ("host", and e4m3 experts): a cuBLASLt product per expert, whose row counts
+  //   come to the host, one wait per layer;
+  // - kGrouped ("grouped"): the own grouped kernel, as in decode.
+  enum class PrefillExperts { kChunked, kHostPlanned, kGrouped };
+  PrefillExperts prefill_experts_ = PrefillExperts::kChunked;
   bool fused_prefill_attention_ = true;  // expanded prefill in one kernel (DSINFER_MLA_FLASH=0: cuBLASLt products)
   // Above this many rows a dense product goes to cuBLASLt (not batch-invariant). bf16: the own
   // kernel runs rows in passes of up to 32 that each re-read the weight tile, and at 64 rows it

@@ -15,9 +15,35 @@
 
 namespace dsinfer::cuda {
 namespace {
-// From this many routed rows per expert on average (prefill), an MoE layer plans its expert
-// GEMMs on the host; below it (decode) everything stays on the device.
-constexpr int64_t kHostPlannedRowsPerExpert = 32;
+// From this many routed rows per expert on average (prefill), an MoE layer's experts go to
+// cuBLASLt (moe_experts_chunked, or moe_experts_host_planned); below it (decode) they stay on
+// the own grouped kernel.
+constexpr int64_t kPrefillRowsPerExpert = 32;
+// Chunks of the pointer-array expert products: cuBLASLt's tiles of 128 rows, and the rows
+// spent on chunks that hold no routed row (at most one partial chunk per expert, plus the
+// batch's rounding) bounded by experts x 128 + kChunkBatchStep x 128.
+constexpr int kChunkRows = 128;
+// The batch is sized from the entry count and rounded up to this many chunks, so that a plan
+// (an answer of cuBLASLt's heuristic) serves every step of the same rounded size.
+constexpr int kChunkBatchStep = 32;
+
+int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+// A batch of num_chunks products of kChunkRows bf16 rows with w's shape, bf16 out, operands
+// through pointer arrays.
+LtMatmul::Strided chunk_product(const GemmWeight& w, int num_chunks) {
+  LtMatmul::Strided s;
+  s.m = kChunkRows;
+  s.n = w.n_padded;
+  s.k = w.k_padded;
+  s.batch = num_chunks;
+  s.y_bf16 = true;
+  s.ld_x = w.k_padded;
+  s.ld_w = w.k_padded;
+  s.ld_y = w.n_padded;
+  s.pointer_array = true;
+  return s;
+}
 // From this many routed rows per expert on average, bf16 experts run on 128-row expert blocks
 // (grouped_gemm_experts.cu). Below it an expert's weight is read by few blocks of that size
 // (one per SM at batch 1), which keep too little in flight, and the 32-row blocks win.
@@ -120,8 +146,14 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
   const int64_t k_p = gu0.weight.dim(1), inter_p = gu0.weight.dim(0) / 2;
   DS_CHECK(down0.weight.dim(1) == inter_p && down0.out_features == hidden && gu0.in_features == hidden);
   Tensor xb = to_bf16_padded(x, k_p);
-  const bool host_planned = host_planned_experts_ && !batch_invariant_ && !recording_ &&
-                            num_entries >= kHostPlannedRowsPerExpert * num_experts;
+  const bool prefill_sized =
+      !batch_invariant_ && !recording_ && num_entries >= kPrefillRowsPerExpert * num_experts;
+  const int num_chunks = static_cast<int>(
+      std::min<int64_t>(INT32_MAX / kChunkRows,
+                        round_up((num_entries + kChunkRows - 1) / kChunkRows + num_experts, kChunkBatchStep)));
+  const bool chunked =
+      prefill_sized && prefill_experts_ == PrefillExperts::kChunked && chunked_experts_ready(w, num_chunks);
+  const bool host_planned = prefill_sized && !chunked && prefill_experts_ != PrefillExperts::kGrouped;
 
   // The shared experts depend on x alone. In a small step the routing before the routed experts
   // is a chain of short kernels that leave the memory idle, so the shared experts run beside it
@@ -161,12 +193,20 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
   const int64_t plan_workspace_ints = moe_plan_workspace_ints(static_cast<int>(num_entries), num_experts);
   Tensor plan_workspace;
   if (plan_workspace_ints > 0) plan_workspace = alloc_->cached({plan_workspace_ints}, DType::kI32);
+  // Chunked layers count their block offsets in chunks.
   launch_moe_route_and_plan(logits.as<float>(), num_tokens, params, bias, d_ids.as<int32_t>(), d_weights.as<float>(),
-                            kGemmRowsPerBlock, row_offsets, block_offsets, src_rows, slot_rows,
+                            chunked ? kChunkRows : kGemmRowsPerBlock, row_offsets, block_offsets, src_rows, slot_rows,
                             plan_workspace_ints > 0 ? plan_workspace.as<int32_t>() : nullptr, stream_);
 
   Tensor expert_out;
-  if (host_planned) {
+  const int32_t* combine_rows = slot_rows;
+  Tensor chunk_slot_rows;
+  if (chunked) {
+    chunk_slot_rows = alloc_->cached({num_entries}, DType::kI32);
+    expert_out = moe_experts_chunked(w, xb, row_offsets, block_offsets, src_rows, d_ids.as<int32_t>(), slot_rows,
+                                     num_entries, num_chunks, chunk_slot_rows.as<int32_t>());
+    combine_rows = chunk_slot_rows.as<int32_t>();
+  } else if (host_planned) {
     expert_out = moe_experts_host_planned(w, xb, row_offsets, src_rows, num_entries);
   } else {
     expert_out = alloc_->cached({num_entries, hidden}, DType::kF32);
@@ -175,7 +215,7 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
 
   if (forked) forked->join();
   else if (w.has_shared) gated_mlp_bf16(xb, num_tokens, w.shared_gate_up, w.shared_down, shared.as<float>(), hidden);
-  launch_moe_combine(expert_out.data, expert_out.dtype == DType::kBF16, expert_out.dim(1), slot_rows,
+  launch_moe_combine(expert_out.data, expert_out.dtype == DType::kBF16, expert_out.dim(1), combine_rows,
                      d_weights.as<float>(), shared.empty() ? nullptr : shared.as<float>(), num_tokens, top_k, hidden,
                      out.as<float>(), stream_);
 
@@ -250,6 +290,67 @@ void CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, con
     launch_few_row_gemm(down, static_cast<int>(down0.weight.dim(0)), max_blocks, max_rows_per_block, stream_);
   else
     launch_grouped_gemm(down, static_cast<int>(down0.weight.dim(0)), max_blocks, rows_hint, stream_);
+}
+
+// The pointer-array products of a chunked layer, for both of its products at the batch of
+// num_chunks chunks: whether cuBLASLt has algorithms for them (plans cached). bf16 experts only:
+// cuBLASLt's block-scaled FP8 product takes one scale pointer per matrix.
+bool CudaBackend::chunked_experts_ready(const MoeWeights& w, int num_chunks) {
+  const GemmWeight gu = gemm_weight_of(w.expert_gate_up[0]), down = gemm_weight_of(w.expert_down[0]);
+  if (gu.scales != nullptr || down.scales != nullptr) return false;
+  return matmul_->pointer_array_ready(chunk_product(gu, num_chunks)) &&
+         matmul_->pointer_array_ready(chunk_product(down, num_chunks));
+}
+
+// Prefill-sized bf16 experts without the host: the grouped rows in chunks of kChunkRows, each
+// chunk one entry of a cuBLASLt product whose operands come from pointer arrays that a kernel
+// fills from the device plan (MoeChunkLayout). Gives bf16 rows [num_chunks * kChunkRows, the
+// down weight's n_padded] and, in chunk_slot_rows, the row of every (token, slot) entry.
+Tensor CudaBackend::moe_experts_chunked(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
+                                        const int32_t* chunk_offsets, const int32_t* src_rows,
+                                        const int32_t* expert_ids, const int32_t* slot_rows, int64_t num_entries,
+                                        int num_chunks, int32_t* chunk_slot_rows) {
+  const GemmWeight* table = static_cast<const GemmWeight*>(w.derived.data);
+  const GemmWeight gu = gemm_weight_of(w.expert_gate_up[0]), down = gemm_weight_of(w.expert_down[0]);
+  const int64_t k_p = gu.k_padded, inter_p = gu.n_padded / 2, rows = int64_t{num_chunks} * kChunkRows;
+  // The routed rows grouped by expert, and kChunkRows spare rows for the last chunk to read
+  // (zeros: every product reads only defined values).
+  Tensor xeb = alloc_->cached({num_entries + kChunkRows, k_p}, DType::kBF16);
+  launch_gather_rows_bf16(xb.as<uint16_t>(), src_rows, num_entries, k_p, xeb.as<uint16_t>(), stream_);
+  DS_CUDA_CHECK(cudaMemsetAsync(xeb.as<uint16_t>() + num_entries * k_p, 0, kChunkRows * k_p * sizeof(uint16_t),
+                                stream_));
+  Tensor gate_up = alloc_->cached({rows, gu.n_padded}, DType::kBF16);
+  Tensor act = alloc_->cached({rows, inter_p}, DType::kBF16);
+  Tensor expert_out = alloc_->cached({rows, down.n_padded}, DType::kBF16);
+  Tensor pointers = alloc_->cached({6 * int64_t{num_chunks}}, DType::kI64);
+  MoeChunkLayout layout;
+  layout.row_offsets = row_offsets;
+  layout.chunk_offsets = chunk_offsets;
+  layout.gate_up = table;
+  layout.down = table + w.num_experts;
+  layout.num_experts = w.num_experts;
+  layout.num_chunks = num_chunks;
+  layout.chunk_rows = kChunkRows;
+  layout.x = xeb.as<uint16_t>();
+  layout.ld_x = k_p;
+  layout.gate_up_out = gate_up.as<uint16_t>();
+  layout.ld_gate_up = gu.n_padded;
+  layout.act = act.as<uint16_t>();
+  layout.ld_act = inter_p;
+  layout.out = expert_out.as<uint16_t>();
+  layout.ld_out = down.n_padded;
+  layout.pointers = static_cast<void**>(pointers.data);
+  layout.expert_ids = expert_ids;
+  layout.slot_rows = slot_rows;
+  layout.num_entries = static_cast<int>(num_entries);
+  layout.chunk_slot_rows = chunk_slot_rows;
+  launch_moe_chunk_layout(layout, stream_);
+  void** p = layout.pointers;
+  const int64_t n = num_chunks;
+  matmul_->bf16_pointer_array(chunk_product(gu, num_chunks), p, p + n, p + 2 * n);
+  launch_silu_mul_interleaved(gate_up.data, /*gate_up_bf16=*/true, rows, inter_p, act.as<uint16_t>(), stream_);
+  matmul_->bf16_pointer_array(chunk_product(down, num_chunks), p + 3 * n, p + 4 * n, p + 5 * n);
+  return expert_out;
 }
 
 // Prefill-sized batches: the experts' row counts come to the host (one wait per layer) and

@@ -202,6 +202,38 @@ void launch_moe_route_and_plan(const float* logits, int64_t num_tokens, const Mo
                                int32_t* expert_ids, float* weights, int rows_per_block, int32_t* row_offsets,
                                int32_t* block_offsets, int32_t* src_rows, int32_t* slot_rows, int32_t* workspace,
                                Stream stream);
+// Prefill-sized MoE layers without the host: the entries grouped by expert (launch_moe_plan
+// with rows_per_block = chunk_rows, so that its block offsets count chunks) are cut into chunks
+// of chunk_rows rows, each one entry of a batched product through pointer arrays. Chunk c of
+// expert e reads chunk_rows grouped rows of x from its first one (rows past the expert's end
+// belong to the next expert or to x's spare rows, and their results are never read) and
+// writes chunk_rows rows at c * chunk_rows of the gate/up, activation and output buffers.
+// Chunks past the last expert's (the host sizes the batch from the entry count alone) take
+// expert 0's weights and rows and their own output rows. chunk_slot_rows [num_entries] gets
+// the output row of every (token, slot) entry, for the combine.
+struct GemmWeight;
+struct MoeChunkLayout {
+  const int32_t* row_offsets = nullptr;    // [E + 1] first grouped row of each expert
+  const int32_t* chunk_offsets = nullptr;  // [E + 1] first chunk of each expert
+  const GemmWeight* gate_up = nullptr;     // [E] the experts' weights
+  const GemmWeight* down = nullptr;        // [E]
+  int num_experts = 0, num_chunks = 0, chunk_rows = 0;
+  const uint16_t* x = nullptr;  // bf16 grouped rows [entries + chunk_rows, ld_x]
+  int64_t ld_x = 0;
+  uint16_t* gate_up_out = nullptr;  // bf16 [num_chunks * chunk_rows, ld_gate_up]
+  int64_t ld_gate_up = 0;
+  uint16_t* act = nullptr;  // bf16 [num_chunks * chunk_rows, ld_act]
+  int64_t ld_act = 0;
+  uint16_t* out = nullptr;  // bf16 [num_chunks * chunk_rows, ld_out]
+  int64_t ld_out = 0;
+  // [6][num_chunks]: gate/up x, w, y, then down x, w, y
+  void** pointers = nullptr;
+  const int32_t* expert_ids = nullptr;  // [num_entries]
+  const int32_t* slot_rows = nullptr;   // [num_entries] grouped row of each entry
+  int num_entries = 0;
+  int32_t* chunk_slot_rows = nullptr;  // [num_entries]
+};
+void launch_moe_chunk_layout(const MoeChunkLayout& layout, Stream stream);
 // out[t] = sum_k weights[t, k] * expert_out[slot_row[t * top_k + k]] in slot order, + shared[t]
 // when shared is not null. expert_out [T * top_k, ld_expert] holds fp32, or bf16 where
 // expert_out_bf16; shared and out are fp32 [T, hidden].

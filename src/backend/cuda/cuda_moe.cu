@@ -3,11 +3,13 @@
 // whenever the scores agree; a block per token keeps a decode step's routing short.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <type_traits>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/grouped_gemm.h"
 #include "backend/cuda/kernel_launch.cuh"
 
 namespace dsinfer::cuda {
@@ -347,7 +349,45 @@ __global__ void combine_kernel(const T* expert_out, int64_t ld_expert, const int
   for (int j = 0; j < kWidth; ++j) out[t * hidden + c + j] = acc[j];
 }
 
+// One thread per chunk for the pointers, and per entry for its output row.
+__global__ void moe_chunk_layout_kernel(MoeChunkLayout L) {
+  await_previous_kernels();
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < L.num_chunks) {
+    // The expert whose chunks hold chunk i: the last e with chunk_offsets[e] <= i.
+    int lo = 0, hi = L.num_experts;  // chunk_offsets[lo] <= i holds for lo = 0
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) / 2;
+      if (L.chunk_offsets[mid] <= i) lo = mid;
+      else hi = mid;
+    }
+    const bool used = i < L.chunk_offsets[L.num_experts];
+    const int e = used ? lo : 0;
+    const int64_t first_row = used ? L.row_offsets[e] + int64_t{i - L.chunk_offsets[e]} * L.chunk_rows : 0;
+    const int64_t out_row = int64_t{i} * L.chunk_rows;
+    void** p = L.pointers;
+    const int n = L.num_chunks;
+    p[0 * n + i] = const_cast<uint16_t*>(L.x + first_row * L.ld_x);
+    p[1 * n + i] = const_cast<void*>(L.gate_up[e].data);
+    p[2 * n + i] = L.gate_up_out + out_row * L.ld_gate_up;
+    p[3 * n + i] = L.act + out_row * L.ld_act;
+    p[4 * n + i] = const_cast<void*>(L.down[e].data);
+    p[5 * n + i] = L.out + out_row * L.ld_out;
+  }
+  if (i < L.num_entries) {
+    const int e = L.expert_ids[i];
+    L.chunk_slot_rows[i] = L.chunk_offsets[e] * L.chunk_rows + (L.slot_rows[i] - L.row_offsets[e]);
+  }
+}
+
 }  // namespace
+
+void launch_moe_chunk_layout(const MoeChunkLayout& layout, Stream stream) {
+  const int n = std::max(layout.num_chunks, layout.num_entries);
+  if (n == 0) return;
+  launch_kernel(moe_chunk_layout_kernel, (n + 255) / 256, 256, 0, stream, layout);
+  DS_CUDA_CHECK_LAUNCH();
+}
 
 void check_route_params(const MoeRouteParams& p) {
   DS_CHECK_MSG(p.num_experts <= kMaxExperts && p.top_k <= kMaxTopK && p.top_k <= p.num_experts &&

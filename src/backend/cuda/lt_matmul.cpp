@@ -177,21 +177,36 @@ std::unique_ptr<LtMatmul::Plan> LtMatmul::make_strided_plan(const Strided& s) {
   DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, s.k, s.m, s.ld_x));
   DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, y_type, s.n, s.m, s.ld_y));
   DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, y_type, s.n, s.m, s.ld_y));
-  if (s.batch > 1) {
+  if (s.batch > 1 || s.pointer_array) {
     const int32_t count = s.batch;
+    const uint32_t mode = s.pointer_array ? CUBLASLT_BATCH_MODE_POINTER_ARRAY : CUBLASLT_BATCH_MODE_STRIDED;
     const std::pair<cublasLtMatrixLayout_t, int64_t> layouts[] = {
         {p->a, s.stride_w}, {p->b, s.stride_x}, {p->c, s.stride_y}, {p->d, s.stride_y}};
     for (const auto& [layout, stride] : layouts) {
       DS_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
-      DS_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
-                                                       sizeof stride));
+      if (s.pointer_array)
+        DS_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof mode));
+      else
+        DS_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                         sizeof stride));
     }
   }
   const int st = pick_algorithm(p.get(), kMinAlignmentBytes);
-  DS_CHECK_MSG(p->ok, "cuBLASLt has no algorithm for the strided product m=" << s.m << " n=" << s.n << " k=" << s.k
-                                                                               << " batch=" << s.batch << " (status "
-                                                                               << st << ")");
+  if (!p->ok)
+    DS_LOG_INFO("cuda: cuBLASLt has no algorithm for the batched product m="
+                << s.m << " n=" << s.n << " k=" << s.k << " batch=" << s.batch
+                << (s.pointer_array ? " (pointer arrays)" : "") << " (status " << st << ")");
   return p;
+}
+
+LtMatmul::Plan* LtMatmul::strided_plan(const Strided& s) {
+  auto it = strided_plans_.find(s.key());
+  if (it == strided_plans_.end()) {
+    // Attention products take their shapes from context lengths: keep the cache bounded.
+    if (strided_plans_.size() >= kMaxStridedPlans) strided_plans_.clear();
+    it = strided_plans_.emplace(s.key(), make_strided_plan(s)).first;
+  }
+  return it->second.get();
 }
 
 void LtMatmul::bf16_strided(const Strided& s, const uint16_t* x, const uint16_t* w, void* y) {
@@ -203,14 +218,31 @@ void LtMatmul::bf16_strided(const Strided& s, const uint16_t* x, const uint16_t*
                    aligned(s.ld_y * y_elem) && aligned(s.stride_x * 2) && aligned(s.stride_w * 2) &&
                    aligned(s.stride_y * y_elem),
                "strided product: operands must be aligned to " << kMinAlignmentBytes << " bytes");
-  auto it = strided_plans_.find(s.key());
-  if (it == strided_plans_.end()) {
-    // Attention products take their shapes from context lengths: keep the cache bounded.
-    if (strided_plans_.size() >= kMaxStridedPlans) strided_plans_.clear();
-    it = strided_plans_.emplace(s.key(), make_strided_plan(s)).first;
-  }
-  const int st = run(it->second.get(), w, x, y, nullptr, nullptr);
+  DS_CHECK(!s.pointer_array);
+  Plan* p = strided_plan(s);
+  DS_CHECK_MSG(p->ok, "cuBLASLt has no algorithm for the strided product m=" << s.m << " n=" << s.n << " k=" << s.k
+                                                                              << " batch=" << s.batch);
+  const int st = run(p, w, x, y, nullptr, nullptr);
   DS_CHECK_MSG(st == CUBLAS_STATUS_SUCCESS, "cublasLtMatmul (strided bf16): status " << st);
+}
+
+bool LtMatmul::pointer_array_ready(const Strided& s) {
+  DS_CHECK(s.pointer_array && s.w_rows_are_n);
+  return s.m > 0 && s.n > 0 && s.batch > 0 && strided_plan(s)->ok;
+}
+
+void LtMatmul::bf16_pointer_array(const Strided& s, const void* const* x, const void* const* w, void* const* y) {
+  DS_CHECK(s.pointer_array && s.w_rows_are_n);
+  if (s.m == 0 || s.n == 0 || s.batch == 0) return;
+  const size_t y_elem = s.y_bf16 ? 2 : 4;
+  const auto aligned = [](uintptr_t v) { return v % kMinAlignmentBytes == 0; };
+  DS_CHECK_MSG(aligned(s.ld_x * 2) && aligned(s.ld_w * 2) && aligned(s.ld_y * y_elem),
+               "pointer-array product: leading dimensions must be multiples of " << kMinAlignmentBytes << " bytes");
+  Plan* p = strided_plan(s);
+  DS_CHECK_MSG(p->ok, "cuBLASLt has no pointer-array algorithm for m=" << s.m << " n=" << s.n << " k=" << s.k
+                                                                       << " batch=" << s.batch);
+  const int st = run(p, w, x, const_cast<void*>(static_cast<const void*>(y)), nullptr, nullptr);
+  DS_CHECK_MSG(st == CUBLAS_STATUS_SUCCESS, "cublasLtMatmul (pointer-array bf16): status " << st);
 }
 
 void LtMatmul::f32(const float* w, const float* x, float* y, int64_t m, int64_t n, int64_t k) {

@@ -35,7 +35,7 @@ class LtMatmul {
   // x[b] · w[b] (w[b] is [k, n]). bf16 x and w, fp32 accumulate, y fp32 or bf16. Pointers and
   // the byte size of every leading dimension and stride must be multiples of 16.
   using StridedKey = std::tuple<int64_t, int64_t, int64_t, int, bool, bool, int64_t, int64_t, int64_t, int64_t,
-                                int64_t, int64_t>;
+                                int64_t, int64_t, bool>;
   struct Strided {
     int64_t m = 0, n = 0, k = 0;
     int batch = 1;
@@ -43,11 +43,20 @@ class LtMatmul {
     bool y_bf16 = false;
     int64_t ld_x = 0, ld_w = 0, ld_y = 0;
     int64_t stride_x = 0, stride_w = 0, stride_y = 0;
+    // The batch's operands are found through device arrays of pointers, one per batch entry
+    // (bf16_pointer_array); the strides are then unused.
+    bool pointer_array = false;
     StridedKey key() const {
-      return StridedKey(m, n, k, batch, w_rows_are_n, y_bf16, ld_x, ld_w, ld_y, stride_x, stride_w, stride_y);
+      return StridedKey(m, n, k, batch, w_rows_are_n, y_bf16, ld_x, ld_w, ld_y, stride_x, stride_w, stride_y,
+                        pointer_array);
     }
   };
   void bf16_strided(const Strided& shape, const uint16_t* x, const uint16_t* w, void* y);
+  // The same products with each batch entry's x, w and y read from device arrays of `batch`
+  // pointers (shape.pointer_array set; every pointer 16-byte aligned). pointer_array_ready says
+  // whether cuBLASLt has an algorithm for the shape (plans are cached); run only when it does.
+  bool pointer_array_ready(const Strided& shape);
+  void bf16_pointer_array(const Strided& shape, const void* const* x, const void* const* w, void* const* y);
   // fp32 throughout (the router: expert choice is sensitive to rounding).
   void f32(const float* w, const float* x, float* y, int64_t m, int64_t n, int64_t k);
   // How an e4m3 weight's scales are laid out for LtMatmul::fp8.
@@ -98,6 +107,7 @@ class LtMatmul {
   void* placeholder_scales_ = nullptr;
   static constexpr size_t kMaxStridedPlans = 1024;
   std::unique_ptr<Plan> make_strided_plan(const Strided& s);
+  Plan* strided_plan(const Strided& s);
   std::map<PlanKey, std::unique_ptr<Plan>> plans_;
   // Plans for exact row counts whose rounded plan cuBLASLt turned down (bounded).
   std::map<PlanKey, std::unique_ptr<Plan>> exact_plans_;

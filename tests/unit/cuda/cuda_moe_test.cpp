@@ -186,17 +186,24 @@ TEST_F(CudaMoeTest, PrefillSizedBatchIsPlannedAcrossBlocks) {
   run_case(g, 1100, 22, 90, 64);
 }
 
-TEST_F(CudaMoeTest, PrefillSizedBatchWithoutTheHostWaitStaysOnTheGroupedKernel) {
-  // DSINFER_MOE_HOST_PLAN=0: the same prefill-sized layers keep their experts on the own
-  // grouped kernel (128-row expert blocks for bf16, 32-row blocks for e4m3), planned on the
-  // device with no copy of the row counts to the host.
-  setenv("DSINFER_MOE_HOST_PLAN", "0", 1);
-  gpu_ = make_backend("cuda");
-  unsetenv("DSINFER_MOE_HOST_PLAN");
+TEST_F(CudaMoeTest, PrefillSizedExpertsOnEveryPath) {
+  // The prefill-sized layers of PrefillSizedBatchIsPlannedAcrossBlocks on each path
+  // (DSINFER_MOE_PREFILL_EXPERTS): bf16 experts in chunks of pointer-array products (the
+  // default), a cuBLASLt product per expert with the row counts on the host, and the own grouped
+  // kernel; e4m3 experts on the host-planned path or the grouped kernel. Also a layer whose
+  // experts' rows fill few chunks beside many empty ones (64 experts, 40 rows each on average).
   const GateSpec g{16, 4, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, true, 1.0f, true};
-  run_case(g, 1100, 23, 128, 64);
-  run_case(g, 1100, 24, 90, 64);
-  run_case(g, 301, 25, 256, 128, /*fp8=*/true, /*tolerance=*/8e-2);
+  const GateSpec wide{64, 6, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, false, 1.0f, true};
+  for (const char* path : {"chunked", "host", "grouped"}) {
+    SCOPED_TRACE(path);
+    setenv("DSINFER_MOE_PREFILL_EXPERTS", path, 1);
+    gpu_ = make_backend("cuda");
+    unsetenv("DSINFER_MOE_PREFILL_EXPERTS");
+    run_case(g, 1100, 23, 128, 64);
+    run_case(g, 1100, 24, 90, 64);
+    run_case(wide, 430, 26, 256, 96);
+    run_case(g, 301, 25, 256, 128, /*fp8=*/true, /*tolerance=*/8e-2);
+  }
 }
 
 TEST_F(CudaMoeTest, SkewedRoutingRunsExpertsOverManyRowBlocks) {
