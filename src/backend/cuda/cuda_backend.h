@@ -13,14 +13,16 @@
 //   (DSINFER_BATCH_INVARIANT=1), which keeps every product and attention on summation orders
 //   that do not depend on the batch.
 // - MoE runs without the host: the router kernel writes the expert of every entry, a planning
-//   kernel groups the entries by expert, and the grouped GEMM reads that layout.
+//   kernel groups the entries by expert, and the grouped GEMM (or, for prefill-sized layers,
+//   cuBLASLt products batched through pointer arrays) reads that layout.
 // - Other tensors (norm weights, embeddings, router, W_UK/W_UV, RoPE tables) are fp32, and so
 //   is the paged latent cache by default (read_cache_block/write_cache_block are plain copies);
 //   with KvCacheFormat::kFp8 it holds FP8 entries (latent_cache_format.h).
 // - begin_step uploads the step's token layout once into fixed device buffers; with them a
 //   decode step can be recorded as a CUDA graph and replayed (DSINFER_CUDA_GRAPHS=0 turns that
 //   off). All work runs on one stream; the host waits only in to_host, sample_rows,
-//   wait_choice, cache block reads and when routing is recorded for inspection.
+//   wait_choice, cache block reads, when routing is recorded for inspection, and once per
+//   prefill-sized MoE layer with e4m3 experts (moe_experts_host_planned).
 #pragma once
 
 #include <cstdint>
