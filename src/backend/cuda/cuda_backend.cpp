@@ -91,6 +91,7 @@ CudaBackend::CudaBackend() {
   shared_experts_alongside_ = !env_is("DSINFER_MOE_SIDE_STREAM", "0");
   if (env_is("DSINFER_MOE_PREFILL_EXPERTS", "host")) prefill_experts_ = PrefillExperts::kHostPlanned;
   if (env_is("DSINFER_MOE_PREFILL_EXPERTS", "grouped")) prefill_experts_ = PrefillExperts::kGrouped;
+  fp8_experts_chunked_ = !env_is("DSINFER_MOE_FP8_CHUNKED", "0");
   library_fp8_ = !env_is("DSINFER_CUDA_FP8_GEMM", "0");
   if (const char* rows = std::getenv("DSINFER_CUDA_GEMM_MAX_ROWS"))
     own_gemm_max_rows_ = own_gemm_max_rows_fp8_ = std::max(1, std::atoi(rows));

@@ -182,6 +182,9 @@ class CudaBackend final : public Backend {
   // - kGrouped ("grouped"): the own grouped kernel, as in decode.
   enum class PrefillExperts { kChunked, kHostPlanned, kGrouped };
   PrefillExperts prefill_experts_ = PrefillExperts::kChunked;
+  // Chunked layers take e4m3 experts too, widened to bf16 for the layer
+  // (DSINFER_MOE_FP8_CHUNKED=0: they take the host-planned path and DeepSeek's FP8 activations).
+  bool fp8_experts_chunked_ = true;
   bool fused_prefill_attention_ = true;  // expanded prefill in one kernel (DSINFER_MLA_FLASH=0: cuBLASLt products)
   // Above this many rows a dense product goes to cuBLASLt (not batch-invariant). bf16: the own
   // kernel runs rows in passes of up to 32 that each re-read the weight tile, and at 64 rows it

@@ -293,11 +293,12 @@ void CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, con
 }
 
 // The pointer-array products of a chunked layer, for both of its products at the batch of
-// num_chunks chunks: whether cuBLASLt has algorithms for them (plans cached). bf16 experts only:
-// cuBLASLt's block-scaled FP8 product takes one scale pointer per matrix.
+// num_chunks chunks: whether cuBLASLt has algorithms for them (plans cached). They are bf16
+// products: e4m3 experts are widened for the layer (cuBLASLt's block-scaled FP8 product takes
+// one scale pointer per matrix, not one per batch entry), unless DSINFER_MOE_FP8_CHUNKED=0.
 bool CudaBackend::chunked_experts_ready(const MoeWeights& w, int num_chunks) {
   const GemmWeight gu = gemm_weight_of(w.expert_gate_up[0]), down = gemm_weight_of(w.expert_down[0]);
-  if (gu.scales != nullptr || down.scales != nullptr) return false;
+  if ((gu.scales != nullptr || down.scales != nullptr) && !fp8_experts_chunked_) return false;
   return matmul_->pointer_array_ready(chunk_product(gu, num_chunks)) &&
          matmul_->pointer_array_ready(chunk_product(down, num_chunks));
 }
@@ -324,6 +325,24 @@ Tensor CudaBackend::moe_experts_chunked(const MoeWeights& w, const Tensor& xb, c
   Tensor expert_out = alloc_->cached({rows, down.n_padded}, DType::kBF16);
   Tensor pointers = alloc_->cached({6 * int64_t{num_chunks}}, DType::kI64);
   MoeChunkLayout layout;
+  // e4m3 experts: every expert's weights widened to bf16 (block scales applied) for this layer.
+  Tensor gate_up_widened, down_widened;
+  if (gu.scales != nullptr) {
+    layout.gate_up_widened_stride = int64_t{gu.n_padded} * gu.k_padded;
+    gate_up_widened = alloc_->cached({w.num_experts * layout.gate_up_widened_stride}, DType::kBF16);
+    for (int e = 0; e < w.num_experts; ++e)
+      launch_gemm_weight_to_bf16(gemm_weight_of(w.expert_gate_up[e]),
+                                 gate_up_widened.as<uint16_t>() + e * layout.gate_up_widened_stride, stream_);
+    layout.gate_up_widened = gate_up_widened.as<uint16_t>();
+  }
+  if (down.scales != nullptr) {
+    layout.down_widened_stride = int64_t{down.n_padded} * down.k_padded;
+    down_widened = alloc_->cached({w.num_experts * layout.down_widened_stride}, DType::kBF16);
+    for (int e = 0; e < w.num_experts; ++e)
+      launch_gemm_weight_to_bf16(gemm_weight_of(w.expert_down[e]),
+                                 down_widened.as<uint16_t>() + e * layout.down_widened_stride, stream_);
+    layout.down_widened = down_widened.as<uint16_t>();
+  }
   layout.row_offsets = row_offsets;
   layout.chunk_offsets = chunk_offsets;
   layout.gate_up = table;

@@ -217,6 +217,11 @@ struct MoeChunkLayout {
   const int32_t* chunk_offsets = nullptr;  // [E + 1] first chunk of each expert
   const GemmWeight* gate_up = nullptr;     // [E] the experts' weights
   const GemmWeight* down = nullptr;        // [E]
+  // Where set, the products read bf16 copies of the weights instead, expert e's at
+  // e * *_widened_stride elements (e4m3 experts, widened for the layer).
+  const uint16_t* gate_up_widened = nullptr;
+  const uint16_t* down_widened = nullptr;
+  int64_t gate_up_widened_stride = 0, down_widened_stride = 0;
   int num_experts = 0, num_chunks = 0, chunk_rows = 0;
   const uint16_t* x = nullptr;  // bf16 grouped rows [entries + chunk_rows, ld_x]
   int64_t ld_x = 0;

@@ -368,10 +368,12 @@ __global__ void moe_chunk_layout_kernel(MoeChunkLayout L) {
     void** p = L.pointers;
     const int n = L.num_chunks;
     p[0 * n + i] = const_cast<uint16_t*>(L.x + first_row * L.ld_x);
-    p[1 * n + i] = const_cast<void*>(L.gate_up[e].data);
+    p[1 * n + i] = L.gate_up_widened != nullptr ? const_cast<uint16_t*>(L.gate_up_widened + e * L.gate_up_widened_stride)
+                                                : const_cast<void*>(L.gate_up[e].data);
     p[2 * n + i] = L.gate_up_out + out_row * L.ld_gate_up;
     p[3 * n + i] = L.act + out_row * L.ld_act;
-    p[4 * n + i] = const_cast<void*>(L.down[e].data);
+    p[4 * n + i] = L.down_widened != nullptr ? const_cast<uint16_t*>(L.down_widened + e * L.down_widened_stride)
+                                             : const_cast<void*>(L.down[e].data);
     p[5 * n + i] = L.out + out_row * L.ld_out;
   }
   if (i < L.num_entries) {
