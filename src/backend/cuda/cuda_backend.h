@@ -22,7 +22,8 @@
 //   decode step can be recorded as a CUDA graph and replayed (DSINFER_CUDA_GRAPHS=0 turns that
 //   off). All work runs on one stream; the host waits only in to_host, sample_rows,
 //   wait_choice, cache block reads, when routing is recorded for inspection, and once per
-//   prefill-sized MoE layer with e4m3 experts (moe_experts_host_planned).
+//   prefill-sized MoE layer where a switch asks for the per-expert products
+//   (moe_experts_host_planned).
 #pragma once
 
 #include <cstdint>
@@ -175,10 +176,10 @@ class CudaBackend final : public Backend {
   bool library_fp8_ = true;  // many-row e4m3 products in FP8 (DSINFER_CUDA_FP8_GEMM=0: weights widened to bf16)
   bool shared_experts_alongside_ = true;  // DSINFER_MOE_SIDE_STREAM=0: shared experts after the routed ones
   // Where prefill-sized MoE layers run their experts (DSINFER_MOE_PREFILL_EXPERTS):
-  // - kChunked ("chunked", the default for bf16 experts): cuBLASLt products batched through
-  //   pointer arrays that the device fills from its plan, no host wait;
-  // - kHostPlanned ("host", and e4m3 experts): a cuBLASLt product per expert, whose row counts
-  //   come to the host, one wait per layer;
+  // - kChunked ("chunked", the default): cuBLASLt products batched through pointer arrays that
+  //   the device fills from its plan, no host wait;
+  // - kHostPlanned ("host"): a cuBLASLt product per expert, whose row counts come to the host,
+  //   one wait per layer;
   // - kGrouped ("grouped"): the own grouped kernel, as in decode.
   enum class PrefillExperts { kChunked, kHostPlanned, kGrouped };
   PrefillExperts prefill_experts_ = PrefillExperts::kChunked;
