@@ -325,24 +325,20 @@ Tensor CudaBackend::moe_experts_chunked(const MoeWeights& w, const Tensor& xb, c
   Tensor expert_out = alloc_->cached({rows, down.n_padded}, DType::kBF16);
   Tensor pointers = alloc_->cached({6 * int64_t{num_chunks}}, DType::kI64);
   MoeChunkLayout layout;
-  // e4m3 experts: every expert's weights widened to bf16 (block scales applied) for this layer.
+  // e4m3 experts: every expert's weights widened to bf16 (block scales applied) for this layer,
+  // expert e's at e * stride elements of `widened`.
+  const auto widen_experts = [&](const std::vector<LinearWeight>& experts, Tensor& widened, int64_t& stride) {
+    const GemmWeight first = gemm_weight_of(experts[0]);
+    if (first.scales == nullptr) return static_cast<const uint16_t*>(nullptr);
+    stride = int64_t{first.n_padded} * first.k_padded;
+    widened = alloc_->cached({w.num_experts * stride}, DType::kBF16);
+    for (int e = 0; e < w.num_experts; ++e)
+      launch_gemm_weight_to_bf16(gemm_weight_of(experts[e]), widened.as<uint16_t>() + e * stride, stream_);
+    return static_cast<const uint16_t*>(widened.as<uint16_t>());
+  };
   Tensor gate_up_widened, down_widened;
-  if (gu.scales != nullptr) {
-    layout.gate_up_widened_stride = int64_t{gu.n_padded} * gu.k_padded;
-    gate_up_widened = alloc_->cached({w.num_experts * layout.gate_up_widened_stride}, DType::kBF16);
-    for (int e = 0; e < w.num_experts; ++e)
-      launch_gemm_weight_to_bf16(gemm_weight_of(w.expert_gate_up[e]),
-                                 gate_up_widened.as<uint16_t>() + e * layout.gate_up_widened_stride, stream_);
-    layout.gate_up_widened = gate_up_widened.as<uint16_t>();
-  }
-  if (down.scales != nullptr) {
-    layout.down_widened_stride = int64_t{down.n_padded} * down.k_padded;
-    down_widened = alloc_->cached({w.num_experts * layout.down_widened_stride}, DType::kBF16);
-    for (int e = 0; e < w.num_experts; ++e)
-      launch_gemm_weight_to_bf16(gemm_weight_of(w.expert_down[e]),
-                                 down_widened.as<uint16_t>() + e * layout.down_widened_stride, stream_);
-    layout.down_widened = down_widened.as<uint16_t>();
-  }
+  layout.gate_up_widened = widen_experts(w.expert_gate_up, gate_up_widened, layout.gate_up_widened_stride);
+  layout.down_widened = widen_experts(w.expert_down, down_widened, layout.down_widened_stride);
   layout.row_offsets = row_offsets;
   layout.chunk_offsets = chunk_offsets;
   layout.gate_up = table;
