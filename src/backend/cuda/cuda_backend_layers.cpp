@@ -303,10 +303,11 @@ bool CudaBackend::chunked_experts_ready(const MoeWeights& w, int num_chunks) {
          matmul_->pointer_array_ready(chunk_product(down, num_chunks));
 }
 
-// Prefill-sized bf16 experts without the host: the grouped rows in chunks of kChunkRows, each
+// Prefill-sized experts without the host: the grouped rows in chunks of kChunkRows, each
 // chunk one entry of a cuBLASLt product whose operands come from pointer arrays that a kernel
-// fills from the device plan (MoeChunkLayout). Gives bf16 rows [num_chunks * kChunkRows, the
-// down weight's n_padded] and, in chunk_slot_rows, the row of every (token, slot) entry.
+// fills from the device plan (MoeChunkLayout); e4m3 experts are widened to bf16 first. Gives
+// bf16 rows [num_chunks * kChunkRows, the down weight's n_padded] and, in chunk_slot_rows, the
+// row of every (token, slot) entry.
 Tensor CudaBackend::moe_experts_chunked(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
                                         const int32_t* chunk_offsets, const int32_t* src_rows,
                                         const int32_t* expert_ids, const int32_t* slot_rows, int64_t num_entries,
