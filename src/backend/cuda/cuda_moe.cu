@@ -1,6 +1,6 @@
 // MoE routing, planning and combination on the GPU. Routing follows cpu::route_token exactly
 // (same tie-breaking: lower expert index first) so that CPU and CUDA pick the same experts
-// whenever the scores agree; a block per token keeps a decode step's routing short.
+// whenever the scores agree; a warp per token keeps a decode step's routing short.
 #include <cuda_bf16.h>
 
 #include <algorithm>
