@@ -469,14 +469,14 @@ Tensor CudaBackend::to_bf16_padded(const Tensor& x, int64_t k_padded) {
   return xb;
 }
 
-uint16_t* CudaBackend::start_normed_copy(const Tensor& out) {
+CudaBackend::Bf16Rows CudaBackend::start_normed_copy(const Tensor& out) {
   forget_normed_copy();
-  if (out.dtype != DType::kF32 || out.shape.size() != 2 || out.dim(0) == 0) return nullptr;
+  if (out.dtype != DType::kF32 || out.shape.size() != 2 || out.dim(0) == 0) return {};
   normed_copy_.of = out.data;
   normed_copy_.keep = out.storage;
   normed_copy_.shape = out.shape;
   normed_copy_.bf16 = alloc_->cached({out.dim(0), round_up(out.dim(1), kLibraryFp8TileColumns)}, DType::kBF16);
-  return normed_copy_.bf16.as<uint16_t>();
+  return {normed_copy_.bf16.as<uint16_t>(), normed_copy_.bf16.dim(1)};
 }
 
 void CudaBackend::forget_normed_copy_if_written(const Tensor& written) {
@@ -654,9 +654,8 @@ void CudaBackend::embedding(const Tensor& table, std::span<const TokenId> ids, T
 }
 
 void CudaBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) {
-  uint16_t* copy = start_normed_copy(out);
-  launch_rms_norm(x.as<float>(), w.as<float>(), eps, x.dim(0), x.dim(1), out.as<float>(), copy,
-                  copy == nullptr ? 0 : normed_copy_.bf16.dim(1), stream_);
+  const Bf16Rows copy = start_normed_copy(out);
+  launch_rms_norm(x.as<float>(), w.as<float>(), eps, x.dim(0), x.dim(1), out.as<float>(), copy.data, copy.ld, stream_);
 }
 
 void CudaBackend::add(Tensor& x, const Tensor& y) {
@@ -667,9 +666,9 @@ void CudaBackend::add(Tensor& x, const Tensor& y) {
 
 void CudaBackend::add_rms_norm(Tensor& x, const Tensor& y, const Tensor& w, float eps, Tensor& out) {
   DS_CHECK(y.num_elements() == x.num_elements() && out.num_elements() == x.num_elements());
-  uint16_t* copy = start_normed_copy(out);
-  launch_add_rms_norm(x.as<float>(), y.as<float>(), w.as<float>(), eps, x.dim(0), x.dim(1), out.as<float>(), copy,
-                      copy == nullptr ? 0 : normed_copy_.bf16.dim(1), stream_);
+  const Bf16Rows copy = start_normed_copy(out);
+  launch_add_rms_norm(x.as<float>(), y.as<float>(), w.as<float>(), eps, x.dim(0), x.dim(1), out.as<float>(), copy.data,
+                      copy.ld, stream_);
 }
 
 void CudaBackend::silu_mul(const Tensor& gate_up, Tensor& out) {

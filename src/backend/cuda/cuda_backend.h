@@ -123,9 +123,13 @@ class CudaBackend final : public Backend {
   // x in bf16, rows padded with zeros to k_padded columns: the last norm's bf16 copy where x is
   // that norm's output (see NormedCopy), else a conversion.
   Tensor to_bf16_padded(const Tensor& x, int64_t k_padded);
-  // A bf16 buffer for the norm about to write `out`, remembered as out's copy; null where the
-  // norm writes no copy (out not a 2-D fp32 tensor).
-  uint16_t* start_normed_copy(const Tensor& out);
+  // Where the norm about to write `out` writes its bf16 copy (rows of ld elements), remembered
+  // as out's copy; data null where it writes none (out not a 2-D fp32 tensor).
+  struct Bf16Rows {
+    uint16_t* data = nullptr;
+    int64_t ld = 0;
+  };
+  Bf16Rows start_normed_copy(const Tensor& out);
   void forget_normed_copy() { normed_copy_ = {}; }
   // Forgets the copy when `written` overlaps the tensor it was made from.
   void forget_normed_copy_if_written(const Tensor& written);

@@ -183,28 +183,24 @@ struct MoeRouteParams {
   bool norm_topk_prob;
   float routed_scaling_factor;
 };
-// Per token: scores, optional correction bias (may be null), group limit, top-k, weights.
-void launch_moe_route(const float* logits, int64_t num_tokens, const MoeRouteParams& p, const float* bias,
-                      int32_t* expert_ids, float* weights, Stream stream);
 // Router logits in fp32: logits [T, E] = x [T, hidden] · gate [E, hidden]ᵀ, batch-invariant.
 void launch_router_logits(const float* x, const float* gate, int64_t num_tokens, int hidden, int num_experts,
                           float* logits, Stream stream);
-// Groups the T * top_k routed entries by expert: row_offsets / block_offsets [E + 1] (block =
-// rows_per_block rows), src_rows [T * top_k] (source token of each grouped row), slot_rows
-// [T * top_k] (grouped row of each entry). Many entries (prefill) spread over several blocks,
-// which need a workspace of moe_plan_workspace_ints int32 (none for a decode step's few).
+// Routes each of the T tokens (scores, optional correction bias (may be null), group limit,
+// top-k: expert_ids and weights [T * top_k]), then groups the T * top_k routed entries by
+// expert: row_offsets / block_offsets [E + 1] (block = rows_per_block rows), src_rows [T * top_k]
+// (source token of each grouped row), slot_rows [T * top_k] (grouped row of each entry). A step
+// of a few tokens does both in one launch. Many entries (prefill) are planned over several
+// blocks, which need a workspace of moe_plan_workspace_ints int32 (none for a decode step's few).
 int64_t moe_plan_workspace_ints(int num_entries, int num_experts);
-void launch_moe_plan(const int32_t* expert_ids, int num_entries, int top_k, int num_experts, int rows_per_block,
-                     int32_t* row_offsets, int32_t* block_offsets, int32_t* src_rows, int32_t* slot_rows,
-                     int32_t* workspace, Stream stream);
-// launch_moe_route then launch_moe_plan; a step of a few tokens in one launch (same results).
 void launch_moe_route_and_plan(const float* logits, int64_t num_tokens, const MoeRouteParams& p, const float* bias,
                                int32_t* expert_ids, float* weights, int rows_per_block, int32_t* row_offsets,
                                int32_t* block_offsets, int32_t* src_rows, int32_t* slot_rows, int32_t* workspace,
                                Stream stream);
-// Prefill-sized MoE layers without the host: the entries grouped by expert (launch_moe_plan
-// with rows_per_block = chunk_rows, so that its block offsets count chunks) are cut into chunks
-// of chunk_rows rows, each one entry of a batched product through pointer arrays. Chunk c of
+// Prefill-sized MoE layers without the host: the entries grouped by expert
+// (launch_moe_route_and_plan with rows_per_block = chunk_rows, so that its block offsets count
+// chunks) are cut into chunks of chunk_rows rows, each one entry of a batched product through
+// pointer arrays. Chunk c of
 // expert e reads chunk_rows grouped rows of x from its first one (rows past the expert's end
 // belong to the next expert or to x's spare rows, and their results are never read) and
 // writes chunk_rows rows at c * chunk_rows of the gate/up, activation and output buffers.

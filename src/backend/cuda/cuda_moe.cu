@@ -9,7 +9,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
-#include "backend/cuda/grouped_gemm.h"
+#include "backend/cuda/grouped_gemm.cuh"
 #include "backend/cuda/kernel_launch.cuh"
 
 namespace dsinfer::cuda {
@@ -354,26 +354,22 @@ __global__ void moe_chunk_layout_kernel(MoeChunkLayout L) {
   await_previous_kernels();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < L.num_chunks) {
-    // The expert whose chunks hold chunk i: the last e with chunk_offsets[e] <= i.
-    int lo = 0, hi = L.num_experts;  // chunk_offsets[lo] <= i holds for lo = 0
-    while (hi - lo > 1) {
-      const int mid = (lo + hi) / 2;
-      if (L.chunk_offsets[mid] <= i) lo = mid;
-      else hi = mid;
-    }
+    // The expert whose chunks hold chunk i; chunks past the last expert's take expert 0.
     const bool used = i < L.chunk_offsets[L.num_experts];
-    const int e = used ? lo : 0;
+    const int e = used ? owner_of(L.chunk_offsets, L.num_experts, i) : 0;
     const int64_t first_row = used ? L.row_offsets[e] + int64_t{i - L.chunk_offsets[e]} * L.chunk_rows : 0;
     const int64_t out_row = int64_t{i} * L.chunk_rows;
     void** p = L.pointers;
     const int n = L.num_chunks;
     p[0 * n + i] = const_cast<uint16_t*>(L.x + first_row * L.ld_x);
-    p[1 * n + i] = L.gate_up_widened != nullptr ? const_cast<uint16_t*>(L.gate_up_widened + e * L.gate_up_widened_stride)
-                                                : const_cast<void*>(L.gate_up[e].data);
+    // Expert e's weight, or its bf16 copy where the layer's e4m3 experts were widened.
+    const auto weight = [e](const GemmWeight* table, const uint16_t* widened, int64_t stride) -> void* {
+      return widened != nullptr ? const_cast<uint16_t*>(widened + e * stride) : const_cast<void*>(table[e].data);
+    };
+    p[1 * n + i] = weight(L.gate_up, L.gate_up_widened, L.gate_up_widened_stride);
     p[2 * n + i] = L.gate_up_out + out_row * L.ld_gate_up;
     p[3 * n + i] = L.act + out_row * L.ld_act;
-    p[4 * n + i] = L.down_widened != nullptr ? const_cast<uint16_t*>(L.down_widened + e * L.down_widened_stride)
-                                             : const_cast<void*>(L.down[e].data);
+    p[4 * n + i] = weight(L.down, L.down_widened, L.down_widened_stride);
     p[5 * n + i] = L.out + out_row * L.ld_out;
   }
   if (i < L.num_entries) {
@@ -391,21 +387,48 @@ void launch_moe_chunk_layout(const MoeChunkLayout& layout, Stream stream) {
   DS_CUDA_CHECK_LAUNCH();
 }
 
+namespace {
+
 void check_route_params(const MoeRouteParams& p) {
   DS_CHECK_MSG(p.num_experts <= kMaxExperts && p.top_k <= kMaxTopK && p.top_k <= p.num_experts &&
                    p.num_groups >= 1 && p.num_experts % p.num_groups == 0 && p.topk_groups <= p.num_groups,
                "MoE routing shape beyond the CUDA kernel's limits");
 }
 
+// A warp per token (route_kernel), for steps of more than kRoutePlanMaxTokens tokens.
 void launch_moe_route(const float* logits, int64_t num_tokens, const MoeRouteParams& p, const float* bias,
                       int32_t* expert_ids, float* weights, Stream stream) {
-  check_route_params(p);
-  if (num_tokens == 0) return;
   DS_CHECK(num_tokens <= 0x7fffffff);
   launch_kernel(route_kernel, static_cast<unsigned>(num_tokens), kRouteThreads, 0, stream, logits, p, bias, expert_ids,
                 weights);
   DS_CUDA_CHECK_LAUNCH();
 }
+
+// The grouping of launch_moe_route's entries: one block up to kPlanEntriesPerBlock entries,
+// else count, offset and fill over slices.
+void launch_moe_plan(const int32_t* expert_ids, int num_entries, int top_k, int num_experts, int rows_per_block,
+                     int32_t* row_offsets, int32_t* block_offsets, int32_t* src_rows, int32_t* slot_rows,
+                     int32_t* workspace, Stream stream) {
+  if (num_entries <= kPlanEntriesPerBlock) {
+    launch_kernel(plan_kernel, 1, kPlanThreads, 0, stream, expert_ids, num_entries, top_k, num_experts,
+                  rows_per_block, row_offsets, block_offsets, src_rows, slot_rows);
+    DS_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  DS_CHECK_MSG(workspace != nullptr, "MoE plan: " << num_entries << " entries need a workspace");
+  const int num_slices = (num_entries + kPlanEntriesPerBlock - 1) / kPlanEntriesPerBlock;
+  launch_kernel(plan_count_kernel, num_slices, kPlanThreads, 0, stream, expert_ids, num_entries, num_experts,
+                workspace);
+  DS_CUDA_CHECK_LAUNCH();
+  launch_kernel(plan_offsets_kernel, 1, kPlanThreads, 0, stream, num_slices, num_experts, rows_per_block, workspace,
+                row_offsets, block_offsets);
+  DS_CUDA_CHECK_LAUNCH();
+  launch_kernel(plan_fill_kernel, num_slices, kPlanThreads, 0, stream, expert_ids, num_entries, top_k, num_experts,
+                static_cast<const int32_t*>(workspace), src_rows, slot_rows);
+  DS_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
 
 void launch_moe_route_and_plan(const float* logits, int64_t num_tokens, const MoeRouteParams& p, const float* bias,
                                int32_t* expert_ids, float* weights, int rows_per_block, int32_t* row_offsets,
@@ -438,28 +461,6 @@ int64_t moe_plan_workspace_ints(int num_entries, int num_experts) {
   return int64_t{(num_entries + kPlanEntriesPerBlock - 1) / kPlanEntriesPerBlock} * num_experts;
 }
 
-void launch_moe_plan(const int32_t* expert_ids, int num_entries, int top_k, int num_experts, int rows_per_block,
-                     int32_t* row_offsets, int32_t* block_offsets, int32_t* src_rows, int32_t* slot_rows,
-                     int32_t* workspace, Stream stream) {
-  DS_CHECK(num_experts <= kMaxExperts);
-  if (num_entries <= kPlanEntriesPerBlock) {
-    launch_kernel(plan_kernel, 1, kPlanThreads, 0, stream, expert_ids, num_entries, top_k, num_experts,
-                  rows_per_block, row_offsets, block_offsets, src_rows, slot_rows);
-    DS_CUDA_CHECK_LAUNCH();
-    return;
-  }
-  DS_CHECK_MSG(workspace != nullptr, "MoE plan: " << num_entries << " entries need a workspace");
-  const int num_slices = (num_entries + kPlanEntriesPerBlock - 1) / kPlanEntriesPerBlock;
-  launch_kernel(plan_count_kernel, num_slices, kPlanThreads, 0, stream, expert_ids, num_entries, num_experts,
-                workspace);
-  DS_CUDA_CHECK_LAUNCH();
-  launch_kernel(plan_offsets_kernel, 1, kPlanThreads, 0, stream, num_slices, num_experts, rows_per_block, workspace,
-                row_offsets, block_offsets);
-  DS_CUDA_CHECK_LAUNCH();
-  launch_kernel(plan_fill_kernel, num_slices, kPlanThreads, 0, stream, expert_ids, num_entries, top_k, num_experts,
-                static_cast<const int32_t*>(workspace), src_rows, slot_rows);
-  DS_CUDA_CHECK_LAUNCH();
-}
 
 void launch_moe_combine(const void* expert_out, bool expert_out_bf16, int64_t ld_expert, const int32_t* slot_row,
                         const float* weights, const float* shared, int64_t num_tokens, int top_k, int64_t hidden,

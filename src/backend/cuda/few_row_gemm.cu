@@ -30,7 +30,6 @@ constexpr int kQuadRows = 4;
 constexpr int kDepth = 4;
 // A block takes up to this many consecutive quads of one weight.
 constexpr int kMaxQuadsPerBlock = 32;
-constexpr int kScaleCols = 128;  // e4m3 scale block width along k
 
 // 16 bytes of a weight, which no kernel writes and no other block reads: past L1.
 __device__ __forceinline__ uint4 load_weight_piece(const void* p) {

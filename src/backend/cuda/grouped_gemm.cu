@@ -23,7 +23,6 @@ constexpr int kStages = 4;
 // single bank group while every fragment start stays 32-byte aligned.
 constexpr int kLd = kGemmChunkK + 8;
 constexpr int kWeightTileBytes = kGemmTileRows * kLd * 2;
-constexpr int kScaleCols = 128;  // e4m3 scale block width along k
 
 template <int kFrags, bool kFp8>
 struct Layout {
@@ -310,16 +309,15 @@ __global__ void weight_to_bf16_kernel(GemmWeight w, __nv_bfloat16* out) {
   const int scale_cols = (w.k_padded + kScaleCols - 1) / kScaleCols;
   const float scale = w.scales[(r / 16) * scale_cols + c / kScaleCols];
   const uint2 bytes = *reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(w.data) + i);
-  const uint8_t* b = reinterpret_cast<const uint8_t*>(&bytes);
   uint4 packed;
   uint32_t* words = reinterpret_cast<uint32_t*>(&packed);
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const __half_raw lo = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(b[2 * j]), __NV_E4M3);
-    const __half_raw hi = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(b[2 * j + 1]), __NV_E4M3);
-    const __nv_bfloat162 pair =
-        __floats2bfloat162_rn(__half2float(__half(lo)) * scale, __half2float(__half(hi)) * scale);
-    words[j] = *reinterpret_cast<const uint32_t*>(&pair);
+  for (int h = 0; h < 2; ++h) {
+    const float4 v = widen_e4m3x4(h == 0 ? bytes.x : bytes.y);
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x * scale, v.y * scale);
+    const __nv_bfloat162 hi = __floats2bfloat162_rn(v.z * scale, v.w * scale);
+    words[2 * h] = *reinterpret_cast<const uint32_t*>(&lo);
+    words[2 * h + 1] = *reinterpret_cast<const uint32_t*>(&hi);
   }
   *reinterpret_cast<uint4*>(out + i) = packed;
 }

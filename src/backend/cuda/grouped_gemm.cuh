@@ -1,5 +1,5 @@
 // Device helpers of the grouped GEMM's kernels (grouped_gemm.cu, grouped_gemm_experts.cu,
-// few_row_gemm.cu).
+// few_row_gemm.cu) and of the MoE's chunk layout (cuda_moe.cu).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -11,18 +11,26 @@
 
 namespace dsinfer::cuda {
 
-// The group that owns row-block `block` of a grouped call: the last group whose first
-// row-block is at or before it (empty groups share offsets with their successor, so the
-// search lands on the group that owns the block).
-__device__ __forceinline__ int group_of_block(const GroupedGemmArgs& a, int block) {
-  int lo = 0, hi = a.num_groups - 1;
+// The owner of `index` among num_owners consecutive ranges that start at offsets[0 ..
+// num_owners - 1] (non-decreasing, offsets[0] <= index): the last owner whose range starts at
+// or before it. Empty ranges share their start with their successor, so the search lands on
+// the owner whose range holds the index.
+__device__ __forceinline__ int owner_of(const int32_t* offsets, int num_owners, int index) {
+  int lo = 0, hi = num_owners - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if (a.block_offsets[mid] <= block) lo = mid;
+    if (offsets[mid] <= index) lo = mid;
     else hi = mid - 1;
   }
   return lo;
 }
+
+// The group that owns row-block `block` of a grouped call.
+__device__ __forceinline__ int group_of_block(const GroupedGemmArgs& a, int block) {
+  return owner_of(a.block_offsets, a.num_groups, block);
+}
+
+constexpr int kScaleCols = 128;  // e4m3 scale block width along k
 
 // The weight and the output rows [row_begin, row_end) of row-block `block` of a grouped call
 // (at most kGemmRowsPerBlock rows of one group); false for a block past the last group's.
