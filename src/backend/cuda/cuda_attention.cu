@@ -368,7 +368,8 @@ constexpr int kMaxFewSlices = 8;                        // k slices per cluster 
 __global__ void __launch_bounds__(kFewWarps * 32) head_gemm_few_kernel(const float* x, int64_t x_token_stride,
                                                                       int64_t x_head_stride, const float* w, int k,
                                                                       int n, float* y, int64_t y_token_stride,
-                                                                      int64_t y_head_stride, int num_tokens) {
+                                                                      int64_t y_head_stride, int num_tokens,
+                                                                      uint16_t* y_bf16, int64_t ld_y_bf16) {
   namespace cg = cooperative_groups;
   __shared__ float s_x[kFewTokens][kFewRows];
   __shared__ float4 s_part[kFewWarps][kFewTokens][32];
@@ -443,15 +444,23 @@ __global__ void __launch_bounds__(kFewWarps * 32) head_gemm_few_kernel(const flo
       v.w += p.w;
     }
     *reinterpret_cast<float4*>(y + r * y_token_stride + h * y_head_stride + out_col) = v;
+    if (y_bf16 != nullptr) {
+      const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+      uint2 packed;
+      packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+      packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+      *reinterpret_cast<uint2*>(y_bf16 + r * ld_y_bf16 + h * y_head_stride + out_col) = packed;
+    }
   }
   cluster.sync();  // no block leaves while another still reads its shared memory
 }
 
 // few_token_form: steps of up to four tokens may take head_gemm_few_kernel (whose summation
-// order differs from head_gemm_kernel's; not for batch-invariant steps).
-void launch_head_gemm(const float* x, int64_t x_token_stride, int64_t x_head_stride, const float* w, int num_heads,
+// order differs from head_gemm_kernel's; not for batch-invariant steps). That kernel also writes
+// y rounded to bf16 into y_bf16 (row stride ld_y_bf16) where it is given; returns whether it did.
+bool launch_head_gemm(const float* x, int64_t x_token_stride, int64_t x_head_stride, const float* w, int num_heads,
                       int k, int n, float* y, int64_t y_token_stride, int64_t y_head_stride, int num_tokens,
-                      bool few_token_form, Stream stream) {
+                      bool few_token_form, Stream stream, uint16_t* y_bf16 = nullptr, int64_t ld_y_bf16 = 0) {
   DS_CHECK_MSG(k <= kMaxHeadGemmK, "MLA absorption width " << k << " beyond the CUDA kernel's limit");
   const bool aligned = n % 4 == 0 && x_token_stride % 4 == 0 && y_token_stride % 4 == 0 && y_head_stride % 4 == 0 &&
                        reinterpret_cast<uintptr_t>(w) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
@@ -459,9 +468,11 @@ void launch_head_gemm(const float* x, int64_t x_token_stride, int64_t x_head_str
     const int num_slices = (k + kFewRows - 1) / kFewRows;
     static_assert(kMaxHeadGemmK <= kMaxFewSlices * kFewRows);
     const dim3 grid((n + kFewCols - 1) / kFewCols, num_heads, num_slices);
+    const bool bf16_fits = y_bf16 != nullptr && ld_y_bf16 % 4 == 0 && reinterpret_cast<uintptr_t>(y_bf16) % 8 == 0;
     launch_cluster_kernel(head_gemm_few_kernel, grid, kFewWarps * 32, dim3(1, 1, num_slices), stream, x,
-                          x_token_stride, x_head_stride, w, k, n, y, y_token_stride, y_head_stride, num_tokens);
-    return;
+                          x_token_stride, x_head_stride, w, k, n, y, y_token_stride, y_head_stride, num_tokens,
+                          bf16_fits ? y_bf16 : nullptr, ld_y_bf16);
+    return bf16_fits;
   }
   const int64_t token_tiles = (num_tokens + kHeadGemmTokens - 1) / kHeadGemmTokens;
   DS_CHECK(token_tiles <= 65535 && num_heads <= 65535);
@@ -470,6 +481,7 @@ void launch_head_gemm(const float* x, int64_t x_token_stride, int64_t x_head_str
   launch_kernel(head_gemm_kernel, grid, kHeadGemmWarps * 32, kHeadGemmSharedBytes, stream, x, x_token_stride,
                 x_head_stride, w, k, n, y, y_token_stride, y_head_stride, num_tokens);
   DS_CUDA_CHECK_LAUNCH();
+  return false;
 }
 
 void check_dims(const MlaDims& d) {
@@ -490,14 +502,14 @@ void launch_mla_cache_write(const MlaDims& d, const MlaBatchView& b, const float
   DS_CUDA_CHECK_LAUNCH();
 }
 
-void launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* q, const float* w_uk,
+bool launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* q, const float* w_uk,
                           const float* w_uv_t, const float* rope_cos, const float* rope_sin, const void* cache,
                           float softmax_scale, int num_splits, int split_len_tokens, float* workspace,
                           float* q_latent, float* o_latent, float* out, const int32_t* prefill_tiles,
                           int num_prefill_tiles, int head_tile_blocks, int32_t* work_starts, bool few_token_form,
-                          Stream stream) {
+                          Stream stream, uint16_t* out_bf16, int64_t ld_out_bf16) {
   check_dims(d);
-  if (b.num_tokens == 0) return;
+  if (b.num_tokens == 0) return false;
   DS_CHECK(num_splits >= 1 && num_splits <= kMaxSplits && split_len_tokens >= 0 && d.num_heads <= 65535);
   const int lora = d.kv_lora_rank, qk = d.qk_nope_head_dim + d.qk_rope_head_dim;
   // q_lat[t, h] = q_nope[t, h] · W_UK[h]
@@ -525,9 +537,9 @@ void launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
     DS_CUDA_CHECK_LAUNCH();
   }
   // out[t, h] = o_lat[t, h] · W_UVᵀ[h]
-  launch_head_gemm(o_latent, static_cast<int64_t>(d.num_heads) * lora, lora, w_uv_t, d.num_heads, lora, d.v_head_dim,
-                   out, static_cast<int64_t>(d.num_heads) * d.v_head_dim, d.v_head_dim, b.num_tokens, few_token_form,
-                   stream);
+  return launch_head_gemm(o_latent, static_cast<int64_t>(d.num_heads) * lora, lora, w_uv_t, d.num_heads, lora,
+                          d.v_head_dim, out, static_cast<int64_t>(d.num_heads) * d.v_head_dim, d.v_head_dim,
+                          b.num_tokens, few_token_form, stream, out_bf16, ld_out_bf16);
 }
 
 }  // namespace dsinfer::cuda

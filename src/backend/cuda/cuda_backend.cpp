@@ -16,6 +16,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_allocator.h"
 #include "backend/cuda/grouped_gemm.h"
+#include "backend/cuda/kernel_timeline.h"
 #include "backend/cuda/lt_matmul.h"
 #include "backend/cuda/step_gaps.h"
 #include "core/logging.h"
@@ -97,10 +98,16 @@ CudaBackend::CudaBackend() {
     own_gemm_max_rows_ = own_gemm_max_rows_fp8_ = std::max(1, std::atoi(rows));
   if (const char* rows = std::getenv("DSINFER_CUDA_FEW_ROW_GEMM_MAX_ROWS"))
     few_row_gemm_max_rows_ = std::clamp(std::atoi(rows), 0, kFewRowGemmMaxRows);
+  timeline_ = kernel_timeline_from_env();
 }
 
 CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(stream_);
+  if (timeline_ != nullptr) {
+    auto it = recordings_->launches.find(timeline_key_);
+    if (it != recordings_->launches.end()) timeline_->write(it->second, stream_);
+    timeline_.reset();
+  }
   recordings_.reset();
   choices_.reset();
   step_.reset();
@@ -197,6 +204,7 @@ void CudaBackend::begin_recording(uint64_t key) {
   DS_CHECK(!recording_);
   alloc_->set_graph_pool(true);
   recording_ = true;
+  if (timeline_ != nullptr) timeline_->open_log();
   DS_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
 }
 
@@ -207,6 +215,7 @@ bool CudaBackend::end_recording(uint64_t key) {
   cudaError_t err = cudaStreamEndCapture(stream_, &graph);
   alloc_->set_graph_pool(false);
   recording_ = false;
+  if (timeline_ != nullptr) recordings_->launches[key] = timeline_->close_log();
   if (err != cudaSuccess || graph == nullptr) {
     cudaGetLastError();
     DS_LOG_WARN("cuda: recording a step failed (" << cudaGetErrorString(err) << "); it runs eagerly");
@@ -230,6 +239,10 @@ bool CudaBackend::replay(uint64_t key) {
   forget_normed_copy();
   auto it = recordings_->graphs.find(key);
   if (it == recordings_->graphs.end()) return false;
+  if (timeline_ != nullptr) {
+    timeline_->clear(stream_);
+    timeline_key_ = key;
+  }
   DS_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
   return true;
 }

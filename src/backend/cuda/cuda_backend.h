@@ -41,6 +41,7 @@ struct CUevent_st;
 namespace dsinfer::cuda {
 
 class DeviceAllocator;
+class KernelTimeline;
 class LtMatmul;
 class StepGapTracker;
 
@@ -120,11 +121,12 @@ class CudaBackend final : public Backend {
   // for e4m3 ones, whose block-scaled products write fp32.
   static DType library_output_dtype(const GemmWeight& w) { return w.scales == nullptr ? DType::kBF16 : DType::kF32; }
   void library_product_native(const Tensor& x_bf16, int64_t rows, const GemmWeight& w, void* out);
-  // x in bf16, rows padded with zeros to k_padded columns: the last norm's bf16 copy where x is
-  // that norm's output (see NormedCopy), else a conversion.
+  // x in bf16, rows padded with zeros to k_padded columns: the bf16 copy of the last norm's or
+  // attention's output where x is that output (see NormedCopy), else a conversion.
   Tensor to_bf16_padded(const Tensor& x, int64_t k_padded);
-  // Where the norm about to write `out` writes its bf16 copy (rows of ld elements), remembered
-  // as out's copy; data null where it writes none (out not a 2-D fp32 tensor).
+  // Where the op about to write `out` (a norm; attention) writes its bf16 copy (rows of ld
+  // elements), remembered as out's copy; data null where it writes none (out not a 2-D fp32
+  // tensor). An op that then does not write it forgets it.
   struct Bf16Rows {
     uint16_t* data = nullptr;
     int64_t ld = 0;
@@ -156,8 +158,10 @@ class CudaBackend final : public Backend {
   // MLA attention (cuda_backend_mla.cpp) in the absorbed form for the tokens of `view`
   // (token_seq: their sequences, on the host), and in the expanded form for one sequence's
   // chunk of new tokens, the last of its context_len positions.
-  void mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView& view, std::span<const int32_t> token_seq,
-                    const float* q, float* out);
+  // mla_absorbed also writes out in bf16 to out_bf16 where given, for steps of up to four
+  // tokens; returns whether it did.
+  bool mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView& view, std::span<const int32_t> token_seq,
+                    const float* q, float* out, Bf16Rows out_bf16);
   void mla_expanded(const MlaAttentionArgs& args, const MlaBatchView& view, int first_token, int num_tokens,
                     int context_len, int32_t table_offset);
 
@@ -217,10 +221,13 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Recordings> recordings_;
   std::unique_ptr<Choices> choices_;
   std::unique_ptr<StepGapTracker> step_gaps_;
+  std::unique_ptr<KernelTimeline> timeline_;  // build option, with DSINFER_KERNEL_TIMELINE set
+  uint64_t timeline_key_ = 0;                 // the recording replayed last
   // The last norm's output in bf16 (rows padded with zeros to whole 128-column tiles), written
-  // by the norm's own kernel: the products that take that output next (linear, linear_pair,
-  // gated_mlp, moe) read it instead of converting the output again, a kernel fewer before
-  // each product that follows a norm. Every other op forgets it before it runs, and those
+  // by the norm's own kernel, or the attention's output (o_proj's input) written by its last
+  // product in steps of a few tokens: the products that take that output next (linear,
+  // linear_pair, gated_mlp, moe) read it instead of converting the output again, a kernel fewer
+  // before each such product. Every other op forgets it before it runs, and those
   // products forget it when they write over its source, so it never outlives the values it
   // copies.
   struct NormedCopy {

@@ -179,7 +179,11 @@ void CudaBackend::mla_attention(const MlaAttentionArgs& args) {
     }
   }
   if (chunks.empty()) {
-    mla_absorbed(args, view, batch.token_seq, args.q->as<float>(), args.out->as<float>());
+    // o_proj reads the output in bf16: in steps of a few tokens the attention's last product
+    // writes that copy too, where the output needs no zero padding to whole tiles.
+    Tensor& out = *args.out;
+    const Bf16Rows copy = out.dim(1) % kLibraryFp8TileColumns == 0 ? start_normed_copy(out) : Bf16Rows{};
+    if (!mla_absorbed(args, view, batch.token_seq, args.q->as<float>(), out.as<float>(), copy)) forget_normed_copy();
     return;
   }
   std::vector<char> expanded(num_tokens, 0);
@@ -208,12 +212,12 @@ void CudaBackend::mla_attention(const MlaAttentionArgs& args) {
   Tensor q_rest = alloc_->cached({num_rest, q_width}, DType::kF32);
   Tensor out_rest = alloc_->cached({num_rest, out_width}, DType::kF32);
   launch_gather_rows(args.q->as<float>(), rest_rows, num_rest, q_width, q_rest.as<float>(), stream_);
-  mla_absorbed(args, rest_view, rest_seq, q_rest.as<float>(), out_rest.as<float>());
+  mla_absorbed(args, rest_view, rest_seq, q_rest.as<float>(), out_rest.as<float>(), Bf16Rows{});
   launch_scatter_rows(out_rest.as<float>(), rest_rows, num_rest, out_width, args.out->as<float>(), stream_);
 }
 
-void CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView& view,
-                               std::span<const int32_t> token_seq, const float* q, float* out) {
+bool CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView& view,
+                               std::span<const int32_t> token_seq, const float* q, float* out, Bf16Rows out_bf16) {
   const MlaWeights& w = *args.weights;
   const int num_tokens = view.num_tokens;
   const MlaDims dims = mla_dims(w, args.block_size, args.cache->format);
@@ -270,11 +274,12 @@ void CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView&
   Tensor work_starts = alloc_->cached({head_tile_blocks > 0 ? num_tokens + 1 : 1}, DType::kI32);
   Tensor q_latent = alloc_->cached({work * w.kv_lora_rank}, DType::kF32);
   Tensor o_latent = alloc_->cached({work * w.kv_lora_rank}, DType::kF32);
-  launch_mla_attention(dims, view, q, w.w_uk.as<float>(), w.derived.as<float>(), args.rope_cos->as<float>(),
-                       args.rope_sin->as<float>(), args.cache->data.data, args.softmax_scale, num_splits,
-                       split_len, workspace.as<float>(), q_latent.as<float>(), o_latent.as<float>(), out,
-                       tiles.empty() ? nullptr : d_tiles.as<int32_t>(), static_cast<int>(tiles.size() / 2),
-                       head_tile_blocks, work_starts.as<int32_t>(), !batch_invariant_, stream_);
+  return launch_mla_attention(dims, view, q, w.w_uk.as<float>(), w.derived.as<float>(), args.rope_cos->as<float>(),
+                              args.rope_sin->as<float>(), args.cache->data.data, args.softmax_scale, num_splits,
+                              split_len, workspace.as<float>(), q_latent.as<float>(), o_latent.as<float>(), out,
+                              tiles.empty() ? nullptr : d_tiles.as<int32_t>(), static_cast<int>(tiles.size() / 2),
+                              head_tile_blocks, work_starts.as<int32_t>(), !batch_invariant_, stream_,
+                              out_bf16.data, out_bf16.ld);
 }
 
 // One sequence's chunk of new tokens [first_token, first_token + num_tokens), the last tokens of

@@ -3,9 +3,11 @@
 
 #include <cstdint>
 #include <map>
+#include <vector>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernel_timeline.h"
 
 namespace dsinfer::cuda {
 
@@ -56,9 +58,11 @@ struct CudaBackend::Choices {
 
 struct CudaBackend::Recordings {
   std::map<uint64_t, cudaGraphExec_t> graphs;
+  std::map<uint64_t, std::vector<KernelLaunch>> launches;  // with a kernel timeline only
   void clear() {
     for (auto& [key, exec] : graphs) cudaGraphExecDestroy(exec);
     graphs.clear();
+    launches.clear();
   }
   ~Recordings() { clear(); }
 };

@@ -105,12 +105,14 @@ void launch_mla_cache_write(const MlaDims& d, const MlaBatchView& b, const float
 // mla_decode_tiles.cu (workspace and work_starts sized as launch_mla_decode_head_tiles says).
 // few_token_form lets steps of at most four tokens run the W_UK and W_UV products in a form
 // built for weight bandwidth, whose summation order differs (never for batch-invariant steps).
-void launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* q, const float* w_uk,
+// out_bf16 (row stride ld_out_bf16; may be null): where steps of up to four tokens also get out
+// rounded to bf16, for the product that follows; returns whether it was written.
+bool launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* q, const float* w_uk,
                           const float* w_uv_t, const float* rope_cos, const float* rope_sin, const void* cache,
                           float softmax_scale, int num_splits, int split_len_tokens, float* workspace,
                           float* q_latent, float* o_latent, float* out, const int32_t* prefill_tiles,
                           int num_prefill_tiles, int head_tile_blocks, int32_t* work_starts, bool few_token_form,
-                          Stream stream);
+                          Stream stream, uint16_t* out_bf16 = nullptr, int64_t ld_out_bf16 = 0);
 
 // ---- absorbed MLA attention on tensor cores (mla_tensor_core.cu) ----
 // Rows of a tensor-core tile: 16 query tokens of one head (prefill), or 16 heads of one token

@@ -68,10 +68,13 @@ __device__ void route_token(const float* logits, const MoeRouteParams& p, const 
   for (int e = lane; e < n; e += 32) s.taken[e] = false;
   __syncwarp();
   if (!p.sigmoid) {
-    const float max_logit = warp_best(lg, s.taken, n, lane).v;
+    // The logits are read once, into the scores' place, and replaced there.
+    for (int e = lane; e < n; e += 32) s.score[e] = lg[e];
+    __syncwarp();
+    const float max_logit = warp_best(s.score, s.taken, n, lane).v;
     float part = 0.0f;
     for (int e = lane; e < n; e += 32) {
-      s.score[e] = expf(lg[e] - max_logit);
+      s.score[e] = expf(s.score[e] - max_logit);
       part += s.score[e];
     }
     const float sum = warp_sum(part);
@@ -119,27 +122,33 @@ __device__ void route_token(const float* logits, const MoeRouteParams& p, const 
       if (!s.kept[e / per_group]) s.choice[e] = -INFINITY;
     __syncwarp();
   }
-  for (int i = 0; i < p.top_k; ++i) {
-    const Best b = warp_best(s.choice, s.taken, n, lane);
-    if (lane == 0) {
-      s.taken[b.i] = true;
-      s.ids[i] = b.i;
+  // Top-k by rank: an expert's rank is the number of experts that come before it (a larger
+  // choice, or an equal one at a lower index), so the experts of rank i < top_k are the picks in
+  // the order the reference takes them. All lanes rank their experts at once instead of taking
+  // the best top_k times in turn. A NaN choice ranks as -inf, so the ranks stay a permutation.
+  for (int e = lane; e < n; e += 32)
+    if (isnan(s.choice[e])) s.choice[e] = -INFINITY;
+  __syncwarp();
+  for (int e = lane; e < n; e += 32) {
+    const float c = s.choice[e];
+    int rank = 0;
+    for (int j = 0; j < n; ++j) {
+      const float other = s.choice[j];
+      rank += (other > c || (other == c && j < e)) ? 1 : 0;
     }
-    __syncwarp();
+    if (rank < p.top_k) s.ids[rank] = e;
   }
-  if (lane == 0) {
-    float w[kMaxTopK];
-    float sum = 0.0f;
-    for (int i = 0; i < p.top_k; ++i) {
-      w[i] = s.score[s.ids[i]];
-      sum += w[i];
-    }
-    if (p.norm_topk_prob && p.top_k > 1)
-      for (int i = 0; i < p.top_k; ++i) w[i] /= (sum + 1e-20f);
-    for (int i = 0; i < p.top_k; ++i) {
-      expert_ids[t * p.top_k + i] = s.ids[i];
-      weights[t * p.top_k + i] = w[i] * p.routed_scaling_factor;
-    }
+  __syncwarp();
+  // The weights' sum in slot order (cpu::route_token's), then a lane per slot.
+  float sum = 0.0f;
+  if (lane == 0)
+    for (int i = 0; i < p.top_k; ++i) sum += s.score[s.ids[i]];
+  sum = __shfl_sync(0xffffffffu, sum, 0);
+  if (lane < p.top_k) {
+    float w = s.score[s.ids[lane]];
+    if (p.norm_topk_prob && p.top_k > 1) w /= (sum + 1e-20f);
+    expert_ids[t * p.top_k + lane] = s.ids[lane];
+    weights[t * p.top_k + lane] = w * p.routed_scaling_factor;
   }
 }
 
@@ -198,20 +207,38 @@ __device__ void count_entries(const int32_t* expert_ids, int begin, int end, int
 }
 
 // The experts' first rows and first GEMM row-blocks from their row counts; starts[e] (shared)
-// gets expert e's first row too.
+// gets expert e's first row too. The first warp scans 32 experts at a time with shuffles: a
+// serial loop over the experts was a chain of some 64 dependent steps in every decode step.
 __device__ void expert_offsets(const int* counts, int num_experts, int rows_per_block, int32_t* row_offsets,
                                int32_t* block_offsets, int* starts) {
-  if (threadIdx.x == 0) {
-    int rows = 0, blocks = 0;
-    for (int e = 0; e < num_experts; ++e) {
-      row_offsets[e] = rows;
-      block_offsets[e] = blocks;
-      starts[e] = rows;
-      rows += counts[e];
-      blocks += (counts[e] + rows_per_block - 1) / rows_per_block;
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    int rows_before = 0, blocks_before = 0;
+    for (int base = 0; base < num_experts; base += 32) {
+      const int e = base + lane;
+      const int rows = e < num_experts ? counts[e] : 0;
+      const int blocks = (rows + rows_per_block - 1) / rows_per_block;
+      int rows_through = rows, blocks_through = blocks;  // inclusive sums over the 32
+      for (int offset = 1; offset < 32; offset *= 2) {
+        const int r = __shfl_up_sync(0xffffffffu, rows_through, offset);
+        const int b = __shfl_up_sync(0xffffffffu, blocks_through, offset);
+        if (lane >= offset) {
+          rows_through += r;
+          blocks_through += b;
+        }
+      }
+      if (e < num_experts) {
+        row_offsets[e] = rows_before + rows_through - rows;
+        block_offsets[e] = blocks_before + blocks_through - blocks;
+        starts[e] = rows_before + rows_through - rows;
+      }
+      rows_before += __shfl_sync(0xffffffffu, rows_through, 31);
+      blocks_before += __shfl_sync(0xffffffffu, blocks_through, 31);
     }
-    row_offsets[num_experts] = rows;
-    block_offsets[num_experts] = blocks;
+    if (lane == 0) {
+      row_offsets[num_experts] = rows_before;
+      block_offsets[num_experts] = blocks_before;
+    }
   }
   __syncthreads();
 }
@@ -254,16 +281,20 @@ __global__ void __launch_bounds__(kRoutePlanMaxTokens * 32) route_plan_kernel(
     int rows_per_block, int32_t* row_offsets, int32_t* block_offsets, int32_t* src_rows, int32_t* slot_rows) {
   await_previous_kernels();
   __shared__ RouteScratch scratch[kRoutePlanMaxTokens];
+  __shared__ int32_t entries[kRoutePlanMaxTokens * kMaxTopK];
   __shared__ int counts[kMaxExperts];
   __shared__ int fill[kMaxExperts];
   const int warp = threadIdx.x / 32;
   for (int e = threadIdx.x; e < p.num_experts; e += blockDim.x) counts[e] = 0;
   if (warp < num_tokens) route_token(logits, p, bias, warp, scratch[warp], expert_ids, weights);
-  __syncthreads();  // the block's global writes (expert_ids) are visible to the block after it
+  __syncthreads();
+  // The plan reads the chosen experts from the warps' scratch, not back from global memory.
   const int num_entries = num_tokens * p.top_k;
-  count_entries(expert_ids, 0, num_entries, counts);
+  for (int i = threadIdx.x; i < num_entries; i += blockDim.x) entries[i] = scratch[i / p.top_k].ids[i % p.top_k];
+  __syncthreads();
+  count_entries(entries, 0, num_entries, counts);
   expert_offsets(counts, p.num_experts, rows_per_block, row_offsets, block_offsets, fill);
-  place_entries(expert_ids, 0, num_entries, p.top_k, fill, src_rows, slot_rows);
+  place_entries(entries, 0, num_entries, p.top_k, fill, src_rows, slot_rows);
 }
 
 // Many entries, step 1: each block's per-expert counts of its slice, slice_rows [blocks][E].

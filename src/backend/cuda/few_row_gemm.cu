@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(kThreads) few_row_gemm_kernel(GroupedGemmArgs 
   if (dense) {
     w = a.dense;
     row_end = a.dense_rows;
-  } else if (!grouped_row_block(a, blockIdx.y, w, row_begin, row_end)) {
+  } else if (!grouped_row_block_warp(a, blockIdx.y, w, row_begin, row_end)) {
     return;
   }
   const Walk k = walk_of(w);

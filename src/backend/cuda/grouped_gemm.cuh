@@ -30,6 +30,15 @@ __device__ __forceinline__ int group_of_block(const GroupedGemmArgs& a, int bloc
   return owner_of(a.block_offsets, a.num_groups, block);
 }
 
+// grouped_row_block for kernels whose warps call it whole and converged: each lane loads its
+// share of the block offsets at once and ballots find the owner, one round of loads instead of
+// a binary search's chain of dependent ones (which, at the start of a decode step's expert
+// products, is time the weight stream waits for). Up to kWarpSearchGroups groups.
+constexpr int kWarpSearchLoads = 9;
+constexpr int kWarpSearchGroups = kWarpSearchLoads * 32 - 1;
+__device__ __forceinline__ bool grouped_row_block_warp(const GroupedGemmArgs& a, int block, GemmWeight& w,
+                                                       int& row_begin, int& row_end);
+
 constexpr int kScaleCols = 128;  // e4m3 scale block width along k
 
 // The weight and the output rows [row_begin, row_end) of row-block `block` of a grouped call
@@ -38,6 +47,34 @@ __device__ __forceinline__ bool grouped_row_block(const GroupedGemmArgs& a, int 
                                                   int& row_end) {
   if (block >= a.block_offsets[a.num_groups]) return false;
   const int group = group_of_block(a, block);
+  w = a.groups[group];
+  row_begin = a.row_offsets[group] + (block - a.block_offsets[group]) * kGemmRowsPerBlock;
+  row_end = min(row_begin + kGemmRowsPerBlock, a.row_offsets[group + 1]);
+  return true;
+}
+
+__device__ __forceinline__ bool grouped_row_block_warp(const GroupedGemmArgs& a, int block, GemmWeight& w,
+                                                       int& row_begin, int& row_end) {
+  if (a.num_groups > kWarpSearchGroups) return grouped_row_block(a, block, w, row_begin, row_end);
+  const int lane = threadIdx.x % 32;
+  int32_t offsets[kWarpSearchLoads];
+#pragma unroll
+  for (int i = 0; i < kWarpSearchLoads; ++i) {
+    const int e = i * 32 + lane;
+    offsets[i] = e <= a.num_groups ? a.block_offsets[e] : 0;
+  }
+  // Groups whose first row-block is at or before `block` (the owner is the last of them; the
+  // offsets never decrease), and whether the end (offsets[num_groups]) is too.
+  int num_started = 0;
+  bool past_end = false;
+#pragma unroll
+  for (int i = 0; i < kWarpSearchLoads; ++i) {
+    const int e = i * 32 + lane;
+    num_started += __popc(__ballot_sync(0xffffffffu, e < a.num_groups && offsets[i] <= block));
+    past_end = past_end || __any_sync(0xffffffffu, e == a.num_groups && offsets[i] <= block);
+  }
+  if (past_end) return false;
+  const int group = num_started - 1;
   w = a.groups[group];
   row_begin = a.row_offsets[group] + (block - a.block_offsets[group]) * kGemmRowsPerBlock;
   row_end = min(row_begin + kGemmRowsPerBlock, a.row_offsets[group + 1]);

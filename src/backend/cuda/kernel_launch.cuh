@@ -18,14 +18,58 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/kernel_timeline.h"
 
 namespace dsinfer::cuda {
+
+#ifdef DSINFER_KERNEL_TIMELINE
+namespace {
+// This translation unit's pointer to the kernel timeline's slots (kernel_timeline.h).
+__device__ unsigned long long* kernel_timeline_slots = nullptr;
+
+void set_kernel_timeline_slots(unsigned long long* slots) {
+  DS_CUDA_CHECK(cudaMemcpyToSymbol(kernel_timeline_slots, &slots, sizeof slots));
+}
+
+[[maybe_unused]] const bool kernel_timeline_slots_registered =
+    register_kernel_timeline_setter(&set_kernel_timeline_slots);
+
+__device__ __forceinline__ unsigned long long global_time_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ bool first_thread_of_grid() {
+  return (threadIdx.x | threadIdx.y | threadIdx.z | blockIdx.x | blockIdx.y | blockIdx.z) == 0;
+}
+
+__device__ __forceinline__ void append_kernel_time(unsigned long long entered_ns) {
+  const unsigned long long resumed_ns = global_time_ns();
+  unsigned long long* slots = kernel_timeline_slots;
+  const unsigned long long i = atomicAdd(slots, 1ull);
+  if (i >= slots[1]) return;
+  unsigned long long* e = slots + kKernelTimelineHeaderWords + i * kKernelTimelineWords;
+  e[0] = entered_ns;
+  e[1] = resumed_ns;
+  e[2] = gridDim.x;
+  e[3] = gridDim.y | (static_cast<unsigned long long>(gridDim.z) << 32);
+}
+}  // namespace
+#endif
 
 // Called by every block before its first write, its first read of kernel-written data and any
 // return: waits for the kernels before it (a no-op when it was launched in plain stream order),
 // then lets the next kernel's blocks be scheduled.
 __device__ __forceinline__ void await_previous_kernels() {
+#ifdef DSINFER_KERNEL_TIMELINE
+  const bool timed = first_thread_of_grid() && kernel_timeline_slots != nullptr;
+  const unsigned long long entered_ns = timed ? global_time_ns() : 0;
   asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (timed) append_kernel_time(entered_ns);
+#else
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
@@ -58,6 +102,7 @@ void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shar
   config.stream = stream;
   config.attrs = &overlap;
   config.numAttrs = overlapped_launches_enabled() ? 1 : 0;
+  if constexpr (kKernelTimelineBuilt) log_kernel_launch(reinterpret_cast<const void*>(kernel), grid, stream);
   DS_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
@@ -78,6 +123,7 @@ void launch_cluster_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, dim
   config.stream = stream;
   config.attrs = attrs;
   config.numAttrs = overlapped_launches_enabled() ? 2 : 1;
+  if constexpr (kKernelTimelineBuilt) log_kernel_launch(reinterpret_cast<const void*>(kernel), grid, stream);
   DS_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 

@@ -118,6 +118,19 @@ class CudaAttentionTest : public CudaVsCpuTest {
       args.out = &tout;
       be.mla_attention(args);
       out[b] = download(be, tout);
+      if (b == 1) {
+        // The product after the attention (o_proj) reads its output in bf16: in steps of a few
+        // tokens from the copy the attention's last product wrote, which must hold the bits a
+        // conversion of the output gives.
+        const int64_t width = int64_t{d.heads} * d.vdim, n_out = 64;
+        const auto wo = random_values(n_out * width, seed + 7, 0.05f);
+        const LinearWeight o_proj = be.make_linear(HostTensor{DType::kF32, {n_out, width}, wo.data()});
+        Tensor got = be.empty({t, n_out}, DType::kF32), want = be.empty({t, n_out}, DType::kF32);
+        be.linear(tout, o_proj, got);
+        Tensor fresh = upload(be, {t, width}, out[b]);
+        be.linear(fresh, o_proj, want);
+        EXPECT_EQ(download(be, got), download(be, want)) << "o_proj after the attention";
+      }
       std::vector<uint8_t> bytes(initial_bytes.size());
       for (int64_t blk = 0; blk < num_blocks; ++blk)
         be.read_cache_block(cache, static_cast<int32_t>(blk), bytes.data() + blk * kBlockSize * entry_bytes);
