@@ -35,8 +35,11 @@ constexpr int kExpandedMaxQueryRows = 512;
 constexpr int64_t kExpandedScoreElements = int64_t{1} << 27;
 // Decode batches of this many tokens or more attend in head tiles (mla_decode_tiles.cu).
 constexpr int kHeadTileMinTokens = 16;
-// Small decode batches split their contexts until there are this many fp32 blocks per SM.
-constexpr int kSplitBlocksPerSm = 8;
+// Small decode batches split their contexts until there are this many fp32 blocks per SM: as
+// many as fit on one at a time (the kernel's registers allow five), so that the splits run in
+// one wave. Eight made a batch-1 step's 1,024 blocks one and a half waves, and took 1-2% longer
+// at batches 1 to 8 (bench/RESULTS.md).
+constexpr int kSplitBlocksPerSm = 4;
 // Up-projected keys and values of one context above this size stay in the absorbed form.
 constexpr int64_t kExpandedMaxKvBytes = int64_t{4} << 30;
 
@@ -241,8 +244,8 @@ bool CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView&
   // single-sequence decode stays at fp32 accuracy.
   const bool head_tiles = !batch_invariant_ && num_tokens >= kHeadTileMinTokens && mla_head_tiles_supported(dims);
   // The fp32 kernel's (token, head, split) blocks are small (four warps, a few KB of shared
-  // memory; eight fit on an SM), and a warp walks its positions one after another: many short
-  // splits finish sooner than a few long ones.
+  // memory), and a warp walks its positions one after another: many short splits finish sooner
+  // than a few long ones, up to what fits on the GPU at once.
   if (!batch_invariant_ && !head_tiles && work < kSplitBlocksPerSm * num_sms_)
     num_splits = static_cast<int>(std::min<int64_t>((kSplitBlocksPerSm * num_sms_ + work - 1) / work, 64));
   // Prefill chunks (a sequence with 16 new tokens or more) go to the tensor-core kernel, which
