@@ -30,15 +30,6 @@ __device__ __forceinline__ int group_of_block(const GroupedGemmArgs& a, int bloc
   return owner_of(a.block_offsets, a.num_groups, block);
 }
 
-// grouped_row_block for kernels whose warps call it whole and converged: each lane loads its
-// share of the block offsets at once and ballots find the owner, one round of loads instead of
-// a binary search's chain of dependent ones (which, at the start of a decode step's expert
-// products, is time the weight stream waits for). Up to kWarpSearchGroups groups.
-constexpr int kWarpSearchLoads = 9;
-constexpr int kWarpSearchGroups = kWarpSearchLoads * 32 - 1;
-__device__ __forceinline__ bool grouped_row_block_warp(const GroupedGemmArgs& a, int block, GemmWeight& w,
-                                                       int& row_begin, int& row_end);
-
 constexpr int kScaleCols = 128;  // e4m3 scale block width along k
 
 // The weight and the output rows [row_begin, row_end) of row-block `block` of a grouped call
@@ -53,6 +44,12 @@ __device__ __forceinline__ bool grouped_row_block(const GroupedGemmArgs& a, int 
   return true;
 }
 
+// grouped_row_block for kernels whose warps call it whole and converged: each lane loads its
+// share of the block offsets at once and ballots find the owner, one round of loads instead of
+// a binary search's chain of dependent ones (which, at the start of a decode step's expert
+// products, is time the weight stream waits for). Up to kWarpSearchGroups groups.
+constexpr int kWarpSearchLoads = 9;
+constexpr int kWarpSearchGroups = kWarpSearchLoads * 32 - 1;
 __device__ __forceinline__ bool grouped_row_block_warp(const GroupedGemmArgs& a, int block, GemmWeight& w,
                                                        int& row_begin, int& row_end) {
   if (a.num_groups > kWarpSearchGroups) return grouped_row_block(a, block, w, row_begin, row_end);
