@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iomanip>
 #include <mutex>
+#include <utility>
 
 #include "backend/cuda/cuda_check.h"
 #include "core/check.h"
@@ -32,7 +33,7 @@ std::vector<KernelTimelineSetter>& setters() {
   return all;
 }
 
-// The kernel's name without its template arguments' noise where it demangles.
+// The kernel's name, demangled where it can be.
 std::string kernel_name(const void* kernel) {
   const char* mangled = nullptr;
   if (cudaFuncGetName(&mangled, kernel) != cudaSuccess || mangled == nullptr) {
@@ -119,19 +120,16 @@ void KernelTimeline::write(const std::vector<KernelLaunch>& launches, cudaStream
     const unsigned long long* e = &entries[i * kKernelTimelineWords];
     const unsigned grid_x = static_cast<unsigned>(e[2]), grid_y = static_cast<unsigned>(e[3] & 0xffffffffu),
                    grid_z = static_cast<unsigned>(e[3] >> 32);
-    auto matches = [&](const std::deque<const KernelLaunch*>& q) {
-      return !q.empty() && q.front()->grid.x == grid_x && q.front()->grid.y == grid_y && q.front()->grid.z == grid_z;
-    };
     const KernelLaunch* launch = nullptr;
     const char* stream = "?";
-    if (matches(main_queue)) {
-      launch = main_queue.front();
-      main_queue.pop_front();
-      stream = "main";
-    } else if (matches(side_queue)) {
-      launch = side_queue.front();
-      side_queue.pop_front();
-      stream = "side";
+    for (auto [queue, name] : {std::pair{&main_queue, "main"}, std::pair{&side_queue, "side"}}) {
+      if (queue->empty()) continue;
+      const dim3 grid = queue->front()->grid;
+      if (grid.x != grid_x || grid.y != grid_y || grid.z != grid_z) continue;
+      launch = queue->front();
+      queue->pop_front();
+      stream = name;
+      break;
     }
     out << i << '\t' << stream << '\t' << grid_x << 'x' << grid_y << 'x' << grid_z << '\t'
         << (static_cast<double>(e[0]) - static_cast<double>(origin)) / 1e3 << '\t'
