@@ -90,6 +90,7 @@ CudaBackend::CudaBackend() {
   graphs_enabled_ = !env_is("DSINFER_CUDA_GRAPHS", "0");
   fused_prefill_attention_ = !env_is("DSINFER_MLA_FLASH", "0");
   shared_experts_alongside_ = !env_is("DSINFER_MOE_SIDE_STREAM", "0");
+  shared_experts_in_routing_ = shared_experts_alongside_ && !env_is("DSINFER_MOE_SHARED_IN_ROUTING", "0");
   if (env_is("DSINFER_MOE_PREFILL_EXPERTS", "host")) prefill_experts_ = PrefillExperts::kHostPlanned;
   if (env_is("DSINFER_MOE_PREFILL_EXPERTS", "grouped")) prefill_experts_ = PrefillExperts::kGrouped;
   fp8_experts_chunked_ = !env_is("DSINFER_MOE_FP8_CHUNKED", "0");
@@ -504,23 +505,30 @@ bool CudaBackend::own_gemm_takes(const GemmWeight& w, int64_t rows) const {
   return batch_invariant_ || rows <= (w.scales != nullptr ? own_gemm_max_rows_fp8_ : own_gemm_max_rows_);
 }
 
+GroupedGemmArgs CudaBackend::dense_product(const Tensor& x_bf16, int64_t rows, const LinearWeight& w,
+                                           GemmEpilogue epilogue, void* y, int64_t ldy, int64_t n_out) const {
+  const GemmWeight g = gemm_weight_of(w);
+  GroupedGemmArgs a;
+  a.x = x_bf16.as<uint16_t>();
+  a.ldx = g.k_padded;
+  a.dense = g;
+  a.dense_rows = static_cast<int>(rows);
+  a.weights_fp8 = g.scales != nullptr;
+  a.epilogue = epilogue;
+  a.y = y;
+  a.ldy = ldy;
+  a.n_out = static_cast<int>(n_out);
+  return a;
+}
+
 void CudaBackend::gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, int epilogue, void* y,
                        int64_t ldy, int64_t n_out, bool library_gemm) {
   if (rows == 0) return;
   const GemmWeight g = gemm_weight_of(w);
   const auto kind = static_cast<GemmEpilogue>(epilogue);
   const bool fp8 = g.scales != nullptr;
-  GroupedGemmArgs a;
-  a.ldx = g.k_padded;
-  a.dense = g;
-  a.weights_fp8 = fp8;
-  a.epilogue = kind;
-  a.ldy = ldy;
-  a.n_out = static_cast<int>(n_out);
+  GroupedGemmArgs a = dense_product(x_bf16, rows, w, kind, y, ldy, n_out);
   if (!library_gemm && few_row_gemm_takes(rows)) {
-    a.x = x_bf16.as<uint16_t>();
-    a.y = y;
-    a.dense_rows = static_cast<int>(rows);
     launch_few_row_gemm(a, g.n_padded, 1, static_cast<int>(rows), stream_);
     return;
   }

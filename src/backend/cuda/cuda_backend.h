@@ -108,6 +108,9 @@ class CudaBackend final : public Backend {
   Tensor view_rows(const Tensor& t, int64_t row_begin, int64_t num_rows) const;
   // Packs w [rows, cols] for the GEMM; gate_up: rows are gate then up, interleaved per tile.
   LinearWeight pack_weight(const HostTensor& w, bool gate_up);
+  // The own kernels' arguments for the product of rows of x_bf16 by w, epilogue into y [rows, ldy].
+  GroupedGemmArgs dense_product(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, GemmEpilogue epilogue,
+                                void* y, int64_t ldy, int64_t n_out) const;
   // y (epilogue's layout) = x · Wᵀ for bf16 x [rows, w's k_padded]; own kernel or cuBLASLt.
   // library_gemm: use cuBLASLt whatever the row count (unless batch invariance is asked for).
   void gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, int epilogue, void* y, int64_t ldy,
@@ -183,6 +186,9 @@ class CudaBackend final : public Backend {
   bool recording_ = false;
   bool library_fp8_ = true;  // many-row e4m3 products in FP8 (DSINFER_CUDA_FP8_GEMM=0: weights widened to bf16)
   bool shared_experts_alongside_ = true;  // DSINFER_MOE_SIDE_STREAM=0: shared experts after the routed ones
+  // Steps of a few tokens: the shared experts' products in the routing's launches
+  // (DSINFER_MOE_SHARED_IN_ROUTING=0: beside the routing on the side stream instead).
+  bool shared_experts_in_routing_ = true;
   // Where prefill-sized MoE layers run their experts (DSINFER_MOE_PREFILL_EXPERTS):
   // - kChunked ("chunked", the default): cuBLASLt products batched through pointer arrays that
   //   the device fills from its plan, no host wait;

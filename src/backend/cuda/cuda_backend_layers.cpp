@@ -156,17 +156,28 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
   const bool host_planned = prefill_sized && !chunked && prefill_experts_ != PrefillExperts::kGrouped;
 
   // The shared experts depend on x alone. In a small step the routing before the routed experts
-  // is a chain of short kernels that leave the memory idle, so the shared experts run beside it
-  // on the side stream, joined before the combine. Only where both of their products take the
-  // own kernel (cuBLASLt's handle is bound to the main stream).
-  Tensor shared;
+  // is a chain of short kernels that leave the memory idle, so the shared experts run with it:
+  // - in a step of a few tokens, in the routing's own launches (gate/up in the router logits',
+  //   down in the routing and planning's), where both of their products take the few-row kernel;
+  // - else beside it on the side stream, joined before the combine, where both take the own
+  //   kernel (cuBLASLt's handle is bound to the main stream);
+  // - else after the routed experts.
+  Tensor shared, shared_act;
   if (w.has_shared) {
     DS_CHECK(w.shared_gate_up.weight.dim(1) == k_p);
     shared = alloc_->cached({num_tokens, hidden}, DType::kF32);
   }
-  const bool shared_alongside = w.has_shared && shared_experts_alongside_ && !host_planned &&
+  const bool shared_in_routing = w.has_shared && shared_experts_in_routing_ && !host_planned && !chunked &&
+                                 num_tokens <= kMoeRoutePlanMaxTokens && num_tokens <= kRouterKernelMaxTokens &&
+                                 few_row_gemm_takes(num_tokens);
+  const bool shared_alongside = w.has_shared && !shared_in_routing && shared_experts_alongside_ && !host_planned &&
                                 own_gemm_takes(gemm_weight_of(w.shared_gate_up), num_tokens) &&
                                 own_gemm_takes(gemm_weight_of(w.shared_down), num_tokens);
+  if (shared_in_routing) {
+    const int64_t shared_inter_p = w.shared_gate_up.weight.dim(0) / 2;
+    DS_CHECK(w.shared_down.weight.dim(1) == shared_inter_p);
+    shared_act = alloc_->cached({num_tokens, shared_inter_p}, DType::kBF16);
+  }
   std::optional<ForkedStreams> forked;
   if (shared_alongside) {
     forked.emplace(stream_, side_stream_, fork_event_, join_event_, *alloc_);
@@ -178,11 +189,19 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
   Tensor d_weights = alloc_->cached({num_entries}, DType::kF32);
   const float* bias = w.score_correction_bias.empty() ? nullptr : w.score_correction_bias.as<float>();
   Tensor logits = alloc_->cached({num_tokens, num_experts}, DType::kF32);
-  if (!batch_invariant_ && num_tokens > kRouterKernelMaxTokens)
+  if (shared_in_routing) {
+    const int64_t shared_inter_p = shared_act.dim(1);
+    launch_router_logits_beside(x.as<float>(), w.gate.as<float>(), num_tokens, static_cast<int>(hidden), num_experts,
+                                logits.as<float>(),
+                                dense_product(xb, num_tokens, w.shared_gate_up, GemmEpilogue::kSiluMulBf16,
+                                              shared_act.data, shared_inter_p, shared_inter_p),
+                                stream_);
+  } else if (!batch_invariant_ && num_tokens > kRouterKernelMaxTokens) {
     matmul_->f32(w.gate.as<float>(), x.as<float>(), logits.as<float>(), num_tokens, num_experts, hidden);
-  else
+  } else {
     launch_router_logits(x.as<float>(), w.gate.as<float>(), num_tokens, static_cast<int>(hidden), num_experts,
                          logits.as<float>(), stream_);
+  }
 
   // plan = [row_offsets E+1 | block_offsets E+1 | src_rows | slot_rows]
   Tensor plan = alloc_->cached({2 * (num_experts + 1) + 2 * num_entries}, DType::kI32);
@@ -194,9 +213,18 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
   Tensor plan_workspace;
   if (plan_workspace_ints > 0) plan_workspace = alloc_->cached({plan_workspace_ints}, DType::kI32);
   // Chunked layers count their block offsets in chunks.
-  launch_moe_route_and_plan(logits.as<float>(), num_tokens, params, bias, d_ids.as<int32_t>(), d_weights.as<float>(),
-                            chunked ? kChunkRows : kGemmRowsPerBlock, row_offsets, block_offsets, src_rows, slot_rows,
-                            plan_workspace_ints > 0 ? plan_workspace.as<int32_t>() : nullptr, stream_);
+  if (shared_in_routing)
+    launch_moe_route_and_plan_beside(logits.as<float>(), num_tokens, params, bias, d_ids.as<int32_t>(),
+                                     d_weights.as<float>(), kGemmRowsPerBlock, row_offsets, block_offsets, src_rows,
+                                     slot_rows,
+                                     dense_product(shared_act, num_tokens, w.shared_down, GemmEpilogue::kStoreF32,
+                                                   shared.data, hidden, w.shared_down.out_features),
+                                     stream_);
+  else
+    launch_moe_route_and_plan(logits.as<float>(), num_tokens, params, bias, d_ids.as<int32_t>(),
+                              d_weights.as<float>(), chunked ? kChunkRows : kGemmRowsPerBlock, row_offsets,
+                              block_offsets, src_rows, slot_rows,
+                              plan_workspace_ints > 0 ? plan_workspace.as<int32_t>() : nullptr, stream_);
 
   Tensor expert_out;
   const int32_t* combine_rows = slot_rows;
@@ -214,7 +242,7 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
   }
 
   if (forked) forked->join();
-  else if (w.has_shared) gated_mlp_bf16(xb, num_tokens, w.shared_gate_up, w.shared_down, shared.as<float>(), hidden);
+  else if (w.has_shared && !shared_in_routing) gated_mlp_bf16(xb, num_tokens, w.shared_gate_up, w.shared_down, shared.as<float>(), hidden);
   launch_moe_combine(expert_out.data, expert_out.dtype == DType::kBF16, expert_out.dim(1), combine_rows,
                      d_weights.as<float>(), shared.empty() ? nullptr : shared.as<float>(), num_tokens, top_k, hidden,
                      out.as<float>(), stream_);

@@ -192,8 +192,10 @@ void launch_router_logits(const float* x, const float* gate, int64_t num_tokens,
 // top-k: expert_ids and weights [T * top_k]), then groups the T * top_k routed entries by
 // expert: row_offsets / block_offsets [E + 1] (block = rows_per_block rows), src_rows [T * top_k]
 // (source token of each grouped row), slot_rows [T * top_k] (grouped row of each entry). A step
-// of a few tokens does both in one launch. Many entries (prefill) are planned over several
-// blocks, which need a workspace of moe_plan_workspace_ints int32 (none for a decode step's few).
+// of up to kMoeRoutePlanMaxTokens tokens does both in one launch. Many entries (prefill) are
+// planned over several blocks, which need a workspace of moe_plan_workspace_ints int32 (none for
+// a decode step's few).
+constexpr int kMoeRoutePlanMaxTokens = 4;
 int64_t moe_plan_workspace_ints(int num_entries, int num_experts);
 void launch_moe_route_and_plan(const float* logits, int64_t num_tokens, const MoeRouteParams& p, const float* bias,
                                int32_t* expert_ids, float* weights, int rows_per_block, int32_t* row_offsets,

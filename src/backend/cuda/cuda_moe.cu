@@ -1,6 +1,5 @@
-// MoE routing, planning and combination on the GPU. Routing follows cpu::route_token exactly
-// (same tie-breaking: lower expert index first) so that CPU and CUDA pick the same experts
-// whenever the scores agree; a warp per token keeps a decode step's routing short.
+// MoE routing, planning and combination on the GPU: the launches around moe_routing.cuh's
+// device code, the many-token planning kernels and the combine.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -11,247 +10,38 @@
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/grouped_gemm.cuh"
 #include "backend/cuda/kernel_launch.cuh"
+#include "backend/cuda/moe_routing.cuh"
 
 namespace dsinfer::cuda {
 namespace {
 
-constexpr int kMaxExperts = 512;
-constexpr int kMaxTopK = 32;
+using moe::count_entries;
+using moe::expert_offsets;
+using moe::kMaxExperts;
+using moe::kRoutePlanMaxTokens;
+using moe::place_entries;
 
 // One warp per token: routing is a handful of short reductions over at most a few hundred
 // scores, and a prefill step routes tens of thousands of tokens.
 constexpr int kRouteThreads = 32;
-
-struct Best {
-  float v;
-  int i;
-};
-// The larger value wins; equal values go to the lower index (cpu::route_token's rule).
-__device__ __forceinline__ Best better(Best a, Best b) {
-  if (b.i < 0) return a;
-  if (a.i < 0) return b;
-  return (b.v > a.v || (b.v == a.v && b.i < a.i)) ? b : a;
-}
-
-// The warp's best of the entries not yet taken (every lane calls; all get the result).
-__device__ Best warp_best(const float* v, const bool* taken, int n, int lane) {
-  Best best{0.0f, -1};
-  for (int e = lane; e < n; e += 32)
-    if (!taken[e]) best = better(best, Best{v[e], e});
-  for (int off = 16; off > 0; off >>= 1) {
-    Best other{__shfl_xor_sync(0xffffffffu, best.v, off), __shfl_xor_sync(0xffffffffu, best.i, off)};
-    best = better(best, other);
-  }
-  return best;
-}
-
-__device__ float warp_sum(float v) {
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-  return v;
-}
-
-// A warp's working space for routing one token (shared memory).
-struct RouteScratch {
-  float score[kMaxExperts], choice[kMaxExperts], group[kMaxExperts];
-  bool taken[kMaxExperts], group_taken[kMaxExperts], kept[kMaxExperts];
-  int ids[kMaxTopK];
-};
-
-// Routes token t with one warp (every lane calls): scores, optional correction bias, group
-// limit, top-k and weights, with the selection rules of cpu::route_token (the same experts
-// whenever the scores agree).
-__device__ void route_token(const float* logits, const MoeRouteParams& p, const float* bias, int64_t t,
-                            RouteScratch& s, int32_t* expert_ids, float* weights) {
-  const int lane = threadIdx.x % 32;
-  const int n = p.num_experts;
-  const float* lg = logits + t * n;
-  for (int e = lane; e < n; e += 32) s.taken[e] = false;
-  __syncwarp();
-  if (!p.sigmoid) {
-    // The logits are read once, into the scores' place, and replaced there.
-    for (int e = lane; e < n; e += 32) s.score[e] = lg[e];
-    __syncwarp();
-    const float max_logit = warp_best(s.score, s.taken, n, lane).v;
-    float part = 0.0f;
-    for (int e = lane; e < n; e += 32) {
-      s.score[e] = expf(s.score[e] - max_logit);
-      part += s.score[e];
-    }
-    const float sum = warp_sum(part);
-    for (int e = lane; e < n; e += 32) s.score[e] /= sum;
-  } else {
-    for (int e = lane; e < n; e += 32) s.score[e] = 1.0f / (1.0f + expf(-lg[e]));
-  }
-  for (int e = lane; e < n; e += 32)
-    s.choice[e] = s.score[e] + ((p.topk_method == 2 && bias != nullptr) ? bias[e] : 0.0f);
-  __syncwarp();
-  if (p.topk_method != 0 && p.num_groups > 1) {
-    const int per_group = n / p.num_groups;
-    for (int g = lane; g < p.num_groups; g += 32) {
-      const float* c = s.choice + g * per_group;
-      if (p.topk_method == 2) {  // noaux_tc: the sum of the group's top two
-        int i0 = 0;
-        for (int i = 1; i < per_group; ++i)
-          if (c[i] > c[i0]) i0 = i;
-        float second = 0.0f;
-        if (per_group > 1) {
-          int i1 = -1;
-          for (int i = 0; i < per_group; ++i)
-            if (i != i0 && (i1 < 0 || c[i] > c[i1])) i1 = i;
-          second = c[i1];
-        }
-        s.group[g] = c[i0] + second;
-      } else {  // group_limited_greedy: the group's best
-        float mx = c[0];
-        for (int i = 1; i < per_group; ++i) mx = fmaxf(mx, c[i]);
-        s.group[g] = mx;
-      }
-      s.group_taken[g] = false;
-      s.kept[g] = false;
-    }
-    __syncwarp();
-    for (int i = 0; i < p.topk_groups; ++i) {
-      const Best b = warp_best(s.group, s.group_taken, p.num_groups, lane);
-      if (lane == 0) {
-        s.group_taken[b.i] = true;
-        s.kept[b.i] = true;
-      }
-      __syncwarp();
-    }
-    for (int e = lane; e < n; e += 32)
-      if (!s.kept[e / per_group]) s.choice[e] = -INFINITY;
-    __syncwarp();
-  }
-  // Top-k by rank: an expert's rank is the number of experts that come before it (a larger
-  // choice, or an equal one at a lower index), so the experts of rank i < top_k are the picks in
-  // the order the reference takes them. All lanes rank their experts at once instead of taking
-  // the best top_k times in turn. A NaN choice ranks as -inf, so the ranks stay a permutation.
-  for (int e = lane; e < n; e += 32)
-    if (isnan(s.choice[e])) s.choice[e] = -INFINITY;
-  __syncwarp();
-  for (int e = lane; e < n; e += 32) {
-    const float c = s.choice[e];
-    int rank = 0;
-    for (int j = 0; j < n; ++j) {
-      const float other = s.choice[j];
-      rank += (other > c || (other == c && j < e)) ? 1 : 0;
-    }
-    if (rank < p.top_k) s.ids[rank] = e;
-  }
-  __syncwarp();
-  // The weights' sum in slot order (cpu::route_token's), then a lane per slot.
-  float sum = 0.0f;
-  if (lane == 0)
-    for (int i = 0; i < p.top_k; ++i) sum += s.score[s.ids[i]];
-  sum = __shfl_sync(0xffffffffu, sum, 0);
-  if (lane < p.top_k) {
-    float w = s.score[s.ids[lane]];
-    if (p.norm_topk_prob && p.top_k > 1) w /= (sum + 1e-20f);
-    expert_ids[t * p.top_k + lane] = s.ids[lane];
-    weights[t * p.top_k + lane] = w * p.routed_scaling_factor;
-  }
-}
 
 // One block (a warp) per token.
 __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logits, MoeRouteParams p,
                                                               const float* bias, int32_t* expert_ids,
                                                               float* weights) {
   await_previous_kernels();
-  __shared__ RouteScratch scratch;
-  route_token(logits, p, bias, blockIdx.x, scratch, expert_ids, weights);
+  __shared__ moe::RouteScratch scratch;
+  moe::route_token(logits, p, bias, blockIdx.x, scratch, expert_ids, weights);
 }
 
-// Four experts per block: a decode step of one token still spreads its 64 experts (V2-Lite)
-// over 16 SMs.
-constexpr int kLogitWarps = 4;
-
-// Router logits in fp32: block (token, kLogitWarps experts), one warp per expert, lanes strided
-// over the hidden size and a fixed shuffle tree, so a logit has the same bits whatever the batch.
-// The loop is unrolled eight deep so that a lane's loads are in flight together (a hidden size
-// of 2,048 is 16 float4 per lane).
-__global__ void __launch_bounds__(kLogitWarps * 32) router_logits_kernel(const float* x, const float* gate,
-                                                                         int hidden, int num_experts, float* logits) {
-  await_previous_kernels();
-  const int64_t t = blockIdx.x;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int e = blockIdx.y * kLogitWarps + warp;
-  if (e >= num_experts) return;
-  const float* xr = x + t * hidden;
-  const float* g = gate + static_cast<int64_t>(e) * hidden;
-  float acc = 0.0f;
-  if (hidden % 4 == 0) {
-    const float4* x4 = reinterpret_cast<const float4*>(xr);
-    const float4* g4 = reinterpret_cast<const float4*>(g);
-#pragma unroll 8
-    for (int i = lane; i < hidden / 4; i += 32) {
-      const float4 a = x4[i], b = __ldg(g4 + i);
-      acc += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
-    }
-  } else {
-    for (int i = lane; i < hidden; i += 32) acc += xr[i] * g[i];
-  }
-  for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-  if (lane == 0) logits[t * num_experts + e] = acc;
+__global__ void __launch_bounds__(moe::kLogitWarps * 32) router_logits_kernel(moe::RouterLogitsJob job) {
+  moe::router_logits_block(job, blockIdx.x, blockIdx.y);
 }
 
 constexpr int kPlanThreads = 1024;
 // Up to this many entries one block plans a step alone (one launch: decode). Beyond it each
 // block takes a slice of this many entries, and three kernels count, offset and place.
 constexpr int kPlanEntriesPerBlock = 4096;
-
-// Block-wide helpers of the planning kernels (every thread calls them).
-// counts[expert] += the entries in [begin, end) routed to it (counts in shared memory).
-__device__ void count_entries(const int32_t* expert_ids, int begin, int end, int* counts) {
-  for (int i = begin + threadIdx.x; i < end; i += blockDim.x) atomicAdd(&counts[expert_ids[i]], 1);
-  __syncthreads();
-}
-
-// The experts' first rows and first GEMM row-blocks from their row counts; starts[e] (shared)
-// gets expert e's first row too. The first warp scans 32 experts at a time with shuffles: a
-// serial loop over the experts was a chain of some 64 dependent steps in every decode step.
-__device__ void expert_offsets(const int* counts, int num_experts, int rows_per_block, int32_t* row_offsets,
-                               int32_t* block_offsets, int* starts) {
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
-    int rows_before = 0, blocks_before = 0;
-    for (int base = 0; base < num_experts; base += 32) {
-      const int e = base + lane;
-      const int rows = e < num_experts ? counts[e] : 0;
-      const int blocks = (rows + rows_per_block - 1) / rows_per_block;
-      int rows_through = rows, blocks_through = blocks;  // inclusive sums over the 32
-      for (int offset = 1; offset < 32; offset *= 2) {
-        const int r = __shfl_up_sync(0xffffffffu, rows_through, offset);
-        const int b = __shfl_up_sync(0xffffffffu, blocks_through, offset);
-        if (lane >= offset) {
-          rows_through += r;
-          blocks_through += b;
-        }
-      }
-      if (e < num_experts) {
-        row_offsets[e] = rows_before + rows_through - rows;
-        block_offsets[e] = blocks_before + blocks_through - blocks;
-        starts[e] = rows_before + rows_through - rows;
-      }
-      rows_before += __shfl_sync(0xffffffffu, rows_through, 31);
-      blocks_before += __shfl_sync(0xffffffffu, blocks_through, 31);
-    }
-    if (lane == 0) {
-      row_offsets[num_experts] = rows_before;
-      block_offsets[num_experts] = blocks_before;
-    }
-  }
-  __syncthreads();
-}
-
-// Each entry of [begin, end) takes the next free row of its expert (fill, shared).
-__device__ void place_entries(const int32_t* expert_ids, int begin, int end, int top_k, int* fill, int32_t* src_rows,
-                              int32_t* slot_rows) {
-  for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const int row = atomicAdd(&fill[expert_ids[i]], 1);
-    src_rows[row] = i / top_k;
-    slot_rows[i] = row;
-  }
-}
 
 // Groups the (token, slot) entries by expert in one block: counts, offsets in rows and in GEMM
 // row-blocks, then each entry's row. Rows within an expert land in any order; every row is
@@ -270,31 +60,8 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const int32_t* exper
   place_entries(expert_ids, 0, num_entries, top_k, fill, src_rows, slot_rows);
 }
 
-// A step of up to kRoutePlanMaxTokens tokens routes and plans in one block: a warp per token,
-// then the block groups the entries as plan_kernel does. In a decode step the routing and the
-// planning are two latency-bound launches in a chain that leaves the memory idle; one launch
-// takes a kernel boundary out of that chain.
-constexpr int kRoutePlanMaxTokens = 4;
-
-__global__ void __launch_bounds__(kRoutePlanMaxTokens * 32) route_plan_kernel(
-    const float* logits, int num_tokens, MoeRouteParams p, const float* bias, int32_t* expert_ids, float* weights,
-    int rows_per_block, int32_t* row_offsets, int32_t* block_offsets, int32_t* src_rows, int32_t* slot_rows) {
-  await_previous_kernels();
-  __shared__ RouteScratch scratch[kRoutePlanMaxTokens];
-  __shared__ int32_t entries[kRoutePlanMaxTokens * kMaxTopK];
-  __shared__ int counts[kMaxExperts];
-  __shared__ int fill[kMaxExperts];
-  const int warp = threadIdx.x / 32;
-  for (int e = threadIdx.x; e < p.num_experts; e += blockDim.x) counts[e] = 0;
-  if (warp < num_tokens) route_token(logits, p, bias, warp, scratch[warp], expert_ids, weights);
-  __syncthreads();
-  // The plan reads the chosen experts from the warps' scratch, not back from global memory.
-  const int num_entries = num_tokens * p.top_k;
-  for (int i = threadIdx.x; i < num_entries; i += blockDim.x) entries[i] = scratch[i / p.top_k].ids[i % p.top_k];
-  __syncthreads();
-  count_entries(entries, 0, num_entries, counts);
-  expert_offsets(counts, p.num_experts, rows_per_block, row_offsets, block_offsets, fill);
-  place_entries(entries, 0, num_entries, p.top_k, fill, src_rows, slot_rows);
+__global__ void __launch_bounds__(kRoutePlanMaxTokens * 32) route_plan_kernel(moe::RoutePlanJob job) {
+  moe::route_plan_block(job);
 }
 
 // Many entries, step 1: each block's per-expert counts of its slice, slice_rows [blocks][E].
@@ -420,12 +187,6 @@ void launch_moe_chunk_layout(const MoeChunkLayout& layout, Stream stream) {
 
 namespace {
 
-void check_route_params(const MoeRouteParams& p) {
-  DS_CHECK_MSG(p.num_experts <= kMaxExperts && p.top_k <= kMaxTopK && p.top_k <= p.num_experts &&
-                   p.num_groups >= 1 && p.num_experts % p.num_groups == 0 && p.topk_groups <= p.num_groups,
-               "MoE routing shape beyond the CUDA kernel's limits");
-}
-
 // A warp per token (route_kernel), for steps of more than kRoutePlanMaxTokens tokens.
 void launch_moe_route(const float* logits, int64_t num_tokens, const MoeRouteParams& p, const float* bias,
                       int32_t* expert_ids, float* weights, Stream stream) {
@@ -465,7 +226,7 @@ void launch_moe_route_and_plan(const float* logits, int64_t num_tokens, const Mo
                                int32_t* expert_ids, float* weights, int rows_per_block, int32_t* row_offsets,
                                int32_t* block_offsets, int32_t* src_rows, int32_t* slot_rows, int32_t* workspace,
                                Stream stream) {
-  check_route_params(p);
+  moe::check_route_params(p);
   if (num_tokens == 0) return;
   if (num_tokens > kRoutePlanMaxTokens) {
     launch_moe_route(logits, num_tokens, p, bias, expert_ids, weights, stream);
@@ -473,8 +234,9 @@ void launch_moe_route_and_plan(const float* logits, int64_t num_tokens, const Mo
                     row_offsets, block_offsets, src_rows, slot_rows, workspace, stream);
     return;
   }
-  launch_kernel(route_plan_kernel, 1, kRoutePlanMaxTokens * 32, 0, stream, logits, static_cast<int>(num_tokens), p,
-                bias, expert_ids, weights, rows_per_block, row_offsets, block_offsets, src_rows, slot_rows);
+  const moe::RoutePlanJob job{logits,         static_cast<int>(num_tokens), p,        bias,     expert_ids, weights,
+                              rows_per_block, row_offsets,                  block_offsets, src_rows, slot_rows};
+  launch_kernel(route_plan_kernel, 1, kRoutePlanMaxTokens * 32, 0, stream, job);
   DS_CUDA_CHECK_LAUNCH();
 }
 
@@ -482,8 +244,9 @@ void launch_router_logits(const float* x, const float* gate, int64_t num_tokens,
                           float* logits, Stream stream) {
   if (num_tokens == 0) return;
   DS_CHECK(num_tokens <= 0x7fffffff);
-  const dim3 grid(static_cast<unsigned>(num_tokens), (num_experts + kLogitWarps - 1) / kLogitWarps);
-  launch_kernel(router_logits_kernel, grid, kLogitWarps * 32, 0, stream, x, gate, hidden, num_experts, logits);
+  const moe::RouterLogitsJob job{x, gate, hidden, num_experts, logits, num_tokens};
+  const dim3 grid(static_cast<unsigned>(num_tokens), job.expert_blocks());
+  launch_kernel(router_logits_kernel, grid, moe::kLogitWarps * 32, 0, stream, job);
   DS_CUDA_CHECK_LAUNCH();
 }
 

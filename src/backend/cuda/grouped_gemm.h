@@ -117,6 +117,18 @@ constexpr int kFewRowGemmDefaultMaxRows = 2;
 void launch_few_row_gemm(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks, int max_rows_per_block,
                          Stream stream);
 
+// The router logits (launch_router_logits) and the routing and planning (launch_moe_route_and_plan)
+// of a step of 1 to kMoeRoutePlanMaxTokens tokens, each with a dense few-row product (args of
+// launch_few_row_gemm, groups null, 1 to kFewRowGemmMaxRows rows) in the blocks after its own, in
+// one launch (moe_routing_beside.cu): an MoE layer's shared experts, gate/up beside the logits and
+// down beside the routing. The product's output has the bits of launch_few_row_gemm's.
+void launch_router_logits_beside(const float* x, const float* gate, int64_t num_tokens, int hidden, int num_experts,
+                                 float* logits, const GroupedGemmArgs& product, Stream stream);
+void launch_moe_route_and_plan_beside(const float* logits, int64_t num_tokens, const MoeRouteParams& p,
+                                      const float* bias, int32_t* expert_ids, float* weights, int rows_per_block,
+                                      int32_t* row_offsets, int32_t* block_offsets, int32_t* src_rows,
+                                      int32_t* slot_rows, const GroupedGemmArgs& product, Stream stream);
+
 // Dequantises an e4m3 weight in the kernel's layout to bf16 [n_padded, k_padded].
 void launch_gemm_weight_to_bf16(const GemmWeight& w, uint16_t* out, Stream stream);
 

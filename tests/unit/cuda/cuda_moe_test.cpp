@@ -73,7 +73,10 @@ class CudaMoeTest : public CudaVsCpuTest {
       w.expert_down.push_back(be.make_linear(HostTensor{DType::kF32, {hidden, inter}, down.data()}));
     }
     w.has_shared = g.shared;
-    if (g.shared) {
+    if (g.shared && fp8) {
+      w.shared_gate_up = fp8_weight(be, 4 * inter, hidden, seed + 5, true, bytes, scales);
+      w.shared_down = fp8_weight(be, hidden, 2 * inter, seed + 6, false, bytes, scales);
+    } else if (g.shared) {
       auto gu = random_values(4 * inter * hidden, seed + 5, s_in);
       auto down = random_values(hidden * 2 * inter, seed + 6, s_mid);
       w.shared_gate_up = be.make_gate_up(HostTensor{DType::kF32, {4 * inter, hidden}, gu.data()});
@@ -130,30 +133,39 @@ TEST_F(CudaMoeTest, FewTokensShareExpertsInTheFewRowKernel) {
   run_case(g, 4, 90, 256, 128, /*fp8=*/true);
 }
 
-TEST_F(CudaMoeTest, SharedExpertsBesideTheRoutingGiveTheSameBits) {
-  // Small steps run the shared experts on a second stream beside the routing; the same kernels
-  // in the same order per stream, so the result has the same bits as with the shared experts
-  // after the routed ones (DSINFER_MOE_SIDE_STREAM=0). Steps that take both paths: 1 and 32
-  // tokens beside, 33 after (cuBLASLt's shared product).
+TEST_F(CudaMoeTest, SharedExpertsInOrBesideTheRoutingGiveTheSameBits) {
+  // Steps of one or two tokens run the shared experts' products in the routing's own launches;
+  // with DSINFER_MOE_SHARED_IN_ROUTING=0, small steps run them on a second stream beside the
+  // routing; with DSINFER_MOE_SIDE_STREAM=0, after the routed experts. The products' blocks are
+  // the same few-row or tensor-core blocks either way, so all three give the same bits. Steps
+  // that take each path: 1 and 2 tokens in the routing (bf16 and e4m3 weights), 32 beside,
+  // 33 after (cuBLASLt's shared product).
+  setenv("DSINFER_MOE_SHARED_IN_ROUTING", "0", 1);
+  auto beside = make_backend("cuda");
+  unsetenv("DSINFER_MOE_SHARED_IN_ROUTING");
   setenv("DSINFER_MOE_SIDE_STREAM", "0", 1);
   auto after = make_backend("cuda");
   unsetenv("DSINFER_MOE_SIDE_STREAM");
   const GateSpec g{16, 4, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, true, 1.0f, true};
   const int64_t hidden = 256, inter = 96;
-  for (int64_t num_tokens : {1, 32, 33}) {
-    const auto x = random_values(num_tokens * hidden, 40 + static_cast<uint32_t>(num_tokens));
-    Backend* bes[2] = {gpu_.get(), after.get()};
-    std::vector<float> out[2];
-    for (int b = 0; b < 2; ++b) {
-      MoeWeights w = build(*bes[b], g, hidden, inter, 41);
-      Tensor tx = upload(*bes[b], {num_tokens, hidden}, x), tout = bes[b]->empty({num_tokens, hidden}, DType::kF32);
-      // Twice on the same backend: blocks held while the streams run side by side go back to
-      // the cache, and the second step's buffers come from it.
-      for (int rep = 0; rep < 2; ++rep) bes[b]->moe(tx, w, tout, nullptr);
-      out[b] = download(*bes[b], tout);
+  for (bool fp8 : {false, true}) {
+    for (int64_t num_tokens : {1, 2, 32, 33}) {
+      if (fp8 && num_tokens > 2) continue;
+      const auto x = random_values(num_tokens * hidden, 40 + static_cast<uint32_t>(num_tokens));
+      Backend* bes[3] = {gpu_.get(), beside.get(), after.get()};
+      std::vector<float> out[3];
+      for (int b = 0; b < 3; ++b) {
+        MoeWeights w = build(*bes[b], g, hidden, fp8 ? 128 : inter, 41, fp8);
+        Tensor tx = upload(*bes[b], {num_tokens, hidden}, x), tout = bes[b]->empty({num_tokens, hidden}, DType::kF32);
+        // Twice on the same backend: blocks held while the streams run side by side go back to
+        // the cache, and the second step's buffers come from it.
+        for (int rep = 0; rep < 2; ++rep) bes[b]->moe(tx, w, tout, nullptr);
+        out[b] = download(*bes[b], tout);
+      }
+      EXPECT_EQ(out[0], out[1]) << num_tokens << " tokens, fp8 " << fp8;
+      EXPECT_EQ(out[0], out[2]) << num_tokens << " tokens, fp8 " << fp8;
+      EXPECT_GT(*std::max_element(out[0].begin(), out[0].end()), 0.0f);
     }
-    EXPECT_EQ(out[0], out[1]) << num_tokens << " tokens";
-    EXPECT_GT(*std::max_element(out[0].begin(), out[0].end()), 0.0f);
   }
 }
 

@@ -1,0 +1,253 @@
+// The few-row product's work for one thread block (few_row_gemm.cu has the why), as a device
+// function: its own kernel runs it in every block, and a kernel that shares its launch with
+// another short job (moe_routing_beside.cu) runs it in the blocks after that job's.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/grouped_gemm.cuh"
+#include "backend/cuda/kernel_launch.cuh"
+
+namespace dsinfer::cuda::few_row {
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+// Weight rows per quad: four outputs, or two outputs' gate and up rows.
+constexpr int kQuadRows = 4;
+// Steps (one 16-byte piece of each of a quad's rows per thread) in flight per thread.
+constexpr int kDepth = 4;
+// A block takes up to this many consecutive quads of one weight.
+constexpr int kMaxQuadsPerBlock = 32;
+
+// 16 bytes of a weight, which no kernel writes and no other block reads: past L1.
+__device__ __forceinline__ uint4 load_weight_piece(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// The eight bf16 of a 16-byte piece (little-endian: the low half of a word comes first).
+__device__ __forceinline__ void widen_bf16x8(const uint4& v, float (&out)[8]) {
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out[2 * i] = __uint_as_float(words[i] << 16);
+    out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+  }
+}
+
+// The sixteen e4m3 of a 16-byte piece, exactly.
+__device__ __forceinline__ void widen_e4m3x16(const uint4& v, float (&out)[16]) {
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float4 f = widen_e4m3x4(words[i]);
+    out[4 * i] = f.x;
+    out[4 * i + 1] = f.y;
+    out[4 * i + 2] = f.z;
+    out[4 * i + 3] = f.w;
+  }
+}
+
+// Weight row r of quad q: outputs 4q .. 4q + 3, or the gate and up rows of outputs 2q and
+// 2q + 1 (interleaved 16 rows at a time within each 32-row tile).
+__device__ __forceinline__ int quad_row(bool gate_up, int q, int r) {
+  if (!gate_up) return q * kQuadRows + r;
+  const int out = q * 2 + r / 2;
+  return (out / kGemmGateUpHalf) * kGemmTileRows + (r % 2) * kGemmGateUpHalf + out % kGemmGateUpHalf;
+}
+
+// Block block_x of a product takes quads_per_block consecutive quads of one weight (one group's,
+// for the grouped form: row_block is the row-block) and walks them in steps: step s is piece
+// (s % phases) * 128 + thread of each row of its (s / phases)-th quad, so that a warp reads 512
+// bytes in a row. kDepth steps are in flight per thread, each issued as the one kDepth before it
+// is consumed; a dense weight's first kDepth are issued before the kernel waits for the ones
+// before it, and stream in while they finish. A quad's sums stay in registers until its last
+// step, when each warp adds its lanes' and keeps them in shared memory; the warps' sums are
+// added in order at the end. Rows go kTokens at a time (passes).
+template <int kTokens, bool kFp8>
+__device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_per_block, int block_x,
+                                           int row_block) {
+  constexpr int kPieceElems = kFp8 ? 16 : 8;  // weights per 16-byte piece
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const bool gate_up = a.epilogue == GemmEpilogue::kSiluMulBf16;
+  const int first_quad = block_x * quads_per_block;
+  struct Walk {
+    int num_pieces = 0, num_phases = 0, num_quads = 0, num_steps = 0;
+  };
+  auto walk_of = [&](const GemmWeight& w) {
+    Walk k;
+    k.num_pieces = w.k_padded / kPieceElems;
+    k.num_phases = (k.num_pieces + kThreads - 1) / kThreads;
+    k.num_quads = max(0, min(quads_per_block, w.n_padded / kQuadRows - first_quad));
+    k.num_steps = k.num_quads * k.num_phases;
+    return k;
+  };
+  uint4 pieces[kDepth][kQuadRows];
+  auto issue = [&](const GemmWeight& w, const Walk& k, int s, uint4 (&dst)[kQuadRows]) {
+    const int q = first_quad + s / k.num_phases, p = (s % k.num_phases) * kThreads + tid;
+    const bool valid = s < k.num_steps && p < k.num_pieces;
+    const int64_t row_bytes = kFp8 ? w.k_padded : 2 * static_cast<int64_t>(w.k_padded);
+    const char* data = static_cast<const char*>(w.data) + p * 16;
+#pragma unroll
+    for (int r = 0; r < kQuadRows; ++r)
+      dst[r] = valid ? load_weight_piece(data + quad_row(gate_up, q, r) * row_bytes) : make_uint4(0, 0, 0, 0);
+  };
+  const bool dense = a.groups == nullptr;
+  if (dense) {
+    const Walk k = walk_of(a.dense);
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d) issue(a.dense, k, d, pieces[d]);
+  }
+  await_previous_kernels();
+
+  GemmWeight w;
+  int row_begin = 0, row_end = 0;
+  if (dense) {
+    w = a.dense;
+    row_end = a.dense_rows;
+  } else if (!grouped_row_block_warp(a, row_block, w, row_begin, row_end)) {
+    return;
+  }
+  const Walk k = walk_of(w);
+  if (k.num_steps == 0) return;
+  const int scale_cols = (w.k_padded + kScaleCols - 1) / kScaleCols;
+  __shared__ float warp_sums[kWarps][kMaxQuadsPerBlock][kQuadRows][kTokens];
+  for (int pass_begin = row_begin; pass_begin < row_end; pass_begin += kTokens) {
+    const int pass_rows = min(kTokens, row_end - pass_begin);
+    if (!dense || pass_begin != row_begin) {
+#pragma unroll
+      for (int d = 0; d < kDepth; ++d) issue(w, k, d, pieces[d]);
+    }
+    int64_t x_offset[kTokens];
+#pragma unroll
+    for (int t = 0; t < kTokens; ++t) {
+      int64_t row = 0;
+      if (t < pass_rows) row = a.src_rows != nullptr ? a.src_rows[pass_begin + t] : pass_begin + t;
+      x_offset[t] = row * a.ldx;
+    }
+    float acc[kQuadRows][kTokens];
+#pragma unroll
+    for (int r = 0; r < kQuadRows; ++r)
+#pragma unroll
+      for (int t = 0; t < kTokens; ++t) acc[r][t] = 0.0f;
+
+    for (int s0 = 0; s0 < k.num_steps; s0 += kDepth) {
+#pragma unroll
+      for (int d = 0; d < kDepth; ++d) {
+        const int s = s0 + d;
+        if (s >= k.num_steps) break;
+        const int i = s / k.num_phases, phase = s % k.num_phases;
+        const int p = phase * kThreads + tid;
+        if (p < k.num_pieces) {
+          // x's matching elements, as rounded to bf16 by the conversion before the product.
+          float xf[kTokens][kPieceElems];
+#pragma unroll
+          for (int t = 0; t < kTokens; ++t) {
+#pragma unroll
+            for (int h = 0; h < kPieceElems / 8; ++h) {
+              float part[8];
+              const auto* x = reinterpret_cast<const uint4*>(a.x + x_offset[t] + p * kPieceElems);
+              const uint4 v = t < pass_rows ? __ldg(x + h) : make_uint4(0, 0, 0, 0);
+              widen_bf16x8(v, part);
+#pragma unroll
+              for (int e = 0; e < 8; ++e) xf[t][8 * h + e] = part[e];
+            }
+          }
+#pragma unroll
+          for (int r = 0; r < kQuadRows; ++r) {
+            float wf[kPieceElems];
+            if constexpr (kFp8) {
+              widen_e4m3x16(pieces[d][r], wf);
+              // The piece lies in one 128-column scale block: its sums, scaled in fp32 (the
+              // checkpoint's weights, unrounded).
+              const int row = quad_row(gate_up, first_quad + i, r);
+              const float scale = w.scales[(row / 16) * scale_cols + p * kPieceElems / kScaleCols];
+#pragma unroll
+              for (int t = 0; t < kTokens; ++t) {
+                float sum = 0.0f;
+#pragma unroll
+                for (int e = 0; e < kPieceElems; ++e) sum = fmaf(wf[e], xf[t][e], sum);
+                acc[r][t] = fmaf(sum, scale, acc[r][t]);
+              }
+            } else {
+              widen_bf16x8(pieces[d][r], wf);
+#pragma unroll
+              for (int t = 0; t < kTokens; ++t)
+#pragma unroll
+                for (int e = 0; e < kPieceElems; ++e) acc[r][t] = fmaf(wf[e], xf[t][e], acc[r][t]);
+            }
+          }
+        }
+        issue(w, k, s + kDepth, pieces[d]);
+        if (phase == k.num_phases - 1) {
+          // The quad's last step: each warp's sums over its lanes.
+#pragma unroll
+          for (int r = 0; r < kQuadRows; ++r)
+#pragma unroll
+            for (int t = 0; t < kTokens; ++t) {
+              float v = acc[r][t];
+#pragma unroll
+              for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+              if (lane == 0) warp_sums[warp][i][r][t] = v;
+              acc[r][t] = 0.0f;
+            }
+        }
+      }
+    }
+    __syncthreads();
+    // Outputs in row order, a quad's outputs adjacent; the warps' sums added in order.
+    auto total = [&](int i, int r, int t) {
+      float v = warp_sums[0][i][r][t];
+#pragma unroll
+      for (int q = 1; q < kWarps; ++q) v += warp_sums[q][i][r][t];
+      return v;
+    };
+    const int outs_per_quad = gate_up ? 2 : kQuadRows;
+    const int outs = k.num_quads * outs_per_quad;
+    for (int idx = tid; idx < pass_rows * outs; idx += kThreads) {
+      const int t = idx / outs, i = idx % outs / outs_per_quad, o = idx % outs_per_quad;
+      const int64_t y_row = static_cast<int64_t>(pass_begin + t) * a.ldy;
+      if (gate_up) {
+        const int out = (first_quad + i) * 2 + o;
+        if (out >= a.n_out) continue;
+        const float g = total(i, 2 * o, t), u = total(i, 2 * o + 1, t);
+        static_cast<__nv_bfloat16*>(a.y)[y_row + out] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * u);
+      } else {
+        const int out = (first_quad + i) * kQuadRows + o;
+        if (out < a.n_out) static_cast<float*>(a.y)[y_row + out] = total(i, o, t);
+      }
+    }
+    __syncthreads();  // the next pass reuses warp_sums
+  }
+}
+
+// Blocks of a kernel of kThreads threads that fit on the GPU at once.
+template <auto Kernel>
+int resident_blocks() {
+  static const int blocks = [] {
+    int device = 0, num_sms = 0, per_sm = 0;
+    DS_CUDA_CHECK(cudaGetDevice(&device));
+    DS_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+    DS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, kThreads, 0));
+    return std::max(1, num_sms * per_sm);
+  }();
+  return blocks;
+}
+
+// Quads per block that make a product of num_quads quads per row-block, over num_row_blocks
+// row-blocks, one wave of `capacity` resident blocks (so that no block waits for another to
+// finish, and each block's lookups and sums are shared by several quads), within the bound of
+// the block's sums.
+inline int quads_per_block(int num_quads, int num_row_blocks, int64_t capacity) {
+  const int64_t work = static_cast<int64_t>(num_quads) * num_row_blocks;
+  return static_cast<int>(std::clamp<int64_t>((work + capacity - 1) / capacity, 1, kMaxQuadsPerBlock));
+}
+
+}  // namespace dsinfer::cuda::few_row

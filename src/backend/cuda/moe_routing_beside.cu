@@ -1,0 +1,105 @@
+// The MoE routing's two short launches of a small step, each with a dense few-row product in the
+// blocks after its own: the layer's shared experts, gate/up beside the router logits and down
+// beside the routing and planning.
+//
+// Why: at batch 1 the router logits and the one-block routing and planning read almost nothing,
+// yet they are two links of the layer's chain, a few µs each, while the shared experts (17 MB of
+// V2-Lite's weights per layer) depend on the layer's input alone. With the shared experts on a
+// second stream beside them, the routed experts started 19 µs after the router logits ended,
+// where the routing alone takes 6 µs. In the same launches the shared experts' weights stream in
+// while the routing runs, and the combine finds their output ready. The product's blocks are those of
+// few_row_gemm.cu, so its output has the bits of the product launched alone.
+#include <algorithm>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/few_row_gemm.cuh"
+#include "backend/cuda/grouped_gemm.h"
+#include "backend/cuda/kernel_launch.cuh"
+#include "backend/cuda/moe_routing.cuh"
+
+namespace dsinfer::cuda {
+namespace {
+
+static_assert(moe::kLogitWarps * 32 == few_row::kThreads && moe::kRoutePlanMaxTokens * 32 == few_row::kThreads,
+              "the jobs sharing a launch run on blocks of one size");
+
+// Blocks [0, tokens x expert blocks): the router logits; the rest: the product's.
+template <int kTokens, bool kFp8>
+__global__ void __launch_bounds__(few_row::kThreads)
+    router_logits_beside_kernel(moe::RouterLogitsJob logits, GroupedGemmArgs product, int quads_per_block) {
+  const int expert_blocks = logits.expert_blocks();
+  const int logit_blocks = static_cast<int>(logits.num_tokens) * expert_blocks;
+  const int b = static_cast<int>(blockIdx.x);
+  if (b < logit_blocks) moe::router_logits_block(logits, b / expert_blocks, b % expert_blocks);
+  else few_row::gemm_block<kTokens, kFp8>(product, quads_per_block, b - logit_blocks, 0);
+}
+
+// Block 0: the routing and planning; the rest: the product's.
+template <int kTokens, bool kFp8>
+__global__ void __launch_bounds__(few_row::kThreads)
+    route_plan_beside_kernel(moe::RoutePlanJob plan, GroupedGemmArgs product, int quads_per_block) {
+  if (blockIdx.x == 0) moe::route_plan_block(plan);
+  else few_row::gemm_block<kTokens, kFp8>(product, quads_per_block, static_cast<int>(blockIdx.x) - 1, 0);
+}
+
+// The kernels of one job, by the product's rows handled together and weight type.
+struct RouterLogitsKernels {
+  template <int kTokens, bool kFp8>
+  static constexpr auto kernel = &router_logits_beside_kernel<kTokens, kFp8>;
+};
+struct RoutePlanKernels {
+  template <int kTokens, bool kFp8>
+  static constexpr auto kernel = &route_plan_beside_kernel<kTokens, kFp8>;
+};
+
+// job_blocks of the job, then the product's blocks, sized as few_row_gemm.cu sizes them for one
+// wave of what the job leaves of the GPU.
+template <auto Kernel, typename Job>
+void launch_one(const Job& job, int job_blocks, const GroupedGemmArgs& product, Stream stream) {
+  const int num_quads = product.dense.n_padded / few_row::kQuadRows;
+  const int64_t capacity = std::max<int64_t>(1, few_row::resident_blocks<Kernel>() - job_blocks);
+  const int quads_per_block = few_row::quads_per_block(num_quads, 1, capacity);
+  const int product_blocks = (num_quads + quads_per_block - 1) / quads_per_block;
+  launch_kernel(Kernel, job_blocks + product_blocks, few_row::kThreads, 0, stream, job, product, quads_per_block);
+  DS_CUDA_CHECK_LAUNCH();
+}
+
+template <class Kernels, typename Job>
+void launch_with_product(const Job& job, int job_blocks, const GroupedGemmArgs& product, Stream stream) {
+  DS_CHECK_MSG(product.groups == nullptr && product.k_splits == 1 && product.ldx % 8 == 0 &&
+                   product.dense.n_padded % kGemmTileRows == 0 && product.dense_rows >= 1 &&
+                   product.dense_rows <= kFewRowGemmMaxRows,
+               "a product beside the routing must be dense, of 1 to " << kFewRowGemmMaxRows << " rows");
+  const int rows = product.dense_rows;
+  if (product.weights_fp8) {
+    if (rows <= 1) launch_one<Kernels::template kernel<1, true>>(job, job_blocks, product, stream);
+    else if (rows <= 2) launch_one<Kernels::template kernel<2, true>>(job, job_blocks, product, stream);
+    else launch_one<Kernels::template kernel<4, true>>(job, job_blocks, product, stream);
+  } else {
+    if (rows <= 1) launch_one<Kernels::template kernel<1, false>>(job, job_blocks, product, stream);
+    else if (rows <= 2) launch_one<Kernels::template kernel<2, false>>(job, job_blocks, product, stream);
+    else launch_one<Kernels::template kernel<4, false>>(job, job_blocks, product, stream);
+  }
+}
+
+}  // namespace
+
+void launch_router_logits_beside(const float* x, const float* gate, int64_t num_tokens, int hidden, int num_experts,
+                                 float* logits, const GroupedGemmArgs& product, Stream stream) {
+  DS_CHECK(num_tokens >= 1 && num_tokens <= kMoeRoutePlanMaxTokens);
+  const moe::RouterLogitsJob job{x, gate, hidden, num_experts, logits, num_tokens};
+  launch_with_product<RouterLogitsKernels>(job, static_cast<int>(num_tokens) * job.expert_blocks(), product, stream);
+}
+
+void launch_moe_route_and_plan_beside(const float* logits, int64_t num_tokens, const MoeRouteParams& p,
+                                      const float* bias, int32_t* expert_ids, float* weights, int rows_per_block,
+                                      int32_t* row_offsets, int32_t* block_offsets, int32_t* src_rows,
+                                      int32_t* slot_rows, const GroupedGemmArgs& product, Stream stream) {
+  moe::check_route_params(p);
+  DS_CHECK(num_tokens >= 1 && num_tokens <= kMoeRoutePlanMaxTokens);
+  const moe::RoutePlanJob job{logits,         static_cast<int>(num_tokens), p,        bias,     expert_ids, weights,
+                              rows_per_block, row_offsets,                  block_offsets, src_rows, slot_rows};
+  launch_with_product<RoutePlanKernels>(job, 1, product, stream);
+}
+
+}  // namespace dsinfer::cuda
