@@ -36,13 +36,26 @@ __device__ float warp_sum(float v) {
 
 __global__ void cache_write_kernel(MlaDims d, MlaBatchView b, const float* kv_a, const float* norm_w, float eps,
                                    const float* rope_cos, const float* rope_sin, void* cache) {
-  await_previous_kernels();
   __shared__ float warp_sums[kWarps];
   __shared__ float s_latent[kMaxLora];
   const int t = blockIdx.x;
   const int lora = d.kv_lora_rank, rope = d.qk_rope_head_dim, entry = lora + rope, half = rope / 2;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // What no kernel of the step writes (the batch view, the norm's weight, the rotary table) is
+  // read before the wait for the kernels before this one; only kv_a is theirs.
   const int slot = b.slot_mapping[t];
+  const int pos = b.positions[t];
+  float norm_w_part[kMaxLora / kThreads];
+#pragma unroll
+  for (int k = 0; k < kMaxLora / kThreads; ++k) {
+    const int i = threadIdx.x + k * kThreads;
+    norm_w_part[k] = i < lora ? norm_w[i] : 0.0f;
+  }
+  static_assert(kMaxRope / 2 <= kThreads, "a thread per rotated pair");
+  const bool rotates = static_cast<int>(threadIdx.x) < half;
+  const float cos_i = rotates ? rope_cos[pos * half + threadIdx.x] : 0.0f;
+  const float sin_i = rotates ? rope_sin[pos * half + threadIdx.x] : 0.0f;
+  await_previous_kernels();
   if (slot < 0) return;  // a padding token of a recorded batch: nothing to store
   const float* src = kv_a + static_cast<int64_t>(t) * entry;
   uint8_t* dst = static_cast<uint8_t*>(cache) + static_cast<int64_t>(slot) * d.cache_entry_bytes;
@@ -54,7 +67,11 @@ __global__ void cache_write_kernel(MlaDims d, MlaBatchView b, const float* kv_a,
   float total = 0.0f;
   for (int w = 0; w < kWarps; ++w) total += warp_sums[w];
   const float inv = rsqrtf(total / static_cast<float>(lora) + eps);
-  for (int i = threadIdx.x; i < lora; i += kThreads) s_latent[i] = src[i] * inv * norm_w[i];
+#pragma unroll
+  for (int k = 0; k < kMaxLora / kThreads; ++k) {
+    const int i = threadIdx.x + k * kThreads;
+    if (i < lora) s_latent[i] = src[i] * inv * norm_w_part[k];
+  }
   __syncthreads();
   if (d.cache_fp8) {
     // A warp per 128-column tile: its largest magnitude sets the tile's scale.
@@ -71,11 +88,12 @@ __global__ void cache_write_kernel(MlaDims d, MlaBatchView b, const float* kv_a,
   } else {
     for (int i = threadIdx.x; i < lora; i += kThreads) reinterpret_cast<float*>(dst)[i] = s_latent[i];
   }
-  const int pos = b.positions[t];
-  for (int i = threadIdx.x; i < half; i += kThreads) {
+  if (rotates) {
+    const int i = threadIdx.x;
     const float x0 = src[lora + 2 * i], x1 = src[lora + 2 * i + 1];
-    const float c = rope_cos[pos * half + i], s = rope_sin[pos * half + i];
-    const float r0 = x0 * c - x1 * s, r1 = x0 * s + x1 * c;
+    // Roundings spelled out: left to the compiler, whether a product fuses into the add depends
+    // on the code around it, and the cache's bits (and near-tied greedy picks) with it.
+    const float r0 = __fmaf_rn(x0, cos_i, -__fmul_rn(x1, sin_i)), r1 = __fmaf_rn(x1, cos_i, __fmul_rn(x0, sin_i));
     if (d.cache_fp8) {
       auto* rope_dst = reinterpret_cast<__nv_bfloat16*>(dst + d.cache_rope_offset);
       rope_dst[2 * i] = __float2bfloat16_rn(r0);
@@ -93,7 +111,6 @@ __global__ void __launch_bounds__(kThreads) attention_partial_kernel(MlaDims d, 
                                                                      float softmax_scale, int num_splits,
                                                                      int split_len, int token_base,
                                                                      float* workspace) {
-  await_previous_kernels();
   __shared__ float s_q_lat[kMaxLora];
   __shared__ float s_q_rope[kMaxRope];
   __shared__ float s_m[kWarps], s_l[kWarps];
@@ -104,32 +121,19 @@ __global__ void __launch_bounds__(kThreads) attention_partial_kernel(MlaDims d, 
   const int lora = d.kv_lora_rank, rope = d.qk_rope_head_dim, nope = d.qk_nope_head_dim;
   const int half = rope / 2, bs = d.block_size;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // Before the wait for the kernels before this one: everything but the latent query (the
+  // product just before). The step's batch view, the query's rope part and the cache entries
+  // (the newest from cache_write_kernel) come from kernels at least two launches back, which
+  // have finished when this kernel starts (kernel_launch.cuh), so each warp's first entry is
+  // requested here.
   const int pos = b.positions[t];
-
   const float* qt = q + static_cast<int64_t>(t) * d.num_heads * (nope + rope) + h * (nope + rope);
-  const float* ql = q_latent + (static_cast<int64_t>(t) * d.num_heads + h) * lora;
-  for (int i = threadIdx.x; i < lora; i += kThreads) s_q_lat[i] = ql[i];
   for (int i = threadIdx.x; i < half; i += kThreads) {
     const float x0 = qt[nope + 2 * i], x1 = qt[nope + 2 * i + 1];
     const float c = rope_cos[pos * half + i], s = rope_sin[pos * half + i];
     s_q_rope[2 * i] = x0 * c - x1 * s;
     s_q_rope[2 * i + 1] = x0 * s + x1 * c;
   }
-  __syncthreads();
-
-  float q_lat[kLoraPerLane], q_rope[kRopePerLane], acc[kLoraPerLane];
-#pragma unroll
-  for (int i = 0; i < kLoraPerLane; ++i) {
-    const int l = lane + 32 * i;
-    q_lat[i] = l < lora ? s_q_lat[l] : 0.0f;
-    acc[i] = 0.0f;
-  }
-#pragma unroll
-  for (int i = 0; i < kRopePerLane; ++i) {
-    const int r = lane + 32 * i;
-    q_rope[i] = r < rope ? s_q_rope[r] : 0.0f;
-  }
-
   const int num_ctx = pos + 1;  // causal: positions 0..pos are in the cache by now
   // split_len 0: this token's context is cut into num_splits equal slices (whole 16-position
   // runs), so short and long requests of one batch each spread over all their splits.
@@ -137,7 +141,6 @@ __global__ void __launch_bounds__(kThreads) attention_partial_kernel(MlaDims d, 
   const int begin = split * split_len;
   const int end = min(begin + split_len, num_ctx);
   const int32_t* table = b.tables + b.table_offsets[b.token_seq[t]];
-  float m = -FLT_MAX, l_sum = 0.0f;
   // A warp's positions form a chain (score, then the running softmax), so the next position's
   // entry is read while the current one is used: each step waits for one memory round trip
   // less. The sums keep their order.
@@ -156,6 +159,26 @@ __global__ void __launch_bounds__(kThreads) attention_partial_kernel(MlaDims d, 
     }
   };
   if (begin + warp < end) read_entry(begin + warp);
+  await_previous_kernels();
+
+  const float* ql = q_latent + (static_cast<int64_t>(t) * d.num_heads + h) * lora;
+  for (int i = threadIdx.x; i < lora; i += kThreads) s_q_lat[i] = ql[i];
+  __syncthreads();
+
+  float q_lat[kLoraPerLane], q_rope[kRopePerLane], acc[kLoraPerLane];
+#pragma unroll
+  for (int i = 0; i < kLoraPerLane; ++i) {
+    const int l = lane + 32 * i;
+    q_lat[i] = l < lora ? s_q_lat[l] : 0.0f;
+    acc[i] = 0.0f;
+  }
+#pragma unroll
+  for (int i = 0; i < kRopePerLane; ++i) {
+    const int r = lane + 32 * i;
+    q_rope[i] = r < rope ? s_q_rope[r] : 0.0f;
+  }
+
+  float m = -FLT_MAX, l_sum = 0.0f;
   for (int s = begin + warp; s < end; s += kWarps) {
     float kv_lat[kLoraPerLane], kv_rope[kRopePerLane];
 #pragma unroll

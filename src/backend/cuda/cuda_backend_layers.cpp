@@ -308,6 +308,8 @@ void CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, con
   down.ldx = inter_p;
   down.src_rows = nullptr;
   down.groups = gate_up_table + num_experts;
+  // The gate/up product, the launch before, waited for the routing and planning.
+  down.layout_before_wait = true;
   down.weights_fp8 = down0.weight.dtype == DType::kF8E4M3;
   down.expert_blocks = expert_blocks && !down.weights_fp8;
   down.epilogue = GemmEpilogue::kStoreF32;

@@ -99,29 +99,36 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
     for (int r = 0; r < kQuadRows; ++r)
       dst[r] = valid ? load_weight_piece(data + quad_row(gate_up, q, r) * row_bytes) : make_uint4(0, 0, 0, 0);
   };
+  // The block's weight and rows: a dense weight's are known at once, and a grouped layout that
+  // the kernels before the previous one wrote may be read before the wait too; either way the
+  // first kDepth steps are then requested before it.
   const bool dense = a.groups == nullptr;
-  if (dense) {
-    const Walk k = walk_of(a.dense);
-#pragma unroll
-    for (int d = 0; d < kDepth; ++d) issue(a.dense, k, d, pieces[d]);
-  }
-  await_previous_kernels();
-
+  const bool layout_early = !dense && a.layout_before_wait && a.num_groups <= kWarpSearchGroups;
   GemmWeight w;
   int row_begin = 0, row_end = 0;
+  bool has_rows = true;
   if (dense) {
     w = a.dense;
     row_end = a.dense_rows;
-  } else if (!grouped_row_block_warp(a, row_block, w, row_begin, row_end)) {
-    return;
+  } else if (layout_early) {
+    has_rows = grouped_row_block_warp(a, row_block, w, row_begin, row_end);
   }
+  const bool requested = has_rows && (dense || layout_early);
+  if (requested) {
+    const Walk k = walk_of(w);
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d) issue(w, k, d, pieces[d]);
+  }
+  await_previous_kernels();
+  if (!dense && !layout_early) has_rows = grouped_row_block_warp(a, row_block, w, row_begin, row_end);
+  if (!has_rows) return;
   const Walk k = walk_of(w);
   if (k.num_steps == 0) return;
   const int scale_cols = (w.k_padded + kScaleCols - 1) / kScaleCols;
   __shared__ float warp_sums[kWarps][kMaxQuadsPerBlock][kQuadRows][kTokens];
   for (int pass_begin = row_begin; pass_begin < row_end; pass_begin += kTokens) {
     const int pass_rows = min(kTokens, row_end - pass_begin);
-    if (!dense || pass_begin != row_begin) {
+    if (!requested || pass_begin != row_begin) {
 #pragma unroll
       for (int d = 0; d < kDepth; ++d) issue(w, k, d, pieces[d]);
     }

@@ -47,7 +47,10 @@ __device__ __forceinline__ bool grouped_row_block(const GroupedGemmArgs& a, int 
 // grouped_row_block for kernels whose warps call it whole and converged: each lane loads its
 // share of the block offsets at once and ballots find the owner, one round of loads instead of
 // a binary search's chain of dependent ones (which, at the start of a decode step's expert
-// products, is time the weight stream waits for). Up to kWarpSearchGroups groups.
+// products, is time the weight stream waits for). Up to kWarpSearchGroups groups. The layout is
+// read from L2 (ld.cg), so that a kernel may read it before its wait when it was written two
+// launches back (GroupedGemmArgs::layout_before_wait): an earlier layer's layout in the same
+// buffer may still lie in this SM's L1.
 constexpr int kWarpSearchLoads = 9;
 constexpr int kWarpSearchGroups = kWarpSearchLoads * 32 - 1;
 __device__ __forceinline__ bool grouped_row_block_warp(const GroupedGemmArgs& a, int block, GemmWeight& w,
@@ -58,7 +61,7 @@ __device__ __forceinline__ bool grouped_row_block_warp(const GroupedGemmArgs& a,
 #pragma unroll
   for (int i = 0; i < kWarpSearchLoads; ++i) {
     const int e = i * 32 + lane;
-    offsets[i] = e <= a.num_groups ? a.block_offsets[e] : 0;
+    offsets[i] = e <= a.num_groups ? __ldcg(a.block_offsets + e) : 0;
   }
   // Groups whose first row-block is at or before `block` (the owner is the last of them; the
   // offsets never decrease), and whether the end (offsets[num_groups]) is too.
@@ -73,8 +76,8 @@ __device__ __forceinline__ bool grouped_row_block_warp(const GroupedGemmArgs& a,
   if (past_end) return false;
   const int group = num_started - 1;
   w = a.groups[group];
-  row_begin = a.row_offsets[group] + (block - a.block_offsets[group]) * kGemmRowsPerBlock;
-  row_end = min(row_begin + kGemmRowsPerBlock, a.row_offsets[group + 1]);
+  row_begin = __ldcg(a.row_offsets + group) + (block - __ldcg(a.block_offsets + group)) * kGemmRowsPerBlock;
+  row_end = min(row_begin + kGemmRowsPerBlock, __ldcg(a.row_offsets + group + 1));
   return true;
 }
 

@@ -65,6 +65,11 @@ struct GroupedGemmArgs {
   const int32_t* row_offsets = nullptr;
   const int32_t* block_offsets = nullptr;
   int num_groups = 0;
+  // Grouped form, few-row kernel: the layout was written by a kernel launched on this stream
+  // before the previous one, so it is complete when this kernel starts and may be read before
+  // the wait, and the first weight pieces requested with it (the routed experts' down product,
+  // whose gate/up product is the launch in between).
+  bool layout_before_wait = false;
   GemmWeight dense;
   int dense_rows = 0;
   bool weights_fp8 = false;  // every weight of the call is e4m3 (else bf16)

@@ -2,8 +2,8 @@
 // CPU backend on random inputs at several shapes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
-
 #include <numeric>
 
 #include "backend/cuda/grouped_gemm.h"
@@ -286,23 +286,34 @@ TEST_F(CudaOpsTest, GatedMlpMatchesCpuIncludingPaddedShapes) {
 }
 
 // Attention's query and latent projections share one bf16 conversion of their input: each
-// product gives the bits that linear alone gives, on the own kernel and through cuBLASLt.
+// product gives the bits that linear alone gives, on the own kernels (bf16 or e4m3 weights, or
+// one of each) and through cuBLASLt.
 TEST_F(CudaOpsTest, LinearPairGivesWhatTwoLinearsGive) {
-  const int64_t k = 200, n1 = 96, n2 = 40;
+  const int64_t k = 256, n1 = 96, n2 = 48;
   const auto w1 = random_values(n1 * k, 41, 0.1f), w2 = random_values(n2 * k, 42, 0.1f);
+  const Fp8BlockScaledWeight f1(n1, k, 44, 3, 7), f2(n2, k, 45, 5, 11);
   Backend& be = *gpu_;
-  LinearWeight lw1 = be.make_linear(HostTensor{DType::kF32, {n1, k}, w1.data()});
-  LinearWeight lw2 = be.make_linear(HostTensor{DType::kF32, {n2, k}, w2.data()});
-  for (int64_t m : {1, 9, 300}) {
-    const auto x = random_values(m * k, 43);
-    Tensor tx = upload(be, {m, k}, x);
-    Tensor pair1 = be.empty({m, n1}, DType::kF32), alone1 = be.empty({m, n1}, DType::kF32);
-    Tensor pair2 = be.empty({m, n2}, DType::kF32), alone2 = be.empty({m, n2}, DType::kF32);
-    be.linear_pair(tx, lw1, pair1, lw2, pair2);
-    be.linear(tx, lw1, alone1);
-    be.linear(tx, lw2, alone2);
-    EXPECT_EQ(download(be, pair1), download(be, alone1)) << m << " rows";
-    EXPECT_EQ(download(be, pair2), download(be, alone2)) << m << " rows";
+  const LinearWeight b1 = be.make_linear(HostTensor{DType::kF32, {n1, k}, w1.data()});
+  const LinearWeight b2 = be.make_linear(HostTensor{DType::kF32, {n2, k}, w2.data()});
+  const LinearWeight e1 = be.make_linear(f1.host()), e2 = be.make_linear(f2.host());
+  struct Pair {
+    const LinearWeight *first, *second;
+    const char* name;
+  };
+  for (const Pair& p : {Pair{&b1, &b2, "bf16"}, Pair{&e1, &e2, "e4m3"}, Pair{&e1, &b2, "e4m3 and bf16"}}) {
+    for (int64_t m : {1, 2, 9, 300}) {
+      const auto x = random_values(m * k, 43 + static_cast<uint32_t>(m));
+      Tensor tx = upload(be, {m, k}, x);
+      Tensor pair1 = be.empty({m, n1}, DType::kF32), alone1 = be.empty({m, n1}, DType::kF32);
+      Tensor pair2 = be.empty({m, n2}, DType::kF32), alone2 = be.empty({m, n2}, DType::kF32);
+      be.linear_pair(tx, *p.first, pair1, *p.second, pair2);
+      be.linear(tx, *p.first, alone1);
+      be.linear(tx, *p.second, alone2);
+      const auto got1 = download(be, pair1);
+      EXPECT_EQ(got1, download(be, alone1)) << p.name << ", " << m << " rows";
+      EXPECT_EQ(download(be, pair2), download(be, alone2)) << p.name << ", " << m << " rows";
+      EXPECT_GT(*std::max_element(got1.begin(), got1.end()), 0.0f);
+    }
   }
 }
 
