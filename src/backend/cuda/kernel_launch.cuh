@@ -8,7 +8,10 @@
 // stream have finished and their writes are visible. The rule that makes it safe: every block
 // of every kernel of the backend calls await_previous_kernels() before it writes anything, reads
 // anything another kernel may write, or returns, so a finished kernel implies that all kernels
-// before it have finished too. Weights, which no kernel writes, may be read before it.
+// before it have finished too. Weights, which no kernel writes, may be read before it. So may
+// what a kernel at least two launches back wrote: a kernel's blocks are scheduled only once
+// every block of the one before it has returned from its own wait, by which time everything
+// before that one has finished.
 // DSINFER_PDL=0 launches every kernel in plain stream order instead (same results).
 #pragma once
 
