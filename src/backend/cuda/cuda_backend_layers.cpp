@@ -242,7 +242,8 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
   }
 
   if (forked) forked->join();
-  else if (w.has_shared && !shared_in_routing) gated_mlp_bf16(xb, num_tokens, w.shared_gate_up, w.shared_down, shared.as<float>(), hidden);
+  else if (w.has_shared && !shared_in_routing)
+    gated_mlp_bf16(xb, num_tokens, w.shared_gate_up, w.shared_down, shared.as<float>(), hidden);
   launch_moe_combine(expert_out.data, expert_out.dtype == DType::kBF16, expert_out.dim(1), combine_rows,
                      d_weights.as<float>(), shared.empty() ? nullptr : shared.as<float>(), num_tokens, top_k, hidden,
                      out.as<float>(), stream_);

@@ -55,7 +55,7 @@ struct RouteScratch {
 // limit, top-k and weights, with the selection rules of cpu::route_token (the same experts
 // whenever the scores agree).
 inline __device__ void route_token(const float* logits, const MoeRouteParams& p, const float* bias, int64_t t,
-                            RouteScratch& s, int32_t* expert_ids, float* weights) {
+                                   RouteScratch& s, int32_t* expert_ids, float* weights) {
   const int lane = threadIdx.x % 32;
   const int n = p.num_experts;
   const float* lg = logits + t * n;
@@ -208,8 +208,8 @@ inline __device__ void count_entries(const int32_t* expert_ids, int begin, int e
 // The experts' first rows and first GEMM row-blocks from their row counts; starts[e] (shared)
 // gets expert e's first row too. The first warp scans 32 experts at a time with shuffles: a
 // serial loop over the experts was a chain of some 64 dependent steps in every decode step.
-inline __device__ void expert_offsets(const int* counts, int num_experts, int rows_per_block, int32_t* row_offsets,
-                               int32_t* block_offsets, int* starts) {
+inline __device__ void expert_offsets(const int* counts, int num_experts, int rows_per_block,
+                                      int32_t* row_offsets, int32_t* block_offsets, int* starts) {
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
     int rows_before = 0, blocks_before = 0;
@@ -243,8 +243,8 @@ inline __device__ void expert_offsets(const int* counts, int num_experts, int ro
 }
 
 // Each entry of [begin, end) takes the next free row of its expert (fill, shared).
-inline __device__ void place_entries(const int32_t* expert_ids, int begin, int end, int top_k, int* fill, int32_t* src_rows,
-                              int32_t* slot_rows) {
+inline __device__ void place_entries(const int32_t* expert_ids, int begin, int end, int top_k, int* fill,
+                                     int32_t* src_rows, int32_t* slot_rows) {
   for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
     const int row = atomicAdd(&fill[expert_ids[i]], 1);
     src_rows[row] = i / top_k;

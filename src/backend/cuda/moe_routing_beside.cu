@@ -97,8 +97,8 @@ void launch_moe_route_and_plan_beside(const float* logits, int64_t num_tokens, c
                                       int32_t* slot_rows, const GroupedGemmArgs& product, Stream stream) {
   moe::check_route_params(p);
   DS_CHECK(num_tokens >= 1 && num_tokens <= kMoeRoutePlanMaxTokens);
-  const moe::RoutePlanJob job{logits,         static_cast<int>(num_tokens), p,        bias,     expert_ids, weights,
-                              rows_per_block, row_offsets,                  block_offsets, src_rows, slot_rows};
+  const moe::RoutePlanJob job{logits, static_cast<int>(num_tokens), p, bias, expert_ids, weights, rows_per_block,
+                              row_offsets, block_offsets, src_rows, slot_rows};
   launch_with_product<RoutePlanKernels>(job, 1, product, stream);
 }
 
