@@ -7,7 +7,11 @@ next kernel's wait returning: while it runs, nothing after it can start. Its lea
 its first block had been resident before its wait returned: near zero when it was launched only
 as the kernel before it finished, instead of overlapping that kernel's end.
 
-    python3 tools/kernel_timeline.py timeline.tsv [--by-grid] [--top N] [--sequence N]
+With --stages, the step's repeating run of main-stream kernels (a layer: the run of kernel
+names and grids that recurs most often) is listed position by position, each with its median
+time over the repeats, and the sum of those medians: the time of a typical layer.
+
+    python3 tools/kernel_timeline.py timeline.tsv [--by-grid] [--top N] [--sequence N] [--stages]
 """
 import argparse
 import collections
@@ -49,12 +53,59 @@ def read(path):
     return rows
 
 
+def repeating_run(keys):
+    """The (start, length) of the run of keys that recurs most often without overlapping itself,
+    and the starts of its repeats; None if nothing recurs. The length is the shortest period at
+    which keys mostly repeat (its multiples repeat too); of the runs of that length, the one
+    with the most repeats, then the earliest."""
+    n = len(keys)
+    matches = {p: sum(1 for i in range(n - p) if keys[i] == keys[i + p]) for p in range(2, n // 2 + 1)}
+    if not matches or max(matches.values()) == 0:
+        return None
+    best = max(matches.values())
+    length = min(p for p, m in matches.items() if m >= 0.9 * best)
+    best_starts = []
+    for first in range(n - length + 1):
+        window = keys[first:first + length]
+        starts, i = [], first
+        while i + length <= n:
+            if keys[i:i + length] == window:
+                starts.append(i)
+                i += length
+            else:
+                i += 1
+        if len(starts) > len(best_starts):
+            best_starts = starts
+    return (length, best_starts) if len(best_starts) >= 2 else None
+
+
+def print_stages(main_rows):
+    # The grid tells apart the launches of one kernel at different places of a layer.
+    keys = [(r['kernel'], r['grid']) for r in main_rows[:-1]]
+    times = [nxt['resumed'] - cur['resumed'] for cur, nxt in zip(main_rows, main_rows[1:])]
+    found = repeating_run(keys)
+    if found is None:
+        print('\nno repeating run of kernels')
+        return
+    length, starts = found
+    print(f'\nrepeating run: {length} kernels, {len(starts)} repeats (first at main-stream kernel #{starts[0]})')
+    print(f"{'#':>3} {'kernel':<60} {'grid':<14} {'median us':>9}")
+    total = 0.0
+    for k in range(length):
+        median = statistics.median(times[s + k] for s in starts)
+        total += median
+        row = main_rows[starts[0] + k]
+        print(f"{k:>3} {row['kernel'][:60]:<60} {row['grid']:<14} {median:>9.2f}")
+    print(f"{'':>3} {'(sum)':<60} {'':<14} {total:>9.2f}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('timeline')
     parser.add_argument('--by-grid', action='store_true', help='tell kernels apart by their grid too')
     parser.add_argument('--top', type=int, default=30, help='kernels to list (default 30)')
     parser.add_argument('--sequence', type=int, default=0, help='also list the first N kernels one by one')
+    parser.add_argument('--stages', action='store_true', help='also list the repeating run of kernels (a layer)')
     args = parser.parse_args()
 
     rows = read(args.timeline)
@@ -86,6 +137,9 @@ def main():
     all_leads = [r['resumed'] - r['entered'] for r in main_rows[1:]]
     print(f'\nlead over all main-stream kernels: median {statistics.median(all_leads):.2f} us; '
           f'{sum(1 for x in all_leads if x < 0.5)} of {len(all_leads)} under 0.5 us')
+
+    if args.stages:
+        print_stages(main_rows)
 
     if args.sequence:
         print(f"\n{'#':>4} {'stream':<6} {'entered':>9} {'resumed':>9} {'grid':<14} kernel")

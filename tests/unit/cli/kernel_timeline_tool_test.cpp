@@ -1,7 +1,7 @@
 // tools/kernel_timeline.py, which sums up a kernel timeline (DSINFER_KERNEL_TIMELINE): each
 // main-stream kernel's share of the step, from its wait returning to the next one's; side-stream
 // kernels and the kernels that ran after the replay left out; names without their namespaces
-// and parameters.
+// and parameters; with --stages, a layer's kernels with their median times over the layers.
 #include <gtest/gtest.h>
 
 #include <sstream>
@@ -16,9 +16,12 @@ namespace {
 using testing::run_tool;
 
 const std::string kSample = std::string(DSINFER_SOURCE_DIR) + "/tests/data/kernel_timeline_sample.tsv";
+// Three repeats of a three-kernel layer between an embedding gather and a final norm and head,
+// with a side-stream kernel inside the second repeat.
+const std::string kLayers = std::string(DSINFER_SOURCE_DIR) + "/tests/data/kernel_timeline_layers.tsv";
 
-std::string tool(const std::string& args) {
-  const auto r = run_tool("kernel_timeline.py", kSample + " " + args);
+std::string tool(const std::string& args, const std::string& timeline = kSample) {
+  const auto r = run_tool("kernel_timeline.py", timeline + " " + args);
   EXPECT_EQ(r.exit_code, 0) << r.out;
   return r.out;
 }
@@ -69,6 +72,30 @@ TEST(KernelTimelineToolTest, SequenceListsKernelsInOrderWithTheirStream) {
   EXPECT_NE(first, std::string::npos) << out;
   EXPECT_NE(side, std::string::npos) << out;
   EXPECT_EQ(out.find("   3 main"), std::string::npos) << "three kernels listed";
+}
+
+TEST(KernelTimelineToolTest, StagesListALayersKernelsWithTheirMedianTimes) {
+  const std::string out = tool("--stages", kLayers);
+  EXPECT_NE(out.find("repeating run: 3 kernels, 3 repeats (first at main-stream kernel #1)"), std::string::npos)
+      << out;
+  // Each position's times over the repeats: norm 1, 2, 1; first product 2, 2, 3; second 5, 4, 6.
+  for (const char* line : {"  0 rms_norm_registers_kernel<true>", "  1 few_row_gemm_kernel<1, false>",
+                           "  2 few_row_gemm_kernel<1, false>", "    (sum)"}) {
+    EXPECT_NE(out.find(line), std::string::npos) << line << " in\n" << out;
+  }
+  std::istringstream lines(out.substr(out.find("repeating run")));
+  std::vector<std::string> medians;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.size() < 4 || line.find("median") != std::string::npos || line.rfind("repeating", 0) == 0) continue;
+    medians.push_back(line.substr(line.find_last_of(' ') + 1));
+  }
+  EXPECT_EQ(medians, (std::vector<std::string>{"1.00", "2.00", "5.00", "8.00"})) << out;
+  EXPECT_NE(out.find("384x1x1"), std::string::npos);
+  EXPECT_LT(out.find("384x1x1", out.find("repeating run")), out.find("88x6x1", out.find("repeating run")));
+}
+
+TEST(KernelTimelineToolTest, StagesSayWhenNothingRepeats) {
+  EXPECT_NE(tool("--stages").find("no repeating run of kernels"), std::string::npos);
 }
 
 }  // namespace
