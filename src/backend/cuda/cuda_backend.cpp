@@ -524,10 +524,10 @@ GroupedGemmArgs CudaBackend::dense_product(const Tensor& x_bf16, int64_t rows, c
 void CudaBackend::gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, int epilogue, void* y,
                        int64_t ldy, int64_t n_out, bool library_gemm) {
   if (rows == 0) return;
-  const GemmWeight g = gemm_weight_of(w);
   const auto kind = static_cast<GemmEpilogue>(epilogue);
-  const bool fp8 = g.scales != nullptr;
   GroupedGemmArgs a = dense_product(x_bf16, rows, w, kind, y, ldy, n_out);
+  const GemmWeight g = a.dense;
+  const bool fp8 = a.weights_fp8;
   if (!library_gemm && few_row_gemm_takes(rows)) {
     launch_few_row_gemm(a, g.n_padded, 1, static_cast<int>(rows), stream_);
     return;

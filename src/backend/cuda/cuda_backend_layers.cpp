@@ -163,8 +163,9 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
   //   kernel (cuBLASLt's handle is bound to the main stream);
   // - else after the routed experts.
   Tensor shared, shared_act;
+  const int64_t shared_inter_p = w.has_shared ? w.shared_gate_up.weight.dim(0) / 2 : 0;
   if (w.has_shared) {
-    DS_CHECK(w.shared_gate_up.weight.dim(1) == k_p);
+    DS_CHECK(w.shared_gate_up.weight.dim(1) == k_p && w.shared_down.weight.dim(1) == shared_inter_p);
     shared = alloc_->cached({num_tokens, hidden}, DType::kF32);
   }
   const bool shared_in_routing = w.has_shared && shared_experts_in_routing_ && !host_planned && !chunked &&
@@ -173,11 +174,7 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
   const bool shared_alongside = w.has_shared && !shared_in_routing && shared_experts_alongside_ && !host_planned &&
                                 own_gemm_takes(gemm_weight_of(w.shared_gate_up), num_tokens) &&
                                 own_gemm_takes(gemm_weight_of(w.shared_down), num_tokens);
-  if (shared_in_routing) {
-    const int64_t shared_inter_p = w.shared_gate_up.weight.dim(0) / 2;
-    DS_CHECK(w.shared_down.weight.dim(1) == shared_inter_p);
-    shared_act = alloc_->cached({num_tokens, shared_inter_p}, DType::kBF16);
-  }
+  if (shared_in_routing) shared_act = alloc_->cached({num_tokens, shared_inter_p}, DType::kBF16);
   std::optional<ForkedStreams> forked;
   if (shared_alongside) {
     forked.emplace(stream_, side_stream_, fork_event_, join_event_, *alloc_);
@@ -190,7 +187,6 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
   const float* bias = w.score_correction_bias.empty() ? nullptr : w.score_correction_bias.as<float>();
   Tensor logits = alloc_->cached({num_tokens, num_experts}, DType::kF32);
   if (shared_in_routing) {
-    const int64_t shared_inter_p = shared_act.dim(1);
     launch_router_logits_beside(x.as<float>(), w.gate.as<float>(), num_tokens, static_cast<int>(hidden), num_experts,
                                 logits.as<float>(),
                                 dense_product(xb, num_tokens, w.shared_gate_up, GemmEpilogue::kSiluMulBf16,
@@ -212,7 +208,6 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
   const int64_t plan_workspace_ints = moe_plan_workspace_ints(static_cast<int>(num_entries), num_experts);
   Tensor plan_workspace;
   if (plan_workspace_ints > 0) plan_workspace = alloc_->cached({plan_workspace_ints}, DType::kI32);
-  // Chunked layers count their block offsets in chunks.
   if (shared_in_routing)
     launch_moe_route_and_plan_beside(logits.as<float>(), num_tokens, params, bias, d_ids.as<int32_t>(),
                                      d_weights.as<float>(), kGemmRowsPerBlock, row_offsets, block_offsets, src_rows,
@@ -220,7 +215,7 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
                                      dense_product(shared_act, num_tokens, w.shared_down, GemmEpilogue::kStoreF32,
                                                    shared.data, hidden, w.shared_down.out_features),
                                      stream_);
-  else
+  else  // chunked layers count their block offsets in chunks
     launch_moe_route_and_plan(logits.as<float>(), num_tokens, params, bias, d_ids.as<int32_t>(),
                               d_weights.as<float>(), chunked ? kChunkRows : kGemmRowsPerBlock, row_offsets,
                               block_offsets, src_rows, slot_rows,

@@ -18,7 +18,6 @@ namespace {
 using moe::count_entries;
 using moe::expert_offsets;
 using moe::kMaxExperts;
-using moe::kRoutePlanMaxTokens;
 using moe::place_entries;
 
 // One warp per token: routing is a handful of short reductions over at most a few hundred
@@ -60,7 +59,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const int32_t* exper
   place_entries(expert_ids, 0, num_entries, top_k, fill, src_rows, slot_rows);
 }
 
-__global__ void __launch_bounds__(kRoutePlanMaxTokens * 32) route_plan_kernel(moe::RoutePlanJob job) {
+__global__ void __launch_bounds__(kMoeRoutePlanMaxTokens * 32) route_plan_kernel(moe::RoutePlanJob job) {
   moe::route_plan_block(job);
 }
 
@@ -187,7 +186,7 @@ void launch_moe_chunk_layout(const MoeChunkLayout& layout, Stream stream) {
 
 namespace {
 
-// A warp per token (route_kernel), for steps of more than kRoutePlanMaxTokens tokens.
+// A warp per token (route_kernel), for steps of more than kMoeRoutePlanMaxTokens tokens.
 void launch_moe_route(const float* logits, int64_t num_tokens, const MoeRouteParams& p, const float* bias,
                       int32_t* expert_ids, float* weights, Stream stream) {
   DS_CHECK(num_tokens <= 0x7fffffff);
@@ -228,7 +227,7 @@ void launch_moe_route_and_plan(const float* logits, int64_t num_tokens, const Mo
                                Stream stream) {
   moe::check_route_params(p);
   if (num_tokens == 0) return;
-  if (num_tokens > kRoutePlanMaxTokens) {
+  if (num_tokens > kMoeRoutePlanMaxTokens) {
     launch_moe_route(logits, num_tokens, p, bias, expert_ids, weights, stream);
     launch_moe_plan(expert_ids, static_cast<int>(num_tokens * p.top_k), p.top_k, p.num_experts, rows_per_block,
                     row_offsets, block_offsets, src_rows, slot_rows, workspace, stream);
@@ -236,7 +235,7 @@ void launch_moe_route_and_plan(const float* logits, int64_t num_tokens, const Mo
   }
   const moe::RoutePlanJob job{logits, static_cast<int>(num_tokens), p, bias, expert_ids, weights, rows_per_block,
                               row_offsets, block_offsets, src_rows, slot_rows};
-  launch_kernel(route_plan_kernel, 1, kRoutePlanMaxTokens * 32, 0, stream, job);
+  launch_kernel(route_plan_kernel, 1, kMoeRoutePlanMaxTokens * 32, 0, stream, job);
   DS_CUDA_CHECK_LAUNCH();
 }
 

@@ -38,12 +38,6 @@ void launch_with(const GroupedGemmArgs& args, int max_n_padded, int max_row_bloc
   DS_CUDA_CHECK_LAUNCH();
 }
 
-template <int kTokens>
-void launch_tokens(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks, Stream stream) {
-  if (args.weights_fp8) launch_with<kTokens, true>(args, max_n_padded, max_row_blocks, stream);
-  else launch_with<kTokens, false>(args, max_n_padded, max_row_blocks, stream);
-}
-
 }  // namespace
 
 void launch_few_row_gemm(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks, int max_rows_per_block,
@@ -51,10 +45,9 @@ void launch_few_row_gemm(const GroupedGemmArgs& args, int max_n_padded, int max_
   DS_CHECK(max_n_padded % kGemmTileRows == 0 && args.ldx % 8 == 0 && args.k_splits == 1);
   if (max_n_padded == 0 || max_row_blocks <= 0) return;
   DS_CHECK_MSG(max_row_blocks <= 65535, "few-row GEMM: " << max_row_blocks << " row blocks is beyond the grid");
-  // The rows handled together follow the rows a block may have; they never change the result.
-  if (max_rows_per_block <= 1) launch_tokens<1>(args, max_n_padded, max_row_blocks, stream);
-  else if (max_rows_per_block <= 2) launch_tokens<2>(args, max_n_padded, max_row_blocks, stream);
-  else launch_tokens<4>(args, max_n_padded, max_row_blocks, stream);
+  few_row::with_block_form(max_rows_per_block, args.weights_fp8, [&](auto tokens, auto fp8) {
+    launch_with<decltype(tokens)::value, decltype(fp8)::value>(args, max_n_padded, max_row_blocks, stream);
+  });
 }
 
 }  // namespace dsinfer::cuda

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/grouped_gemm.cuh"
@@ -255,6 +256,20 @@ int resident_blocks() {
 inline int quads_per_block(int num_quads, int num_row_blocks, int64_t capacity) {
   const int64_t work = static_cast<int64_t>(num_quads) * num_row_blocks;
   return static_cast<int>(std::clamp<int64_t>((work + capacity - 1) / capacity, 1, kMaxQuadsPerBlock));
+}
+
+// Calls f(std::integral_constant<int, kTokens>, std::bool_constant<kFp8>) with the rows a
+// block handles together for row-blocks of up to max_rows_per_block rows (1, 2 or 4; they never
+// change the result) and the weight type: the template arguments of gemm_block.
+template <typename F>
+void with_block_form(int max_rows_per_block, bool fp8, F&& f) {
+  const auto with_type = [&](auto tokens) {
+    if (fp8) f(tokens, std::true_type{});
+    else f(tokens, std::false_type{});
+  };
+  if (max_rows_per_block <= 1) with_type(std::integral_constant<int, 1>{});
+  else if (max_rows_per_block <= 2) with_type(std::integral_constant<int, 2>{});
+  else with_type(std::integral_constant<int, 4>{});
 }
 
 }  // namespace dsinfer::cuda::few_row

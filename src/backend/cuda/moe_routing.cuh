@@ -252,13 +252,12 @@ inline __device__ void place_entries(const int32_t* expert_ids, int begin, int e
   }
 }
 
-// A step of up to kRoutePlanMaxTokens tokens routes and plans in one block: a warp per token,
+// A step of up to kMoeRoutePlanMaxTokens tokens routes and plans in one block: a warp per token,
 // then the block groups the entries as the many-token planning kernels do. In a decode step the
 // routing and the planning are two latency-bound launches in a chain that leaves the memory
 // idle; one launch takes a kernel boundary out of that chain.
-constexpr int kRoutePlanMaxTokens = kMoeRoutePlanMaxTokens;
-
-// Routing of num_tokens rows of logits, the (token, slot) entries grouped by expert: row and
+//
+// The job: routing of num_tokens rows of logits, the (token, slot) entries grouped by expert: row and
 // row-block offsets per expert ([num_experts + 1] each), each row's token (src_rows) and each
 // entry's row (slot_rows).
 struct RoutePlanJob {
@@ -275,11 +274,11 @@ struct RoutePlanJob {
   int32_t* slot_rows = nullptr;
 };
 
-// The one block of a route-and-plan job, of kRoutePlanMaxTokens * 32 threads.
+// The one block of a route-and-plan job, of kMoeRoutePlanMaxTokens * 32 threads.
 inline __device__ void route_plan_block(const RoutePlanJob& job) {
   await_previous_kernels();
-  __shared__ RouteScratch scratch[kRoutePlanMaxTokens];
-  __shared__ int32_t entries[kRoutePlanMaxTokens * kMaxTopK];
+  __shared__ RouteScratch scratch[kMoeRoutePlanMaxTokens];
+  __shared__ int32_t entries[kMoeRoutePlanMaxTokens * kMaxTopK];
   __shared__ int counts[kMaxExperts];
   __shared__ int fill[kMaxExperts];
   const MoeRouteParams& p = job.params;

@@ -20,8 +20,8 @@
 namespace dsinfer::cuda {
 namespace {
 
-static_assert(moe::kLogitWarps * 32 == few_row::kThreads && moe::kRoutePlanMaxTokens * 32 == few_row::kThreads,
-              "the jobs sharing a launch run on blocks of one size");
+static_assert(moe::kLogitWarps * 32 == few_row::kThreads && kMoeRoutePlanMaxTokens * 32 == few_row::kThreads,
+              "the jobs that share a launch run on blocks of one size");
 
 // Blocks [0, tokens x expert blocks): the router logits; the rest: the product's.
 template <int kTokens, bool kFp8>
@@ -42,16 +42,6 @@ __global__ void __launch_bounds__(few_row::kThreads)
   else few_row::gemm_block<kTokens, kFp8>(product, quads_per_block, static_cast<int>(blockIdx.x) - 1, 0);
 }
 
-// The kernels of one job, by the product's rows handled together and weight type.
-struct RouterLogitsKernels {
-  template <int kTokens, bool kFp8>
-  static constexpr auto kernel = &router_logits_beside_kernel<kTokens, kFp8>;
-};
-struct RoutePlanKernels {
-  template <int kTokens, bool kFp8>
-  static constexpr auto kernel = &route_plan_beside_kernel<kTokens, kFp8>;
-};
-
 // job_blocks of the job, then the product's blocks, sized as few_row_gemm.cu sizes them for one
 // wave of what the job leaves of the GPU.
 template <auto Kernel, typename Job>
@@ -64,22 +54,11 @@ void launch_one(const Job& job, int job_blocks, const GroupedGemmArgs& product, 
   DS_CUDA_CHECK_LAUNCH();
 }
 
-template <class Kernels, typename Job>
-void launch_with_product(const Job& job, int job_blocks, const GroupedGemmArgs& product, Stream stream) {
+void check_product_beside(const GroupedGemmArgs& product) {
   DS_CHECK_MSG(product.groups == nullptr && product.k_splits == 1 && product.ldx % 8 == 0 &&
                    product.dense.n_padded % kGemmTileRows == 0 && product.dense_rows >= 1 &&
                    product.dense_rows <= kFewRowGemmMaxRows,
                "a product beside the routing must be dense, of 1 to " << kFewRowGemmMaxRows << " rows");
-  const int rows = product.dense_rows;
-  if (product.weights_fp8) {
-    if (rows <= 1) launch_one<Kernels::template kernel<1, true>>(job, job_blocks, product, stream);
-    else if (rows <= 2) launch_one<Kernels::template kernel<2, true>>(job, job_blocks, product, stream);
-    else launch_one<Kernels::template kernel<4, true>>(job, job_blocks, product, stream);
-  } else {
-    if (rows <= 1) launch_one<Kernels::template kernel<1, false>>(job, job_blocks, product, stream);
-    else if (rows <= 2) launch_one<Kernels::template kernel<2, false>>(job, job_blocks, product, stream);
-    else launch_one<Kernels::template kernel<4, false>>(job, job_blocks, product, stream);
-  }
 }
 
 }  // namespace
@@ -87,8 +66,13 @@ void launch_with_product(const Job& job, int job_blocks, const GroupedGemmArgs& 
 void launch_router_logits_beside(const float* x, const float* gate, int64_t num_tokens, int hidden, int num_experts,
                                  float* logits, const GroupedGemmArgs& product, Stream stream) {
   DS_CHECK(num_tokens >= 1 && num_tokens <= kMoeRoutePlanMaxTokens);
+  check_product_beside(product);
   const moe::RouterLogitsJob job{x, gate, hidden, num_experts, logits, num_tokens};
-  launch_with_product<RouterLogitsKernels>(job, static_cast<int>(num_tokens) * job.expert_blocks(), product, stream);
+  const int job_blocks = static_cast<int>(num_tokens) * job.expert_blocks();
+  few_row::with_block_form(product.dense_rows, product.weights_fp8, [&](auto tokens, auto fp8) {
+    launch_one<router_logits_beside_kernel<decltype(tokens)::value, decltype(fp8)::value>>(job, job_blocks, product,
+                                                                                           stream);
+  });
 }
 
 void launch_moe_route_and_plan_beside(const float* logits, int64_t num_tokens, const MoeRouteParams& p,
@@ -97,9 +81,12 @@ void launch_moe_route_and_plan_beside(const float* logits, int64_t num_tokens, c
                                       int32_t* slot_rows, const GroupedGemmArgs& product, Stream stream) {
   moe::check_route_params(p);
   DS_CHECK(num_tokens >= 1 && num_tokens <= kMoeRoutePlanMaxTokens);
+  check_product_beside(product);
   const moe::RoutePlanJob job{logits, static_cast<int>(num_tokens), p, bias, expert_ids, weights, rows_per_block,
                               row_offsets, block_offsets, src_rows, slot_rows};
-  launch_with_product<RoutePlanKernels>(job, 1, product, stream);
+  few_row::with_block_form(product.dense_rows, product.weights_fp8, [&](auto tokens, auto fp8) {
+    launch_one<route_plan_beside_kernel<decltype(tokens)::value, decltype(fp8)::value>>(job, 1, product, stream);
+  });
 }
 
 }  // namespace dsinfer::cuda
