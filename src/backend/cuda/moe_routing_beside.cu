@@ -3,7 +3,7 @@
 // beside the routing and planning.
 //
 // Why: at batch 1 the router logits and the one-block routing and planning read almost nothing,
-// yet they are two links of the layer's chain, a few µs each, while the shared experts (17 MB of
+// yet they are two links of the layer's chain, a few µs each, while the shared experts (35 MB of
 // V2-Lite's weights per layer) depend on the layer's input alone. With the shared experts on a
 // second stream beside them, the routed experts started 19 µs after the router logits ended,
 // where the routing alone takes 6 µs. In the same launches the shared experts' weights stream in
