@@ -8,7 +8,8 @@
 // lanes (lane i holds columns i, i+32, …), so a position costs one coalesced 576-float read
 // (issued one position ahead) and one warp reduction; (3) the splits are merged flash-decoding style into the latent output;
 // (4) that output is projected through W_UV by the same per-head GEMM. Decode batches use many
-// splits so that 132 SMs have work even for one sequence.
+// splits so that 132 SMs have work even for one sequence. Steps of up to four tokens write their
+// cache entries in the launch of (1), in blocks beside the product's.
 #include <algorithm>
 #include <cfloat>
 #include <cooperative_groups.h>
@@ -28,19 +29,22 @@ constexpr int kMaxLora = 512;
 constexpr int kMaxRope = 64;
 constexpr int kLoraPerLane = kMaxLora / 32;
 constexpr int kRopePerLane = kMaxRope / 32;
+constexpr int kFewTokens = 4;  // the few-token form of the per-head products takes up to this many tokens
 
 __device__ float warp_sum(float v) {
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
   return v;
 }
 
-__global__ void cache_write_kernel(MlaDims d, MlaBatchView b, const float* kv_a, const float* norm_w, float eps,
-                                   const float* rope_cos, const float* rope_sin, void* cache) {
+// Token t's cache entry, written by a block of kThreads threads or more: the first kThreads do
+// the work, any others only take part in the block's barriers.
+__device__ void cache_write_block(const MlaDims& d, const MlaBatchView& b, const MlaCacheWrite& job,
+                                  const float* rope_cos, const float* rope_sin, int t) {
   __shared__ float warp_sums[kWarps];
   __shared__ float s_latent[kMaxLora];
-  const int t = blockIdx.x;
   const int lora = d.kv_lora_rank, rope = d.qk_rope_head_dim, entry = lora + rope, half = rope / 2;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const bool worker = threadIdx.x < kThreads;
   // What no kernel of the step writes (the batch view, the norm's weight, the rotary table) is
   // read before the wait for the kernels before this one; only kv_a is theirs.
   const int slot = b.slot_mapping[t];
@@ -49,7 +53,7 @@ __global__ void cache_write_kernel(MlaDims d, MlaBatchView b, const float* kv_a,
 #pragma unroll
   for (int k = 0; k < kMaxLora / kThreads; ++k) {
     const int i = threadIdx.x + k * kThreads;
-    norm_w_part[k] = i < lora ? norm_w[i] : 0.0f;
+    norm_w_part[k] = worker && i < lora ? job.norm_w[i] : 0.0f;
   }
   static_assert(kMaxRope / 2 <= kThreads, "a thread per rotated pair");
   const bool rotates = static_cast<int>(threadIdx.x) < half;
@@ -57,22 +61,24 @@ __global__ void cache_write_kernel(MlaDims d, MlaBatchView b, const float* kv_a,
   const float sin_i = rotates ? rope_sin[pos * half + threadIdx.x] : 0.0f;
   await_previous_kernels();
   if (slot < 0) return;  // a padding token of a recorded batch: nothing to store
-  const float* src = kv_a + static_cast<int64_t>(t) * entry;
-  uint8_t* dst = static_cast<uint8_t*>(cache) + static_cast<int64_t>(slot) * d.cache_entry_bytes;
+  const float* src = job.kv_a + static_cast<int64_t>(t) * entry;
+  uint8_t* dst = static_cast<uint8_t*>(job.cache) + static_cast<int64_t>(slot) * d.cache_entry_bytes;
   float sum = 0.0f;
-  for (int i = threadIdx.x; i < lora; i += kThreads) sum += src[i] * src[i];
+  if (worker)
+    for (int i = threadIdx.x; i < lora; i += kThreads) sum += src[i] * src[i];
   sum = warp_sum(sum);
-  if (lane == 0) warp_sums[warp] = sum;
+  if (lane == 0 && worker) warp_sums[warp] = sum;
   __syncthreads();
   float total = 0.0f;
   for (int w = 0; w < kWarps; ++w) total += warp_sums[w];
-  const float inv = rsqrtf(total / static_cast<float>(lora) + eps);
+  const float inv = rsqrtf(total / static_cast<float>(lora) + job.eps);
 #pragma unroll
   for (int k = 0; k < kMaxLora / kThreads; ++k) {
     const int i = threadIdx.x + k * kThreads;
-    if (i < lora) s_latent[i] = src[i] * inv * norm_w_part[k];
+    if (worker && i < lora) s_latent[i] = src[i] * inv * norm_w_part[k];
   }
   __syncthreads();
+  if (!worker) return;
   if (d.cache_fp8) {
     // A warp per 128-column tile: its largest magnitude sets the tile's scale.
     for (int tile = warp; tile * kFp8TileColumns < lora; tile += kWarps) {
@@ -105,12 +111,17 @@ __global__ void cache_write_kernel(MlaDims d, MlaBatchView b, const float* kv_a,
   }
 }
 
+__global__ void __launch_bounds__(kThreads) cache_write_kernel(MlaDims d, MlaBatchView b, MlaCacheWrite job,
+                                                               const float* rope_cos, const float* rope_sin) {
+  cache_write_block(d, b, job, rope_cos, rope_sin, blockIdx.x);
+}
+
 __global__ void __launch_bounds__(kThreads) attention_partial_kernel(MlaDims d, MlaBatchView b, const float* q,
                                                                      const float* q_latent, const float* rope_cos,
                                                                      const float* rope_sin, const void* cache,
                                                                      float softmax_scale, int num_splits,
                                                                      int split_len, int token_base,
-                                                                     float* workspace) {
+                                                                     float* workspace, bool cache_just_written) {
   __shared__ float s_q_lat[kMaxLora];
   __shared__ float s_q_rope[kMaxRope];
   __shared__ float s_m[kWarps], s_l[kWarps];
@@ -123,9 +134,9 @@ __global__ void __launch_bounds__(kThreads) attention_partial_kernel(MlaDims d, 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // Before the wait for the kernels before this one: everything but the latent query (the
   // product just before). The step's batch view, the query's rope part and the cache entries
-  // (the newest from cache_write_kernel) come from kernels at least two launches back, which
-  // have finished when this kernel starts (kernel_launch.cuh), so each warp's first entry is
-  // requested here.
+  // come from kernels at least two launches back, which have finished when this kernel starts
+  // (kernel_launch.cuh), so each warp's first entry is requested here; but for the newest
+  // entries where the cache write ran in the launch just before (cache_just_written).
   const int pos = b.positions[t];
   const float* qt = q + static_cast<int64_t>(t) * d.num_heads * (nope + rope) + h * (nope + rope);
   for (int i = threadIdx.x; i < half; i += kThreads) {
@@ -158,8 +169,14 @@ __global__ void __launch_bounds__(kThreads) attention_partial_kernel(MlaDims d, 
       next_rope[i] = r < rope ? rope_value(d, kv, r) : 0.0f;
     }
   };
-  if (begin + warp < end) read_entry(begin + warp);
+  // With the cache just written (by the launch before this one, beside the W_UK product), the
+  // entries of a step's new tokens, at most kFewTokens positions up to pos, are read after the
+  // wait.
+  const int first = begin + warp;
+  const bool read_early = first < end && (!cache_just_written || first + kFewTokens <= pos);
+  if (read_early) read_entry(first);
   await_previous_kernels();
+  if (first < end && !read_early) read_entry(first);
 
   const float* ql = q_latent + (static_cast<int64_t>(t) * d.num_heads + h) * lora;
   for (int i = threadIdx.x; i < lora; i += kThreads) s_q_lat[i] = ql[i];
@@ -375,12 +392,21 @@ __global__ void __launch_bounds__(kHeadGemmWarps * 32) head_gemm_kernel(const fl
   }
 }
 
-constexpr int kFewTokens = 4;      // the few-token form takes up to this many tokens
 constexpr int kFewWarps = 8;
 constexpr int kFewRowsPerWarp = 8;
 constexpr int kFewRows = kFewWarps * kFewRowsPerWarp;  // k rows of one block
 constexpr int kFewCols = 128;                           // columns of one block: a float4 per lane
 constexpr int kMaxFewSlices = 8;                        // k slices per cluster (the portable limit)
+
+// The cache write of a step, where it runs in the blocks of the W_UK product's last column
+// group (job.kv_a null: it does not).
+struct CacheWriteBeside {
+  MlaDims d;
+  MlaBatchView b;
+  MlaCacheWrite job;
+  const float* rope_cos;
+  const float* rope_sin;
+};
 
 // head_gemm_kernel's product for a step of at most four tokens, where it is a pure weight read:
 // block (column group, head, k slice) reads 64 weight rows × 128 columns, a 16-byte load per
@@ -392,8 +418,21 @@ __global__ void __launch_bounds__(kFewWarps * 32) head_gemm_few_kernel(const flo
                                                                       int64_t x_head_stride, const float* w, int k,
                                                                       int n, float* y, int64_t y_token_stride,
                                                                       int64_t y_head_stride, int num_tokens,
-                                                                      uint16_t* y_bf16, int64_t ld_y_bf16) {
+                                                                      uint16_t* y_bf16, int64_t ld_y_bf16,
+                                                                      CacheWriteBeside beside) {
   namespace cg = cooperative_groups;
+  // The cache write's blocks: (last column group, head, slice) is token head * slices + slice.
+  // A cluster is the slices of one (column group, head), so these blocks form clusters of
+  // their own, which never meet at the product's cluster barriers.
+  if (beside.job.kv_a != nullptr && blockIdx.x == gridDim.x - 1) {
+    const int t = static_cast<int>(blockIdx.y * gridDim.z + blockIdx.z);
+    if (t < beside.b.num_tokens) {
+      cache_write_block(beside.d, beside.b, beside.job, beside.rope_cos, beside.rope_sin, t);
+    } else {
+      await_previous_kernels();
+    }
+    return;
+  }
   __shared__ float s_x[kFewTokens][kFewRows];
   __shared__ float4 s_part[kFewWarps][kFewTokens][32];
   __shared__ float4 s_block[kFewTokens][32];
@@ -478,25 +517,40 @@ __global__ void __launch_bounds__(kFewWarps * 32) head_gemm_few_kernel(const flo
   cluster.sync();  // no block leaves while another still reads its shared memory
 }
 
+// Slices of k per (column group, head) of head_gemm_few_kernel.
+int few_form_slices(int k) { return (k + kFewRows - 1) / kFewRows; }
+
+// Whether a product of launch_head_gemm takes head_gemm_few_kernel.
+bool takes_few_token_form(int64_t x_token_stride, const float* w, int n, const float* y, int64_t y_token_stride,
+                          int64_t y_head_stride, int num_tokens, bool few_token_form) {
+  const bool aligned = n % 4 == 0 && x_token_stride % 4 == 0 && y_token_stride % 4 == 0 && y_head_stride % 4 == 0 &&
+                       reinterpret_cast<uintptr_t>(w) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
+  return few_token_form && num_tokens <= kFewTokens && aligned;
+}
+
 // few_token_form: steps of up to four tokens may take head_gemm_few_kernel (whose summation
 // order differs from head_gemm_kernel's; not for batch-invariant steps). That kernel also writes
 // y rounded to bf16 into y_bf16 (row stride ld_y_bf16) where it is given; returns whether it did.
+// A cache write beside (only where that kernel is taken, with a block per token: num_heads x
+// slices blocks or more) runs in one more column group of its blocks.
 bool launch_head_gemm(const float* x, int64_t x_token_stride, int64_t x_head_stride, const float* w, int num_heads,
                       int k, int n, float* y, int64_t y_token_stride, int64_t y_head_stride, int num_tokens,
-                      bool few_token_form, Stream stream, uint16_t* y_bf16 = nullptr, int64_t ld_y_bf16 = 0) {
+                      bool few_token_form, Stream stream, uint16_t* y_bf16 = nullptr, int64_t ld_y_bf16 = 0,
+                      const CacheWriteBeside& beside = {}) {
   DS_CHECK_MSG(k <= kMaxHeadGemmK, "MLA absorption width " << k << " beyond the CUDA kernel's limit");
-  const bool aligned = n % 4 == 0 && x_token_stride % 4 == 0 && y_token_stride % 4 == 0 && y_head_stride % 4 == 0 &&
-                       reinterpret_cast<uintptr_t>(w) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
-  if (few_token_form && num_tokens <= kFewTokens && aligned) {
-    const int num_slices = (k + kFewRows - 1) / kFewRows;
+  const bool with_cache_write = beside.job.kv_a != nullptr;
+  if (takes_few_token_form(x_token_stride, w, n, y, y_token_stride, y_head_stride, num_tokens, few_token_form)) {
+    const int num_slices = few_form_slices(k);
     static_assert(kMaxHeadGemmK <= kMaxFewSlices * kFewRows);
-    const dim3 grid((n + kFewCols - 1) / kFewCols, num_heads, num_slices);
+    DS_CHECK(!with_cache_write || num_heads * num_slices >= num_tokens);
+    const dim3 grid((n + kFewCols - 1) / kFewCols + (with_cache_write ? 1 : 0), num_heads, num_slices);
     const bool bf16_fits = y_bf16 != nullptr && ld_y_bf16 % 4 == 0 && reinterpret_cast<uintptr_t>(y_bf16) % 8 == 0;
     launch_cluster_kernel(head_gemm_few_kernel, grid, kFewWarps * 32, dim3(1, 1, num_slices), stream, x,
                           x_token_stride, x_head_stride, w, k, n, y, y_token_stride, y_head_stride, num_tokens,
-                          bf16_fits ? y_bf16 : nullptr, ld_y_bf16);
+                          bf16_fits ? y_bf16 : nullptr, ld_y_bf16, beside);
     return bf16_fits;
   }
+  DS_CHECK(!with_cache_write);
   const int64_t token_tiles = (num_tokens + kHeadGemmTokens - 1) / kHeadGemmTokens;
   DS_CHECK(token_tiles <= 65535 && num_heads <= 65535);
   const dim3 grid((n + kHeadGemmCols - 1) / kHeadGemmCols, num_heads, static_cast<unsigned>(token_tiles));
@@ -516,12 +570,11 @@ void check_dims(const MlaDims& d) {
 
 }  // namespace
 
-void launch_mla_cache_write(const MlaDims& d, const MlaBatchView& b, const float* kv_a, const float* norm_w,
-                            float eps, const float* rope_cos, const float* rope_sin, void* cache, Stream stream) {
+void launch_mla_cache_write(const MlaDims& d, const MlaBatchView& b, const MlaCacheWrite& job,
+                            const float* rope_cos, const float* rope_sin, Stream stream) {
   check_dims(d);
   if (b.num_tokens == 0) return;
-  launch_kernel(cache_write_kernel, b.num_tokens, kThreads, 0, stream, d, b, kv_a, norm_w, eps, rope_cos, rope_sin,
-                cache);
+  launch_kernel(cache_write_kernel, b.num_tokens, kThreads, 0, stream, d, b, job, rope_cos, rope_sin);
   DS_CUDA_CHECK_LAUNCH();
 }
 
@@ -530,14 +583,27 @@ bool launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
                           float softmax_scale, int num_splits, int split_len_tokens, float* workspace,
                           float* q_latent, float* o_latent, float* out, const int32_t* prefill_tiles,
                           int num_prefill_tiles, int head_tile_blocks, int32_t* work_starts, bool few_token_form,
-                          Stream stream, uint16_t* out_bf16, int64_t ld_out_bf16) {
+                          Stream stream, uint16_t* out_bf16, int64_t ld_out_bf16, const MlaCacheWrite* cache_write) {
   check_dims(d);
   if (b.num_tokens == 0) return false;
   DS_CHECK(num_splits >= 1 && num_splits <= kMaxSplits && split_len_tokens >= 0 && d.num_heads <= 65535);
   const int lora = d.kv_lora_rank, qk = d.qk_nope_head_dim + d.qk_rope_head_dim;
+  const int64_t q_token_stride = static_cast<int64_t>(d.num_heads) * qk;
+  const int64_t latent_token_stride = static_cast<int64_t>(d.num_heads) * lora;
+  // The cache write runs in the W_UK product's launch where that takes the few-token form with
+  // a block for each token: a link fewer in the chain, since neither needs the other.
+  CacheWriteBeside beside{d, b, {}, rope_cos, rope_sin};
+  if (cache_write != nullptr) {
+    const bool fits = takes_few_token_form(q_token_stride, w_uk, lora, q_latent, latent_token_stride, lora,
+                                           b.num_tokens, few_token_form) &&
+                      d.num_heads * few_form_slices(d.qk_nope_head_dim) >= b.num_tokens;
+    if (fits) beside.job = *cache_write;
+    else launch_mla_cache_write(d, b, *cache_write, rope_cos, rope_sin, stream);
+  }
+  const bool cache_just_written = beside.job.kv_a != nullptr;
   // q_lat[t, h] = q_nope[t, h] · W_UK[h]
-  launch_head_gemm(q, static_cast<int64_t>(d.num_heads) * qk, qk, w_uk, d.num_heads, d.qk_nope_head_dim, lora,
-                   q_latent, static_cast<int64_t>(d.num_heads) * lora, lora, b.num_tokens, few_token_form, stream);
+  launch_head_gemm(q, q_token_stride, qk, w_uk, d.num_heads, d.qk_nope_head_dim, lora, q_latent, latent_token_stride,
+                   lora, b.num_tokens, few_token_form, stream, nullptr, 0, beside);
   if (num_prefill_tiles > 0) {
     launch_mla_prefill_attention(d, b, q, q_latent, rope_cos, rope_sin, static_cast<const float*>(cache),
                                  softmax_scale, prefill_tiles,
@@ -551,7 +617,7 @@ bool launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
     for (int token_base = 0; token_base < b.num_tokens; token_base += kMaxGridY) {
       const dim3 grid(d.num_heads, std::min(kMaxGridY, b.num_tokens - token_base), num_splits);
       launch_kernel(attention_partial_kernel, grid, kThreads, 0, stream, d, b, q, q_latent, rope_cos, rope_sin, cache,
-                    softmax_scale, num_splits, split_len_tokens, token_base, workspace);
+                    softmax_scale, num_splits, split_len_tokens, token_base, workspace, cache_just_written);
       DS_CUDA_CHECK_LAUNCH();
     }
     const dim3 grid2(b.num_tokens, d.num_heads, (d.kv_lora_rank + kCombineCols - 1) / kCombineCols);
@@ -560,7 +626,7 @@ bool launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
     DS_CUDA_CHECK_LAUNCH();
   }
   // out[t, h] = o_lat[t, h] · W_UVᵀ[h]
-  return launch_head_gemm(o_latent, static_cast<int64_t>(d.num_heads) * lora, lora, w_uv_t, d.num_heads, lora,
+  return launch_head_gemm(o_latent, latent_token_stride, lora, w_uv_t, d.num_heads, lora,
                           d.v_head_dim, out, static_cast<int64_t>(d.num_heads) * d.v_head_dim, d.v_head_dim,
                           b.num_tokens, few_token_form, stream, out_bf16, ld_out_bf16);
 }

@@ -162,9 +162,10 @@ class CudaBackend final : public Backend {
   // (token_seq: their sequences, on the host), and in the expanded form for one sequence's
   // chunk of new tokens, the last of its context_len positions.
   // mla_absorbed also writes out in bf16 to out_bf16 where given, for steps of up to four
-  // tokens; returns whether it did.
+  // tokens; returns whether it did. With cache_write, it writes the new cache entries first (in
+  // steps of up to four tokens, in the W_UK product's launch).
   bool mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView& view, std::span<const int32_t> token_seq,
-                    const float* q, float* out, Bf16Rows out_bf16);
+                    const float* q, float* out, Bf16Rows out_bf16, const MlaCacheWrite* cache_write = nullptr);
   void mla_expanded(const MlaAttentionArgs& args, const MlaBatchView& view, int first_token, int num_tokens,
                     int context_len, int32_t table_offset);
 
@@ -200,6 +201,9 @@ class CudaBackend final : public Backend {
   // Chunked layers take e4m3 experts too, widened to bf16 for the layer
   // (DSINFER_MOE_FP8_CHUNKED=0: they take the host-planned path and DeepSeek's FP8 activations).
   bool fp8_experts_chunked_ = true;
+  // Steps of a few tokens write the attention's cache entries in the W_UK product's launch
+  // (DSINFER_MLA_CACHE_WRITE_BESIDE=0: in a launch of their own before it; same results).
+  bool cache_write_beside_ = true;
   bool fused_prefill_attention_ = true;  // expanded prefill in one kernel (DSINFER_MLA_FLASH=0: cuBLASLt products)
   // Above this many rows a dense product goes to cuBLASLt (not batch-invariant). bf16: the own
   // kernel runs rows in passes of up to 32 that each re-read the weight tile, and at 64 rows it

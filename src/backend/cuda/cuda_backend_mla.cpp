@@ -158,8 +158,8 @@ void CudaBackend::mla_attention(const MlaAttentionArgs& args) {
     view.tables = base + 3 * num_tokens + batch.block_tables.size();
   }
   const MlaDims dims = mla_dims(w, args.block_size, args.cache->format);
-  launch_mla_cache_write(dims, view, args.kv_a->as<float>(), w.kv_a_layernorm.as<float>(), args.latent_norm_eps,
-                         args.rope_cos->as<float>(), args.rope_sin->as<float>(), args.cache->data.data, stream_);
+  const MlaCacheWrite cache_write{args.kv_a->as<float>(), w.kv_a_layernorm.as<float>(), args.latent_norm_eps,
+                                  args.cache->data.data};
 
   // Long prefill chunks go to the expanded form, unless the batch must be invariant (that form's
   // summation order depends on the chunk) or is being recorded (its plan is made on the host).
@@ -186,9 +186,18 @@ void CudaBackend::mla_attention(const MlaAttentionArgs& args) {
     // writes that copy too, where the output needs no zero padding to whole tiles.
     Tensor& out = *args.out;
     const Bf16Rows copy = out.dim(1) % kLibraryFp8TileColumns == 0 ? start_normed_copy(out) : Bf16Rows{};
-    if (!mla_absorbed(args, view, batch.token_seq, args.q->as<float>(), out.as<float>(), copy)) forget_normed_copy();
+    // The absorbed form writes the cache itself: in steps of a few tokens, beside its first
+    // product.
+    const MlaCacheWrite* write_in_attention = &cache_write;
+    if (!cache_write_beside_) {
+      launch_mla_cache_write(dims, view, cache_write, args.rope_cos->as<float>(), args.rope_sin->as<float>(), stream_);
+      write_in_attention = nullptr;
+    }
+    if (!mla_absorbed(args, view, batch.token_seq, args.q->as<float>(), out.as<float>(), copy, write_in_attention))
+      forget_normed_copy();
     return;
   }
+  launch_mla_cache_write(dims, view, cache_write, args.rope_cos->as<float>(), args.rope_sin->as<float>(), stream_);
   std::vector<char> expanded(num_tokens, 0);
   for (const ExpandedChunk& c : chunks) {
     mla_expanded(args, view, c.first_token, c.num_tokens, c.context_len, c.table_offset);
@@ -220,7 +229,8 @@ void CudaBackend::mla_attention(const MlaAttentionArgs& args) {
 }
 
 bool CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView& view,
-                               std::span<const int32_t> token_seq, const float* q, float* out, Bf16Rows out_bf16) {
+                               std::span<const int32_t> token_seq, const float* q, float* out, Bf16Rows out_bf16,
+                               const MlaCacheWrite* cache_write) {
   const MlaWeights& w = *args.weights;
   const int num_tokens = view.num_tokens;
   const MlaDims dims = mla_dims(w, args.block_size, args.cache->format);
@@ -282,7 +292,7 @@ bool CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView&
                               split_len, workspace.as<float>(), q_latent.as<float>(), o_latent.as<float>(), out,
                               tiles.empty() ? nullptr : d_tiles.as<int32_t>(), static_cast<int>(tiles.size() / 2),
                               head_tile_blocks, work_starts.as<int32_t>(), !batch_invariant_, stream_,
-                              out_bf16.data, out_bf16.ld);
+                              out_bf16.data, out_bf16.ld, cache_write);
 }
 
 // One sequence's chunk of new tokens [first_token, first_token + num_tokens), the last tokens of

@@ -83,10 +83,19 @@ struct MlaBatchView {
   const int32_t* tables;         // concatenated block tables
 };
 
+// The new tokens' cache entries: kv_a [T, lora + rope] (c_kv | k_rope), the latent norm's
+// weight and epsilon, and the layer's paged cache.
+struct MlaCacheWrite {
+  const float* kv_a = nullptr;
+  const float* norm_w = nullptr;
+  float eps = 0.0f;
+  void* cache = nullptr;
+};
+
 // Writes the new tokens into the paged cache: RMS-normalised c_kv, RoPE-rotated k_rope (an FP8
 // cache quantises each 128-column tile of c_kv with its own scale).
-void launch_mla_cache_write(const MlaDims& d, const MlaBatchView& b, const float* kv_a, const float* norm_w,
-                            float eps, const float* rope_cos, const float* rope_sin, void* cache, Stream stream);
+void launch_mla_cache_write(const MlaDims& d, const MlaBatchView& b, const MlaCacheWrite& job,
+                            const float* rope_cos, const float* rope_sin, Stream stream);
 
 // Absorbed attention over the paged cache, split along the context: q_lat = q_nope · W_UK per
 // head, then each (token, head, split) block attends to its slice of positions 0..pos and leaves
@@ -107,12 +116,16 @@ void launch_mla_cache_write(const MlaDims& d, const MlaBatchView& b, const float
 // built for weight bandwidth, whose summation order differs (never for batch-invariant steps).
 // out_bf16 (row stride ld_out_bf16; may be null): where steps of up to four tokens also get out
 // rounded to bf16, for the product that follows; returns whether it was written.
+// cache_write (may be null: the entries are written already): the step's new entries, written
+// before the attention reads them; in steps of up to four tokens, inside the W_UK product's
+// launch.
 bool launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* q, const float* w_uk,
                           const float* w_uv_t, const float* rope_cos, const float* rope_sin, const void* cache,
                           float softmax_scale, int num_splits, int split_len_tokens, float* workspace,
                           float* q_latent, float* o_latent, float* out, const int32_t* prefill_tiles,
                           int num_prefill_tiles, int head_tile_blocks, int32_t* work_starts, bool few_token_form,
-                          Stream stream, uint16_t* out_bf16 = nullptr, int64_t ld_out_bf16 = 0);
+                          Stream stream, uint16_t* out_bf16 = nullptr, int64_t ld_out_bf16 = 0,
+                          const MlaCacheWrite* cache_write = nullptr);
 
 // ---- absorbed MLA attention on tensor cores (mla_tensor_core.cu) ----
 // Rows of a tensor-core tile: 16 query tokens of one head (prefill), or 16 heads of one token

@@ -30,8 +30,9 @@ struct SeqSpec {
 
 class CudaAttentionTest : public CudaVsCpuTest {
  protected:
+  // other_gpu: a second CUDA backend that must give the same bits as the first.
   void run_case(const Dims& d, const std::vector<SeqSpec>& seqs, uint32_t seed,
-                KvCacheFormat format = KvCacheFormat::kF32) {
+                KvCacheFormat format = KvCacheFormat::kF32, Backend* other_gpu = nullptr) {
     constexpr int kBlockSize = 64;
     const int entry = d.lora + d.rope;
     const bool fp8 = format == KvCacheFormat::kFp8;
@@ -82,9 +83,10 @@ class CudaAttentionTest : public CudaVsCpuTest {
       else std::memcpy(initial_bytes.data() + e * entry_bytes, initial_cache.data() + e * entry, entry_bytes);
     }
 
-    Backend* bes[2] = {cpu_.get(), gpu_.get()};
-    std::vector<float> out[2], cache_after[2];
-    for (int b = 0; b < 2; ++b) {
+    std::vector<Backend*> bes = {cpu_.get(), gpu_.get()};
+    if (other_gpu != nullptr) bes.push_back(other_gpu);
+    std::vector<float> out[3], cache_after[3];
+    for (size_t b = 0; b < bes.size(); ++b) {
       Backend& be = *bes[b];
       MlaWeights w;
       w.num_heads = d.heads;
@@ -118,7 +120,7 @@ class CudaAttentionTest : public CudaVsCpuTest {
       args.out = &tout;
       be.mla_attention(args);
       out[b] = download(be, tout);
-      if (b == 1) {
+      if (b > 0) {
         // The product after the attention (o_proj) reads its output in bf16: in steps of a few
         // tokens from the copy the attention's last product wrote, which must hold the bits a
         // conversion of the output gives.
@@ -155,6 +157,10 @@ class CudaAttentionTest : public CudaVsCpuTest {
     // step where they were just written.
     const bool fp32 = !prefill_chunk && (invariant || t < 16);
     EXPECT_LT(relative_error(out[1], out[0]), fp32 && !fp8 ? 1e-4 : 2e-2) << "attention output";
+    if (other_gpu != nullptr) {
+      EXPECT_EQ(out[2], out[1]) << "attention output on the second CUDA backend";
+      EXPECT_EQ(cache_after[2], cache_after[1]) << "cache on the second CUDA backend";
+    }
   }
 };
 
@@ -170,6 +176,26 @@ TEST_F(CudaAttentionTest, LongContextDecodeSplitsTheContext) {
   run_case(kV3Dims, {{2100, 1}}, 300);                    // one sequence: many splits
   run_case(kV3Dims, {{2500, 1}, {40, 1}, {1200, 1}}, 400);  // uneven contexts in one step
   run_case(kTinyDims, {{3000, 1}}, 500);
+}
+
+TEST_F(CudaAttentionTest, CacheWriteBesideTheQueryProductGivesTheSameBits) {
+  // Steps of up to four tokens write their cache entries in the W_UK product's launch, and the
+  // split kernel then reads the newest entries only after its wait;
+  // DSINFER_MLA_CACHE_WRITE_BESIDE=0 writes them in a launch of their own first. Same bits
+  // either way, for one to four tokens: decodes of several sequences, and four new tokens of one
+  // sequence (each attending to the entries its predecessors wrote in the same step), fp32 and
+  // FP8 caches; with 3 heads and one k slice, four tokens find too few blocks beside the
+  // product and take the launch of their own.
+  setenv("DSINFER_MLA_CACHE_WRITE_BESIDE", "0", 1);
+  auto separate = make_backend("cuda");
+  unsetenv("DSINFER_MLA_CACHE_WRITE_BESIDE");
+  run_case(kV3Dims, {{2100, 1}}, 700, KvCacheFormat::kF32, separate.get());
+  run_case(kV3Dims, {{0, 1}, {700, 1}}, 710, KvCacheFormat::kF32, separate.get());
+  run_case(kV3Dims, {{2500, 1}, {40, 1}, {1200, 1}, {5, 1}}, 720, KvCacheFormat::kFp8, separate.get());
+  run_case(kV3Dims, {{61, 4}}, 730, KvCacheFormat::kF32, separate.get());
+  run_case(kV3Dims, {{0, 4}}, 740, KvCacheFormat::kFp8, separate.get());
+  run_case(kTinyDims, {{3000, 1}, {1, 1}}, 750, KvCacheFormat::kF32, separate.get());
+  run_case(kTinyDims, {{300, 1}, {9, 1}, {64, 1}, {2, 1}}, 760, KvCacheFormat::kF32, separate.get());
 }
 
 // 16 decode tokens or more attend in head tiles: contexts from one position to past 2k, so some
