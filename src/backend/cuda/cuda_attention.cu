@@ -14,6 +14,7 @@
 #include <cfloat>
 #include <cooperative_groups.h>
 
+#include "backend/cuda/bf16_store.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/kernel_launch.cuh"
@@ -506,13 +507,8 @@ __global__ void __launch_bounds__(kFewWarps * 32) head_gemm_few_kernel(const flo
       v.w += p.w;
     }
     *reinterpret_cast<float4*>(y + r * y_token_stride + h * y_head_stride + out_col) = v;
-    if (y_bf16 != nullptr) {
-      const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
-      uint2 packed;
-      packed.x = *reinterpret_cast<const uint32_t*>(&lo);
-      packed.y = *reinterpret_cast<const uint32_t*>(&hi);
-      *reinterpret_cast<uint2*>(y_bf16 + r * ld_y_bf16 + h * y_head_stride + out_col) = packed;
-    }
+    if (y_bf16 != nullptr)
+      store_bf16x4(reinterpret_cast<__nv_bfloat16*>(y_bf16 + r * ld_y_bf16 + h * y_head_stride + out_col), v);
   }
   cluster.sync();  // no block leaves while another still reads its shared memory
 }

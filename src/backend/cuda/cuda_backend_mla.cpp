@@ -181,23 +181,21 @@ void CudaBackend::mla_attention(const MlaAttentionArgs& args) {
       t += n;
     }
   }
+  // A batch all in the absorbed form has that form write the cache (in steps of a few tokens,
+  // beside its first product); otherwise the entries are written first.
+  const bool absorbed_writes_cache = chunks.empty() && cache_write_beside_;
+  if (!absorbed_writes_cache)
+    launch_mla_cache_write(dims, view, cache_write, args.rope_cos->as<float>(), args.rope_sin->as<float>(), stream_);
   if (chunks.empty()) {
     // o_proj reads the output in bf16: in steps of a few tokens the attention's last product
     // writes that copy too, where the output needs no zero padding to whole tiles.
     Tensor& out = *args.out;
     const Bf16Rows copy = out.dim(1) % kLibraryFp8TileColumns == 0 ? start_normed_copy(out) : Bf16Rows{};
-    // The absorbed form writes the cache itself: in steps of a few tokens, beside its first
-    // product.
-    const MlaCacheWrite* write_in_attention = &cache_write;
-    if (!cache_write_beside_) {
-      launch_mla_cache_write(dims, view, cache_write, args.rope_cos->as<float>(), args.rope_sin->as<float>(), stream_);
-      write_in_attention = nullptr;
-    }
-    if (!mla_absorbed(args, view, batch.token_seq, args.q->as<float>(), out.as<float>(), copy, write_in_attention))
+    if (!mla_absorbed(args, view, batch.token_seq, args.q->as<float>(), out.as<float>(), copy,
+                      absorbed_writes_cache ? &cache_write : nullptr))
       forget_normed_copy();
     return;
   }
-  launch_mla_cache_write(dims, view, cache_write, args.rope_cos->as<float>(), args.rope_sin->as<float>(), stream_);
   std::vector<char> expanded(num_tokens, 0);
   for (const ExpandedChunk& c : chunks) {
     mla_expanded(args, view, c.first_token, c.num_tokens, c.context_len, c.table_offset);

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/bf16_store.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/kernel_launch.cuh"
@@ -49,15 +50,6 @@ struct NormBf16Copy {
   __nv_bfloat16* y = nullptr;
   int64_t ldy = 0;
 };
-
-// Four floats as four bf16 (round to nearest even, as the conversion kernel rounds), 8 bytes.
-__device__ __forceinline__ void store_bf16x4(__nv_bfloat16* dst, float4 v) {
-  const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
-  uint2 packed;
-  packed.x = *reinterpret_cast<const uint32_t*>(&lo);
-  packed.y = *reinterpret_cast<const uint32_t*>(&hi);
-  *reinterpret_cast<uint2*>(dst) = packed;
-}
 
 // One block per row: x += y first when kAddFirst (x updated in memory), then out = the row's
 // RMS norm, its mean square in fp32 through a block reduction. x and out may alias: every
