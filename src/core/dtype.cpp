@@ -2,6 +2,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstring>
 
 #include "core/check.h"
 
@@ -117,22 +118,18 @@ float fp8e4m3_to_f32(uint8_t bits) { return kFp8Table[bits]; }
 uint8_t f32_to_fp8e4m3(float f) {
   if (std::isnan(f)) return 0x7f;
   const uint8_t sign = std::signbit(f) ? 0x80 : 0;
-  float a = std::fabs(f);
+  const float a = std::fabs(f);
   if (a >= 448.0f) return sign | 0x7e;
-  // Search the 127 non-negative finite codes for the nearest, ties to the even code.
-  // Codes are monotonic in value, so a binary search over the table finds the bracket.
-  int lo = 0, hi = 0x7e;
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (kFp8Table[mid] <= a) lo = mid; else hi = mid;
-  }
-  const float dlo = a - kFp8Table[lo];
-  const float dhi = kFp8Table[hi] - a;
-  int code;
-  if (dlo < dhi) code = lo;
-  else if (dhi < dlo) code = hi;
-  else code = (lo % 2 == 0) ? lo : hi;
-  return sign | static_cast<uint8_t>(code);
+  // Below 2^-6 the codes are the multiples of 2^-9 (subnormals, and 2^-6 itself as code 8): round
+  // a · 2^9 to an integer, ties to even (the default rounding mode).
+  if (a < 0x1p-6f) return sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f));
+  // Normal codes are the float's exponent (rebiased by 127 - 7) and its top three mantissa bits:
+  // round the 20 bits below them to nearest, ties to the even code, and let a carry move the
+  // exponent. Below 448 the result stays at or under code 0x7e (448 itself).
+  uint32_t bits = 0;
+  std::memcpy(&bits, &a, 4);
+  bits += 0x7ffffu + ((bits >> 20) & 1u);
+  return sign | static_cast<uint8_t>((bits >> 20) - (120u << 3));
 }
 
 void convert_to_f32(DType dtype, const void* src, float* dst, size_t n) {

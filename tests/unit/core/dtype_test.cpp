@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <random>
+#include <vector>
 
 namespace dsinfer {
 namespace {
@@ -49,6 +50,32 @@ TEST(DType, Fp8E4M3TableAndRounding) {
   // 1.0625 lies halfway between 1.0 (0x38, even) and 1.125 (0x39): ties to even.
   EXPECT_EQ(f32_to_fp8e4m3(1.0625f), 0x38);
   EXPECT_EQ(f32_to_fp8e4m3(1.07f), 0x39);
+}
+
+TEST(DType, Fp8E4M3RoundsToTheNearestCodeEverywhere) {
+  // Against a search of the code table: every midpoint between neighbouring codes and the floats
+  // just beside it (ties go to the even code), and a dense sweep of [0, 480) with both signs.
+  auto nearest = [](float x) {
+    const float a = std::fabs(x);
+    int best = 0;
+    for (int c = 1; c <= 0x7e; ++c) {
+      const float d = std::fabs(fp8e4m3_to_f32(static_cast<uint8_t>(c)) - a);
+      const float d_best = std::fabs(fp8e4m3_to_f32(static_cast<uint8_t>(best)) - a);
+      if (d < d_best || (d == d_best && c % 2 == 0)) best = c;
+    }
+    return static_cast<uint8_t>((std::signbit(x) ? 0x80 : 0) | best);
+  };
+  std::vector<float> xs;
+  for (int c = 0; c < 0x7e; ++c) {
+    const float mid = (fp8e4m3_to_f32(static_cast<uint8_t>(c)) + fp8e4m3_to_f32(static_cast<uint8_t>(c + 1))) / 2;
+    xs.insert(xs.end(), {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1000.0f)});
+  }
+  for (float x = 0.0f; x < 480.0f; x = x * 1.0007f + 1e-6f) xs.push_back(x);
+  for (float x : xs) {
+    const uint8_t want = x >= 448.0f ? 0x7e : nearest(x);
+    ASSERT_EQ(f32_to_fp8e4m3(x), want) << x;
+    ASSERT_EQ(f32_to_fp8e4m3(-x), want | 0x80) << -x;
+  }
 }
 
 TEST(DType, ParseNames) {
