@@ -149,9 +149,9 @@ class CudaBackend final : public Backend {
   Tensor moe_experts_chunked(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
                              const int32_t* chunk_offsets, const int32_t* src_rows, const int32_t* expert_ids,
                              const int32_t* slot_rows, int64_t num_entries, int num_chunks, int32_t* chunk_slot_rows);
-  // Whether a product of `rows` rows with w runs on the own kernel (else cuBLASLt, unless the
+  // Whether a dense product of `rows` rows runs on the own kernel (else cuBLASLt, unless the
   // caller asks for the library anyway).
-  bool own_gemm_takes(const GemmWeight& w, int64_t rows) const;
+  bool own_gemm_takes(int64_t rows) const { return batch_invariant_ || rows <= own_gemm_max_rows_; }
   // Whether products whose row-blocks have at most `rows` rows take the few-row kernel.
   bool few_row_gemm_takes(int64_t rows) const { return !batch_invariant_ && rows <= few_row_gemm_max_rows_; }
   // x · gate_up → SiLU·mul → down for bf16 x [rows, gate_up's k_padded].
@@ -201,16 +201,19 @@ class CudaBackend final : public Backend {
   // Chunked layers take e4m3 experts too, widened to bf16 for the layer
   // (DSINFER_MOE_FP8_CHUNKED=0: they take the host-planned path and DeepSeek's FP8 activations).
   bool fp8_experts_chunked_ = true;
+  // Decode-sized layers with a few rows per expert or more run e4m3 experts in the 128-row
+  // expert blocks (DSINFER_MOE_FP8_EXPERT_BLOCKS=0: in the 32-row blocks).
+  bool fp8_expert_blocks_ = true;
   // Steps of a few tokens write the attention's cache entries in the W_UK product's launch
   // (DSINFER_MLA_CACHE_WRITE_BESIDE=0: in a launch of their own before it; same results).
   bool cache_write_beside_ = true;
   bool fused_prefill_attention_ = true;  // expanded prefill in one kernel (DSINFER_MLA_FLASH=0: cuBLASLt products)
-  // Above this many rows a dense product goes to cuBLASLt (not batch-invariant). bf16: the own
-  // kernel runs rows in passes of up to 32 that each re-read the weight tile, and at 64 rows it
-  // took 48 µs for a 12.6 MB projection that cuBLASLt reads in about 9. e4m3: cuBLASLt's product
-  // also quantises the activations to e4m3, so the own kernel (bf16 activations) keeps more rows.
+  // Above this many rows a dense product goes to cuBLASLt (not batch-invariant). The own kernel
+  // runs rows in passes of up to 32 that each re-read the weight tile: at 64 rows it took 48 µs
+  // for a 12.6 MB bf16 projection that cuBLASLt reads in about 9. e4m3 weights then take
+  // DeepSeek's FP8 activations too; keeping them on the own kernel (bf16 activations) up to 128
+  // rows made FP8 decode 21% slower at batch 64 and 29% at batch 128.
   int own_gemm_max_rows_ = 32;
-  int own_gemm_max_rows_fp8_ = 128;
   // Up to this many rows (per expert, in an MoE layer) products take the few-row kernel, whose
   // blocks sum whole rows on CUDA cores (DSINFER_CUDA_FEW_ROW_GEMM_MAX_ROWS; 0: never). Not in
   // batch-invariant steps, which keep one kernel at every batch size.

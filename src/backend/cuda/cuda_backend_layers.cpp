@@ -172,8 +172,7 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
                                  num_tokens <= kMoeRoutePlanMaxTokens && num_tokens <= kRouterKernelMaxTokens &&
                                  few_row_gemm_takes(num_tokens);
   const bool shared_alongside = w.has_shared && !shared_in_routing && shared_experts_alongside_ && !host_planned &&
-                                own_gemm_takes(gemm_weight_of(w.shared_gate_up), num_tokens) &&
-                                own_gemm_takes(gemm_weight_of(w.shared_down), num_tokens);
+                                own_gemm_takes(num_tokens);
   if (shared_in_routing) shared_act = alloc_->cached({num_tokens, shared_inter_p}, DType::kBF16);
   std::optional<ForkedStreams> forked;
   if (shared_alongside) {
@@ -271,8 +270,9 @@ void CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, con
   const int max_blocks = static_cast<int>(
       std::min(num_entries, (num_entries + kGemmRowsPerBlock - 1) / kGemmRowsPerBlock + num_experts));
   const int rows_hint = static_cast<int>((num_entries + num_experts - 1) / num_experts);
-  // bf16 experts with enough rows take the 128-row expert blocks; batch-invariant steps keep
-  // one kind of block at every batch size.
+  // Experts with enough rows take the 128-row expert blocks (e4m3 ones unless
+  // DSINFER_MOE_FP8_EXPERT_BLOCKS=0); batch-invariant steps keep one kind of block at every
+  // batch size.
   const bool expert_blocks = !batch_invariant_ && rows_hint >= kExpertBlockRowsPerExpert;
 
   Tensor act = alloc_->cached({num_entries, inter_p}, DType::kBF16);
@@ -285,7 +285,7 @@ void CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, con
   up.block_offsets = block_offsets;
   up.num_groups = num_experts;
   up.weights_fp8 = gu0.weight.dtype == DType::kF8E4M3;
-  up.expert_blocks = expert_blocks && !up.weights_fp8;
+  up.expert_blocks = expert_blocks && (!up.weights_fp8 || fp8_expert_blocks_);
   up.epilogue = GemmEpilogue::kSiluMulBf16;
   up.y = act.data;
   up.ldy = inter_p;
@@ -307,7 +307,7 @@ void CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, con
   // The gate/up product, the launch before, waited for the routing and planning.
   down.layout_before_wait = true;
   down.weights_fp8 = down0.weight.dtype == DType::kF8E4M3;
-  down.expert_blocks = expert_blocks && !down.weights_fp8;
+  down.expert_blocks = expert_blocks && (!down.weights_fp8 || fp8_expert_blocks_);
   down.epilogue = GemmEpilogue::kStoreF32;
   down.y = expert_out.data;
   down.ldy = hidden;

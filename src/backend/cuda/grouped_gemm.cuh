@@ -90,6 +90,49 @@ __device__ __forceinline__ float4 widen_e4m3x4(uint32_t packed) {
   return make_float4(a.x, a.y, b.x, b.y);
 }
 
+// The x pieces one thread of a 128-row expert block copies in a pass over the routed rows
+// [pass_begin, pass_begin + pass_rows) of its block: piece p = threadIdx.x + j * kThreads is row
+// p / kPiecesPerRow of the pass, 16 bytes at column (p % kPiecesPerRow) * 8 of a stage.
+template <int kThreads, int kRows, int kPiecesPerRow>
+struct ExpertPassPieces {
+  static constexpr int kPieces = kRows * kPiecesPerRow;
+  static constexpr int kPerThread = (kPieces + kThreads - 1) / kThreads;
+  const __nv_bfloat16* src[kPerThread];  // the piece in the stage at column 0 (row 0 past the pass)
+  bool valid[kPerThread];                // the piece's row is a routed row of the pass
+  __device__ __forceinline__ ExpertPassPieces(const GroupedGemmArgs& a, int pass_begin, int pass_rows) {
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const int p = threadIdx.x + j * kThreads, r = p / kPiecesPerRow;
+      valid[j] = p < kPieces && r < pass_rows;
+      int64_t row = 0;
+      if (valid[j]) row = a.src_rows != nullptr ? a.src_rows[pass_begin + r] : pass_begin + r;
+      src[j] = reinterpret_cast<const __nv_bfloat16*>(a.x) + row * a.ldx + (p % kPiecesPerRow) * 8;
+    }
+  }
+};
+
+// The epilogue of a warp's finished tile in the 128-row expert blocks: tile [pass_rows][32]
+// fp32 in shared memory (routed row t, weight row n0 + i at tile[t * 32 + i]) goes to the
+// output rows [pass_begin, pass_begin + pass_rows), as fp32, or as SiLU(gate)·up in bf16.
+__device__ __forceinline__ void store_expert_tile(const GroupedGemmArgs& a, const float* tile, int n0,
+                                                  int pass_begin, int pass_rows) {
+  const int lane = threadIdx.x % 32;
+  if (a.epilogue == GemmEpilogue::kStoreF32) {
+    float* y = static_cast<float*>(a.y);
+    for (int t = 0; t < pass_rows; ++t)
+      if (n0 + lane < a.n_out)
+        y[static_cast<int64_t>(pass_begin + t) * a.ldy + n0 + lane] = tile[t * kGemmTileRows + lane];
+    return;
+  }
+  __nv_bfloat16* y = static_cast<__nv_bfloat16*>(a.y);
+  for (int idx = lane; idx < kGemmGateUpHalf * pass_rows; idx += 32) {
+    const int i = idx % kGemmGateUpHalf, t = idx / kGemmGateUpHalf, col = n0 / 2 + i;
+    if (col >= a.n_out) continue;
+    const float g = tile[t * kGemmTileRows + i], u = tile[t * kGemmTileRows + kGemmGateUpHalf + i];
+    y[static_cast<int64_t>(pass_begin + t) * a.ldy + col] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * u);
+  }
+}
+
 // A warp's accumulators for its 32 weight rows against kFrags groups of 8 x rows.
 template <int kFrags>
 using WeightRowsAccumulators = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 32, 8, 16, float>[kFrags];

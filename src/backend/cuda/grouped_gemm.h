@@ -12,15 +12,16 @@
 // of x; its four warps split K four ways (warp w takes the 32-wide K chunks w, w + 4, …), stream their
 // chunks through a cp.async pipeline into tensor-core products (bf16 in, fp32 accumulate, the
 // weight as the 32-row operand, 8 rows of x per fragment), and sum their partial tiles in a
-// fixed order. The grouped form runs on the same blocks, or, with `expert_blocks` (bf16
-// weights), on blocks of 128 weight rows of one expert (grouped_gemm_experts.cu): a warp per
-// 32 rows, the four sharing one block-wide pipeline of x and weight chunks, each warp summing
-// its outputs over the whole K in order. Either way the summation order of an output element
+// fixed order. The grouped form runs on the same blocks, or, with `expert_blocks`, on blocks of
+// 128 weight rows of one expert (grouped_gemm_experts.cu, grouped_gemm_experts_fp8.cu): a warp
+// per 32 rows, the four sharing one block-wide pipeline of x and weight chunks, each warp
+// summing its outputs over the whole K in order. Either way the summation order of an output element
 // never depends on how many rows the batch has, which keeps greedy decoding batch-invariant
 // as long as the caller's choice of blocks does not depend on it either.
 //
-// FP8 weights (e4m3) are converted to bf16 in shared memory with their block scale as they
-// arrive: a decode step then reads one byte per weight.
+// FP8 weights (e4m3) are widened to bf16 exactly as they arrive (in shared memory in the 32-row
+// blocks, in registers in the expert blocks), and their block scales multiply the sums: a decode
+// step reads one byte per weight.
 #pragma once
 
 #include <cstdint>
@@ -73,9 +74,9 @@ struct GroupedGemmArgs {
   GemmWeight dense;
   int dense_rows = 0;
   bool weights_fp8 = false;  // every weight of the call is e4m3 (else bf16)
-  // Grouped form, bf16 weights: 128-row expert blocks, which keep about three times the bytes
-  // in flight and read x a quarter as often; worth it from a few rows per expert up. Its sums
-  // run in another order than the 32-row blocks'.
+  // Grouped form: 128-row expert blocks, which keep about three times the bytes in flight and
+  // read x a quarter as often; worth it from a few rows per expert up. Their sums run in another
+  // order than the 32-row blocks'.
   bool expert_blocks = false;
   GemmEpilogue epilogue = GemmEpilogue::kStoreF32;
   void* y = nullptr;
@@ -104,9 +105,12 @@ constexpr int kGemmMaxTileCounters = 1 << 16;
 void launch_grouped_gemm(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks, int rows_hint,
                          Stream stream);
 
-// The 128-row expert blocks (launch_grouped_gemm calls it for args.expert_blocks).
+// The 128-row expert blocks (launch_grouped_gemm calls them for args.expert_blocks): bf16
+// weights (grouped_gemm_experts.cu), e4m3 weights (grouped_gemm_experts_fp8.cu).
 void launch_expert_gemm(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks, int rows_hint,
                         Stream stream);
+void launch_expert_gemm_fp8(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks, int rows_hint,
+                            Stream stream);
 
 // Products of at most a few rows per row-block (decode at batch 1 to 4) on CUDA cores
 // (few_row_gemm.cu): a block takes weight rows four at a time over their whole K, so no partial

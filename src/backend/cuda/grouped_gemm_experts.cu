@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_kernel(GroupedGemmArg
   const int n_block = blockIdx.x * kBlockWeightRows;
   if (n_block >= w.n_padded) return;
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
   const int n0 = n_block + warp * kGemmTileRows;  // this warp's tile
   const bool has_tile = n0 < w.n_padded;
   const int weight_rows = min(kBlockWeightRows, w.n_padded - n_block);
@@ -74,19 +74,8 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_kernel(GroupedGemmArg
 
   for (int pass_begin = row_begin; pass_begin < row_end; pass_begin += kRows) {
     const int pass_rows = min(kRows, row_end - pass_begin);
-    // The x pieces this thread copies: piece p is row p / 8, 16 bytes at column (p % 8) * 8.
-    constexpr int kXPieces = kRows * kPiecesPerRow;
-    constexpr int kXPerThread = (kXPieces + kThreads - 1) / kThreads;
-    const __nv_bfloat16* x_src[kXPerThread];
-    bool x_valid[kXPerThread];
-#pragma unroll
-    for (int j = 0; j < kXPerThread; ++j) {
-      const int p = threadIdx.x + j * kThreads, t = p / kPiecesPerRow;
-      x_valid[j] = p < kXPieces && t < pass_rows;
-      int64_t row = 0;
-      if (x_valid[j]) row = a.src_rows != nullptr ? a.src_rows[pass_begin + t] : pass_begin + t;
-      x_src[j] = reinterpret_cast<const __nv_bfloat16*>(a.x) + row * a.ldx + (p % kPiecesPerRow) * 8;
-    }
+    using XPieces = ExpertPassPieces<kThreads, kRows, kPiecesPerRow>;
+    const XPieces x(a, pass_begin, pass_rows);
 
     // Stage s holds columns [64 s, 64 s + 64) of the weight rows and of the pass's x rows; a
     // last stage of 32 columns (k_padded a multiple of 32 only) copies just its first half.
@@ -105,10 +94,10 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_kernel(GroupedGemmArg
       }
       unsigned char* x_tile = stage + L::kWeightBytes;
 #pragma unroll
-      for (int j = 0; j < kXPerThread; ++j) {
+      for (int j = 0; j < XPieces::kPerThread; ++j) {
         const int p = threadIdx.x + j * kThreads, t = p / kPiecesPerRow, part = p % kPiecesPerRow;
-        if (p < kXPieces && part < num_pieces)
-          cp_async16(x_tile + (t * kLd + part * 8) * 2, x_src[j] + k0, x_valid[j]);
+        if (p < XPieces::kPieces && part < num_pieces)
+          cp_async16(x_tile + (t * kLd + part * 8) * 2, x.src[j] + k0, x.valid[j]);
       }
     };
 
@@ -144,20 +133,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_kernel(GroupedGemmArg
       for (int f = 0; f < kFrags; ++f)
         wmma::store_matrix_sync(tile + f * 8 * kGemmTileRows, acc[f], kGemmTileRows, wmma::mem_col_major);
       __syncwarp();
-      if (a.epilogue == GemmEpilogue::kStoreF32) {
-        float* y = static_cast<float*>(a.y);
-        for (int t = 0; t < pass_rows; ++t)
-          if (n0 + lane < a.n_out)
-            y[static_cast<int64_t>(pass_begin + t) * a.ldy + n0 + lane] = tile[t * kGemmTileRows + lane];
-      } else {
-        __nv_bfloat16* y = static_cast<__nv_bfloat16*>(a.y);
-        for (int idx = lane; idx < kGemmGateUpHalf * pass_rows; idx += 32) {
-          const int i = idx % kGemmGateUpHalf, t = idx / kGemmGateUpHalf, col = n0 / 2 + i;
-          if (col >= a.n_out) continue;
-          const float g = tile[t * kGemmTileRows + i], u = tile[t * kGemmTileRows + kGemmGateUpHalf + i];
-          y[static_cast<int64_t>(pass_begin + t) * a.ldy + col] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * u);
-        }
-      }
+      store_expert_tile(a, tile, n0, pass_begin, pass_rows);
     }
     __syncthreads();  // the tiles' memory is the next pass's pipeline
   }

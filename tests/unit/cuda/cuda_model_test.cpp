@@ -33,12 +33,16 @@ class CudaGoldenModelTest : public ::testing::TestWithParam<std::string> {
 // activations in every GEMM). A reference step whose top-2 margin exceeds twice that (about 0.2
 // on these fixtures, logit scale ~3.5) should not flip; the one thing that can still flip it is
 // a near-tie between experts in some layer's router, which bf16 noise may decide the other way.
-// Measured on an H200: tiny_v3 74/75, tiny_v2_lite 84/84, tiny_v3_fp8 85/85 over such steps;
-// 143/144, 142/144, 140/144 over all.
+// Measured on an H200: tiny_v3 74/75, tiny_v2_lite 84/84 over such steps; 143/144 and 142/144
+// over all. tiny_v3_fp8's prompts of more than 32 tokens run DeepSeek's FP8 activations (below):
+// 83/85 and 136/144 (85/85 and 140/144 when prompts of up to 128 tokens took bf16 activations).
+// The recipe itself, run for every product of two rows or more, keeps 82/85 (cuda_fp8_gemm_test.cpp),
+// so that fixture's bar is the recipe's.
 constexpr double kLogitTolerance = 3e-2;
 constexpr double kFp8RecipeLogitTolerance = 8e-2;
 constexpr double kClearMargin = 0.2;
 constexpr double kClearAgreement = 0.98;
+constexpr double kFp8RecipeClearAgreement = 0.95;
 
 TEST_P(CudaGoldenModelTest, TeacherForcedTop1AgreesWithReference) {
   const std::string& fixture = GetParam();
@@ -48,10 +52,10 @@ TEST_P(CudaGoldenModelTest, TeacherForcedTop1AgreesWithReference) {
   const testing::TeacherForcedAgreement a = testing::teacher_forced_agreement(*model, dir, kClearMargin);
   double worst_logit_err = 0, worst_scale = 0;
   for (size_t i = 0; i < a.prefill_errors.size(); ++i) {
-    // Prompts of more than 128 tokens go to cuBLASLt, where FP8 weights take DeepSeek's FP8
+    // Prompts of more than 32 tokens go to cuBLASLt, where FP8 weights take DeepSeek's FP8
     // activations: on this random model the CPU running that recipe is itself 0.17 off the
     // reference on the 130-token prompt (cuda_fp8_gemm_test.cpp checks the recipe against it).
-    const bool fp8_recipe = fixture == "tiny_v3_fp8" && a.prompt_lengths[i] > 128;
+    const bool fp8_recipe = fixture == "tiny_v3_fp8" && a.prompt_lengths[i] > 32;
     const double tolerance = fp8_recipe ? kFp8RecipeLogitTolerance : kLogitTolerance;
     EXPECT_LT(a.prefill_errors[i], tolerance * a.prefill_scales[i]) << fixture << " prompt " << i;
     worst_logit_err = std::max(worst_logit_err, a.prefill_errors[i]);
@@ -62,7 +66,8 @@ TEST_P(CudaGoldenModelTest, TeacherForcedTop1AgreesWithReference) {
             << a.largest_missed_margin << "), worst prefill logit error " << worst_logit_err << " (logit scale "
             << worst_scale << ")\n";
   EXPECT_GT(a.num_clear, 60);
-  EXPECT_GE(a.num_clear_agree, kClearAgreement * a.num_clear) << fixture;
+  const double clear_agreement = fixture == "tiny_v3_fp8" ? kFp8RecipeClearAgreement : kClearAgreement;
+  EXPECT_GE(a.num_clear_agree, clear_agreement * a.num_clear) << fixture;
   // FP8 activations (1x128 tiles, 3 mantissa bits) move near-tied logits more than bf16 does.
   const double all_steps_floor = fixture == "tiny_v3_fp8" ? 0.90 : 0.95;
   EXPECT_GE(a.num_agree, all_steps_floor * a.num_steps) << fixture;

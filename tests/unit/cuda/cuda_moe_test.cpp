@@ -27,20 +27,35 @@ struct GateSpec {
   int favoured_experts = 0;  // noaux_tc: experts 0 .. n-1 get a correction bias every token picks
 };
 
+// The e4m3 codes of the experts' weights: random values, every finite code in turn, or only the
+// subnormal codes and the smallest normal ones (a kernel that flushed subnormals would lose them).
+enum class Fp8Codes { kRandom, kEveryCode, kSubnormal };
+
 class CudaMoeTest : public CudaVsCpuTest {
  protected:
   // An e4m3 weight [rows, cols] with 128x128 block scales that vary across blocks.
-  static LinearWeight fp8_weight(Backend& be, int64_t rows, int64_t cols, uint32_t seed, bool gate_up,
-                                 std::vector<std::vector<uint8_t>>& keep_bytes, std::vector<std::vector<float>>& keep_scales) {
+  LinearWeight fp8_weight(Backend& be, int64_t rows, int64_t cols, uint32_t seed, bool gate_up,
+                          std::vector<std::vector<uint8_t>>& keep_bytes, std::vector<std::vector<float>>& keep_scales) {
     const int64_t rb = (rows + 127) / 128, cb = (cols + 127) / 128;
     auto& scales = keep_scales.emplace_back(rb * cb);
     for (int64_t i = 0; i < rb * cb; ++i) scales[i] = 0.002f * (1 + (seed + i) % 5);
     const auto v = random_values(rows * cols, seed, 100.0f);
     auto& bytes = keep_bytes.emplace_back(rows * cols);
-    for (int64_t i = 0; i < rows * cols; ++i) bytes[i] = f32_to_fp8e4m3(v[i]);
+    std::vector<uint8_t> codes;
+    for (int c = 0; c < 256; ++c) {
+      const bool nan = (c & 0x7f) == 0x7f, small = (c & 0x7f) <= 0x0a;
+      if (!nan && (fp8_codes_ == Fp8Codes::kEveryCode || small)) codes.push_back(static_cast<uint8_t>(c));
+    }
+    for (int64_t i = 0; i < rows * cols; ++i) {
+      // A walk through the codes that differs between rows and weights.
+      const size_t step = static_cast<size_t>(i) * 7 + static_cast<size_t>(i / cols) * 3 + seed;
+      bytes[i] = fp8_codes_ == Fp8Codes::kRandom ? f32_to_fp8e4m3(v[i]) : codes[step % codes.size()];
+    }
     HostTensor h{DType::kF8E4M3, {rows, cols}, bytes.data(), scales.data(), 128, 128};
     return gate_up ? be.make_gate_up(h) : be.make_linear(h);
   }
+
+  Fp8Codes fp8_codes_ = Fp8Codes::kRandom;
 
   MoeWeights build(Backend& be, const GateSpec& g, int64_t hidden, int64_t inter, uint32_t seed, bool fp8 = false) {
     MoeWeights w;
@@ -186,6 +201,30 @@ TEST_F(CudaMoeTest, Fp8ExpertsMatchDequantisedCpu) {
   // activations are e4m3 too (3 mantissa bits, about 3% RMS rounding per product), so the
   // bound is wider; rows mixed up between experts would be off by 100%.
   run_case(g, 301, 15, 256, 128, /*fp8=*/true, /*tolerance=*/8e-2);
+}
+
+TEST_F(CudaMoeTest, Fp8ExpertsInBothBlockKindsMatchDequantisedCpu) {
+  // Decode-sized layers with several rows per expert: e4m3 experts in the 128-row expert blocks
+  // (weights widened in registers, 128-column stages) and, with DSINFER_MOE_FP8_EXPERT_BLOCKS=0,
+  // in the 32-row blocks. 90 tokens over 8 experts (about 22 rows each) and 40 (about 10) take
+  // passes of 32 and 16 rows; hidden 80 and inter 96 leave partial stages of 96 columns; inter
+  // 160 gives a gate/up of 320 rows, two and a half 128-row blocks. The code walks put every
+  // finite e4m3 value, and then only subnormal and the smallest normal values, in the weights:
+  // flushed subnormals or a misplaced column would be off by up to 100%.
+  const GateSpec g{8, 2, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, true, 1.0f, false};
+  for (const char* expert_blocks : {"1", "0"}) {
+    SCOPED_TRACE(expert_blocks);
+    setenv("DSINFER_MOE_FP8_EXPERT_BLOCKS", expert_blocks, 1);
+    gpu_ = make_backend("cuda");
+    unsetenv("DSINFER_MOE_FP8_EXPERT_BLOCKS");
+    for (Fp8Codes codes : {Fp8Codes::kRandom, Fp8Codes::kEveryCode, Fp8Codes::kSubnormal}) {
+      SCOPED_TRACE(static_cast<int>(codes));
+      fp8_codes_ = codes;
+      run_case(g, 90, 41, 256, 128, /*fp8=*/true);
+      run_case(g, 40, 42, 80, 96, /*fp8=*/true);
+      run_case(g, 64, 43, 384, 160, /*fp8=*/true);
+    }
+  }
 }
 
 TEST_F(CudaMoeTest, PrefillSizedBatchIsPlannedAcrossBlocks) {

@@ -225,9 +225,9 @@ TEST_F(CudaOpsTest, LinearRowCountsSharingAPlanMatchCpu) {
 
 TEST_F(CudaOpsTest, LinearFp8BlockScaledMatchesDequantisedCpu) {
   // e4m3 weights stay e4m3 on the device and are widened tile by tile inside the decode-sized
-  // GEMM (products of more rows: cuda_fp8_gemm_test.cpp).
+  // GEMM, up to 32 rows (products of more rows: cuda_fp8_gemm_test.cpp).
   struct Shape { int64_t m, n, k; };
-  for (Shape s : {Shape{1, 256, 512}, Shape{5, 576, 2048}, Shape{37, 192, 160}, Shape{128, 1000, 384}}) {
+  for (Shape s : {Shape{1, 256, 512}, Shape{5, 576, 2048}, Shape{29, 192, 160}, Shape{32, 1000, 384}}) {
     // An FP8 weight with 128x128 block scales that vary across blocks.
     const int64_t rb = (s.n + 127) / 128, cb = (s.k + 127) / 128;
     std::vector<float> scales(rb * cb);
