@@ -27,14 +27,13 @@ constexpr int kWeightTileBytes = kGemmTileRows * kLd * 2;
 template <int kFrags, bool kFp8>
 struct Layout {
   static constexpr int kRows = 8 * kFrags;  // rows of x per pass
-  // An e4m3 chunk arrives as 32 rows of 32 bytes, unpadded (it is widened before the products).
+  // An e4m3 chunk arrives as 32 rows of 32 bytes, unpadded (it is widened in registers).
   static constexpr int kWeightStageBytes = kFp8 ? kGemmTileRows * kGemmChunkK : kWeightTileBytes;
   static constexpr int kXTileBytes = kRows * kLd * 2;
   static constexpr int kStageBytes = kWeightStageBytes + kXTileBytes;
-  // Per warp: its pipeline stages, then (e4m3) one bf16 tile that chunks are widened into. The
-  // smaller the block's memory, the more blocks an SM holds: a decode-sized product then runs
-  // in one wave.
-  static constexpr int kWarpBytes = kStages * kStageBytes + (kFp8 ? kWeightTileBytes : 0);
+  // Per warp: its pipeline stages. The smaller the block's memory, the more blocks an SM holds:
+  // a decode-sized product then runs in one wave.
+  static constexpr int kWarpBytes = kStages * kStageBytes;
   static constexpr int kBytes = kWarps * kWarpBytes;
   static constexpr int kReduceBytes = kWarps * kGemmTileRows * kRows * 4;
   static_assert(kReduceBytes <= kBytes, "partial tiles reuse the pipeline's memory");
@@ -148,15 +147,13 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedGemmArgs 
   const int k_padded = w.k_padded;
   const int chunk_begin = split_chunk(w, split);
   const int my_chunks = chunks_of_warp(w);
-  __nv_bfloat16* widened = reinterpret_cast<__nv_bfloat16*>(warp_smem + kStages * L::kStageBytes);
   const int scale_cols = (k_padded + kScaleCols - 1) / kScaleCols;
-  // e4m3 chunks are widened exactly and their block scales multiply each chunk's sums in fp32:
-  // scaling before the widening would round every weight to bf16, 2^-9 of its value, and move
-  // the product off the checkpoint's weights. The scale depends on the 16-row group of a
-  // weight row. A 32x8 accumulator fragment is two 16x8 tiles on this architecture: elements
-  // 0..3 of a lane hold rows 0..15, elements 4..7 rows 16..31 (the FP8 gate/up tests, whose
-  // gate and up rows have different scales, fail if it is not so).
-  constexpr int kFirstSecondGroupElement = 4;
+  // e4m3 chunks are widened exactly in registers (mma_e4m3_step), and their block scales
+  // multiply each chunk's sums in fp32: scaling before the widening would round every weight to
+  // bf16, 2^-9 of its value, and move the product off the checkpoint's weights. The scale
+  // depends on the 16-row group of a weight row: acc8[m] holds weight rows 16 m + (g, g + 8)
+  // against x rows 8 f + (2t, 2t + 1) of fragment f (the mma's C layout; g = lane / 4, t = lane % 4).
+  const int lane_g = lane / 4, lane_t = lane % 4;
   for (int pass_begin = row_begin; pass_begin < row_end; pass_begin += kRows) {
     const int pass_rows = min(kRows, row_end - pass_begin);
     // The x rows this lane copies: rows lane / 4 + 8 f, 16 bytes at (lane % 4) * 8 elements.
@@ -188,6 +185,7 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedGemmArgs 
     WeightRowsAccumulators<kFrags> acc;
 #pragma unroll
     for (int f = 0; f < kFrags; ++f) wmma::fill_fragment(acc[f], 0.0f);
+    float acc8[2][kFrags][4] = {};
 
     if (prefetch && pass_begin == row_begin) {
       // The weight tiles of the first stages are in flight already: their x tiles join them,
@@ -206,32 +204,31 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedGemmArgs 
       const unsigned char* stage = warp_smem + (i % kStages) * L::kStageBytes;
       const __nv_bfloat16* x_tile = reinterpret_cast<const __nv_bfloat16*>(stage + L::kWeightStageBytes);
       if constexpr (kFp8) {
-        // The 32x32-byte chunk as 256 words, lane-consecutive (no bank conflicts): word q is
-        // row q / 8, bytes (q % 8) * 4 .. +3.
+        // Lane (g, t) takes columns 8 t .. 8 t + 7 of the chunk: four per step.
         const int k0 = (chunk_begin + warp + i * kWarps) * kGemmChunkK;
         const float scale_lo = w.scales[(n0 / 16) * scale_cols + k0 / kScaleCols];
         const float scale_hi = w.scales[(n0 / 16 + 1) * scale_cols + k0 / kScaleCols];
-        const uint32_t* words = reinterpret_cast<const uint32_t*>(stage);
+        uint32_t x_even[2][kFrags], x_odd[2][kFrags];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const int q = lane + 32 * j, row = q / 8, col = (q % 8) * 4;
-          const float4 v = widen_e4m3x4(words[q]);
-          __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(widened + row * kLd + col);
-          dst[0] = __floats2bfloat162_rn(v.x, v.y);  // exact: e4m3 values are bf16 values
-          dst[1] = __floats2bfloat162_rn(v.z, v.w);
+        for (int f = 0; f < kFrags; ++f) {
+          const uint4 xw = *reinterpret_cast<const uint4*>(x_tile + (8 * f + lane_g) * kLd + 8 * lane_t);
+          pair_x_words(xw.x, xw.y, x_even[0][f], x_odd[0][f]);
+          pair_x_words(xw.z, xw.w, x_even[1][f], x_odd[1][f]);
         }
-        __syncwarp();
         // The chunk lies in one 128-column scale block: its sums, scaled per 16-row group.
-        WeightRowsAccumulators<kFrags> chunk;
 #pragma unroll
-        for (int f = 0; f < kFrags; ++f) wmma::fill_fragment(chunk[f], 0.0f);
+        for (int m = 0; m < 2; ++m) {
+          const uint2 lo = *reinterpret_cast<const uint2*>(stage + (16 * m + lane_g) * kGemmChunkK + 8 * lane_t);
+          const uint2 hi = *reinterpret_cast<const uint2*>(stage + (16 * m + lane_g + 8) * kGemmChunkK + 8 * lane_t);
+          float chunk[kFrags][4] = {};
+          mma_e4m3_step<kFrags>(chunk, lo.x, hi.x, x_even[0], x_odd[0]);
+          mma_e4m3_step<kFrags>(chunk, lo.y, hi.y, x_even[1], x_odd[1]);
+          const float scale = m == 0 ? scale_lo : scale_hi;
 #pragma unroll
-        for (int kk = 0; kk < kGemmChunkK; kk += 16) mma_k16_step<kFrags>(chunk, widened + kk, x_tile + kk, kLd);
+          for (int f = 0; f < kFrags; ++f)
 #pragma unroll
-        for (int f = 0; f < kFrags; ++f)
-#pragma unroll
-          for (int e = 0; e < acc[f].num_elements; ++e)
-            acc[f].x[e] += chunk[f].x[e] * (e < kFirstSecondGroupElement ? scale_lo : scale_hi);
+            for (int e = 0; e < 4; ++e) acc8[m][f][e] += chunk[f][e] * scale;
+        }
       } else {
         const __nv_bfloat16* w_tile = reinterpret_cast<const __nv_bfloat16*>(stage);
 #pragma unroll
@@ -243,11 +240,24 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedGemmArgs 
     // Partial tiles [warp][32 weight rows][kRows x rows] in the pipeline's memory, summed in warp order.
     __syncthreads();
     float* partial = reinterpret_cast<float*>(smem);
-#pragma unroll
-    for (int f = 0; f < kFrags; ++f)
-      wmma::store_matrix_sync(partial + warp * kGemmTileRows * kRows + f * 8, acc[f], kRows, wmma::mem_row_major);
-    __syncthreads();
     constexpr int kWarpStride = kGemmTileRows * kRows;
+    if constexpr (kFp8) {
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int f = 0; f < kFrags; ++f) {
+          float* p = partial + warp * kWarpStride + (16 * m + lane_g) * kRows + 8 * f + 2 * lane_t;
+          p[0] = acc8[m][f][0];
+          p[1] = acc8[m][f][1];
+          p[8 * kRows] = acc8[m][f][2];
+          p[8 * kRows + 1] = acc8[m][f][3];
+        }
+    } else {
+#pragma unroll
+      for (int f = 0; f < kFrags; ++f)
+        wmma::store_matrix_sync(partial + warp * kWarpStride + f * 8, acc[f], kRows, wmma::mem_row_major);
+    }
+    __syncthreads();
     if (a.k_splits > 1) {
       // This split's share of the tile, summed over warps; the epilogue waits for all splits.
       float* part = a.partials + (static_cast<int64_t>(split) * a.dense_rows) * w.n_padded;

@@ -8,6 +8,7 @@
 #include <mma.h>
 
 #include "backend/cuda/grouped_gemm.h"
+#include "backend/cuda/tensor_core.cuh"
 
 namespace dsinfer::cuda {
 
@@ -131,6 +132,39 @@ __device__ __forceinline__ void store_expert_tile(const GroupedGemmArgs& a, cons
     const float g = tile[t * kGemmTileRows + i], u = tile[t * kGemmTileRows + kGemmGateUpHalf + i];
     y[static_cast<int64_t>(pass_begin + t) * a.ldy + col] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * u);
   }
+}
+
+// Word w holds e4m3 columns c0..c3 (c0 in the low byte). Returns the bf16 pairs (c0, c2) in
+// `even` and (c1, c3) in `odd`, each with its first column in the low half. An e4m3 byte
+// s eeee mmm set into bf16's fields as s 0000eeee mmm0000 reads v · 2⁻¹²⁰, for normal and
+// subnormal e4m3 alike; the multiply by 2¹²⁰ is exact (bf16 arithmetic keeps subnormals).
+__device__ __forceinline__ void widen_e4m3_word(uint32_t w, uint32_t& even, uint32_t& odd) {
+  const uint32_t e = ((w << 4) & 0x07f007f0u) | ((w << 8) & 0x80008000u);
+  const uint32_t o = ((w >> 4) & 0x07f007f0u) | (w & 0x80008000u);
+  const __nv_bfloat162 two_pow_120 = __halves2bfloat162(__ushort_as_bfloat16(0x7b80), __ushort_as_bfloat16(0x7b80));
+  const __nv_bfloat162 ev = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&e), two_pow_120);
+  const __nv_bfloat162 ov = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&o), two_pow_120);
+  even = *reinterpret_cast<const uint32_t*>(&ev);
+  odd = *reinterpret_cast<const uint32_t*>(&ov);
+}
+
+// The register-widened e4m3 products (the expert blocks' and the 32-row blocks'): in a 16-column
+// tensor-core step, lane (g, t) takes four consecutive columns c0..c3 of weight rows g and g + 8
+// (a word each) and the same four of x row g of each fragment. The step's k order pairs (c0, c2)
+// and (c1, c3) in both operands, as widen_e4m3_word gives them, so the sums are the product's.
+// pair_x_words turns a lane's x words (c0, c1) and (c2, c3) into those pairs.
+__device__ __forceinline__ void pair_x_words(uint32_t x01, uint32_t x23, uint32_t& even, uint32_t& odd) {
+  even = __byte_perm(x01, x23, 0x5410);
+  odd = __byte_perm(x01, x23, 0x7632);
+}
+template <int kFrags>
+__device__ __forceinline__ void mma_e4m3_step(float (&c)[kFrags][4], uint32_t lo, uint32_t hi,
+                                              const uint32_t (&x_even)[kFrags], const uint32_t (&x_odd)[kFrags]) {
+  uint32_t a[4];
+  widen_e4m3_word(lo, a[0], a[2]);
+  widen_e4m3_word(hi, a[1], a[3]);
+#pragma unroll
+  for (int f = 0; f < kFrags; ++f) mma_bf16_16x8x16(c[f], a, x_even[f], x_odd[f]);
 }
 
 // A warp's accumulators for its 32 weight rows against kFrags groups of 8 x rows.

@@ -19,9 +19,9 @@
 // never depends on how many rows the batch has, which keeps greedy decoding batch-invariant
 // as long as the caller's choice of blocks does not depend on it either.
 //
-// FP8 weights (e4m3) are widened to bf16 exactly as they arrive (in shared memory in the 32-row
-// blocks, in registers in the expert blocks), and their block scales multiply the sums: a decode
-// step reads one byte per weight.
+// FP8 weights (e4m3) are widened to bf16 exactly in registers as they are used
+// (grouped_gemm.cuh, mma_e4m3_step), and their block scales multiply the sums: a decode step
+// reads one byte per weight.
 #pragma once
 
 #include <cstdint>

@@ -4,7 +4,8 @@
 // The blocks are those of grouped_gemm_experts.cu (a block owns 128 weight rows of one expert, a
 // warp 32 of them; the four warps share one cp.async pipeline), but a stage carries 128 columns:
 // 16 KB of e4m3 weight, the same bytes as a bf16 stage of 64 columns, so that as many bytes are in
-// flight per SM. The weights are widened in registers, not in shared memory:
+// flight per SM. The weights are widened in registers, not in shared memory (mma_e4m3_step in
+// grouped_gemm.cuh):
 // - A lane's fragment of a 16-column tensor-core step takes four consecutive columns of a weight
 //   row and the same four of an x row. The step's columns are a permutation of 16 columns, the
 //   same for both operands, so the sums are those of the product.
@@ -53,20 +54,6 @@ struct Layout {
 
 __device__ __forceinline__ int weight_piece_offset(int row, int piece) {
   return (row * kWeightPiecesPerRow + (piece ^ ((row & 1) << 2))) * 16;
-}
-
-// Word w holds e4m3 columns c0..c3 (c0 in the low byte). Returns the bf16 pairs (c0, c2) in
-// `even` and (c1, c3) in `odd`, each with its first column in the low half. An e4m3 byte
-// s eeee mmm set into bf16's fields as s 0000eeee mmm0000 reads v · 2⁻¹²⁰, for normal and
-// subnormal e4m3 alike; the multiply by 2¹²⁰ is exact (bf16 arithmetic keeps subnormals).
-__device__ __forceinline__ void widen_e4m3_word(uint32_t w, uint32_t& even, uint32_t& odd) {
-  const uint32_t e = ((w << 4) & 0x07f007f0u) | ((w << 8) & 0x80008000u);
-  const uint32_t o = ((w >> 4) & 0x07f007f0u) | (w & 0x80008000u);
-  const __nv_bfloat162 two_pow_120 = __halves2bfloat162(__ushort_as_bfloat16(0x7b80), __ushort_as_bfloat16(0x7b80));
-  const __nv_bfloat162 ev = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&e), two_pow_120);
-  const __nv_bfloat162 ov = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&o), two_pow_120);
-  even = *reinterpret_cast<const uint32_t*>(&ev);
-  odd = *reinterpret_cast<const uint32_t*>(&ov);
 }
 
 __device__ __forceinline__ uint4 load_shared16(const void* p) { return *static_cast<const uint4*>(p); }
@@ -138,36 +125,26 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_fp8_kernel(GroupedGem
       float part[2][kFrags][4] = {};
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        // Lane (g, t) takes columns 64 h + 16 t .. + 15: four per step j, columns c0..c3 =
-        // 64 h + 16 t + 4 j + (0..3). The x operand pairs them as the weights' widening does:
-        // (c0, c2) for the step's first k pair, (c1, c3) for its second.
-        uint32_t xb[kFrags][8];
+        // Lane (g, t) takes columns 64 h + 16 t .. + 15: four per step j (mma_e4m3_step).
+        uint32_t x_even[4][kFrags], x_odd[4][kFrags];
 #pragma unroll
         for (int f = 0; f < kFrags; ++f) {
           const __nv_bfloat16* x_row = x_tile + (f * 8 + g) * kXLd + 64 * h + 16 * t;
           const uint4 lo = load_shared16(x_row), hi = load_shared16(x_row + 8);
-          const uint32_t words[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            xb[f][2 * j] = __byte_perm(words[2 * j], words[2 * j + 1], 0x5410);
-            xb[f][2 * j + 1] = __byte_perm(words[2 * j], words[2 * j + 1], 0x7632);
-          }
+          pair_x_words(lo.x, lo.y, x_even[0][f], x_odd[0][f]);
+          pair_x_words(lo.z, lo.w, x_even[1][f], x_odd[1][f]);
+          pair_x_words(hi.x, hi.y, x_even[2][f], x_odd[2][f]);
+          pair_x_words(hi.z, hi.w, x_even[3][f], x_odd[3][f]);
         }
 #pragma unroll
         for (int m = 0; m < 2; ++m) {
           const int r = warp * kGemmTileRows + 16 * m + g;
           const uint4 w_lo = load_shared16(stage + weight_piece_offset(r, 4 * h + t));
           const uint4 w_hi = load_shared16(stage + weight_piece_offset(r + 8, 4 * h + t));
-          const uint32_t lo_words[4] = {w_lo.x, w_lo.y, w_lo.z, w_lo.w};
-          const uint32_t hi_words[4] = {w_hi.x, w_hi.y, w_hi.z, w_hi.w};
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            uint32_t frag[4];
-            widen_e4m3_word(lo_words[j], frag[0], frag[2]);
-            widen_e4m3_word(hi_words[j], frag[1], frag[3]);
-#pragma unroll
-            for (int f = 0; f < kFrags; ++f) mma_bf16_16x8x16(part[m][f], frag, xb[f][2 * j], xb[f][2 * j + 1]);
-          }
+          mma_e4m3_step<kFrags>(part[m], w_lo.x, w_hi.x, x_even[0], x_odd[0]);
+          mma_e4m3_step<kFrags>(part[m], w_lo.y, w_hi.y, x_even[1], x_odd[1]);
+          mma_e4m3_step<kFrags>(part[m], w_lo.z, w_hi.z, x_even[2], x_odd[2]);
+          mma_e4m3_step<kFrags>(part[m], w_lo.w, w_hi.w, x_even[3], x_odd[3]);
         }
       }
 #pragma unroll

@@ -19,7 +19,10 @@ using testing_cuda::random_values;
 using testing_cuda::relative_error;
 using testing_cuda::upload;
 
-class CudaOpsTest : public CudaVsCpuTest {};
+class CudaOpsTest : public CudaVsCpuTest {
+ protected:
+  void expect_batch_invariant_rows(const HostTensor& weight, const std::vector<float>& x);
+};
 
 // An e4m3 weight [n, k] with one scale per 16 rows x 128 columns, all different in a test's
 // shapes (scale i is 1e-3 · (1 + (scale_step · i) % scale_period)).
@@ -378,9 +381,21 @@ TEST_F(CudaOpsTest, FewRowProductsMatchCpuAndTheTensorCoreKernel) {
 TEST_F(CudaOpsTest, LinearRowsAreBatchInvariant) {
   const int64_t n = 576, k = 2048;
   const auto w = random_values(n * k, 41, 1.0f / std::sqrt(static_cast<float>(k)));
+  const Fp8BlockScaledWeight w_fp8(n, k, 43, 3, 7);
   const auto x = random_values(300 * k, 42);
+  for (const HostTensor& weight : {HostTensor{DType::kF32, {n, k}, w.data()}, w_fp8.host()}) {
+    SCOPED_TRACE(weight.dtype == DType::kF8E4M3 ? "e4m3" : "bf16");
+    expect_batch_invariant_rows(weight, x);
+  }
+}
+
+// One row's output is the same alone as among others: within the few-row kernel's reach, above
+// it on the tensor-core kernel up to its bound of 32 rows, and at any row count in
+// batch-invariant mode.
+void CudaOpsTest::expect_batch_invariant_rows(const HostTensor& weight, const std::vector<float>& x) {
+  const int64_t n = weight.shape[0], k = weight.shape[1];
   auto run = [&](Backend& be, int64_t rows) {
-    return linear_on(be, HostTensor{DType::kF32, {n, k}, w.data()}, {x.begin(), x.begin() + rows * k}, rows);
+    return linear_on(be, weight, {x.begin(), x.begin() + rows * k}, rows);
   };
   const auto alone = run(*gpu_, 1);
   for (int64_t rows = 2; rows <= cuda::kFewRowGemmDefaultMaxRows; ++rows) {
