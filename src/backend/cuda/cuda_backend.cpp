@@ -98,7 +98,9 @@ CudaBackend::CudaBackend() {
   fp8_expert_blocks_ = !env_is("DSINFER_MOE_FP8_EXPERT_BLOCKS", "0");
   library_fp8_ = !env_is("DSINFER_CUDA_FP8_GEMM", "0");
   if (const char* rows = std::getenv("DSINFER_CUDA_GEMM_MAX_ROWS"))
-    own_gemm_max_rows_ = std::max(1, std::atoi(rows));
+    own_gemm_max_rows_ = own_gemm_max_rows_fp8_ = std::max(1, std::atoi(rows));
+  if (const char* rows = std::getenv("DSINFER_CUDA_FP8_GEMM_MAX_ROWS"))
+    own_gemm_max_rows_fp8_ = std::max(1, std::atoi(rows));
   if (const char* rows = std::getenv("DSINFER_CUDA_FEW_ROW_GEMM_MAX_ROWS"))
     few_row_gemm_max_rows_ = std::clamp(std::atoi(rows), 0, kFewRowGemmMaxRows);
   timeline_ = kernel_timeline_from_env();
@@ -530,7 +532,7 @@ void CudaBackend::gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w
     launch_few_row_gemm(a, g.n_padded, 1, static_cast<int>(rows), stream_);
     return;
   }
-  if (library_gemm || !own_gemm_takes(rows)) {
+  if (library_gemm || !own_gemm_takes(g, rows)) {
     // Many rows: compute-bound, cuBLASLt. Its fp32 output lands in y directly when the layouts
     // agree (an FP8 product writes whole groups of 4 rows).
     const int64_t rows_out = fp8 ? round_up(rows, kLibraryFp8RowMultiple) : rows;

@@ -149,9 +149,11 @@ class CudaBackend final : public Backend {
   Tensor moe_experts_chunked(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
                              const int32_t* chunk_offsets, const int32_t* src_rows, const int32_t* expert_ids,
                              const int32_t* slot_rows, int64_t num_entries, int num_chunks, int32_t* chunk_slot_rows);
-  // Whether a dense product of `rows` rows runs on the own kernel (else cuBLASLt, unless the
-  // caller asks for the library anyway).
-  bool own_gemm_takes(int64_t rows) const { return batch_invariant_ || rows <= own_gemm_max_rows_; }
+  // Whether a dense product of `rows` rows with w runs on the own kernel (else cuBLASLt, unless
+  // the caller asks for the library anyway).
+  bool own_gemm_takes(const GemmWeight& w, int64_t rows) const {
+    return batch_invariant_ || rows <= (w.scales != nullptr ? own_gemm_max_rows_fp8_ : own_gemm_max_rows_);
+  }
   // Whether products whose row-blocks have at most `rows` rows take the few-row kernel.
   bool few_row_gemm_takes(int64_t rows) const { return !batch_invariant_ && rows <= few_row_gemm_max_rows_; }
   // x · gate_up → SiLU·mul → down for bf16 x [rows, gate_up's k_padded].
@@ -212,8 +214,10 @@ class CudaBackend final : public Backend {
   // runs rows in passes of up to 32 that each re-read the weight tile: at 64 rows it took 48 µs
   // for a 12.6 MB bf16 projection that cuBLASLt reads in about 9. e4m3 weights then take
   // DeepSeek's FP8 activations too; keeping them on the own kernel (bf16 activations) up to 128
-  // rows made FP8 decode 21% slower at batch 64 and 29% at batch 128.
+  // rows made FP8 decode 20% slower at batch 64 and 27% at batch 128
+  // (DSINFER_CUDA_FP8_GEMM_MAX_ROWS sets their bound alone).
   int own_gemm_max_rows_ = 32;
+  int own_gemm_max_rows_fp8_ = 32;
   // Up to this many rows (per expert, in an MoE layer) products take the few-row kernel, whose
   // blocks sum whole rows on CUDA cores (DSINFER_CUDA_FEW_ROW_GEMM_MAX_ROWS; 0: never). Not in
   // batch-invariant steps, which keep one kernel at every batch size.

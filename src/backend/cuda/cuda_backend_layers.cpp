@@ -172,7 +172,8 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
                                  num_tokens <= kMoeRoutePlanMaxTokens && num_tokens <= kRouterKernelMaxTokens &&
                                  few_row_gemm_takes(num_tokens);
   const bool shared_alongside = w.has_shared && !shared_in_routing && shared_experts_alongside_ && !host_planned &&
-                                own_gemm_takes(num_tokens);
+                                own_gemm_takes(gemm_weight_of(w.shared_gate_up), num_tokens) &&
+                                own_gemm_takes(gemm_weight_of(w.shared_down), num_tokens);
   if (shared_in_routing) shared_act = alloc_->cached({num_tokens, shared_inter_p}, DType::kBF16);
   std::optional<ForkedStreams> forked;
   if (shared_alongside) {
