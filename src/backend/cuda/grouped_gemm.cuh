@@ -91,6 +91,29 @@ __device__ __forceinline__ float4 widen_e4m3x4(uint32_t packed) {
   return make_float4(a.x, a.y, b.x, b.y);
 }
 
+// The 128-row expert blocks (grouped_gemm_experts.cu, grouped_gemm_experts_fp8.cu): a block takes
+// 128 weight rows of one expert (grid x) and one row-block of its routed rows (grid y); its warps
+// take 32 weight rows each.
+constexpr int kExpertBlockWeightRows = 128;
+struct ExpertBlock {
+  GemmWeight w;                    // the expert's weight
+  int row_begin = 0, row_end = 0;  // the block's routed rows
+  int n_block = 0;                 // its first weight row
+  int weight_rows = 0;             // its weight rows within the weight (up to 128)
+  int n0 = 0;                      // the calling warp's first weight row
+  bool has_tile = false;           // that warp's tile lies within the weight
+  // The block at this thread's grid position; false for one with no rows or past its weight.
+  __device__ __forceinline__ bool locate(const GroupedGemmArgs& a) {
+    if (!grouped_row_block(a, blockIdx.y, w, row_begin, row_end)) return false;
+    n_block = blockIdx.x * kExpertBlockWeightRows;
+    if (n_block >= w.n_padded) return false;
+    n0 = n_block + threadIdx.x / 32 * kGemmTileRows;
+    has_tile = n0 < w.n_padded;
+    weight_rows = min(kExpertBlockWeightRows, w.n_padded - n_block);
+    return true;
+  }
+};
+
 // The x pieces one thread of a 128-row expert block copies in a pass over the routed rows
 // [pass_begin, pass_begin + pass_rows) of its block: piece p = threadIdx.x + j * kThreads is row
 // p / kPiecesPerRow of the pass, 16 bytes at column (p % kPiecesPerRow) * 8 of a stage.

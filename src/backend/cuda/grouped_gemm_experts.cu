@@ -28,7 +28,7 @@ using namespace nvcuda;
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-constexpr int kBlockWeightRows = kWarps * kGemmTileRows;  // 128
+static_assert(kWarps * kGemmTileRows == kExpertBlockWeightRows, "a warp per 32 weight rows");
 constexpr int kStageK = 2 * kGemmChunkK;                  // columns per pipeline stage
 constexpr int kStages = 4;
 // bf16 per shared-memory row of a stage: 64 + 8 of padding (144 bytes), so that the eight rows
@@ -40,7 +40,7 @@ template <int kFrags>
 struct Layout {
   static constexpr int kRows = 8 * kFrags;  // routed rows per pass
   // A stage: the block's weight rows, then the pass's x rows.
-  static constexpr int kWeightBytes = kBlockWeightRows * kLd * 2;
+  static constexpr int kWeightBytes = kExpertBlockWeightRows * kLd * 2;
   static constexpr int kXBytes = kRows * kLd * 2;
   static constexpr int kStageBytes = kWeightBytes + kXBytes;
   static constexpr int kBytes = kStages * kStageBytes;
@@ -58,22 +58,15 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_kernel(GroupedGemmArg
   constexpr int kRows = L::kRows;
   extern __shared__ __align__(128) unsigned char smem[];
 
-  // This block's expert and rows.
-  GemmWeight w;
-  int row_begin = 0, row_end = 0;
-  if (!grouped_row_block(a, blockIdx.y, w, row_begin, row_end)) return;
-  const int n_block = blockIdx.x * kBlockWeightRows;
-  if (n_block >= w.n_padded) return;
-
+  ExpertBlock b;  // this block's expert, rows and weight rows
+  if (!b.locate(a)) return;
+  const GemmWeight& w = b.w;
   const int warp = threadIdx.x / 32;
-  const int n0 = n_block + warp * kGemmTileRows;  // this warp's tile
-  const bool has_tile = n0 < w.n_padded;
-  const int weight_rows = min(kBlockWeightRows, w.n_padded - n_block);
   const int k_padded = w.k_padded;
   const int num_stages = (k_padded + kStageK - 1) / kStageK;
 
-  for (int pass_begin = row_begin; pass_begin < row_end; pass_begin += kRows) {
-    const int pass_rows = min(kRows, row_end - pass_begin);
+  for (int pass_begin = b.row_begin; pass_begin < b.row_end; pass_begin += kRows) {
+    const int pass_rows = min(kRows, b.row_end - pass_begin);
     using XPieces = ExpertPassPieces<kThreads, kRows, kPiecesPerRow>;
     const XPieces x(a, pass_begin, pass_rows);
 
@@ -85,10 +78,10 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_kernel(GroupedGemmArg
       const int num_pieces = min(kStageK, k_padded - k0) * 2 / 16;  // per bf16 row
       const __nv_bfloat16* wb = static_cast<const __nv_bfloat16*>(w.data);
 #pragma unroll
-      for (int c = threadIdx.x; c < kBlockWeightRows * kPiecesPerRow; c += kThreads) {
+      for (int c = threadIdx.x; c < kExpertBlockWeightRows * kPiecesPerRow; c += kThreads) {
         const int r = c / kPiecesPerRow, part = c % kPiecesPerRow;
-        if (r < weight_rows && part < num_pieces) {
-          const __nv_bfloat16* src = wb + static_cast<int64_t>(n_block + r) * k_padded + k0 + part * 8;
+        if (r < b.weight_rows && part < num_pieces) {
+          const __nv_bfloat16* src = wb + static_cast<int64_t>(b.n_block + r) * k_padded + k0 + part * 8;
           cp_async16(stage + (r * kLd + part * 8) * 2, src, true);
         }
       }
@@ -111,7 +104,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_kernel(GroupedGemmArg
       __syncthreads();  // stage s is in place; every warp is done with stage s - 1, which is refilled now
       if (s + kStages - 1 < num_stages) issue(s + kStages - 1);
       cp_async_commit();
-      if (!has_tile) continue;
+      if (!b.has_tile) continue;
       const unsigned char* stage = smem + (s % kStages) * L::kStageBytes;
       const int k0 = s * kStageK, num_k = min(kStageK, k_padded - k0);
       const __nv_bfloat16* w_tile = reinterpret_cast<const __nv_bfloat16*>(stage) + warp * kGemmTileRows * kLd;
@@ -128,12 +121,12 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_kernel(GroupedGemmArg
     cp_async_wait<0>();
     __syncthreads();  // every warp is done with the stages
     float* tile = reinterpret_cast<float*>(smem) + warp * kRows * kGemmTileRows;
-    if (has_tile) {
+    if (b.has_tile) {
 #pragma unroll
       for (int f = 0; f < kFrags; ++f)
         wmma::store_matrix_sync(tile + f * 8 * kGemmTileRows, acc[f], kGemmTileRows, wmma::mem_col_major);
       __syncwarp();
-      store_expert_tile(a, tile, n0, pass_begin, pass_rows);
+      store_expert_tile(a, tile, b.n0, pass_begin, pass_rows);
     }
     __syncthreads();  // the tiles' memory is the next pass's pipeline
   }
@@ -153,7 +146,7 @@ void launch_with(const GroupedGemmArgs& args, dim3 grid, Stream stream) {
 void launch_expert_gemm(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks, int rows_hint,
                         Stream stream) {
   DS_CHECK(args.groups != nullptr && args.k_splits == 1 && !args.weights_fp8);
-  const dim3 grid((max_n_padded + kBlockWeightRows - 1) / kBlockWeightRows, max_row_blocks);
+  const dim3 grid((max_n_padded + kExpertBlockWeightRows - 1) / kExpertBlockWeightRows, max_row_blocks);
   // Rows per pass from the typical rows per expert (it never changes the result). Rows past an
   // expert's own cost tensor-core products and shared memory for nothing, while an expert with
   // more rows than a pass re-reads its weights: at 24 rows per expert on average, passes of 32

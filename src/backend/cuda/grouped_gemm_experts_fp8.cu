@@ -29,13 +29,13 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-constexpr int kBlockWeightRows = kWarps * kGemmTileRows;  // 128
+static_assert(kWarps * kGemmTileRows == kExpertBlockWeightRows, "a warp per 32 weight rows");
 constexpr int kStageK = kScaleCols;                        // columns per stage: one scale block
 constexpr int kStages = 4;
 // A stage's weight rows: 128 bytes each, unpadded. The 16-byte piece p of row r lies at piece
 // p ^ 4 (r & 1): the eight lanes of a 16-byte load read two rows' halves, one of each parity.
 constexpr int kWeightPiecesPerRow = kStageK / 16;
-constexpr int kWeightStageBytes = kBlockWeightRows * kStageK;
+constexpr int kWeightStageBytes = kExpertBlockWeightRows * kStageK;
 // bf16 per shared-memory x row of a stage: 128 + 8 of padding (272 bytes), so that the two rows
 // of a 16-byte load's eight lanes fall in different banks.
 constexpr int kXLd = kStageK + 8;
@@ -65,25 +65,19 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_fp8_kernel(GroupedGem
   constexpr int kRows = L::kRows;
   extern __shared__ __align__(128) unsigned char smem[];
 
-  GemmWeight w;
-  int row_begin = 0, row_end = 0;
-  if (!grouped_row_block(a, blockIdx.y, w, row_begin, row_end)) return;
-  const int n_block = blockIdx.x * kBlockWeightRows;
-  if (n_block >= w.n_padded) return;
-
+  ExpertBlock b;  // this block's expert, rows and weight rows
+  if (!b.locate(a)) return;
+  const GemmWeight& w = b.w;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int n0 = n_block + warp * kGemmTileRows;  // this warp's tile
-  const bool has_tile = n0 < w.n_padded;
-  const int weight_rows = min(kBlockWeightRows, w.n_padded - n_block);
   const int k_padded = w.k_padded;
   const int num_stages = (k_padded + kStageK - 1) / kStageK;  // = the scale columns
   const uint8_t* wq = static_cast<const uint8_t*>(w.data);
   // The scales of this warp's two 16-row groups, one per stage.
-  const float* scales0 = w.scales + static_cast<int64_t>(n0 / 16) * num_stages;
+  const float* scales0 = w.scales + static_cast<int64_t>(b.n0 / 16) * num_stages;
   const float* scales1 = scales0 + num_stages;
 
-  for (int pass_begin = row_begin; pass_begin < row_end; pass_begin += kRows) {
-    const int pass_rows = min(kRows, row_end - pass_begin);
+  for (int pass_begin = b.row_begin; pass_begin < b.row_end; pass_begin += kRows) {
+    const int pass_rows = min(kRows, b.row_end - pass_begin);
     using XPieces = ExpertPassPieces<kThreads, kRows, kXPiecesPerRow>;
     const XPieces x(a, pass_begin, pass_rows);
 
@@ -93,10 +87,10 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_fp8_kernel(GroupedGem
       unsigned char* stage = smem + (s % kStages) * L::kStageBytes;
       const int k0 = s * kStageK, num_k = min(kStageK, k_padded - k0);
 #pragma unroll
-      for (int c = threadIdx.x; c < kBlockWeightRows * kWeightPiecesPerRow; c += kThreads) {
+      for (int c = threadIdx.x; c < kExpertBlockWeightRows * kWeightPiecesPerRow; c += kThreads) {
         const int r = c / kWeightPiecesPerRow, piece = c % kWeightPiecesPerRow;
-        if (r >= weight_rows) continue;
-        const uint8_t* row = wq + static_cast<int64_t>(n_block + r) * k_padded;
+        if (r >= b.weight_rows) continue;
+        const uint8_t* row = wq + static_cast<int64_t>(b.n_block + r) * k_padded;
         const bool valid = piece * 16 < num_k;
         cp_async16(stage + weight_piece_offset(r, piece), valid ? row + k0 + piece * 16 : row, valid);
       }
@@ -118,7 +112,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_fp8_kernel(GroupedGem
       __syncthreads();  // stage s is in place; every warp is done with stage s - 1, which is refilled now
       if (s + kStages - 1 < num_stages) issue(s + kStages - 1);
       cp_async_commit();
-      if (!has_tile) continue;
+      if (!b.has_tile) continue;
       const float scale0 = __ldg(scales0 + s), scale1 = __ldg(scales1 + s);
       const unsigned char* stage = smem + (s % kStages) * L::kStageBytes;
       const __nv_bfloat16* x_tile = reinterpret_cast<const __nv_bfloat16*>(stage + kWeightStageBytes);
@@ -160,7 +154,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_fp8_kernel(GroupedGem
     cp_async_wait<0>();
     __syncthreads();  // every warp is done with the stages
     float* tile = reinterpret_cast<float*>(smem) + warp * kRows * kGemmTileRows;
-    if (has_tile) {
+    if (b.has_tile) {
 #pragma unroll
       for (int m = 0; m < 2; ++m)
 #pragma unroll
@@ -172,7 +166,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_fp8_kernel(GroupedGem
           col[kGemmTileRows + 8] = acc[m][f][3];
         }
       __syncwarp();
-      store_expert_tile(a, tile, n0, pass_begin, pass_rows);
+      store_expert_tile(a, tile, b.n0, pass_begin, pass_rows);
     }
     __syncthreads();  // the tiles' memory is the next pass's pipeline
   }
@@ -191,7 +185,7 @@ void launch_with(const GroupedGemmArgs& args, dim3 grid, Stream stream) {
 void launch_expert_gemm_fp8(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks, int rows_hint,
                             Stream stream) {
   DS_CHECK(args.groups != nullptr && args.k_splits == 1 && args.weights_fp8);
-  const dim3 grid((max_n_padded + kBlockWeightRows - 1) / kBlockWeightRows, max_row_blocks);
+  const dim3 grid((max_n_padded + kExpertBlockWeightRows - 1) / kExpertBlockWeightRows, max_row_blocks);
   // Rows per pass from the typical rows per expert (never the result). Passes of 32 rows at most:
   // each pass's sums take two register sets (the stage's and the totals), and experts with more
   // rows than a pass re-read their weights.
