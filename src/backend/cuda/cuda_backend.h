@@ -143,6 +143,10 @@ class CudaBackend final : public Backend {
   void moe_experts_grouped(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
                            const int32_t* block_offsets, const int32_t* src_rows, int64_t num_entries,
                            Tensor& expert_out);
+  struct QuantisedRows {
+    Tensor q, scales;  // e4m3 [rows, k], fp32 [k / 128, rows]
+  };
+  QuantisedRows quantise_expert_rows(const Tensor& x_bf16, int64_t num_rows, int64_t k, GroupedGemmArgs& args);
   Tensor moe_experts_host_planned(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
                                   const int32_t* src_rows, int64_t num_entries);
   bool chunked_experts_ready(const MoeWeights& w, int num_chunks);
@@ -206,6 +210,10 @@ class CudaBackend final : public Backend {
   // Decode-sized layers with a few rows per expert or more run e4m3 experts in the 128-row
   // expert blocks (DSINFER_MOE_FP8_EXPERT_BLOCKS=0: in the 32-row blocks).
   bool fp8_expert_blocks_ = true;
+  // Those blocks take DeepSeek's FP8 activations (per row and 128 columns) into Hopper's FP8
+  // products, where the weights' k is whole 128-column blocks (DSINFER_MOE_FP8_ACTIVATIONS=0:
+  // bf16 activations and the weights widened to bf16 in registers).
+  bool fp8_expert_activations_ = true;
   // Steps of a few tokens write the attention's cache entries in the W_UK product's launch
   // (DSINFER_MLA_CACHE_WRITE_BESIDE=0: in a launch of their own before it; same results).
   bool cache_write_beside_ = true;

@@ -344,7 +344,8 @@ void launch_grouped_gemm(const GroupedGemmArgs& args, int max_n_padded, int max_
   DS_CHECK(args.k_splits == 1 || static_cast<int64_t>(max_n_padded / kGemmTileRows) * max_row_blocks <=
                                      kGemmMaxTileCounters);
   if (args.groups != nullptr && args.expert_blocks) {
-    if (args.weights_fp8) launch_expert_gemm_fp8(args, max_n_padded, max_row_blocks, rows_hint, stream);
+    if (args.xq != nullptr) launch_expert_gemm_fp8_activations(args, max_n_padded, max_row_blocks, rows_hint, stream);
+    else if (args.weights_fp8) launch_expert_gemm_fp8(args, max_n_padded, max_row_blocks, rows_hint, stream);
     else launch_expert_gemm(args, max_n_padded, max_row_blocks, rows_hint, stream);
     return;
   }

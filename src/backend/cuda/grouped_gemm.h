@@ -78,6 +78,13 @@ struct GroupedGemmArgs {
   // read x a quarter as often; worth it from a few rows per expert up. Their sums run in another
   // order than the 32-row blocks'.
   bool expert_blocks = false;
+  // e4m3 activations for e4m3 weights in the 128-row expert blocks: DeepSeek's FP8 recipe
+  // (grouped_gemm_experts_wgmma.cu; every weight's k_padded a multiple of 128). x quantised per
+  // row and 128 columns by launch_quantize_rows_e4m3: xq [*, ldx] e4m3 and x_scales
+  // [ldx / 128][x_scale_rows]. x is then not read.
+  const uint8_t* xq = nullptr;
+  const float* x_scales = nullptr;
+  int64_t x_scale_rows = 0;
   GemmEpilogue epilogue = GemmEpilogue::kStoreF32;
   void* y = nullptr;
   int64_t ldy = 0;
@@ -106,11 +113,14 @@ void launch_grouped_gemm(const GroupedGemmArgs& args, int max_n_padded, int max_
                          Stream stream);
 
 // The 128-row expert blocks (launch_grouped_gemm calls them for args.expert_blocks): bf16
-// weights (grouped_gemm_experts.cu), e4m3 weights (grouped_gemm_experts_fp8.cu).
+// weights (grouped_gemm_experts.cu), e4m3 weights (grouped_gemm_experts_fp8.cu), e4m3 weights
+// and activations (args.xq; grouped_gemm_experts_wgmma.cu).
 void launch_expert_gemm(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks, int rows_hint,
                         Stream stream);
 void launch_expert_gemm_fp8(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks, int rows_hint,
                             Stream stream);
+void launch_expert_gemm_fp8_activations(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks,
+                                        int rows_hint, Stream stream);
 
 // Products of at most a few rows per row-block (decode at batch 1 to 4) on CUDA cores
 // (few_row_gemm.cu): a block takes weight rows four at a time over their whole K, so no partial

@@ -149,6 +149,92 @@ TEST_F(CudaFp8GemmTest, GatedMlpMatchesQuantisedReference) {
   EXPECT_LT(rms_relative_error(got, want), 1e-2);
 }
 
+// e4m3 routed experts in the 128-row expert blocks of a decode-sized layer take DeepSeek's
+// FP8 activations into Hopper's FP8 products: each token's row is quantised per 128 columns for
+// the gate/up product and each routed row's SiLU·up for the down product. Checked against that
+// arithmetic on the host with the device's routing, for row-blocks of about 22 and 10 rows
+// (passes of 64 and 32 rows), and for four experts taking every token (row-blocks of 64 and
+// 36 rows, two passes each) among 64. hidden 320 leaves the down product a last block of 64
+// weight rows and k of two and a half scale blocks (zero padded); inter 192 is padded to 256.
+// With DSINFER_MOE_FP8_ACTIVATIONS=0 the same layer keeps bf16 activations, which miss this
+// reference by percents: the test also tells which path ran.
+struct Fp8MoeCase {
+  int num_experts, top_k;
+  int64_t num_tokens, hidden, inter;
+  bool skewed;  // sigmoid scores with a bias that sends every token to experts 0 .. top_k - 1
+};
+
+std::vector<float> run_fp8_moe(Backend& be, const Fp8MoeCase& c, const std::vector<Fp8Weight>& gate_up,
+                               const std::vector<Fp8Weight>& down, const std::vector<float>& x, MoeRouting& routing) {
+  MoeWeights w;
+  w.num_experts = c.num_experts;
+  w.top_k = c.top_k;
+  w.num_groups = w.topk_groups = 1;
+  w.scoring = c.skewed ? GateScoring::kSigmoid : GateScoring::kSoftmax;
+  w.topk_method = c.skewed ? GateTopk::kNoauxTc : GateTopk::kGreedy;
+  w.norm_topk_prob = true;
+  w.routed_scaling_factor = 1.0f;
+  w.gate = upload(be, {c.num_experts, c.hidden}, random_values(c.num_experts * c.hidden, 71, 0.3f));
+  if (c.skewed) {
+    std::vector<float> bias(c.num_experts, 0.0f);
+    for (int e = 0; e < c.top_k; ++e) bias[e] = 10.0f;
+    w.score_correction_bias = upload(be, {c.num_experts}, bias);
+  }
+  for (int e = 0; e < c.num_experts; ++e) {
+    w.expert_gate_up.push_back(be.make_gate_up(gate_up[e].host()));
+    w.expert_down.push_back(be.make_linear(down[e].host()));
+  }
+  be.prepare(w);
+  Tensor tx = upload(be, {c.num_tokens, c.hidden}, x), ty = be.empty({c.num_tokens, c.hidden}, DType::kF32);
+  be.moe(tx, w, ty, &routing);
+  return download(be, ty);
+}
+
+TEST_F(CudaFp8GemmTest, ExpertBlocksQuantiseActivationsPerTile) {
+  setenv("DSINFER_MOE_FP8_ACTIVATIONS", "0", 1);
+  auto weight_only = make_backend("cuda");
+  unsetenv("DSINFER_MOE_FP8_ACTIVATIONS");
+  for (const Fp8MoeCase& c : {Fp8MoeCase{8, 2, 90, 256, 128, false}, Fp8MoeCase{8, 2, 40, 320, 192, false},
+                              Fp8MoeCase{64, 4, 100, 256, 128, true}}) {
+    SCOPED_TRACE(c.num_tokens);
+    std::vector<Fp8Weight> gate_up, down;
+    for (int e = 0; e < c.num_experts; ++e) {
+      gate_up.push_back(make_fp8_weight(2 * c.inter, c.hidden, kTile, 100 + 2 * e));
+      down.push_back(make_fp8_weight(c.hidden, c.inter, kTile, 101 + 2 * e));
+    }
+    const auto x = random_values(c.num_tokens * c.hidden, 72);
+    MoeRouting routing, routing_weight_only;
+    const auto got = run_fp8_moe(*gpu_, c, gate_up, down, x, routing);
+    const auto got_weight_only = run_fp8_moe(*weight_only, c, gate_up, down, x, routing_weight_only);
+    ASSERT_EQ(routing.expert_ids.size(), static_cast<size_t>(c.num_tokens * c.top_k));
+    for (size_t i = 0; i < routing.expert_ids.size() && c.skewed; ++i) ASSERT_LT(routing.expert_ids[i], c.top_k);
+
+    const auto xq = quantised_activations(x, c.num_tokens, c.hidden);
+    std::vector<float> want(c.num_tokens * c.hidden, 0.0f);
+    for (int64_t t = 0; t < c.num_tokens; ++t) {
+      const std::vector<float> row(xq.begin() + t * c.hidden, xq.begin() + (t + 1) * c.hidden);
+      for (int k = 0; k < c.top_k; ++k) {
+        const size_t entry = static_cast<size_t>(t * c.top_k + k);
+        const int e = routing.expert_ids[entry];
+        const auto gu = product(row, 1, gate_up[e]);
+        std::vector<float> act(c.inter);
+        for (int64_t j = 0; j < c.inter; ++j) {
+          const float g = gu[j], u = gu[c.inter + j];
+          act[j] = bf16_to_f32(f32_to_bf16(g / (1.0f + std::exp(-g)) * u));
+        }
+        const auto y = product(quantised_activations(act, 1, c.inter), 1, down[e]);
+        for (int64_t j = 0; j < c.hidden; ++j) want[t * c.hidden + j] += routing.weights[entry] * y[j];
+      }
+    }
+    // As for the gated MLP: now and then a SiLU·up value rounds to another e4m3 code than on the
+    // host, which moves one down product by one e4m3 step.
+    const double error = rms_relative_error(got, want);
+    EXPECT_LT(error, 1e-2);
+    EXPECT_EQ(routing_weight_only.expert_ids, routing.expert_ids);
+    EXPECT_GT(rms_relative_error(got_weight_only, want), 2 * error);
+  }
+}
+
 // The FP8 fixture with every product of two rows or more through cuBLASLt, so that prefill's
 // e4m3 projections all quantise their activations. The reference runs fp32 activations, and on
 // this random model one e4m3 step can flip an expert choice, so logits are not compared; the

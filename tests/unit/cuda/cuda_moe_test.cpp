@@ -195,7 +195,9 @@ TEST_F(CudaMoeTest, PaddedShapesAndManyRowsPerExpert) {
 TEST_F(CudaMoeTest, Fp8ExpertsMatchDequantisedCpu) {
   const GateSpec g{8, 2, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, true, 1.0f, false};
   run_case(g, 3, 13, 256, 128, /*fp8=*/true);
-  run_case(g, 90, 14, 256, 128, /*fp8=*/true);
+  // About 22 rows per expert: the 128-row expert blocks with e4m3 activations (checked against
+  // their own reference in cuda_fp8_gemm_test.cpp).
+  run_case(g, 90, 14, 256, 128, /*fp8=*/true, /*tolerance=*/8e-2);
   // Prefill-sized: every expert's rows through cuBLASLt's block-scaled product, whose output
   // rows come in groups of 4 (301 tokens: experts end at odd rows of the shared buffer). Its
   // activations are e4m3 too (3 mantissa bits, about 3% RMS rounding per product), so the
@@ -212,6 +214,9 @@ TEST_F(CudaMoeTest, Fp8ExpertsInBothBlockKindsMatchDequantisedCpu) {
   // finite e4m3 value, and then only subnormal and the smallest normal values, in the weights:
   // flushed subnormals or a misplaced column would be off by up to 100%.
   const GateSpec g{8, 2, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, true, 1.0f, false};
+  // Both with bf16 activations (DSINFER_MOE_FP8_ACTIVATIONS=0; the expert blocks' FP8 activations
+  // are checked against their own reference in cuda_fp8_gemm_test.cpp).
+  setenv("DSINFER_MOE_FP8_ACTIVATIONS", "0", 1);
   for (const char* expert_blocks : {"1", "0"}) {
     SCOPED_TRACE(expert_blocks);
     setenv("DSINFER_MOE_FP8_EXPERT_BLOCKS", expert_blocks, 1);
@@ -225,6 +230,7 @@ TEST_F(CudaMoeTest, Fp8ExpertsInBothBlockKindsMatchDequantisedCpu) {
       run_case(g, 64, 43, 384, 160, /*fp8=*/true);
     }
   }
+  unsetenv("DSINFER_MOE_FP8_ACTIVATIONS");
 }
 
 TEST_F(CudaMoeTest, PrefillSizedBatchIsPlannedAcrossBlocks) {
@@ -264,7 +270,7 @@ TEST_F(CudaMoeTest, SkewedRoutingRunsExpertsOverManyRowBlocks) {
   // of 192 rows, one and a half 128-row blocks; hidden 80 a down of 96 rows.
   const GateSpec g{64, 4, 1, 1, GateScoring::kSigmoid, GateTopk::kNoauxTc, true, 1.0f, false, 4};
   run_case(g, 100, 31, 80, 96);
-  run_case(g, 100, 32, 256, 128, /*fp8=*/true);
+  run_case(g, 100, 32, 256, 128, /*fp8=*/true, /*tolerance=*/8e-2);  // e4m3 activations
 }
 
 TEST_F(CudaMoeTest, GroupLimitedGreedySoftmax) {

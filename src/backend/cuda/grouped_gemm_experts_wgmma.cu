@@ -1,0 +1,207 @@
+// The 128-row expert blocks for e4m3 experts with e4m3 activations (grouped_gemm.h, `xq`):
+// DeepSeek's FP8 recipe for the routed experts of a decode-sized MoE layer, on Hopper's FP8
+// warpgroup products (wgmma.cuh).
+//
+// A block is one warpgroup and owns 128 weight rows of one expert and one row-block of its routed
+// rows (ExpertBlock), as in grouped_gemm_experts_fp8.cu; what differs is the arithmetic. That
+// kernel widens each e4m3 weight to bf16 in registers and runs bf16 mma.sync, about a dozen
+// instructions per four weights; here the tensor cores read both operands as stored:
+// - a stage is 128 columns of k (one scale block of the weight and of the activations): the
+//   weight's 128 rows × 128 bytes, the pass's x rows × 128 bytes (e4m3, quantised per row and 128
+//   columns by launch_quantize_rows_e4m3) and their scales, all through one cp.async pipeline
+//   into the 128-byte swizzle the products read;
+// - per stage, two m64 products (the block's two 64-row halves; weight rows past the weight are
+//   zeros) of four 32-byte k-steps each;
+//   their sums, exact products of e4m3 values added in fp32, are multiplied by the weight
+//   block's scale and each x row's scale and added to the totals in registers.
+// Rows per pass are 32 or 64 (a row-block holds up to 64 routed rows), so an expert's weight is
+// read once per row-block whatever its rows.
+#include <cuda_bf16.h>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/grouped_gemm.cuh"
+#include "backend/cuda/kernel_launch.cuh"
+#include "backend/cuda/tensor_core.cuh"
+#include "backend/cuda/wgmma.cuh"
+
+namespace dsinfer::cuda {
+namespace {
+
+constexpr int kWarps = 4;  // one warpgroup
+constexpr int kThreads = kWarps * 32;
+static_assert(kWarps * kGemmTileRows == kExpertBlockWeightRows, "a warp's epilogue per 32 weight rows");
+constexpr int kStageK = kScaleCols;  // columns per stage: one scale block, one 128-byte swizzle row
+constexpr int kStages = 4;
+constexpr int kHalfRows = 64;        // weight rows of one m64 product
+constexpr int kPiecesPerRow = kStageK / 16;
+
+template <int kRows>
+struct Layout {
+  static constexpr int kWeightBytes = kExpertBlockWeightRows * kStageK;
+  static constexpr int kXOffset = kWeightBytes;  // a multiple of 1024, as the products need
+  static constexpr int kScaleOffset = kXOffset + kRows * kStageK;
+  static constexpr int kStageBytes = (kScaleOffset + kRows * 4 + 1023) / 1024 * 1024;
+  static constexpr int kPipelineBytes = kStages * kStageBytes;
+  static constexpr int kBytes = kPipelineBytes + 1024;  // and the slack to align the start to 1024
+  // The finished tiles, [warp][kRows][32] fp32, reuse the stages.
+  static_assert(kWarps * kRows * kGemmTileRows * 4 <= kPipelineBytes, "the epilogue reuses the pipeline's memory");
+  static_assert(2 * (kBytes + 1024) <= 227 * 1024, "two blocks fit on an SM");
+  static constexpr int kXPiecesPerThread = kRows * kPiecesPerRow / kThreads;
+  static_assert(kRows * kPiecesPerRow % kThreads == 0 && kRows <= kThreads, "whole x pieces per thread");
+};
+
+// 4 bytes from global to shared memory, zero-filled where valid is false.
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared_address(smem)), "l"(gmem),
+               "r"(valid ? 4 : 0));
+}
+
+template <int kRows>
+__global__ void __launch_bounds__(kThreads, 2) expert_gemm_wgmma_kernel(GroupedGemmArgs a) {
+  await_previous_kernels();
+  using L = Layout<kRows>;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
+  const uint32_t smem_addr = shared_address(smem);
+
+  ExpertBlock b;  // this block's expert, rows and weight rows
+  if (!b.locate(a)) return;
+  const GemmWeight& w = b.w;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int num_stages = w.k_padded / kStageK;
+  const uint8_t* wq = static_cast<const uint8_t*>(w.data);
+  // The scales of this thread's rows in each half: rows 64 h + 16 warp + (g, g + 8), one 16-row
+  // scale group; none for rows past the weight.
+  const float* w_scales[2];
+  bool w_scale_valid[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = b.n_block + h * kHalfRows + 16 * warp;
+    w_scale_valid[h] = row < w.n_padded;
+    w_scales[h] = w.scales + static_cast<int64_t>(w_scale_valid[h] ? row / 16 : 0) * num_stages;
+  }
+  // A thread copies 16-byte piece threadIdx.x % 8 of rows threadIdx.x / 8 + 16 j.
+  const int piece = threadIdx.x % kPiecesPerRow, row0 = threadIdx.x / kPiecesPerRow;
+  constexpr int kRowStep = kThreads / kPiecesPerRow;
+
+  for (int pass_begin = b.row_begin; pass_begin < b.row_end; pass_begin += kRows) {
+    const int pass_rows = min(kRows, b.row_end - pass_begin);
+    const uint8_t* x_src[L::kXPiecesPerThread];
+    bool x_valid[L::kXPiecesPerThread];
+#pragma unroll
+    for (int j = 0; j < L::kXPiecesPerThread; ++j) {
+      const int r = row0 + kRowStep * j;
+      x_valid[j] = r < pass_rows;
+      const int64_t row = !x_valid[j] ? 0 : a.src_rows != nullptr ? a.src_rows[pass_begin + r] : pass_begin + r;
+      x_src[j] = a.xq + row * a.ldx + piece * 16;
+    }
+    // Thread r < kRows copies the scales of x row r.
+    const bool scale_valid = static_cast<int>(threadIdx.x) < pass_rows;
+    const int64_t scale_row =
+        !scale_valid ? 0 : a.src_rows != nullptr ? a.src_rows[pass_begin + threadIdx.x] : pass_begin + threadIdx.x;
+    const float* scale_src = a.x_scales + scale_row;
+
+    auto issue = [&](int s) {
+      unsigned char* stage = smem + (s % kStages) * L::kStageBytes;
+      const int64_t k0 = static_cast<int64_t>(s) * kStageK;
+#pragma unroll
+      for (int j = 0; j < kExpertBlockWeightRows / kRowStep; ++j) {
+        const int r = row0 + kRowStep * j;
+        const bool valid = r < b.weight_rows;
+        const uint8_t* src = wq + static_cast<int64_t>(b.n_block + (valid ? r : 0)) * w.k_padded + k0 + piece * 16;
+        cp_async16(stage + swizzled_piece_offset(r, piece), src, valid);
+      }
+#pragma unroll
+      for (int j = 0; j < L::kXPiecesPerThread; ++j)
+        cp_async16(stage + L::kXOffset + swizzled_piece_offset(row0 + kRowStep * j, piece), x_src[j] + k0,
+                   x_valid[j]);
+      if (static_cast<int>(threadIdx.x) < kRows)
+        cp_async4(stage + L::kScaleOffset + 4 * threadIdx.x, scale_src + s * a.x_scale_rows, scale_valid);
+    };
+
+    // acc[h][4 j + e]: weight row 64 h + 16 warp + g (+ 8 for e >= 2) × x row 8 j + 2 t + e % 2.
+    float acc[2][kRows / 2] = {};
+    start_cp_async_pipeline<kStages>(issue, num_stages);
+    for (int s = 0; s < num_stages; ++s) {
+      cp_async_wait<kStages - 2>();
+      fence_shared_for_wgmma();
+      __syncthreads();  // stage s is in place; every warp is done with stage s - 1, which is refilled now
+      if (s + kStages - 1 < num_stages) issue(s + kStages - 1);
+      cp_async_commit();
+
+      const uint32_t stage_addr = smem_addr + (s % kStages) * L::kStageBytes;
+      float part[2][kRows / 2];
+      wgmma_fence();
+      const uint64_t desc_x = wgmma_descriptor_sw128(stage_addr + L::kXOffset);
+      const uint64_t desc_w[2] = {wgmma_descriptor_sw128(stage_addr),
+                                  wgmma_descriptor_sw128(stage_addr + kHalfRows * kStageK)};
+      // A 32-byte k-step advances a descriptor's address field (bytes / 16) by 2.
+      wgmma_m64k32_e4m3<kRows, false>(part[0], desc_w[0], desc_x);
+      wgmma_m64k32_e4m3<kRows, false>(part[1], desc_w[1], desc_x);
+#pragma unroll
+      for (int kk = 1; kk < kStageK / 32; ++kk) {
+        wgmma_m64k32_e4m3<kRows, true>(part[0], desc_w[0] + 2 * kk, desc_x + 2 * kk);
+        wgmma_m64k32_e4m3<kRows, true>(part[1], desc_w[1] + 2 * kk, desc_x + 2 * kk);
+      }
+      wgmma_commit();
+      wgmma_wait_all();
+      wgmma_fence_registers(part[0]);
+      wgmma_fence_registers(part[1]);
+
+      const float* x_scales = reinterpret_cast<const float*>(smem + (s % kStages) * L::kStageBytes + L::kScaleOffset);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float w_scale = w_scale_valid[h] ? __ldg(w_scales[h] + s) : 0.0f;
+#pragma unroll
+        for (int j = 0; j < kRows / 8; ++j) {
+          const float2 xs = *reinterpret_cast<const float2*>(x_scales + 8 * j + 2 * t);
+          const float s0 = w_scale * xs.x, s1 = w_scale * xs.y;
+          acc[h][4 * j + 0] += part[h][4 * j + 0] * s0;
+          acc[h][4 * j + 1] += part[h][4 * j + 1] * s1;
+          acc[h][4 * j + 2] += part[h][4 * j + 2] * s0;
+          acc[h][4 * j + 3] += part[h][4 * j + 3] * s1;
+        }
+      }
+    }
+
+    // The block's finished tiles, one per 32 weight rows: [kRows x rows][32 weight rows].
+    cp_async_wait<0>();
+    __syncthreads();  // every warp is done with the stages
+    float* tiles = reinterpret_cast<float*>(smem);
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int weight_row = h * kHalfRows + 16 * warp + g + (e >= 2 ? 8 : 0);
+        float* tile = tiles + (weight_row / kGemmTileRows) * kRows * kGemmTileRows + weight_row % kGemmTileRows;
+#pragma unroll
+        for (int j = 0; j < kRows / 8; ++j) tile[(8 * j + 2 * t + e % 2) * kGemmTileRows] = acc[h][4 * j + e];
+      }
+    __syncthreads();
+    if (b.has_tile) store_expert_tile(a, tiles + warp * kRows * kGemmTileRows, b.n0, pass_begin, pass_rows);
+    __syncthreads();  // the tiles' memory is the next pass's pipeline
+  }
+}
+
+template <int kRows>
+void launch_with(const GroupedGemmArgs& args, dim3 grid, Stream stream) {
+  constexpr int bytes = Layout<kRows>::kBytes;
+  allow_shared_bytes<expert_gemm_wgmma_kernel<kRows>>(bytes);
+  launch_kernel(expert_gemm_wgmma_kernel<kRows>, grid, kThreads, bytes, stream, args);
+  DS_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void launch_expert_gemm_fp8_activations(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks,
+                                        int rows_hint, Stream stream) {
+  DS_CHECK(args.groups != nullptr && args.k_splits == 1 && args.weights_fp8 && args.xq != nullptr &&
+           args.x_scales != nullptr && args.ldx % 16 == 0);
+  const dim3 grid((max_n_padded + kExpertBlockWeightRows - 1) / kExpertBlockWeightRows, max_row_blocks);
+  // Rows per pass from the typical rows per expert (never the result): 64 takes a whole row-block
+  // in one pass, 32 halves the products and the x copies where rows are few.
+  if (rows_hint <= 16) launch_with<32>(args, grid, stream);
+  else launch_with<64>(args, grid, stream);
+}
+
+}  // namespace dsinfer::cuda

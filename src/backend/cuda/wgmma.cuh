@@ -1,0 +1,92 @@
+// Hopper's warpgroup tensor-core products (wgmma), for e4m3 operands: the only form in which
+// sm_90 multiplies FP8 at its FP8 rate (mma.sync on e4m3 runs as converted f16 products there).
+// Both operands come from shared memory, K-major, in the 128-byte swizzle: a row of 128 bytes
+// (128 e4m3 along k) holds its 16-byte pieces in the order piece ^ (row % 8), and a tile starts
+// on a 1024-byte boundary. A product m64nNk32 takes 64 rows of A and N rows of B over 32 bytes
+// of k; the four k-steps of a 128-byte row are the same descriptors advanced by 32 bytes.
+//
+// Accumulator layout of m64nN (fp32): warp w of the warpgroup owns rows 16 w .. 16 w + 15; lane
+// (g = lane / 4, t = lane % 4) holds, for each 8-column group j, d[4 j + 0, 1] = (row g, columns
+// 8 j + 2 t, + 1) and d[4 j + 2, 3] = (row g + 8, the same columns): mma.sync's C layout per group.
+#pragma once
+
+#include <cstdint>
+
+namespace dsinfer::cuda {
+
+// Offset within a K-major 128-byte-swizzled tile of the 16-byte piece `piece` (0..7) of row `row`.
+__device__ __forceinline__ int swizzled_piece_offset(int row, int piece) { return row * 128 + ((piece ^ (row & 7)) << 4); }
+
+// The descriptor of a K-major tile in the 128-byte swizzle at shared address `addr` (the tile's
+// 1024-byte-aligned start, plus 32 bytes per k-step): 8-row groups 1024 bytes apart.
+__device__ __forceinline__ uint64_t wgmma_descriptor_sw128(uint32_t addr) {
+  constexpr uint64_t kStrideBytes = 1024, kLeadingBytes = 16;  // the latter unused in this swizzle
+  return static_cast<uint64_t>((addr & 0x3ffff) >> 4) | ((kLeadingBytes >> 4) << 16) | ((kStrideBytes >> 4) << 32) |
+         (1ull << 62);
+}
+
+// Makes this thread's earlier generic-proxy writes to shared memory (cp.async included) visible
+// to the products, which read through the async proxy.
+__device__ __forceinline__ void fence_shared_for_wgmma() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Keeps the compiler from moving uses of accumulator registers across the fences and waits.
+template <int N>
+__device__ __forceinline__ void wgmma_fence_registers(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// d (+)= A · Bᵀ over one 32-byte k-step: kAccumulate false starts the sums from zero (and
+// leaves d's earlier values unread, so d needs no setting before the first step).
+template <bool kAccumulate>
+__device__ __forceinline__ void wgmma_m64n32k32_e4m3(float (&d)[16], uint64_t desc_a, uint64_t desc_b) {
+  if constexpr (kAccumulate)
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, 1, 1, 1;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(desc_a), "l"(desc_b));
+  else
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, 0, 1, 1;\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]),
+          "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15])
+        : "l"(desc_a), "l"(desc_b));
+}
+
+template <bool kAccumulate>
+__device__ __forceinline__ void wgmma_m64n64k32_e4m3(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
+  if constexpr (kAccumulate)
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 1, 1, 1;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(desc_a), "l"(desc_b));
+  else
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 0, 1, 1;\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]),
+          "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]),
+          "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]),
+          "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
+        : "l"(desc_a), "l"(desc_b));
+}
+
+template <int N, bool kAccumulate>
+__device__ __forceinline__ void wgmma_m64k32_e4m3(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b) {
+  static_assert(N == 32 || N == 64, "the instantiated shapes");
+  if constexpr (N == 32) wgmma_m64n32k32_e4m3<kAccumulate>(d, desc_a, desc_b);
+  else wgmma_m64n64k32_e4m3<kAccumulate>(d, desc_a, desc_b);
+}
+
+}  // namespace dsinfer::cuda
