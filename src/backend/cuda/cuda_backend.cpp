@@ -97,6 +97,8 @@ CudaBackend::CudaBackend() {
   fp8_experts_chunked_ = !env_is("DSINFER_MOE_FP8_CHUNKED", "0");
   fp8_expert_blocks_ = !env_is("DSINFER_MOE_FP8_EXPERT_BLOCKS", "0");
   fp8_expert_activations_ = !env_is("DSINFER_MOE_FP8_ACTIVATIONS", "0");
+  if (env_is("DSINFER_MOE_FP8_PASS_ROWS", "32")) fp8_expert_pass_rows_ = 32;
+  if (env_is("DSINFER_MOE_FP8_PASS_ROWS", "64")) fp8_expert_pass_rows_ = 64;
   library_fp8_ = !env_is("DSINFER_CUDA_FP8_GEMM", "0");
   if (const char* rows = std::getenv("DSINFER_CUDA_GEMM_MAX_ROWS"))
     own_gemm_max_rows_ = own_gemm_max_rows_fp8_ = std::max(1, std::atoi(rows));

@@ -214,6 +214,7 @@ class CudaBackend final : public Backend {
   // products, where the weights' k is whole 128-column blocks (DSINFER_MOE_FP8_ACTIVATIONS=0:
   // bf16 activations and the weights widened to bf16 in registers).
   bool fp8_expert_activations_ = true;
+  int fp8_expert_pass_rows_ = 0;  // their rows per pass (DSINFER_MOE_FP8_PASS_ROWS=32|64; 0: by the rows)
   // Steps of a few tokens write the attention's cache entries in the W_UK product's launch
   // (DSINFER_MLA_CACHE_WRITE_BESIDE=0: in a launch of their own before it; same results).
   bool cache_write_beside_ = true;

@@ -266,6 +266,7 @@ CudaBackend::QuantisedRows CudaBackend::quantise_expert_rows(const Tensor& x_bf1
   args.xq = rows.q.as<uint8_t>();
   args.x_scales = rows.scales.as<float>();
   args.x_scale_rows = num_rows;
+  args.pass_rows = fp8_expert_pass_rows_;
   return rows;
 }
 

@@ -85,6 +85,7 @@ struct GroupedGemmArgs {
   const uint8_t* xq = nullptr;
   const float* x_scales = nullptr;
   int64_t x_scale_rows = 0;
+  int pass_rows = 0;  // routed rows per pass there: 32 or 64, or 0 to choose by the rows per expert
   GemmEpilogue epilogue = GemmEpilogue::kStoreF32;
   void* y = nullptr;
   int64_t ldy = 0;

@@ -11,11 +11,11 @@
 //   columns by launch_quantize_rows_e4m3) and their scales, all through one cp.async pipeline
 //   into the 128-byte swizzle the products read;
 // - per stage, two m64 products (the block's two 64-row halves; weight rows past the weight are
-//   zeros) of four 32-byte k-steps each;
-//   their sums, exact products of e4m3 values added in fp32, are multiplied by the weight
-//   block's scale and each x row's scale and added to the totals in registers.
-// Rows per pass are 32 or 64 (a row-block holds up to 64 routed rows), so an expert's weight is
-// read once per row-block whatever its rows.
+//   zeros) of four 32-byte k-steps each. Their sums, exact products of e4m3 values added in
+//   fp32, are multiplied by the weight block's scale and each x row's scale and added to the
+//   totals in registers.
+// Rows per pass are 32 or 64 (a row-block holds up to 64 routed rows): with 64 an expert's weight
+// is read once per row-block whatever its rows.
 #include <cuda_bf16.h>
 
 #include "backend/cuda/cuda_check.h"
@@ -31,12 +31,17 @@ constexpr int kWarps = 4;  // one warpgroup
 constexpr int kThreads = kWarps * 32;
 static_assert(kWarps * kGemmTileRows == kExpertBlockWeightRows, "a warp's epilogue per 32 weight rows");
 constexpr int kStageK = kScaleCols;  // columns per stage: one scale block, one 128-byte swizzle row
-constexpr int kStages = 4;
 constexpr int kHalfRows = 64;        // weight rows of one m64 product
+// Passes of 32 rows up to this many rows per expert on average: at 24 (batch 256 on V2-Lite),
+// passes of 32 decoded 1% faster than passes of 64, though the few experts with more than 32
+// rows read their weights twice.
+constexpr int kPassRows32MaxHint = 24;
 constexpr int kPiecesPerRow = kStageK / 16;
 
 template <int kRows>
 struct Layout {
+  // Stages in flight: as many as two blocks per SM fit (5 for passes of 32 rows, 4 for 64).
+  static constexpr int kStages = kRows <= 32 ? 5 : 4;
   static constexpr int kWeightBytes = kExpertBlockWeightRows * kStageK;
   static constexpr int kXOffset = kWeightBytes;  // a multiple of 1024, as the products need
   static constexpr int kScaleOffset = kXOffset + kRows * kStageK;
@@ -102,7 +107,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_wgmma_kernel(GroupedG
     const float* scale_src = a.x_scales + scale_row;
 
     auto issue = [&](int s) {
-      unsigned char* stage = smem + (s % kStages) * L::kStageBytes;
+      unsigned char* stage = smem + (s % L::kStages) * L::kStageBytes;
       const int64_t k0 = static_cast<int64_t>(s) * kStageK;
 #pragma unroll
       for (int j = 0; j < kExpertBlockWeightRows / kRowStep; ++j) {
@@ -121,15 +126,15 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_wgmma_kernel(GroupedG
 
     // acc[h][4 j + e]: weight row 64 h + 16 warp + g (+ 8 for e >= 2) × x row 8 j + 2 t + e % 2.
     float acc[2][kRows / 2] = {};
-    start_cp_async_pipeline<kStages>(issue, num_stages);
+    start_cp_async_pipeline<L::kStages>(issue, num_stages);
     for (int s = 0; s < num_stages; ++s) {
-      cp_async_wait<kStages - 2>();
+      cp_async_wait<L::kStages - 2>();
       fence_shared_for_wgmma();
       __syncthreads();  // stage s is in place; every warp is done with stage s - 1, which is refilled now
-      if (s + kStages - 1 < num_stages) issue(s + kStages - 1);
+      if (s + L::kStages - 1 < num_stages) issue(s + L::kStages - 1);
       cp_async_commit();
 
-      const uint32_t stage_addr = smem_addr + (s % kStages) * L::kStageBytes;
+      const uint32_t stage_addr = smem_addr + (s % L::kStages) * L::kStageBytes;
       float part[2][kRows / 2];
       wgmma_fence();
       const uint64_t desc_x = wgmma_descriptor_sw128(stage_addr + L::kXOffset);
@@ -148,7 +153,8 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_wgmma_kernel(GroupedG
       wgmma_fence_registers(part[0]);
       wgmma_fence_registers(part[1]);
 
-      const float* x_scales = reinterpret_cast<const float*>(smem + (s % kStages) * L::kStageBytes + L::kScaleOffset);
+      const float* x_scales =
+          reinterpret_cast<const float*>(smem + (s % L::kStages) * L::kStageBytes + L::kScaleOffset);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float w_scale = w_scale_valid[h] ? __ldg(w_scales[h] + s) : 0.0f;
@@ -198,9 +204,11 @@ void launch_expert_gemm_fp8_activations(const GroupedGemmArgs& args, int max_n_p
   DS_CHECK(args.groups != nullptr && args.k_splits == 1 && args.weights_fp8 && args.xq != nullptr &&
            args.x_scales != nullptr && args.ldx % 16 == 0);
   const dim3 grid((max_n_padded + kExpertBlockWeightRows - 1) / kExpertBlockWeightRows, max_row_blocks);
-  // Rows per pass from the typical rows per expert (never the result): 64 takes a whole row-block
-  // in one pass, 32 halves the products and the x copies where rows are few.
-  if (rows_hint <= 16) launch_with<32>(args, grid, stream);
+  // Rows per pass from the typical rows per expert (never the result), unless the caller sets
+  // them: 64 takes a whole row-block in one pass, 32 halves the products and the x copies.
+  DS_CHECK(args.pass_rows == 0 || args.pass_rows == 32 || args.pass_rows == 64);
+  const int pass_rows = args.pass_rows != 0 ? args.pass_rows : rows_hint <= kPassRows32MaxHint ? 32 : 64;
+  if (pass_rows == 32) launch_with<32>(args, grid, stream);
   else launch_with<64>(args, grid, stream);
 }
 

@@ -15,7 +15,9 @@
 namespace dsinfer::cuda {
 
 // Offset within a K-major 128-byte-swizzled tile of the 16-byte piece `piece` (0..7) of row `row`.
-__device__ __forceinline__ int swizzled_piece_offset(int row, int piece) { return row * 128 + ((piece ^ (row & 7)) << 4); }
+__device__ __forceinline__ int swizzled_piece_offset(int row, int piece) {
+  return row * 128 + ((piece ^ (row & 7)) << 4);
+}
 
 // The descriptor of a K-major tile in the 128-byte swizzle at shared address `addr` (the tile's
 // 1024-byte-aligned start, plus 32 bytes per k-step): 8-row groups 1024 bytes apart.
@@ -27,7 +29,9 @@ __device__ __forceinline__ uint64_t wgmma_descriptor_sw128(uint32_t addr) {
 
 // Makes this thread's earlier generic-proxy writes to shared memory (cp.async included) visible
 // to the products, which read through the async proxy.
-__device__ __forceinline__ void fence_shared_for_wgmma() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void fence_shared_for_wgmma() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }

@@ -156,8 +156,9 @@ TEST_F(CudaFp8GemmTest, GatedMlpMatchesQuantisedReference) {
 // (passes of 64 and 32 rows), and for four experts taking every token (row-blocks of 64 and
 // 36 rows, two passes each) among 64. hidden 320 leaves the down product a last block of 64
 // weight rows and k of two and a half scale blocks (zero padded); inter 192 is padded to 256.
-// With DSINFER_MOE_FP8_ACTIVATIONS=0 the same layer keeps bf16 activations, which miss this
-// reference by percents: the test also tells which path ran.
+// Each case runs in passes of 32 rows (the backend's choice at these row counts) and of 64
+// (DSINFER_MOE_FP8_PASS_ROWS=64). With DSINFER_MOE_FP8_ACTIVATIONS=0 the same layer keeps bf16
+// activations, which miss this reference by percents: the test also tells which path ran.
 struct Fp8MoeCase {
   int num_experts, top_k;
   int64_t num_tokens, hidden, inter;
@@ -194,6 +195,9 @@ TEST_F(CudaFp8GemmTest, ExpertBlocksQuantiseActivationsPerTile) {
   setenv("DSINFER_MOE_FP8_ACTIVATIONS", "0", 1);
   auto weight_only = make_backend("cuda");
   unsetenv("DSINFER_MOE_FP8_ACTIVATIONS");
+  setenv("DSINFER_MOE_FP8_PASS_ROWS", "64", 1);
+  auto passes_of_64 = make_backend("cuda");
+  unsetenv("DSINFER_MOE_FP8_PASS_ROWS");
   for (const Fp8MoeCase& c : {Fp8MoeCase{8, 2, 90, 256, 128, false}, Fp8MoeCase{8, 2, 40, 320, 192, false},
                               Fp8MoeCase{64, 4, 100, 256, 128, true}}) {
     SCOPED_TRACE(c.num_tokens);
@@ -203,8 +207,9 @@ TEST_F(CudaFp8GemmTest, ExpertBlocksQuantiseActivationsPerTile) {
       down.push_back(make_fp8_weight(c.hidden, c.inter, kTile, 101 + 2 * e));
     }
     const auto x = random_values(c.num_tokens * c.hidden, 72);
-    MoeRouting routing, routing_weight_only;
+    MoeRouting routing, routing_64, routing_weight_only;
     const auto got = run_fp8_moe(*gpu_, c, gate_up, down, x, routing);
+    const auto got_64 = run_fp8_moe(*passes_of_64, c, gate_up, down, x, routing_64);
     const auto got_weight_only = run_fp8_moe(*weight_only, c, gate_up, down, x, routing_weight_only);
     ASSERT_EQ(routing.expert_ids.size(), static_cast<size_t>(c.num_tokens * c.top_k));
     for (size_t i = 0; i < routing.expert_ids.size() && c.skewed; ++i) ASSERT_LT(routing.expert_ids[i], c.top_k);
@@ -230,6 +235,8 @@ TEST_F(CudaFp8GemmTest, ExpertBlocksQuantiseActivationsPerTile) {
     // host, which moves one down product by one e4m3 step.
     const double error = rms_relative_error(got, want);
     EXPECT_LT(error, 1e-2);
+    EXPECT_EQ(routing_64.expert_ids, routing.expert_ids);
+    EXPECT_LT(rms_relative_error(got_64, want), 1e-2);
     EXPECT_EQ(routing_weight_only.expert_ids, routing.expert_ids);
     EXPECT_GT(rms_relative_error(got_weight_only, want), 2 * error);
   }
