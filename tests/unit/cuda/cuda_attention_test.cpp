@@ -15,6 +15,7 @@ namespace {
 
 using testing_cuda::CudaVsCpuTest;
 using testing_cuda::download;
+using testing_cuda::make_backend_with_env;
 using testing_cuda::random_values;
 using testing_cuda::relative_error;
 using testing_cuda::upload;
@@ -186,9 +187,7 @@ TEST_F(CudaAttentionTest, CacheWriteBesideTheQueryProductGivesTheSameBits) {
   // sequence (each attending to the entries its predecessors wrote in the same step), fp32 and
   // FP8 caches; with 3 heads and one k slice, four tokens find too few blocks beside the
   // product and take the launch of their own.
-  setenv("DSINFER_MLA_CACHE_WRITE_BESIDE", "0", 1);
-  auto separate = make_backend("cuda");
-  unsetenv("DSINFER_MLA_CACHE_WRITE_BESIDE");
+  auto separate = make_backend_with_env("cuda", "DSINFER_MLA_CACHE_WRITE_BESIDE", "0");
   run_case(kV3Dims, {{2100, 1}}, 700, KvCacheFormat::kF32, separate.get());
   run_case(kV3Dims, {{0, 1}, {700, 1}}, 710, KvCacheFormat::kF32, separate.get());
   run_case(kV3Dims, {{2500, 1}, {40, 1}, {1200, 1}, {5, 1}}, 720, KvCacheFormat::kFp8, separate.get());
@@ -284,9 +283,7 @@ TEST_F(CudaAttentionTest, ExpandedChunkInSeveralQueryBlocks) {
 // DSINFER_MLA_FLASH=0: the expanded form's scores go through memory between cuBLASLt products
 // instead of staying in the fused kernel's shared memory; both must match the reference.
 TEST_F(CudaAttentionTest, ExpandedChunksThroughLibraryProducts) {
-  setenv("DSINFER_MLA_FLASH", "0", 1);
-  gpu_ = make_backend("cuda");
-  unsetenv("DSINFER_MLA_FLASH");
+  gpu_ = make_backend_with_env("cuda", "DSINFER_MLA_FLASH", "0");
   run_case(kTinyDims, {{0, 37}, {45, 1}, {130, 90}, {3, 16}, {0, 64}, {200, 1}}, 1700);
   run_case(kTinyDims, {{0, 1100}}, 1800);
   run_case(kV3Dims, {{300, 700}, {20, 1}}, 1900);

@@ -23,6 +23,7 @@ namespace {
 
 using testing_cuda::CudaVsCpuTest;
 using testing_cuda::download;
+using testing_cuda::make_backend_with_env;
 using testing_cuda::random_values;
 using testing_cuda::relative_error;
 using testing_cuda::upload;
@@ -192,12 +193,8 @@ std::vector<float> run_fp8_moe(Backend& be, const Fp8MoeCase& c, const std::vect
 }
 
 TEST_F(CudaFp8GemmTest, ExpertBlocksQuantiseActivationsPerTile) {
-  setenv("DSINFER_MOE_FP8_ACTIVATIONS", "0", 1);
-  auto weight_only = make_backend("cuda");
-  unsetenv("DSINFER_MOE_FP8_ACTIVATIONS");
-  setenv("DSINFER_MOE_FP8_PASS_ROWS", "64", 1);
-  auto passes_of_64 = make_backend("cuda");
-  unsetenv("DSINFER_MOE_FP8_PASS_ROWS");
+  auto weight_only = make_backend_with_env("cuda", "DSINFER_MOE_FP8_ACTIVATIONS", "0");
+  auto passes_of_64 = make_backend_with_env("cuda", "DSINFER_MOE_FP8_PASS_ROWS", "64");
   for (const Fp8MoeCase& c : {Fp8MoeCase{8, 2, 90, 256, 128, false}, Fp8MoeCase{8, 2, 40, 320, 192, false},
                               Fp8MoeCase{64, 4, 100, 256, 128, true}}) {
     SCOPED_TRACE(c.num_tokens);
@@ -251,9 +248,7 @@ TEST_F(CudaFp8GemmTest, ExpertBlocksQuantiseActivationsPerTile) {
 // kernel, bf16 activations).
 TEST_F(CudaFp8GemmTest, Fp8ModelThroughBlockScaledProductsKeepsTheReferencePath) {
   const std::string dir = testing_cuda::source_dir() + "/tests/data/tiny_v3_fp8";
-  setenv("DSINFER_CUDA_GEMM_MAX_ROWS", "1", 1);
-  auto gpu = make_backend("cuda");
-  unsetenv("DSINFER_CUDA_GEMM_MAX_ROWS");
+  auto gpu = make_backend_with_env("cuda", "DSINFER_CUDA_GEMM_MAX_ROWS", "1");
   auto model = load_deepseek_model(dir, *gpu, 0, false);
   const auto a = testing::teacher_forced_agreement(*model, dir, 0.2);
   std::cout << "tiny_v3_fp8 with FP8 activations in prefill: top-1 agreement " << a.num_agree << "/" << a.num_steps

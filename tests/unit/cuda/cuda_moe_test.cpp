@@ -13,6 +13,7 @@ namespace {
 
 using testing_cuda::CudaVsCpuTest;
 using testing_cuda::download;
+using testing_cuda::make_backend_with_env;
 using testing_cuda::random_values;
 using testing_cuda::relative_error;
 using testing_cuda::upload;
@@ -140,9 +141,7 @@ TEST_F(CudaMoeTest, FewTokensShareExpertsInTheFewRowKernel) {
   // Steps of up to four tokens may take the few-row kernel for the routed and shared experts
   // (up to two by default; four here); with 4 experts and top-2, experts get up to four rows
   // each.
-  setenv("DSINFER_CUDA_FEW_ROW_GEMM_MAX_ROWS", "4", 1);
-  gpu_ = make_backend("cuda");
-  unsetenv("DSINFER_CUDA_FEW_ROW_GEMM_MAX_ROWS");
+  gpu_ = make_backend_with_env("cuda", "DSINFER_CUDA_FEW_ROW_GEMM_MAX_ROWS", "4");
   const GateSpec g{4, 2, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, true, 1.0f, true};
   for (int64_t num_tokens : {2, 3, 4}) run_case(g, num_tokens, 80 + static_cast<uint32_t>(num_tokens));
   run_case(g, 4, 90, 256, 128, /*fp8=*/true);
@@ -155,12 +154,8 @@ TEST_F(CudaMoeTest, SharedExpertsInOrBesideTheRoutingGiveTheSameBits) {
   // the same few-row or tensor-core blocks either way, so all three give the same bits. Steps
   // that take each path: 1 and 2 tokens in the routing (bf16 and e4m3 weights), 32 beside,
   // 33 after (cuBLASLt's shared product).
-  setenv("DSINFER_MOE_SHARED_IN_ROUTING", "0", 1);
-  auto beside = make_backend("cuda");
-  unsetenv("DSINFER_MOE_SHARED_IN_ROUTING");
-  setenv("DSINFER_MOE_SIDE_STREAM", "0", 1);
-  auto after = make_backend("cuda");
-  unsetenv("DSINFER_MOE_SIDE_STREAM");
+  auto beside = make_backend_with_env("cuda", "DSINFER_MOE_SHARED_IN_ROUTING", "0");
+  auto after = make_backend_with_env("cuda", "DSINFER_MOE_SIDE_STREAM", "0");
   const GateSpec g{16, 4, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, true, 1.0f, true};
   const int64_t hidden = 256, inter = 96;
   for (bool fp8 : {false, true}) {
@@ -219,9 +214,7 @@ TEST_F(CudaMoeTest, Fp8ExpertsInBothBlockKindsMatchDequantisedCpu) {
   setenv("DSINFER_MOE_FP8_ACTIVATIONS", "0", 1);
   for (const char* expert_blocks : {"1", "0"}) {
     SCOPED_TRACE(expert_blocks);
-    setenv("DSINFER_MOE_FP8_EXPERT_BLOCKS", expert_blocks, 1);
-    gpu_ = make_backend("cuda");
-    unsetenv("DSINFER_MOE_FP8_EXPERT_BLOCKS");
+    gpu_ = make_backend_with_env("cuda", "DSINFER_MOE_FP8_EXPERT_BLOCKS", expert_blocks);
     for (Fp8Codes codes : {Fp8Codes::kRandom, Fp8Codes::kEveryCode, Fp8Codes::kSubnormal}) {
       SCOPED_TRACE(static_cast<int>(codes));
       fp8_codes_ = codes;
@@ -253,9 +246,7 @@ TEST_F(CudaMoeTest, PrefillSizedExpertsOnEveryPath) {
   const GateSpec wide{64, 6, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, false, 1.0f, true};
   for (const char* path : {"chunked", "host", "grouped"}) {
     SCOPED_TRACE(path);
-    setenv("DSINFER_MOE_PREFILL_EXPERTS", path, 1);
-    gpu_ = make_backend("cuda");
-    unsetenv("DSINFER_MOE_PREFILL_EXPERTS");
+    gpu_ = make_backend_with_env("cuda", "DSINFER_MOE_PREFILL_EXPERTS", path);
     run_case(g, 1100, 23, 128, 64);
     run_case(g, 1100, 24, 90, 64);
     run_case(wide, 430, 26, 256, 96);

@@ -15,6 +15,7 @@ namespace {
 
 using testing_cuda::CudaVsCpuTest;
 using testing_cuda::download;
+using testing_cuda::make_backend_with_env;
 using testing_cuda::random_values;
 using testing_cuda::relative_error;
 using testing_cuda::upload;
@@ -407,9 +408,7 @@ void CudaOpsTest::expect_batch_invariant_rows(const HostTensor& weight, const st
     const auto many = run(*gpu_, rows);
     EXPECT_TRUE(std::equal(first_of_more.begin(), first_of_more.begin() + n, many.begin())) << rows << " rows";
   }
-  setenv("DSINFER_BATCH_INVARIANT", "1", 1);
-  auto invariant = make_backend("cuda");
-  unsetenv("DSINFER_BATCH_INVARIANT");
+  auto invariant = make_backend_with_env("cuda", "DSINFER_BATCH_INVARIANT", "1");
   // Batch-invariant steps never take the few-row kernel: a row alone runs as among many.
   const auto inv_alone = run(*invariant, 1);
   EXPECT_TRUE(std::equal(inv_alone.begin(), inv_alone.end(), first_of_more.begin()));
