@@ -255,7 +255,7 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
   forget_normed_copy_if_written(out);
 }
 
-// rows [0, num_rows) of x_bf16 [*, k] quantised per row and 128 columns, for `args` to read.
+// Rows [0, num_rows) of x_bf16 [*, k] quantised per row and 128 columns, for `args` to read.
 // The buffers must outlive the launches that read them.
 CudaBackend::QuantisedRows CudaBackend::quantise_expert_rows(const Tensor& x_bf16, int64_t num_rows, int64_t k,
                                                              GroupedGemmArgs& args) {
@@ -308,9 +308,9 @@ void CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, con
   up.n_out = static_cast<int>(inter_p);
   // A token's experts are distinct: no expert has more rows than the step has tokens.
   const int64_t num_tokens = num_entries / w.top_k;
+  const bool few_rows = few_row_gemm_takes(num_tokens);
   // e4m3 experts in the expert blocks with e4m3 activations: the step's rows quantised once for
   // the gate/up product (which gathers them by src_rows), and its SiLU·up rows for the down one.
-  const bool few_rows = few_row_gemm_takes(num_tokens);
   const bool fp8_activations = !few_rows && up.expert_blocks && up.weights_fp8 &&
                                down0.weight.dtype == DType::kF8E4M3 && fp8_expert_activations_ &&
                                k_p % kLibraryFp8TileColumns == 0 && inter_p % kLibraryFp8TileColumns == 0;
