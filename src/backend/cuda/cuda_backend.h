@@ -146,7 +146,7 @@ class CudaBackend final : public Backend {
   struct QuantisedRows {
     Tensor q, scales;  // e4m3 [rows, k], fp32 [k / 128, rows]
   };
-  QuantisedRows quantise_expert_rows(const Tensor& x_bf16, int64_t num_rows, int64_t k, GroupedGemmArgs& args);
+  QuantisedRows quantise_rows(const Tensor& x_bf16, int64_t num_rows, int64_t k, GroupedGemmArgs& args);
   Tensor moe_experts_host_planned(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
                                   const int32_t* src_rows, int64_t num_entries);
   bool chunked_experts_ready(const MoeWeights& w, int num_chunks);
@@ -227,6 +227,10 @@ class CudaBackend final : public Backend {
   // (DSINFER_CUDA_FP8_GEMM_MAX_ROWS sets their bound alone).
   int own_gemm_max_rows_ = 32;
   int own_gemm_max_rows_fp8_ = 32;
+  // e4m3 products above that bound and up to this many rows run DeepSeek's FP8 activations in
+  // the 128-row wgmma blocks (grouped_gemm_experts_wgmma.cu, dense form) instead of cuBLASLt;
+  // 0 leaves them to cuBLASLt (the default; DSINFER_CUDA_FP8_DENSE_BLOCKS_MAX_ROWS=N sets it).
+  int fp8_dense_blocks_max_rows_ = 0;
   // Up to this many rows (per expert, in an MoE layer) products take the few-row kernel, whose
   // blocks sum whole rows on CUDA cores (DSINFER_CUDA_FEW_ROW_GEMM_MAX_ROWS; 0: never). Not in
   // batch-invariant steps, which keep one kernel at every batch size.

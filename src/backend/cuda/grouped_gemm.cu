@@ -343,9 +343,12 @@ void launch_grouped_gemm(const GroupedGemmArgs& args, int max_n_padded, int max_
                                                             args.tile_counters != nullptr)));
   DS_CHECK(args.k_splits == 1 || static_cast<int64_t>(max_n_padded / kGemmTileRows) * max_row_blocks <=
                                      kGemmMaxTileCounters);
+  if (args.xq != nullptr) {  // e4m3 activations: the expert blocks, grouped or dense
+    launch_expert_gemm_fp8_activations(args, max_n_padded, max_row_blocks, rows_hint, stream);
+    return;
+  }
   if (args.groups != nullptr && args.expert_blocks) {
-    if (args.xq != nullptr) launch_expert_gemm_fp8_activations(args, max_n_padded, max_row_blocks, rows_hint, stream);
-    else if (args.weights_fp8) launch_expert_gemm_fp8(args, max_n_padded, max_row_blocks, rows_hint, stream);
+    if (args.weights_fp8) launch_expert_gemm_fp8(args, max_n_padded, max_row_blocks, rows_hint, stream);
     else launch_expert_gemm(args, max_n_padded, max_row_blocks, rows_hint, stream);
     return;
   }
