@@ -540,7 +540,7 @@ void CudaBackend::gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w
   if (fp8 && !library_gemm && !own_gemm_takes(g, rows) && rows <= fp8_dense_blocks_max_rows_ &&
       g.k_padded % kLibraryFp8TileColumns == 0) {
     // e4m3 activations into the wgmma blocks, a 64-row block of x per 128 weight rows.
-    const QuantisedRows x_q = quantise_rows(x_bf16, rows, g.k_padded, a);
+    const QuantisedRows x_q = quantise_rows_for(x_bf16, rows, g.k_padded, a);
     a.pass_rows = kGemmRowsPerBlock;
     const int row_blocks = static_cast<int>((rows + kGemmRowsPerBlock - 1) / kGemmRowsPerBlock);
     launch_grouped_gemm(a, g.n_padded, row_blocks, static_cast<int>(rows), stream_);
@@ -612,6 +612,15 @@ void CudaBackend::library_product_native(const Tensor& x_bf16, int64_t rows, con
     library_product(x_bf16, rows, w, static_cast<float*>(out));
 }
 
+CudaBackend::QuantisedRows CudaBackend::quantise_rows(const Tensor& x_bf16, int64_t rows, int64_t rows_padded,
+                                                      int64_t k) {
+  QuantisedRows q{alloc_->cached({rows_padded, k}, DType::kF8E4M3),
+                  alloc_->cached({k / kLibraryFp8TileColumns, rows_padded}, DType::kF32)};
+  launch_quantize_rows_e4m3(x_bf16.as<uint16_t>(), rows, k, rows_padded, q.q.as<uint8_t>(), q.scales.as<float>(),
+                            stream_);
+  return q;
+}
+
 bool CudaBackend::library_product_fp8(const Tensor& x_bf16, int64_t rows, const GemmWeight& w, float* out) {
   if (!library_fp8_) return false;
   const auto it = fp8_library_scales_.find(w.data);
@@ -620,10 +629,8 @@ bool CudaBackend::library_product_fp8(const Tensor& x_bf16, int64_t rows, const 
   const int64_t n = w.n_padded, k = w.k_padded, rows_p = round_up(rows, kLibraryFp8RowMultiple);
   const auto mode = lib.blocks_128x128 ? LtMatmul::Fp8WeightScales::kBlocks128x128 : LtMatmul::Fp8WeightScales::kRows1x128;
   if (!matmul_->fp8_ready(rows_p, n, k, mode)) return false;
-  Tensor q = alloc_->cached({rows_p, k}, DType::kF8E4M3);
-  Tensor q_scales = alloc_->cached({k / kLibraryFp8TileColumns, rows_p}, DType::kF32);
-  launch_quantize_rows_e4m3(x_bf16.as<uint16_t>(), rows, k, rows_p, q.as<uint8_t>(), q_scales.as<float>(), stream_);
-  matmul_->fp8(static_cast<const uint8_t*>(w.data), lib.scales, mode, q.as<uint8_t>(), q_scales.as<float>(), out,
+  const QuantisedRows x = quantise_rows(x_bf16, rows, rows_p, k);
+  matmul_->fp8(static_cast<const uint8_t*>(w.data), lib.scales, mode, x.q.as<uint8_t>(), x.scales.as<float>(), out,
                rows_p, n, k);
   return true;
 }

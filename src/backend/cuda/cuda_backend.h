@@ -144,9 +144,13 @@ class CudaBackend final : public Backend {
                            const int32_t* block_offsets, const int32_t* src_rows, int64_t num_entries,
                            Tensor& expert_out);
   struct QuantisedRows {
-    Tensor q, scales;  // e4m3 [rows, k], fp32 [k / 128, rows]
+    Tensor q, scales;  // e4m3 [rows_padded, k], fp32 [k / 128, rows_padded]
   };
-  QuantisedRows quantise_rows(const Tensor& x_bf16, int64_t num_rows, int64_t k, GroupedGemmArgs& args);
+  // Rows [0, rows) of x_bf16 [rows, k] in DeepSeek's FP8 activations (launch_quantize_rows_e4m3),
+  // rows past them zeros.
+  QuantisedRows quantise_rows(const Tensor& x_bf16, int64_t rows, int64_t rows_padded, int64_t k);
+  // The same for the wgmma blocks' `args` to read (the buffers must outlive their launch).
+  QuantisedRows quantise_rows_for(const Tensor& x_bf16, int64_t rows, int64_t k, GroupedGemmArgs& args);
   Tensor moe_experts_host_planned(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
                                   const int32_t* src_rows, int64_t num_entries);
   bool chunked_experts_ready(const MoeWeights& w, int num_chunks);

@@ -255,19 +255,14 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
   forget_normed_copy_if_written(out);
 }
 
-// Rows [0, num_rows) of x_bf16 [num_rows, k] quantised per row and 128 columns, for `args` (the
-// wgmma blocks) to read. The buffers must outlive the launches that read them.
-CudaBackend::QuantisedRows CudaBackend::quantise_rows(const Tensor& x_bf16, int64_t num_rows, int64_t k,
-                                                      GroupedGemmArgs& args) {
-  QuantisedRows rows{alloc_->cached({num_rows, k}, DType::kF8E4M3),
-                     alloc_->cached({k / kLibraryFp8TileColumns, num_rows}, DType::kF32)};
-  launch_quantize_rows_e4m3(x_bf16.as<uint16_t>(), num_rows, k, num_rows, rows.q.as<uint8_t>(),
-                            rows.scales.as<float>(), stream_);
-  args.xq = rows.q.as<uint8_t>();
-  args.x_scales = rows.scales.as<float>();
-  args.x_scale_rows = num_rows;
+CudaBackend::QuantisedRows CudaBackend::quantise_rows_for(const Tensor& x_bf16, int64_t rows, int64_t k,
+                                                          GroupedGemmArgs& args) {
+  QuantisedRows q = quantise_rows(x_bf16, rows, rows, k);
+  args.xq = q.q.as<uint8_t>();
+  args.x_scales = q.scales.as<float>();
+  args.x_scale_rows = rows;
   args.pass_rows = fp8_expert_pass_rows_;
-  return rows;
+  return q;
 }
 
 // All experts in two grouped GEMMs that read the routing from the device (no host wait).
@@ -315,7 +310,7 @@ void CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, con
                                down0.weight.dtype == DType::kF8E4M3 && fp8_expert_activations_ &&
                                k_p % kLibraryFp8TileColumns == 0 && inter_p % kLibraryFp8TileColumns == 0;
   QuantisedRows x_q, act_q;
-  if (fp8_activations) x_q = quantise_rows(xb, num_tokens, k_p, up);
+  if (fp8_activations) x_q = quantise_rows_for(xb, num_tokens, k_p, up);
   const int max_rows_per_block = static_cast<int>(num_tokens);
   if (few_rows)
     launch_few_row_gemm(up, static_cast<int>(gu0.weight.dim(0)), max_blocks, max_rows_per_block, stream_);
@@ -332,7 +327,7 @@ void CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, con
   down.weights_fp8 = down0.weight.dtype == DType::kF8E4M3;
   down.expert_blocks = expert_blocks && (!down.weights_fp8 || fp8_expert_blocks_);
   down.epilogue = GemmEpilogue::kStoreF32;
-  if (fp8_activations) act_q = quantise_rows(act, num_entries, inter_p, down);
+  if (fp8_activations) act_q = quantise_rows_for(act, num_entries, inter_p, down);
   down.y = expert_out.data;
   down.ldy = hidden;
   down.n_out = static_cast<int>(hidden);

@@ -7,7 +7,9 @@
 #include <cuda_fp8.h>
 #include <mma.h>
 
+#include "backend/cuda/cuda_check.h"
 #include "backend/cuda/grouped_gemm.h"
+#include "backend/cuda/kernel_launch.cuh"
 #include "backend/cuda/tensor_core.cuh"
 
 namespace dsinfer::cuda {
@@ -124,6 +126,17 @@ struct ExpertBlock {
     return true;
   }
 };
+
+// Launches an expert-block kernel of `threads` threads with `shared_bytes` of dynamic shared
+// memory over its grid: a block per 128 weight rows of the widest weight × max_row_blocks.
+template <auto Kernel>
+void launch_expert_blocks(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks, int threads,
+                          int shared_bytes, Stream stream) {
+  const dim3 grid((max_n_padded + kExpertBlockWeightRows - 1) / kExpertBlockWeightRows, max_row_blocks);
+  allow_shared_bytes<Kernel>(shared_bytes);
+  launch_kernel(Kernel, grid, threads, shared_bytes, stream, args);
+  DS_CUDA_CHECK_LAUNCH();
+}
 
 // The x pieces one thread of a 128-row expert block copies in a pass over the routed rows
 // [pass_begin, pass_begin + pass_rows) of its block: piece p = threadIdx.x + j * kThreads is row

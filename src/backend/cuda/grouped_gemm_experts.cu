@@ -133,27 +133,23 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_kernel(GroupedGemmArg
 }
 
 template <int kFrags>
-void launch_with(const GroupedGemmArgs& args, dim3 grid, Stream stream) {
-  constexpr int bytes = Layout<kFrags>::kBytes;
-  allow_shared_bytes<expert_gemm_kernel<kFrags>>(bytes);
-  launch_kernel(expert_gemm_kernel<kFrags>, grid, kThreads, bytes, stream, args);
-  DS_CUDA_CHECK_LAUNCH();
+void launch_with(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks, Stream stream) {
+  launch_expert_blocks<expert_gemm_kernel<kFrags>>(args, max_n_padded, max_row_blocks, kThreads,
+                                                   Layout<kFrags>::kBytes, stream);
 }
-
 
 }  // namespace
 
 void launch_expert_gemm(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks, int rows_hint,
                         Stream stream) {
   DS_CHECK(args.groups != nullptr && args.k_splits == 1 && !args.weights_fp8);
-  const dim3 grid((max_n_padded + kExpertBlockWeightRows - 1) / kExpertBlockWeightRows, max_row_blocks);
   // Rows per pass from the typical rows per expert (it never changes the result). Rows past an
   // expert's own cost tensor-core products and shared memory for nothing, while an expert with
   // more rows than a pass re-reads its weights: at 24 rows per expert on average, passes of 32
   // rows (a few experts taking two) ran the gate/up product in 243 µs, passes of 64 in 290.
-  if (rows_hint <= 12) launch_with<2>(args, grid, stream);
-  else if (rows_hint <= 28) launch_with<4>(args, grid, stream);
-  else launch_with<8>(args, grid, stream);
+  if (rows_hint <= 12) launch_with<2>(args, max_n_padded, max_row_blocks, stream);
+  else if (rows_hint <= 28) launch_with<4>(args, max_n_padded, max_row_blocks, stream);
+  else launch_with<8>(args, max_n_padded, max_row_blocks, stream);
 }
 
 }  // namespace dsinfer::cuda

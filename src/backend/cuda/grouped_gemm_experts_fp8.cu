@@ -173,11 +173,9 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_fp8_kernel(GroupedGem
 }
 
 template <int kFrags>
-void launch_with(const GroupedGemmArgs& args, dim3 grid, Stream stream) {
-  constexpr int bytes = Layout<kFrags>::kBytes;
-  allow_shared_bytes<expert_gemm_fp8_kernel<kFrags>>(bytes);
-  launch_kernel(expert_gemm_fp8_kernel<kFrags>, grid, kThreads, bytes, stream, args);
-  DS_CUDA_CHECK_LAUNCH();
+void launch_with(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks, Stream stream) {
+  launch_expert_blocks<expert_gemm_fp8_kernel<kFrags>>(args, max_n_padded, max_row_blocks, kThreads,
+                                                       Layout<kFrags>::kBytes, stream);
 }
 
 }  // namespace
@@ -185,12 +183,11 @@ void launch_with(const GroupedGemmArgs& args, dim3 grid, Stream stream) {
 void launch_expert_gemm_fp8(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks, int rows_hint,
                             Stream stream) {
   DS_CHECK(args.groups != nullptr && args.k_splits == 1 && args.weights_fp8);
-  const dim3 grid((max_n_padded + kExpertBlockWeightRows - 1) / kExpertBlockWeightRows, max_row_blocks);
   // Rows per pass from the typical rows per expert (never the result). Passes of 32 rows at most:
   // each pass's sums take two register sets (the stage's and the totals), and experts with more
   // rows than a pass re-read their weights.
-  if (rows_hint <= 12) launch_with<2>(args, grid, stream);
-  else launch_with<4>(args, grid, stream);
+  if (rows_hint <= 12) launch_with<2>(args, max_n_padded, max_row_blocks, stream);
+  else launch_with<4>(args, max_n_padded, max_row_blocks, stream);
 }
 
 }  // namespace dsinfer::cuda

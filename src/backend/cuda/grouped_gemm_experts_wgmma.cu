@@ -56,12 +56,6 @@ struct Layout {
   static_assert(kRows * kPiecesPerRow % kThreads == 0 && kRows <= kThreads, "whole x pieces per thread");
 };
 
-// 4 bytes from global to shared memory, zero-filled where valid is false.
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared_address(smem)), "l"(gmem),
-               "r"(valid ? 4 : 0));
-}
-
 template <int kRows>
 __global__ void __launch_bounds__(kThreads, 2) expert_gemm_wgmma_kernel(GroupedGemmArgs a) {
   await_previous_kernels();
@@ -191,11 +185,9 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_wgmma_kernel(GroupedG
 }
 
 template <int kRows>
-void launch_with(const GroupedGemmArgs& args, dim3 grid, Stream stream) {
-  constexpr int bytes = Layout<kRows>::kBytes;
-  allow_shared_bytes<expert_gemm_wgmma_kernel<kRows>>(bytes);
-  launch_kernel(expert_gemm_wgmma_kernel<kRows>, grid, kThreads, bytes, stream, args);
-  DS_CUDA_CHECK_LAUNCH();
+void launch_with(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks, Stream stream) {
+  launch_expert_blocks<expert_gemm_wgmma_kernel<kRows>>(args, max_n_padded, max_row_blocks, kThreads,
+                                                        Layout<kRows>::kBytes, stream);
 }
 
 }  // namespace
@@ -204,13 +196,12 @@ void launch_expert_gemm_fp8_activations(const GroupedGemmArgs& args, int max_n_p
                                         int rows_hint, Stream stream) {
   DS_CHECK(args.k_splits == 1 && args.weights_fp8 && args.xq != nullptr && args.x_scales != nullptr &&
            args.ldx % 16 == 0);
-  const dim3 grid((max_n_padded + kExpertBlockWeightRows - 1) / kExpertBlockWeightRows, max_row_blocks);
   // Rows per pass from the typical rows per expert (never the result), unless the caller sets
   // them: 64 takes a whole row-block in one pass, 32 halves the products and the x copies.
   DS_CHECK(args.pass_rows == 0 || args.pass_rows == 32 || args.pass_rows == 64);
   const int pass_rows = args.pass_rows != 0 ? args.pass_rows : rows_hint <= kPassRows32MaxHint ? 32 : 64;
-  if (pass_rows == 32) launch_with<32>(args, grid, stream);
-  else launch_with<64>(args, grid, stream);
+  if (pass_rows == 32) launch_with<32>(args, max_n_padded, max_row_blocks, stream);
+  else launch_with<64>(args, max_n_padded, max_row_blocks, stream);
 }
 
 }  // namespace dsinfer::cuda
