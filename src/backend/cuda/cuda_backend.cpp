@@ -100,8 +100,6 @@ CudaBackend::CudaBackend() {
   if (env_is("DSINFER_MOE_FP8_PASS_ROWS", "32")) fp8_expert_pass_rows_ = 32;
   if (env_is("DSINFER_MOE_FP8_PASS_ROWS", "64")) fp8_expert_pass_rows_ = 64;
   library_fp8_ = !env_is("DSINFER_CUDA_FP8_GEMM", "0");
-  if (const char* rows = std::getenv("DSINFER_CUDA_FP8_DENSE_BLOCKS_MAX_ROWS"))
-    fp8_dense_blocks_max_rows_ = std::max(0, std::atoi(rows));
   if (const char* rows = std::getenv("DSINFER_CUDA_GEMM_MAX_ROWS"))
     own_gemm_max_rows_ = own_gemm_max_rows_fp8_ = std::max(1, std::atoi(rows));
   if (const char* rows = std::getenv("DSINFER_CUDA_FP8_GEMM_MAX_ROWS"))
@@ -535,15 +533,6 @@ void CudaBackend::gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w
   const bool fp8 = a.weights_fp8;
   if (!library_gemm && few_row_gemm_takes(rows)) {
     launch_few_row_gemm(a, g.n_padded, 1, static_cast<int>(rows), stream_);
-    return;
-  }
-  if (fp8 && !library_gemm && !own_gemm_takes(g, rows) && rows <= fp8_dense_blocks_max_rows_ &&
-      g.k_padded % kLibraryFp8TileColumns == 0) {
-    // e4m3 activations into the wgmma blocks, a 64-row block of x per 128 weight rows.
-    const QuantisedRows x_q = quantise_rows_for(x_bf16, rows, g.k_padded, a);
-    a.pass_rows = kGemmRowsPerBlock;
-    const int row_blocks = static_cast<int>((rows + kGemmRowsPerBlock - 1) / kGemmRowsPerBlock);
-    launch_grouped_gemm(a, g.n_padded, row_blocks, static_cast<int>(rows), stream_);
     return;
   }
   if (library_gemm || !own_gemm_takes(g, rows)) {

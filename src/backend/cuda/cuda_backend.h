@@ -231,10 +231,6 @@ class CudaBackend final : public Backend {
   // (DSINFER_CUDA_FP8_GEMM_MAX_ROWS sets their bound alone).
   int own_gemm_max_rows_ = 32;
   int own_gemm_max_rows_fp8_ = 32;
-  // e4m3 products above that bound and up to this many rows run DeepSeek's FP8 activations in
-  // the 128-row wgmma blocks (grouped_gemm_experts_wgmma.cu, dense form) instead of cuBLASLt;
-  // 0 leaves them to cuBLASLt (the default; DSINFER_CUDA_FP8_DENSE_BLOCKS_MAX_ROWS=N sets it).
-  int fp8_dense_blocks_max_rows_ = 0;
   // Up to this many rows (per expert, in an MoE layer) products take the few-row kernel, whose
   // blocks sum whole rows on CUDA cores (DSINFER_CUDA_FEW_ROW_GEMM_MAX_ROWS; 0: never). Not in
   // batch-invariant steps, which keep one kernel at every batch size.

@@ -107,17 +107,6 @@ struct ExpertBlock {
   // The block at this thread's grid position; false for one with no rows or past its weight.
   __device__ __forceinline__ bool locate(const GroupedGemmArgs& a) {
     if (!grouped_row_block(a, blockIdx.y, w, row_begin, row_end)) return false;
-    return place_weight_rows();
-  }
-  // The same for the dense form (a.groups null): row-block blockIdx.y of a.dense_rows.
-  __device__ __forceinline__ bool locate_dense(const GroupedGemmArgs& a) {
-    w = a.dense;
-    row_begin = blockIdx.y * kGemmRowsPerBlock;
-    if (row_begin >= a.dense_rows) return false;
-    row_end = min(row_begin + kGemmRowsPerBlock, a.dense_rows);
-    return place_weight_rows();
-  }
-  __device__ __forceinline__ bool place_weight_rows() {
     n_block = blockIdx.x * kExpertBlockWeightRows;
     if (n_block >= w.n_padded) return false;
     n0 = n_block + threadIdx.x / 32 * kGemmTileRows;

@@ -78,7 +78,7 @@ struct GroupedGemmArgs {
   // read x a quarter as often; worth it from a few rows per expert up. Their sums run in another
   // order than the 32-row blocks'.
   bool expert_blocks = false;
-  // e4m3 activations for e4m3 weights in the 128-row expert blocks, grouped or dense: DeepSeek's
+  // e4m3 activations for e4m3 weights in the 128-row expert blocks of a grouped call: DeepSeek's
   // FP8 recipe (grouped_gemm_experts_wgmma.cu; every weight's k_padded a multiple of 128;
   // k_splits 1). x quantised per row and 128 columns by launch_quantize_rows_e4m3: xq [*, ldx]
   // e4m3 and x_scales [ldx / 128][x_scale_rows]. x is then not read.

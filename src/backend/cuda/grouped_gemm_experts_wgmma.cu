@@ -15,8 +15,7 @@
 //   fp32, are multiplied by the weight block's scale and each x row's scale and added to the
 //   totals in registers.
 // Rows per pass are 32 or 64 (a row-block holds up to 64 routed rows): with 64 an expert's weight
-// is read once per row-block whatever its rows. The dense form (args.groups null) runs one
-// weight over row-blocks of 64 rows in the same blocks.
+// is read once per row-block whatever its rows.
 #include <cuda_bf16.h>
 
 #include "backend/cuda/cuda_check.h"
@@ -64,8 +63,8 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_wgmma_kernel(GroupedG
   unsigned char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
   const uint32_t smem_addr = shared_address(smem);
 
-  ExpertBlock b;  // this block's expert (or the dense weight), rows and weight rows
-  if (!(a.groups != nullptr ? b.locate(a) : b.locate_dense(a))) return;
+  ExpertBlock b;  // this block's expert, rows and weight rows
+  if (!b.locate(a)) return;
   const GemmWeight& w = b.w;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int num_stages = w.k_padded / kStageK;
@@ -194,8 +193,8 @@ void launch_with(const GroupedGemmArgs& args, int max_n_padded, int max_row_bloc
 
 void launch_expert_gemm_fp8_activations(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks,
                                         int rows_hint, Stream stream) {
-  DS_CHECK(args.k_splits == 1 && args.weights_fp8 && args.xq != nullptr && args.x_scales != nullptr &&
-           args.ldx % 16 == 0);
+  DS_CHECK(args.groups != nullptr && args.k_splits == 1 && args.weights_fp8 && args.xq != nullptr &&
+           args.x_scales != nullptr && args.ldx % 16 == 0);
   // Rows per pass from the typical rows per expert (never the result), unless the caller sets
   // them: 64 takes a whole row-block in one pass, 32 halves the products and the x copies.
   DS_CHECK(args.pass_rows == 0 || args.pass_rows == 32 || args.pass_rows == 64);

@@ -10,7 +10,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
-#include <iterator>
 #include <vector>
 
 #include "core/dtype.h"
@@ -100,25 +99,17 @@ std::vector<float> product(const std::vector<float>& x, int64_t rows, const Fp8W
 
 // Plain projections, with the checkpoint's 128x128 blocks (kept as blocks) and with 64-row
 // blocks (kept per row); row counts that are and are not multiples of 4; k that is not a
-// multiple of 128 (zero padded). Through cuBLASLt, and through the wgmma blocks' dense form
-// (DSINFER_CUDA_FP8_DENSE_BLOCKS_MAX_ROWS), whose arithmetic is the same.
+// multiple of 128 (zero padded).
 TEST_F(CudaFp8GemmTest, LinearMatchesQuantisedReference) {
-  auto dense_blocks = make_backend_with_env("cuda", "DSINFER_CUDA_FP8_DENSE_BLOCKS_MAX_ROWS", "512");
   struct Shape { int64_t m, n, k, block_rows; };
-  const Shape shapes[] = {{37, 576, 2048, 128}, {130, 1000, 384, 128}, {256, 576, 2048, 128},
-                          {301, 160, 200, 128}, {133, 320, 512, 64}};
-  const int num_shapes = static_cast<int>(std::size(shapes));
-  for (int i = 0; i < 2 * num_shapes; ++i) {  // every shape on each backend
-    const bool library = i < num_shapes;
-    Backend* gpu = library ? gpu_.get() : dense_blocks.get();
-    const Shape s = shapes[i % num_shapes];
-    SCOPED_TRACE(library ? "cuBLASLt" : "wgmma blocks");
+  for (Shape s : {Shape{37, 576, 2048, 128}, Shape{130, 1000, 384, 128}, Shape{256, 576, 2048, 128},
+                  Shape{301, 160, 200, 128}, Shape{133, 320, 512, 64}}) {
     const Fp8Weight w = make_fp8_weight(s.n, s.k, s.block_rows, 51);
     const auto x = random_values(s.m * s.k, 52);
-    LinearWeight lw = gpu->make_linear(w.host());
-    Tensor tx = upload(*gpu, {s.m, s.k}, x), ty = gpu->empty({s.m, s.n}, DType::kF32);
-    gpu->linear(tx, lw, ty);
-    const auto got = download(*gpu, ty);
+    LinearWeight lw = gpu_->make_linear(w.host());
+    Tensor tx = upload(*gpu_, {s.m, s.k}, x), ty = gpu_->empty({s.m, s.n}, DType::kF32);
+    gpu_->linear(tx, lw, ty);
+    const auto got = download(*gpu_, ty);
     const auto want = product(quantised_activations(x, s.m, s.k), s.m, w);
     // e4m3 products are exact; what remains is fp32 summation (and an occasional code that
     // rounds the other way on a tie).
@@ -133,14 +124,17 @@ TEST_F(CudaFp8GemmTest, LinearMatchesQuantisedReference) {
 
 // A gated MLP of many rows: the gate/up weight's packed rows interleave two checkpoint blocks,
 // so its scales go to cuBLASLt per row; the SiLU·mul output is bf16 and quantised again for the
-// down projection. Also through the wgmma blocks' dense form, whose gate/up product applies
-// SiLU·mul itself.
+// down projection.
 TEST_F(CudaFp8GemmTest, GatedMlpMatchesQuantisedReference) {
-  auto dense_blocks = make_backend_with_env("cuda", "DSINFER_CUDA_FP8_DENSE_BLOCKS_MAX_ROWS", "256");
   const int64_t m = 200, hidden = 256, inter = 384;
   const Fp8Weight gate_up = make_fp8_weight(2 * inter, hidden, 128, 61);
   const Fp8Weight down = make_fp8_weight(hidden, inter, 128, 62);
   const auto x = random_values(m * hidden, 63);
+  LinearWeight w_gu = gpu_->make_gate_up(gate_up.host());
+  LinearWeight w_down = gpu_->make_linear(down.host());
+  Tensor tx = upload(*gpu_, {m, hidden}, x), ty = gpu_->empty({m, hidden}, DType::kF32);
+  gpu_->gated_mlp(tx, w_gu, w_down, ty);
+  const auto got = download(*gpu_, ty);
 
   const auto gu = product(quantised_activations(x, m, hidden), m, gate_up);
   std::vector<float> act(m * inter);
@@ -150,18 +144,10 @@ TEST_F(CudaFp8GemmTest, GatedMlpMatchesQuantisedReference) {
       act[r * inter + j] = bf16_to_f32(f32_to_bf16(g / (1.0f + std::exp(-g)) * u));
     }
   const auto want = product(quantised_activations(act, m, inter), m, down);
-
-  for (Backend* gpu : {gpu_.get(), dense_blocks.get()}) {
-    SCOPED_TRACE(gpu == gpu_.get() ? "cuBLASLt" : "wgmma blocks");
-    LinearWeight w_gu = gpu->make_gate_up(gate_up.host());
-    LinearWeight w_down = gpu->make_linear(down.host());
-    Tensor tx = upload(*gpu, {m, hidden}, x), ty = gpu->empty({m, hidden}, DType::kF32);
-    gpu->gated_mlp(tx, w_gu, w_down, ty);
-    // The device's fp32 gate/up values round to bf16 and then to e4m3 now and then on the other
-    // side of a boundary than the host's; each such code moves a down product by one e4m3 step.
-    // Those are rare, so the error is measured over all outputs (the fallback misses by ~3%).
-    EXPECT_LT(rms_relative_error(download(*gpu, ty), want), 1e-2);
-  }
+  // The device's fp32 gate/up values round to bf16 and then to e4m3 now and then on the other
+  // side of a boundary than the host's; each such code moves a down product by one e4m3 step.
+  // Those are rare, so the error is measured over all outputs (the fallback misses by ~3%).
+  EXPECT_LT(rms_relative_error(got, want), 1e-2);
 }
 
 // e4m3 routed experts in the 128-row expert blocks of a decode-sized layer take DeepSeek's
