@@ -43,9 +43,10 @@ constexpr int kStages = 2;  // with two stages a block fits twice per SM
 constexpr int kMaxEntry = 576;  // kv_lora_rank + qk_rope_head_dim
 constexpr int kMaxLora = 512;
 constexpr int kMaxFp8Entry = 656;  // bytes of an FP8 entry of lora 512, rope 64
-// Floats per cache row in shared memory: 4 past a multiple of 32, so the B fragments of the
-// scores (8 rows x 4 columns per load) hit 32 distinct banks.
-constexpr int kLdEntry = kMaxEntry + 4;
+// Floats per cache row in shared memory: 8 past a multiple of 32. The scores' B fragments are
+// then read as column pairs (a half-warp: 4 rows x 4 pairs) and the output's (4 rows x 8
+// columns per load) from 32 distinct banks each.
+constexpr int kLdEntry = kMaxEntry + 8;
 constexpr int kLdScores = kChunk + 4;
 // Registers per warp: k-steps of 8 columns of the scores, n-tiles of 8 output columns.
 constexpr int kMaxKSteps = kMaxEntry / 8 / kWarps;  // 9
@@ -202,16 +203,19 @@ __device__ void attend_segment(Smem& s, const MlaDims& d, const MlaBatchView& b,
     s.row_sum[threadIdx.x] = 0.0f;
   }
   __syncthreads();
-  // Warp w's k-steps of the scores are w, w + 8, ...: their query fragments in registers.
+  // Warp w's k-steps of the scores are w, w + 8, ...: their query fragments in registers. A
+  // k-step's columns are taken in the order 0, 2, 4, 6, 1, 3, 5, 7 (the product's k slots tq and
+  // tq + 4 are columns 2 tq and 2 tq + 1), the same for queries and cache: a dot product in
+  // any order of its terms, so that a lane reads its two cache columns in one 8-byte load.
   uint32_t q_frag[kMaxKSteps][4];
 #pragma unroll
   for (int i = 0; i < kMaxKSteps; ++i) {
     const int k0 = (warp + i * kWarps) * 8;
     if (k0 < entry) {
-      q_frag[i][0] = to_tf32(q_s[g][k0 + tq]);
-      q_frag[i][1] = to_tf32(q_s[g + 8][k0 + tq]);
-      q_frag[i][2] = to_tf32(q_s[g][k0 + tq + 4]);
-      q_frag[i][3] = to_tf32(q_s[g + 8][k0 + tq + 4]);
+      q_frag[i][0] = to_tf32(q_s[g][k0 + 2 * tq]);
+      q_frag[i][1] = to_tf32(q_s[g + 8][k0 + 2 * tq]);
+      q_frag[i][2] = to_tf32(q_s[g][k0 + 2 * tq + 1]);
+      q_frag[i][3] = to_tf32(q_s[g + 8][k0 + 2 * tq + 1]);
     }
   }
   // Warp w's output columns: n-tiles w, w + 8, ... of lora / 8.
@@ -244,9 +248,10 @@ __device__ void attend_segment(Smem& s, const MlaDims& d, const MlaBatchView& b,
       const int k0 = (warp + i * kWarps) * 8;
       if (k0 < entry) {
 #pragma unroll
-        for (int n = 0; n < kChunk / 8; ++n)
-          mma_tf32_16x8x8(acc[n], q_frag[i], __float_as_uint(kv[n * 8 + g][k0 + tq]),
-                          __float_as_uint(kv[n * 8 + g][k0 + tq + 4]));
+        for (int n = 0; n < kChunk / 8; ++n) {
+          const float2 kk = *reinterpret_cast<const float2*>(&kv[n * 8 + g][k0 + 2 * tq]);
+          mma_tf32_16x8x8(acc[n], q_frag[i], __float_as_uint(kk.x), __float_as_uint(kk.y));
+        }
       }
     }
 #pragma unroll
