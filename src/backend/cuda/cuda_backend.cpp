@@ -76,7 +76,9 @@ CudaBackend::CudaBackend() {
   DS_CUDA_CHECK(cudaEventCreateWithFlags(&fork_event_, cudaEventDisableTiming));
   DS_CUDA_CHECK(cudaEventCreateWithFlags(&join_event_, cudaEventDisableTiming));
   alloc_ = std::make_shared<DeviceAllocator>();
-  matmul_ = std::make_unique<LtMatmul>(stream_);
+  int64_t tune_max_rows = 0;
+  if (const char* rows = std::getenv("DSINFER_CUBLASLT_TUNE_MAX_ROWS")) tune_max_rows = std::max(0, std::atoi(rows));
+  matmul_ = std::make_unique<LtMatmul>(stream_, tune_max_rows);
   step_ = std::make_unique<StepBuffers>();
   recordings_ = std::make_unique<Recordings>();
   choices_ = std::make_unique<Choices>();

@@ -1,15 +1,45 @@
 #include "backend/cuda/lt_matmul.h"
 
+#include <vector>
+
 #include "backend/cuda/cuda_check.h"
 #include "core/logging.h"
 
 namespace dsinfer::cuda {
+
+namespace {
+
+// The heuristic's first max_count algorithms for the product `desc` over layouts a, b, c, d
+// (fewer when it knows fewer); returns its status.
+int heuristic_algorithms(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
+                         cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
+                         size_t workspace_bytes, uint32_t alignment_bytes, int max_count,
+                         std::vector<cublasLtMatmulHeuristicResult_t>& results) {
+  cublasLtMatmulPreference_t pref;
+  DS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  DS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                       &workspace_bytes, sizeof workspace_bytes));
+  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+    DS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &alignment_bytes, sizeof alignment_bytes));
+  results.assign(max_count, cublasLtMatmulHeuristicResult_t{});
+  int count = 0;
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(handle, desc, a, b, c, d, pref, max_count, results.data(), &count);
+  cublasLtMatmulPreferenceDestroy(pref);
+  results.resize(st == CUBLAS_STATUS_SUCCESS ? count : 0);
+  return static_cast<int>(st);
+}
+
+}  // namespace
 
 struct LtMatmul::Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
   bool ok = false;
+  bool timed = false;       // algo is the fastest of the heuristic's candidates, timed (tune_max_rows)
+  uint32_t alignment = 0;   // the operand alignment the heuristic was asked for
   int64_t rows = 0;  // m the layouts b, c and d describe now
   ~Plan() {
     if (a) cublasLtMatrixLayoutDestroy(a);
@@ -20,7 +50,7 @@ struct LtMatmul::Plan {
   }
 };
 
-LtMatmul::LtMatmul(Stream stream) : stream_(stream) {
+LtMatmul::LtMatmul(Stream stream, int64_t tune_max_rows) : stream_(stream), tune_max_rows_(tune_max_rows) {
   DS_CUBLAS_CHECK(cublasLtCreate(&handle_));
   workspace_bytes_ = size_t{32} << 20;
   DS_CUDA_CHECK(cudaMalloc(&workspace_, workspace_bytes_));
@@ -36,21 +66,55 @@ LtMatmul::~LtMatmul() {
 }
 
 int LtMatmul::pick_algorithm(Plan* p, uint32_t alignment_bytes) {
-  cublasLtMatmulPreference_t pref;
-  DS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  DS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                       &workspace_bytes_, sizeof workspace_bytes_));
-  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
-    DS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &alignment_bytes, sizeof alignment_bytes));
-  cublasLtMatmulHeuristicResult_t result{};
-  int count = 0;
-  const cublasStatus_t st =
-      cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->d, pref, 1, &result, &count);
-  cublasLtMatmulPreferenceDestroy(pref);
-  p->ok = st == CUBLAS_STATUS_SUCCESS && count > 0;
-  if (p->ok) p->algo = result.algo;
-  return static_cast<int>(st);
+  std::vector<cublasLtMatmulHeuristicResult_t> results;
+  const int st =
+      heuristic_algorithms(handle_, p->desc, p->a, p->b, p->c, p->d, workspace_bytes_, alignment_bytes, 1, results);
+  p->ok = !results.empty();
+  p->alignment = alignment_bytes;
+  if (p->ok) p->algo = results[0].algo;
+  return st;
+}
+
+// Runs each of the heuristic's first kTuneCandidates algorithms on the product's own operands
+// (the caller's run overwrites y afterwards) and keeps the fastest. The heuristic's first
+// choice is among them, so the plan never gets slower than untuned, up to the timing's noise.
+// Not while the stream is being captured into a graph: timing needs the host to wait. Such a
+// plan keeps the heuristic's choice until a product of its shape runs outside a capture.
+void LtMatmul::time_candidates(Plan* p, const void* w, const void* x, void* y, const float* w_scales,
+                               const float* x_scales) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  DS_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return;
+  std::vector<cublasLtMatmulHeuristicResult_t> results;
+  heuristic_algorithms(handle_, p->desc, p->a, p->b, p->c, p->d, workspace_bytes_, p->alignment, kTuneCandidates,
+                       results);
+  cudaEvent_t begin, end;
+  DS_CUDA_CHECK(cudaEventCreate(&begin));
+  DS_CUDA_CHECK(cudaEventCreate(&end));
+  const cublasLtMatmulAlgo_t chosen = p->algo;
+  cublasLtMatmulAlgo_t best = chosen;
+  float best_ms = 0.0f;
+  bool found = false;
+  for (const auto& r : results) {
+    p->algo = r.algo;
+    if (run(p, w, x, y, w_scales, x_scales) != CUBLAS_STATUS_SUCCESS) continue;  // also the warm-up
+    DS_CUDA_CHECK(cudaEventRecord(begin, stream_));
+    bool ran = true;
+    for (int i = 0; i < kTuneRepeats && ran; ++i) ran = run(p, w, x, y, w_scales, x_scales) == CUBLAS_STATUS_SUCCESS;
+    DS_CUDA_CHECK(cudaEventRecord(end, stream_));
+    DS_CUDA_CHECK(cudaEventSynchronize(end));
+    float ms = 0.0f;
+    DS_CUDA_CHECK(cudaEventElapsedTime(&ms, begin, end));
+    if (ran && (!found || ms < best_ms)) {
+      best_ms = ms;
+      best = r.algo;
+      found = true;
+    }
+  }
+  DS_CUDA_CHECK(cudaEventDestroy(begin));
+  DS_CUDA_CHECK(cudaEventDestroy(end));
+  p->algo = found ? best : chosen;
+  p->timed = true;
 }
 
 std::unique_ptr<LtMatmul::Plan> LtMatmul::make_plan(Kind kind, int64_t m, int64_t n, int64_t k, int* status) {
@@ -135,7 +199,9 @@ void LtMatmul::set_rows(Plan* p, int64_t m) {
 // algorithm down for m itself, on a plan chosen for exactly m (kept apart, in a bounded cache).
 int LtMatmul::run_rows(Kind kind, int64_t m, int64_t n, int64_t k, const void* w, const void* x, void* y,
                        const float* w_scales, const float* x_scales) {
-  const int st = run(plan(kind, m, n, k, true), w, x, y, w_scales, x_scales);
+  Plan* p = plan(kind, m, n, k, true);
+  if (!p->timed && plan_rows(m) <= tune_max_rows_) time_candidates(p, w, x, y, w_scales, x_scales);
+  const int st = run(p, w, x, y, w_scales, x_scales);
   if (st != CUBLAS_STATUS_NOT_SUPPORTED || plan_rows(m) == m) return st;
   if (exact_plans_.size() >= kMaxExactPlans) exact_plans_.clear();
   Plan* exact = find_plan(kind, m, n, k, exact_plans_);

@@ -23,7 +23,10 @@ class LtMatmul {
   // ... and every operand of an FP8 product to this many.
   static constexpr uintptr_t kFp8AlignmentBytes = 256;
 
-  explicit LtMatmul(Stream stream);
+  // Products of up to tune_max_rows rows (after plan_rows' rounding) time the heuristic's first
+  // few algorithms on their first run outside a graph capture and keep the fastest; 0 keeps the
+  // heuristic's first choice everywhere.
+  explicit LtMatmul(Stream stream, int64_t tune_max_rows = 0);
   ~LtMatmul();
   LtMatmul(const LtMatmul&) = delete;
   LtMatmul& operator=(const LtMatmul&) = delete;
@@ -97,10 +100,15 @@ class LtMatmul {
   std::unique_ptr<Plan> make_plan(Kind kind, int64_t m, int64_t n, int64_t k, int* status);
   // Asks the heuristic for p's algorithm (p->ok, p->algo); returns cuBLASLt's status.
   int pick_algorithm(Plan* p, uint32_t alignment_bytes);
+  static constexpr int kTuneCandidates = 8;
+  static constexpr int kTuneRepeats = 5;
+  // Sets p->algo to the fastest of the heuristic's candidates on these operands (p->timed).
+  void time_candidates(Plan* p, const void* w, const void* x, void* y, const float* w_scales, const float* x_scales);
   // Returns cuBLASLt's status (cublasStatus_t).
   int run(Plan* p, const void* a, const void* b, void* d, const float* a_scales, const float* b_scales);
 
   Stream stream_;
+  int64_t tune_max_rows_ = 0;
   cublasLtContext* handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;

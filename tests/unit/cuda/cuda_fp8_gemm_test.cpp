@@ -99,26 +99,31 @@ std::vector<float> product(const std::vector<float>& x, int64_t rows, const Fp8W
 
 // Plain projections, with the checkpoint's 128x128 blocks (kept as blocks) and with 64-row
 // blocks (kept per row); row counts that are and are not multiples of 4; k that is not a
-// multiple of 128 (zero padded).
+// multiple of 128 (zero padded). Also on a backend that times cuBLASLt's candidate algorithms
+// (DSINFER_CUBLASLT_TUNE_MAX_ROWS): whichever it keeps, the arithmetic is the recipe's.
 TEST_F(CudaFp8GemmTest, LinearMatchesQuantisedReference) {
+  auto tuned = make_backend_with_env("cuda", "DSINFER_CUBLASLT_TUNE_MAX_ROWS", "512");
   struct Shape { int64_t m, n, k, block_rows; };
-  for (Shape s : {Shape{37, 576, 2048, 128}, Shape{130, 1000, 384, 128}, Shape{256, 576, 2048, 128},
-                  Shape{301, 160, 200, 128}, Shape{133, 320, 512, 64}}) {
-    const Fp8Weight w = make_fp8_weight(s.n, s.k, s.block_rows, 51);
-    const auto x = random_values(s.m * s.k, 52);
-    LinearWeight lw = gpu_->make_linear(w.host());
-    Tensor tx = upload(*gpu_, {s.m, s.k}, x), ty = gpu_->empty({s.m, s.n}, DType::kF32);
-    gpu_->linear(tx, lw, ty);
-    const auto got = download(*gpu_, ty);
-    const auto want = product(quantised_activations(x, s.m, s.k), s.m, w);
-    // e4m3 products are exact; what remains is fp32 summation (and an occasional code that
-    // rounds the other way on a tie).
-    EXPECT_LT(relative_error(got, want), 2e-3) << s.m << "x" << s.n << "x" << s.k << " blocks of " << s.block_rows;
-    // And the whole recipe against the CPU's unquantised product.
-    LinearWeight cpu_w = cpu_->make_linear(w.host());
-    Tensor cx = upload(*cpu_, {s.m, s.k}, x), cy = cpu_->empty({s.m, s.n}, DType::kF32);
-    cpu_->linear(cx, cpu_w, cy);
-    EXPECT_LT(relative_error(got, download(*cpu_, cy)), 6e-2) << s.m << "x" << s.n << "x" << s.k;
+  for (Backend* gpu : {gpu_.get(), tuned.get()}) {
+    for (Shape s : {Shape{37, 576, 2048, 128}, Shape{130, 1000, 384, 128}, Shape{256, 576, 2048, 128},
+                    Shape{301, 160, 200, 128}, Shape{133, 320, 512, 64}}) {
+      SCOPED_TRACE(gpu == gpu_.get() ? "heuristic's algorithms" : "timed algorithms");
+      const Fp8Weight w = make_fp8_weight(s.n, s.k, s.block_rows, 51);
+      const auto x = random_values(s.m * s.k, 52);
+      LinearWeight lw = gpu->make_linear(w.host());
+      Tensor tx = upload(*gpu, {s.m, s.k}, x), ty = gpu->empty({s.m, s.n}, DType::kF32);
+      gpu->linear(tx, lw, ty);
+      const auto got = download(*gpu, ty);
+      const auto want = product(quantised_activations(x, s.m, s.k), s.m, w);
+      // e4m3 products are exact; what remains is fp32 summation (and an occasional code that
+      // rounds the other way on a tie).
+      EXPECT_LT(relative_error(got, want), 2e-3) << s.m << "x" << s.n << "x" << s.k << " blocks of " << s.block_rows;
+      // And the whole recipe against the CPU's unquantised product.
+      LinearWeight cpu_w = cpu_->make_linear(w.host());
+      Tensor cx = upload(*cpu_, {s.m, s.k}, x), cy = cpu_->empty({s.m, s.n}, DType::kF32);
+      cpu_->linear(cx, cpu_w, cy);
+      EXPECT_LT(relative_error(got, download(*cpu_, cy)), 6e-2) << s.m << "x" << s.n << "x" << s.k;
+    }
   }
 }
 
