@@ -38,9 +38,9 @@ struct LtMatmul::Plan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
   bool ok = false;
-  bool timed = false;       // algo is the fastest of the heuristic's candidates, timed (tune_max_rows)
-  uint32_t alignment = 0;   // the operand alignment the heuristic was asked for
-  int64_t rows = 0;  // m the layouts b, c and d describe now
+  bool timed = false;      // algo is the fastest of the heuristic's candidates (tune_max_rows)
+  uint32_t alignment = 0;  // the operand alignment the heuristic was asked for
+  int64_t rows = 0;        // m the layouts b, c and d describe now
   ~Plan() {
     if (a) cublasLtMatrixLayoutDestroy(a);
     if (b) cublasLtMatrixLayoutDestroy(b);
@@ -79,9 +79,11 @@ int LtMatmul::pick_algorithm(Plan* p, uint32_t alignment_bytes) {
 // (the caller's run overwrites y afterwards) and keeps the fastest. The heuristic's first
 // choice is among them, so the plan never gets slower than untuned, up to the timing's noise.
 // Not while the stream is being captured into a graph: timing needs the host to wait. Such a
-// plan keeps the heuristic's choice until a product of its shape runs outside a capture.
+// plan keeps the heuristic's choice until a product of its shape runs outside a capture. Nor
+// for a product in place, whose trial runs would change its input.
 void LtMatmul::time_candidates(Plan* p, const void* w, const void* x, void* y, const float* w_scales,
                                const float* x_scales) {
+  if (y == x || y == w) return;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   DS_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
   if (capture != cudaStreamCaptureStatusNone) return;
