@@ -128,22 +128,25 @@ void launch_expert_blocks(const GroupedGemmArgs& args, int max_n_padded, int max
 }
 
 // The x pieces one thread of a 128-row expert block copies in a pass over the routed rows
-// [pass_begin, pass_begin + pass_rows) of its block: piece p = threadIdx.x + j * kThreads is row
-// p / kPiecesPerRow of the pass, 16 bytes at column (p % kPiecesPerRow) * 8 of a stage.
-template <int kThreads, int kRows, int kPiecesPerRow>
+// [pass_begin, pass_begin + pass_rows) of its block, from x [*, a.ldx] of element type T (bf16
+// a.x, or e4m3 a.xq): piece p = threadIdx.x + j * kThreads is row p / kPiecesPerRow of the pass,
+// 16 bytes at piece (p % kPiecesPerRow) of a stage.
+template <int kThreads, int kRows, int kPiecesPerRow, typename T = __nv_bfloat16>
 struct ExpertPassPieces {
   static constexpr int kPieces = kRows * kPiecesPerRow;
   static constexpr int kPerThread = (kPieces + kThreads - 1) / kThreads;
-  const __nv_bfloat16* src[kPerThread];  // the piece in the stage at column 0 (row 0 past the pass)
-  bool valid[kPerThread];                // the piece's row is a routed row of the pass
-  __device__ __forceinline__ ExpertPassPieces(const GroupedGemmArgs& a, int pass_begin, int pass_rows) {
+  static constexpr int kPieceElems = 16 / sizeof(T);
+  const T* src[kPerThread];  // the piece in the stage at column 0 (row 0 past the pass)
+  bool valid[kPerThread];    // the piece's row is a routed row of the pass
+  __device__ __forceinline__ ExpertPassPieces(const T* x, const GroupedGemmArgs& a, int pass_begin, int pass_rows) {
 #pragma unroll
     for (int j = 0; j < kPerThread; ++j) {
-      const int p = threadIdx.x + j * kThreads, r = p / kPiecesPerRow;
-      valid[j] = p < kPieces && r < pass_rows;
+      // Unsigned: the divisions by the power-of-two kPiecesPerRow are shifts.
+      const unsigned p = threadIdx.x + j * kThreads, r = p / kPiecesPerRow;
+      valid[j] = p < kPieces && static_cast<int>(r) < pass_rows;
       int64_t row = 0;
       if (valid[j]) row = a.src_rows != nullptr ? a.src_rows[pass_begin + r] : pass_begin + r;
-      src[j] = reinterpret_cast<const __nv_bfloat16*>(a.x) + row * a.ldx + (p % kPiecesPerRow) * 8;
+      src[j] = x + row * a.ldx + (p % kPiecesPerRow) * kPieceElems;
     }
   }
 };

@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_kernel(GroupedGemmArg
   for (int pass_begin = b.row_begin; pass_begin < b.row_end; pass_begin += kRows) {
     const int pass_rows = min(kRows, b.row_end - pass_begin);
     using XPieces = ExpertPassPieces<kThreads, kRows, kPiecesPerRow>;
-    const XPieces x(a, pass_begin, pass_rows);
+    const XPieces x(reinterpret_cast<const __nv_bfloat16*>(a.x), a, pass_begin, pass_rows);
 
     // Stage s holds columns [64 s, 64 s + 64) of the weight rows and of the pass's x rows; a
     // last stage of 32 columns (k_padded a multiple of 32 only) copies just its first half.

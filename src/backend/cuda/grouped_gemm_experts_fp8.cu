@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_fp8_kernel(GroupedGem
   for (int pass_begin = b.row_begin; pass_begin < b.row_end; pass_begin += kRows) {
     const int pass_rows = min(kRows, b.row_end - pass_begin);
     using XPieces = ExpertPassPieces<kThreads, kRows, kXPiecesPerRow>;
-    const XPieces x(a, pass_begin, pass_rows);
+    const XPieces x(reinterpret_cast<const __nv_bfloat16*>(a.x), a, pass_begin, pass_rows);
 
     // Stage s holds columns [128 s, 128 s + 128); columns at or past k_padded (a multiple of 32)
     // are zero-filled in both operands.

@@ -51,7 +51,6 @@ struct Layout {
   // The finished tiles, [warp][kRows][32] fp32, reuse the stages.
   static_assert(kWarps * kRows * kGemmTileRows * 4 <= kPipelineBytes, "the epilogue reuses the pipeline's memory");
   static_assert(2 * (kBytes + 1024) <= 227 * 1024, "two blocks fit on an SM");
-  static constexpr int kXPiecesPerThread = kRows * kPiecesPerRow / kThreads;
   static_assert(kRows * kPiecesPerRow % kThreads == 0 && kRows <= kThreads, "whole x pieces per thread");
 };
 
@@ -85,15 +84,9 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_wgmma_kernel(GroupedG
 
   for (int pass_begin = b.row_begin; pass_begin < b.row_end; pass_begin += kRows) {
     const int pass_rows = min(kRows, b.row_end - pass_begin);
-    const uint8_t* x_src[L::kXPiecesPerThread];
-    bool x_valid[L::kXPiecesPerThread];
-#pragma unroll
-    for (int j = 0; j < L::kXPiecesPerThread; ++j) {
-      const int r = row0 + kRowStep * j;
-      x_valid[j] = r < pass_rows;
-      const int64_t row = !x_valid[j] ? 0 : a.src_rows != nullptr ? a.src_rows[pass_begin + r] : pass_begin + r;
-      x_src[j] = a.xq + row * a.ldx + piece * 16;
-    }
+    // Piece j of this thread is row row0 + kRowStep j of the pass, at piece `piece`.
+    using XPieces = ExpertPassPieces<kThreads, kRows, kPiecesPerRow, uint8_t>;
+    const XPieces x(a.xq, a, pass_begin, pass_rows);
     // Thread r < kRows copies the scales of x row r.
     const bool scale_valid = static_cast<int>(threadIdx.x) < pass_rows;
     const int64_t scale_row =
@@ -111,9 +104,9 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_wgmma_kernel(GroupedG
         cp_async16(stage + swizzled_piece_offset(r, piece), src, valid);
       }
 #pragma unroll
-      for (int j = 0; j < L::kXPiecesPerThread; ++j)
-        cp_async16(stage + L::kXOffset + swizzled_piece_offset(row0 + kRowStep * j, piece), x_src[j] + k0,
-                   x_valid[j]);
+      for (int j = 0; j < XPieces::kPerThread; ++j)
+        cp_async16(stage + L::kXOffset + swizzled_piece_offset(row0 + kRowStep * j, piece), x.src[j] + k0,
+                   x.valid[j]);
       if (static_cast<int>(threadIdx.x) < kRows)
         cp_async4(stage + L::kScaleOffset + 4 * threadIdx.x, scale_src + s * a.x_scale_rows, scale_valid);
     };
