@@ -9,7 +9,9 @@
 // (issued one position ahead) and one warp reduction; (3) the splits are merged flash-decoding style into the latent output;
 // (4) that output is projected through W_UV by the same per-head GEMM. Decode batches use many
 // splits so that 132 SMs have work even for one sequence. Steps of up to four tokens write their
-// cache entries in the launch of (1), in blocks beside the product's.
+// cache entries in the launch of (1), in blocks beside the product's. Steps of 16 tokens or more
+// (unless batch-invariant) take (1) and (4) on tensor cores (head_gemm_tf32.cu) and (2), (3) in
+// the head tiles or query tiles.
 #include <algorithm>
 #include <cfloat>
 #include <cooperative_groups.h>
@@ -31,6 +33,9 @@ constexpr int kMaxRope = 64;
 constexpr int kLoraPerLane = kMaxLora / 32;
 constexpr int kRopePerLane = kMaxRope / 32;
 constexpr int kFewTokens = 4;  // the few-token form of the per-head products takes up to this many tokens
+// Steps of this many tokens or more take the per-head products on tensor cores (TF32), as their
+// attention does (head tiles or query tiles); smaller ones stay in fp32.
+constexpr int kTensorCoreTokens = 16;
 
 __device__ float warp_sum(float v) {
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
@@ -518,24 +523,25 @@ int few_form_slices(int k) { return (k + kFewRows - 1) / kFewRows; }
 
 // Whether a product of launch_head_gemm takes head_gemm_few_kernel.
 bool takes_few_token_form(int64_t x_token_stride, const float* w, int n, const float* y, int64_t y_token_stride,
-                          int64_t y_head_stride, int num_tokens, bool few_token_form) {
+                          int64_t y_head_stride, int num_tokens, bool fast_forms) {
   const bool aligned = n % 4 == 0 && x_token_stride % 4 == 0 && y_token_stride % 4 == 0 && y_head_stride % 4 == 0 &&
                        reinterpret_cast<uintptr_t>(w) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
-  return few_token_form && num_tokens <= kFewTokens && aligned;
+  return fast_forms && num_tokens <= kFewTokens && aligned;
 }
 
-// few_token_form: steps of up to four tokens may take head_gemm_few_kernel (whose summation
-// order differs from head_gemm_kernel's; not for batch-invariant steps). That kernel also writes
-// y rounded to bf16 into y_bf16 (row stride ld_y_bf16) where it is given; returns whether it did.
+// fast_forms: steps of up to four tokens may take head_gemm_few_kernel, steps of kTensorCoreTokens
+// or more the TF32 kernel (summation orders that differ from head_gemm_kernel's; not for
+// batch-invariant steps). Those also write y rounded to bf16 into y_bf16 (row stride ld_y_bf16)
+// where it is given; returns whether one did.
 // A cache write beside (only where that kernel is taken, with a block per token: num_heads x
 // slices blocks or more) runs in one more column group of its blocks.
 bool launch_head_gemm(const float* x, int64_t x_token_stride, int64_t x_head_stride, const float* w, int num_heads,
                       int k, int n, float* y, int64_t y_token_stride, int64_t y_head_stride, int num_tokens,
-                      bool few_token_form, Stream stream, uint16_t* y_bf16 = nullptr, int64_t ld_y_bf16 = 0,
+                      bool fast_forms, Stream stream, uint16_t* y_bf16 = nullptr, int64_t ld_y_bf16 = 0,
                       const CacheWriteBeside& beside = {}) {
   DS_CHECK_MSG(k <= kMaxHeadGemmK, "MLA absorption width " << k << " beyond the CUDA kernel's limit");
   const bool with_cache_write = beside.job.kv_a != nullptr;
-  if (takes_few_token_form(x_token_stride, w, n, y, y_token_stride, y_head_stride, num_tokens, few_token_form)) {
+  if (takes_few_token_form(x_token_stride, w, n, y, y_token_stride, y_head_stride, num_tokens, fast_forms)) {
     const int num_slices = few_form_slices(k);
     static_assert(kMaxHeadGemmK <= kMaxFewSlices * kFewRows);
     DS_CHECK(!with_cache_write || num_heads * num_slices >= num_tokens);
@@ -547,6 +553,10 @@ bool launch_head_gemm(const float* x, int64_t x_token_stride, int64_t x_head_str
     return bf16_fits;
   }
   DS_CHECK(!with_cache_write);
+  if (fast_forms && num_tokens >= kTensorCoreTokens &&
+      head_gemm_tf32_supported(x, x_token_stride, x_head_stride, w, k, n, y, y_token_stride, y_head_stride))
+    return launch_head_gemm_tf32(x, x_token_stride, x_head_stride, w, num_heads, k, n, y, y_token_stride,
+                                 y_head_stride, num_tokens, y_bf16, ld_y_bf16, stream);
   const int64_t token_tiles = (num_tokens + kHeadGemmTokens - 1) / kHeadGemmTokens;
   DS_CHECK(token_tiles <= 65535 && num_heads <= 65535);
   const dim3 grid((n + kHeadGemmCols - 1) / kHeadGemmCols, num_heads, static_cast<unsigned>(token_tiles));
@@ -578,7 +588,7 @@ bool launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
                           const float* w_uv_t, const float* rope_cos, const float* rope_sin, const void* cache,
                           float softmax_scale, int num_splits, int split_len_tokens, float* workspace,
                           float* q_latent, float* o_latent, float* out, const int32_t* prefill_tiles,
-                          int num_prefill_tiles, int head_tile_blocks, int32_t* work_starts, bool few_token_form,
+                          int num_prefill_tiles, int head_tile_blocks, int32_t* work_starts, bool fast_forms,
                           Stream stream, uint16_t* out_bf16, int64_t ld_out_bf16, const MlaCacheWrite* cache_write) {
   check_dims(d);
   if (b.num_tokens == 0) return false;
@@ -591,7 +601,7 @@ bool launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
   CacheWriteBeside beside{d, b, {}, rope_cos, rope_sin};
   if (cache_write != nullptr) {
     const bool fits = takes_few_token_form(q_token_stride, w_uk, lora, q_latent, latent_token_stride, lora,
-                                           b.num_tokens, few_token_form) &&
+                                           b.num_tokens, fast_forms) &&
                       d.num_heads * few_form_slices(d.qk_nope_head_dim) >= b.num_tokens;
     if (fits) beside.job = *cache_write;
     else launch_mla_cache_write(d, b, *cache_write, rope_cos, rope_sin, stream);
@@ -599,7 +609,7 @@ bool launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
   const bool cache_just_written = beside.job.kv_a != nullptr;
   // q_lat[t, h] = q_nope[t, h] · W_UK[h]
   launch_head_gemm(q, q_token_stride, qk, w_uk, d.num_heads, d.qk_nope_head_dim, lora, q_latent, latent_token_stride,
-                   lora, b.num_tokens, few_token_form, stream, nullptr, 0, beside);
+                   lora, b.num_tokens, fast_forms, stream, nullptr, 0, beside);
   if (num_prefill_tiles > 0) {
     launch_mla_prefill_attention(d, b, q, q_latent, rope_cos, rope_sin, static_cast<const float*>(cache),
                                  softmax_scale, prefill_tiles,
@@ -624,7 +634,7 @@ bool launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
   // out[t, h] = o_lat[t, h] · W_UVᵀ[h]
   return launch_head_gemm(o_latent, latent_token_stride, lora, w_uv_t, d.num_heads, lora,
                           d.v_head_dim, out, static_cast<int64_t>(d.num_heads) * d.v_head_dim, d.v_head_dim,
-                          b.num_tokens, few_token_form, stream, out_bf16, ld_out_bf16);
+                          b.num_tokens, fast_forms, stream, out_bf16, ld_out_bf16);
 }
 
 }  // namespace dsinfer::cuda

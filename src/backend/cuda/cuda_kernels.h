@@ -112,10 +112,11 @@ void launch_mla_cache_write(const MlaDims& d, const MlaBatchView& b, const MlaCa
 // prefill kernel of mla_tensor_core.cu, which covers every token of the batch through its tiles;
 // otherwise head_tile_blocks > 0 switches the middle two steps to the balanced head tiles of
 // mla_decode_tiles.cu (workspace and work_starts sized as launch_mla_decode_head_tiles says).
-// few_token_form lets steps of at most four tokens run the W_UK and W_UV products in a form
-// built for weight bandwidth, whose summation order differs (never for batch-invariant steps).
-// out_bf16 (row stride ld_out_bf16; may be null): where steps of up to four tokens also get out
-// rounded to bf16, for the product that follows; returns whether it was written.
+// fast_forms lets the W_UK and W_UV products take forms whose summation order depends on the
+// step's token count (never for batch-invariant steps): steps of at most four tokens a form
+// built for weight bandwidth, steps of 16 tokens or more TF32 tensor cores (head_gemm_tf32.cu).
+// out_bf16 (row stride ld_out_bf16; may be null): where steps that take those forms also get
+// out rounded to bf16, for the product that follows; returns whether it was written.
 // cache_write (may be null: the entries are written already): the step's new entries, written
 // before the attention reads them; in steps of up to four tokens, inside the W_UK product's
 // launch.
@@ -123,9 +124,20 @@ bool launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
                           const float* w_uv_t, const float* rope_cos, const float* rope_sin, const void* cache,
                           float softmax_scale, int num_splits, int split_len_tokens, float* workspace,
                           float* q_latent, float* o_latent, float* out, const int32_t* prefill_tiles,
-                          int num_prefill_tiles, int head_tile_blocks, int32_t* work_starts, bool few_token_form,
+                          int num_prefill_tiles, int head_tile_blocks, int32_t* work_starts, bool fast_forms,
                           Stream stream, uint16_t* out_bf16 = nullptr, int64_t ld_out_bf16 = 0,
                           const MlaCacheWrite* cache_write = nullptr);
+
+// ---- the per-head products of absorbed MLA on tensor cores (head_gemm_tf32.cu) ----
+// y[t, h, n] = Σ_k x[t, h, k] · w[h, k, n] for num_tokens tokens and every head, fp32 in memory,
+// TF32 products with fp32 sums; also y rounded to bf16 into y_bf16 (row stride ld_y_bf16, head
+// stride y_head_stride) where given, returning whether it wrote that copy. Shapes: k a multiple
+// of 32, n of 128, rows 16-byte aligned (head_gemm_tf32_supported).
+bool head_gemm_tf32_supported(const float* x, int64_t x_token_stride, int64_t x_head_stride, const float* w, int k,
+                              int n, const float* y, int64_t y_token_stride, int64_t y_head_stride);
+bool launch_head_gemm_tf32(const float* x, int64_t x_token_stride, int64_t x_head_stride, const float* w,
+                           int num_heads, int k, int n, float* y, int64_t y_token_stride, int64_t y_head_stride,
+                           int num_tokens, uint16_t* y_bf16, int64_t ld_y_bf16, Stream stream);
 
 // ---- absorbed MLA attention on tensor cores (mla_tensor_core.cu) ----
 // Rows of a tensor-core tile: 16 query tokens of one head (prefill), or 16 heads of one token
