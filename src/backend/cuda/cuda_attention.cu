@@ -6,12 +6,12 @@
 // (split, head, token) walks its slice of the context with four warps; each warp owns every
 // fourth position and keeps an online-softmax state whose latent accumulator is spread over the
 // lanes (lane i holds columns i, i+32, …), so a position costs one coalesced 576-float read
-// (issued one position ahead) and one warp reduction; (3) the splits are merged flash-decoding style into the latent output;
-// (4) that output is projected through W_UV by the same per-head GEMM. Decode batches use many
-// splits so that 132 SMs have work even for one sequence. Steps of up to four tokens write their
-// cache entries in the launch of (1), in blocks beside the product's. Steps of 16 tokens or more
-// (unless batch-invariant) take (1) and (4) on tensor cores (head_gemm_tf32.cu) and (2), (3) in
-// the head tiles or query tiles.
+// (issued one position ahead) and one warp reduction; (3) the splits are merged flash-decoding
+// style into the latent output; (4) that output is projected through W_UV by the same per-head
+// GEMM. Decode batches use many splits so that 132 SMs have work even for one sequence. Steps
+// of up to four tokens write their cache entries in the launch of (1), in blocks beside the
+// product's. Steps of 16 tokens or more (unless batch-invariant) take (1) and (4) on tensor
+// cores (head_gemm_tf32.cu) and (2), (3) in the head tiles or query tiles.
 #include <algorithm>
 #include <cfloat>
 #include <cooperative_groups.h>

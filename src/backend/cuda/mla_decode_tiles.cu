@@ -53,8 +53,10 @@ constexpr int kMaxKSteps = kMaxEntry / 8 / kWarps;  // 9
 constexpr int kMaxOutTiles = kMaxLora / 8 / kWarps;  // 8
 // A token's fixed costs (its queries, its partial result, the combine) in chunks of work.
 constexpr int kTokenCost = 2;
-// Blocks a head group's work may be cut into (the combine keeps one weight per block).
+// Blocks a head group's work may be cut into.
 constexpr int kMaxBlocksPerGroup = 1024;
+// Blocks per token above which the combine takes a token's slots four at a time.
+constexpr int kManySlotsPerToken = 8;
 
 struct Smem {
   float stage[kStages][kChunk][kLdEntry];  // the queries sit in the last stage before the loop
@@ -353,7 +355,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_tiles_kernel(MlaDims d, Ml
   for (int t = lo; t < b.num_tokens && work_starts[t] < stop; ++t) {
     const int64_t first_chunk = work_starts[t] + kTokenCost;  // the offset of the token's first chunk
     const int num_ctx = b.positions[t] + 1, num_chunks = (num_ctx + kChunk - 1) / kChunk;
-    const int64_t c_lo = max(start, first_chunk) - first_chunk, c_hi = min(stop, first_chunk + num_chunks) - first_chunk;
+    const int64_t c_lo = max(start, first_chunk) - first_chunk;
+    const int64_t c_hi = min(stop, first_chunk + num_chunks) - first_chunk;
     if (c_lo >= c_hi) continue;  // this block holds only the token's fixed cost
     // Slot blk + t is this segment's: the blocks of token t are consecutive and later tokens
     // start at its last block or after, so slots never collide.
@@ -363,31 +366,21 @@ __global__ void __launch_bounds__(kThreads, 2) decode_tiles_kernel(MlaDims d, Ml
   }
 }
 
-// The block's max or sum of its threads' values (every thread gets it).
-template <bool kMax>
-__device__ float block_reduce(float v, float* s_red) {
-  for (int off = 16; off > 0; off >>= 1) {
-    const float o = __shfl_xor_sync(0xffffffffu, v, off);
-    v = kMax ? fmaxf(v, o) : v + o;
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();  // s_red may still be read by an earlier reduction
-  if (lane == 0) s_red[warp] = v;
-  __syncthreads();
-  v = s_red[0];
-  for (int w = 1; w < kWarps; ++w) v = kMax ? fmaxf(v, s_red[w]) : v + s_red[w];
-  return v;
-}
-
-// One block per (token, head): merges the token's slots, one per block that held some of its
-// chunks (each saw at least one position), into the normalised o_lat [T, H, lora].
+// One warp per (token, head), kWarps of them per block: merges the token's slots, one per block
+// that held some of its chunks (each saw at least one position), into the normalised o_lat
+// [T, H, lora]. A warp needs no barrier: its lanes take the slots' maxima and sums, then two
+// columns of every 64 each, over all the slots in order, kUnroll slots' loads issued together.
+template <int kUnroll>
 __global__ void __launch_bounds__(kThreads) combine_kernel(MlaDims d, int num_tokens, int num_blocks,
                                                            const int32_t* work_starts, const float* workspace,
                                                            float* o_latent) {
   await_previous_kernels();
-  __shared__ float s_red[kWarps];
-  __shared__ float s_weight[kMaxBlocksPerGroup];
-  const int t = blockIdx.x, h = blockIdx.y, lora = d.kv_lora_rank;
+  constexpr int kColPairs = kMaxLora / 64;  // a lane's column pairs
+  const int lane = threadIdx.x % 32;
+  const int64_t pair = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (pair >= static_cast<int64_t>(num_tokens) * d.num_heads) return;
+  const int t = static_cast<int>(pair / d.num_heads), h = static_cast<int>(pair % d.num_heads);
+  const int lora = d.kv_lora_rank;
   const int64_t total = work_starts[num_tokens];
   const int64_t first_chunk = work_starts[t] + kTokenCost;
   const int num_chunks = work_starts[t + 1] - work_starts[t] - kTokenCost;
@@ -402,24 +395,48 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(MlaDims d, int num_to
     return blk * total / num_blocks < (blk + 1) * total / num_blocks;
   };
   float m = -FLT_MAX;
-  for (int i = threadIdx.x; i < num_parts; i += kThreads)
+  for (int i = lane; i < num_parts; i += 32)
     if (holds_work(i)) m = fmaxf(m, parts[i * stride + lora]);
-  m = block_reduce<true>(m, s_red);
+  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
   float denom = 0.0f;
-  for (int i = threadIdx.x; i < num_parts; i += kThreads) {
-    const bool used = holds_work(i);
-    const float e = used ? expf(parts[i * stride + lora] - m) : 0.0f;
-    s_weight[i] = e;
-    if (used) denom += parts[i * stride + lora + 1] * e;
+  for (int i = lane; i < num_parts; i += 32)
+    if (holds_work(i)) denom += parts[i * stride + lora + 1] * expf(parts[i * stride + lora] - m);
+  for (int off = 16; off > 0; off >>= 1) denom += __shfl_xor_sync(0xffffffffu, denom, off);
+  float2 v[kColPairs];
+#pragma unroll
+  for (int j = 0; j < kColPairs; ++j) v[j] = make_float2(0.0f, 0.0f);
+  // A slot of a block without work is read too (it lies within the workspace) and then
+  // ignored, since what it holds may be anything.
+  for (int i0 = 0; i0 < num_parts; i0 += kUnroll) {
+    float weight[kUnroll];
+    float2 p[kUnroll][kColPairs];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = min(i0 + u, num_parts - 1);
+      const float* part = parts + i * stride;
+      weight[u] = i0 + u < num_parts && holds_work(i) ? expf(part[lora] - m) : 0.0f;
+#pragma unroll
+      for (int j = 0; j < kColPairs; ++j) {
+        const int c = 64 * j + 2 * lane;
+        p[u][j] = c < lora ? *reinterpret_cast<const float2*>(part + c) : make_float2(0.0f, 0.0f);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (weight[u] == 0.0f) continue;
+#pragma unroll
+      for (int j = 0; j < kColPairs; ++j) {
+        v[j].x += p[u][j].x * weight[u];
+        v[j].y += p[u][j].y * weight[u];
+      }
+    }
   }
-  denom = block_reduce<false>(denom, s_red);  // its barriers also publish s_weight
   const float inv = 1.0f / denom;
   float* dst = o_latent + (static_cast<int64_t>(t) * d.num_heads + h) * lora;
-  for (int c = threadIdx.x; c < lora; c += kThreads) {
-    float v = 0.0f;
-    for (int i = 0; i < num_parts; ++i)
-      if (s_weight[i] != 0.0f) v += parts[i * stride + c] * s_weight[i];
-    dst[c] = v * inv;
+#pragma unroll
+  for (int j = 0; j < kColPairs; ++j) {
+    const int c = 64 * j + 2 * lane;
+    if (c < lora) *reinterpret_cast<float2*>(dst + c) = make_float2(v[j].x * inv, v[j].y * inv);
   }
 }
 
@@ -469,9 +486,14 @@ void launch_mla_decode_head_tiles(const MlaDims& d, const MlaBatchView& b, const
                 stream, d, b, q, q_latent, rope_cos, rope_sin, cache,
                 softmax_scale, num_blocks, work_starts, workspace);
   DS_CUDA_CHECK_LAUNCH();
-  const dim3 grid2(b.num_tokens, d.num_heads);
-  launch_kernel(combine_kernel, grid2, kThreads, 0, stream, d, b.num_tokens, num_blocks, work_starts, workspace,
-                o_latent);
+  const int64_t num_pairs = static_cast<int64_t>(b.num_tokens) * d.num_heads;
+  const unsigned combine_blocks = static_cast<unsigned>((num_pairs + kWarps - 1) / kWarps);
+  // Where tokens span many blocks each (small batches), a warp's slots are a long chain of
+  // loads: four slots at a time. One at a time otherwise: on the H200 the unrolled form made
+  // FP8 decode at batch 64 4% slower, and the plain one batch 16 3% slower.
+  const bool many_slots = num_blocks > kManySlotsPerToken * b.num_tokens;
+  launch_kernel(many_slots ? combine_kernel<4> : combine_kernel<1>, combine_blocks, kThreads, 0, stream, d, b.num_tokens, num_blocks, work_starts,
+                workspace, o_latent);
   DS_CUDA_CHECK_LAUNCH();
 }
 
