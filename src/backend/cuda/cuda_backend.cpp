@@ -83,7 +83,8 @@ CudaBackend::CudaBackend() {
   recordings_ = std::make_unique<Recordings>();
   choices_ = std::make_unique<Choices>();
   step_gaps_ = std::make_unique<StepGapTracker>();
-  for (Choices::Slot& slot : choices_->slots) DS_CUDA_CHECK(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming));
+  for (Choices::Slot& slot : choices_->slots)
+    DS_CUDA_CHECK(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming));
   DS_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, 0));
   DS_CUDA_CHECK(cudaEventCreateWithFlags(&step_->copied, cudaEventDisableTiming));
   tile_counters_ = alloc_->persistent({kGemmMaxTileCounters}, DType::kI32);
@@ -618,7 +619,8 @@ bool CudaBackend::library_product_fp8(const Tensor& x_bf16, int64_t rows, const 
   if (it == fp8_library_scales_.end()) return false;
   const LibraryScales& lib = it->second;
   const int64_t n = w.n_padded, k = w.k_padded, rows_p = round_up(rows, kLibraryFp8RowMultiple);
-  const auto mode = lib.blocks_128x128 ? LtMatmul::Fp8WeightScales::kBlocks128x128 : LtMatmul::Fp8WeightScales::kRows1x128;
+  const auto mode =
+      lib.blocks_128x128 ? LtMatmul::Fp8WeightScales::kBlocks128x128 : LtMatmul::Fp8WeightScales::kRows1x128;
   if (!matmul_->fp8_ready(rows_p, n, k, mode)) return false;
   const QuantisedRows x = quantise_rows(x_bf16, rows, rows_p, k);
   matmul_->fp8(static_cast<const uint8_t*>(w.data), lib.scales, mode, x.q.as<uint8_t>(), x.scales.as<float>(), out,

@@ -324,9 +324,9 @@ void CudaBackend::mla_expanded(const MlaAttentionArgs& args, const MlaBatchView&
   const int64_t q_width = heads * layout.qk_padded;
   Tensor queries = alloc_->cached({num_tokens, q_width}, DType::kBF16);
   const int64_t q_in_width = int64_t{heads} * (w.qk_nope_head_dim + w.qk_rope_head_dim);
-  launch_mla_expanded_queries(dims, args.q->as<float>() + first_token * q_in_width, view.positions + first_token, num_tokens, args.rope_cos->as<float>(),
-                              args.rope_sin->as<float>(), static_cast<int>(layout.qk_padded), queries.as<uint16_t>(),
-                              stream_);
+  launch_mla_expanded_queries(dims, args.q->as<float>() + first_token * q_in_width, view.positions + first_token,
+                              num_tokens, args.rope_cos->as<float>(), args.rope_sin->as<float>(),
+                              static_cast<int>(layout.qk_padded), queries.as<uint16_t>(), stream_);
 
   float* out = args.out->as<float>() + int64_t{first_token} * heads * vdim;
   if (fused_prefill_attention_ && flash_attention_supported(static_cast<int>(layout.qk_padded),

@@ -260,7 +260,8 @@ std::unique_ptr<LtMatmul::Plan> LtMatmul::make_strided_plan(const Strided& s) {
     const std::pair<cublasLtMatrixLayout_t, int64_t> layouts[] = {
         {p->a, s.stride_w}, {p->b, s.stride_x}, {p->c, s.stride_y}, {p->d, s.stride_y}};
     for (const auto& [layout, stride] : layouts) {
-      DS_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+      DS_CUBLAS_CHECK(
+          cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
       if (s.pointer_array)
         DS_CUBLAS_CHECK(
             cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof mode));

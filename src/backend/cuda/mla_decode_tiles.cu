@@ -492,8 +492,8 @@ void launch_mla_decode_head_tiles(const MlaDims& d, const MlaBatchView& b, const
   // loads: four slots at a time. One at a time otherwise: on the H200 the unrolled form made
   // FP8 decode at batch 64 4% slower, and the plain one batch 16 3% slower.
   const bool many_slots = num_blocks > kManySlotsPerToken * b.num_tokens;
-  launch_kernel(many_slots ? combine_kernel<4> : combine_kernel<1>, combine_blocks, kThreads, 0, stream, d, b.num_tokens, num_blocks, work_starts,
-                workspace, o_latent);
+  launch_kernel(many_slots ? combine_kernel<4> : combine_kernel<1>, combine_blocks, kThreads, 0, stream, d,
+                b.num_tokens, num_blocks, work_starts, workspace, o_latent);
   DS_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,8 +1,9 @@
 // Kernels of MLA prefill in the expanded (non-absorbed) form: the gathers of latent entries
 // and queries, and the causal softmax that sits between cuBLASLt products (made by
 // cuda_backend_mla.cpp) where the fused kernel of mla_flash.cu does not apply. A long prefill
-// chunk is cheaper as ordinary multi-head attention over up-projected keys and values (192 + 128 multiply-adds per head and
-// query-key pair for V3) than in the absorbed form that decode uses (576 + 512).
+// chunk is cheaper as ordinary multi-head attention over up-projected keys and values (192 +
+// 128 multiply-adds per head and query-key pair for V3) than in the absorbed form that decode
+// uses (576 + 512).
 #include <cuda_bf16.h>
 
 #include <cfloat>

@@ -71,7 +71,8 @@ __device__ void load_query_rows(Smem& s, const MlaDims& d, const MlaBatchView& b
       v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       if (i < kTileTokens * lat_vec && r < count) {
         const int t = t0 + r * t_step, h = h0 + r * h_step;
-        v[u] = __ldg(reinterpret_cast<const float4*>(q_latent + (static_cast<int64_t>(t) * d.num_heads + h) * lora + c));
+        const int64_t row = static_cast<int64_t>(t) * d.num_heads + h;
+        v[u] = __ldg(reinterpret_cast<const float4*>(q_latent + row * lora + c));
       }
     }
 #pragma unroll
