@@ -92,6 +92,7 @@ CudaBackend::CudaBackend() {
   batch_invariant_ = env_is("DSINFER_BATCH_INVARIANT", "1");
   graphs_enabled_ = !env_is("DSINFER_CUDA_GRAPHS", "0");
   fused_prefill_attention_ = !env_is("DSINFER_MLA_FLASH", "0");
+  warpgroup_flash_attention_ = !env_is("DSINFER_MLA_FLASH_WGMMA", "0");
   cache_write_beside_ = !env_is("DSINFER_MLA_CACHE_WRITE_BESIDE", "0");
   shared_experts_alongside_ = !env_is("DSINFER_MOE_SIDE_STREAM", "0");
   shared_experts_in_routing_ = shared_experts_alongside_ && !env_is("DSINFER_MOE_SHARED_IN_ROUTING", "0");

@@ -223,6 +223,8 @@ class CudaBackend final : public Backend {
   // (DSINFER_MLA_CACHE_WRITE_BESIDE=0: in a launch of their own before it; same results).
   bool cache_write_beside_ = true;
   bool fused_prefill_attention_ = true;  // expanded prefill in one kernel (DSINFER_MLA_FLASH=0: cuBLASLt products)
+  // That kernel on warpgroup products for 192 / 128 heads (DSINFER_MLA_FLASH_WGMMA=0: mma.sync).
+  bool warpgroup_flash_attention_ = true;
   // Above this many rows a dense product goes to cuBLASLt (not batch-invariant). The own kernel
   // runs rows in passes of up to 32 that each re-read the weight tile: at 64 rows it took 48 µs
   // for a 12.6 MB bf16 projection that cuBLASLt reads in about 9. e4m3 weights then take

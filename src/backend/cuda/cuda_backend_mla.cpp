@@ -334,7 +334,7 @@ void CudaBackend::mla_expanded(const MlaAttentionArgs& args, const MlaBatchView&
     launch_expanded_flash_attention(queries.as<uint16_t>(), kv.as<uint16_t>(), heads,
                                     static_cast<int>(layout.qk_padded), static_cast<int>(layout.v_padded), vdim,
                                     num_tokens, first_pos, context_len, args.softmax_scale, out,
-                                    int64_t{heads} * vdim, stream_);
+                                    int64_t{heads} * vdim, warpgroup_flash_attention_, stream_);
     return;
   }
   // Otherwise per-head products through cuBLASLt, with the scores and probabilities in memory.

@@ -190,11 +190,13 @@ void launch_gather_rows_bf16(const uint16_t* x, const int32_t* rows, int64_t num
 // j < num_keys) · v_j, for queries bf16 [num_queries, heads, qk_padded] and keys/values bf16
 // [num_keys, heads, qk_padded + v_padded] (k then v per head). Scores and probabilities stay
 // in registers (bf16 products, fp32 softmax and sums). Compiled for the head widths that
-// flash_attention_supported accepts (mla_flash.cu).
+// flash_attention_supported accepts (mla_flash.cu); with warpgroup_products, 192 / 128 runs on
+// Hopper's warpgroup products (mla_flash_wgmma.cu), else everything on mma.sync.
 bool flash_attention_supported(int qk_padded, int v_padded);
 void launch_expanded_flash_attention(const uint16_t* queries, const uint16_t* kv, int num_heads, int qk_padded,
                                      int v_padded, int v_dim, int num_queries, int first_pos, int num_keys,
-                                     float softmax_scale, float* out, int64_t ld_out, Stream stream);
+                                     float softmax_scale, float* out, int64_t ld_out, bool warpgroup_products,
+                                     Stream stream);
 // out[rows[i]] = x[i] (rows of `width` floats).
 void launch_scatter_rows(const float* x, const int32_t* rows, int64_t num_rows, int64_t width, float* out,
                          Stream stream);

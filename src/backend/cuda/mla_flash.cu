@@ -10,6 +10,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/kernel_launch.cuh"
+#include "backend/cuda/mla_flash.h"
 #include "backend/cuda/tensor_core.cuh"
 
 namespace dsinfer::cuda {
@@ -218,12 +219,16 @@ bool flash_attention_supported(int qk_padded, int v_padded) {
 
 void launch_expanded_flash_attention(const uint16_t* queries, const uint16_t* kv, int num_heads, int qk_padded,
                                      int v_padded, int v_dim, int num_queries, int first_pos, int num_keys,
-                                     float softmax_scale, float* out, int64_t ld_out, Stream stream) {
+                                     float softmax_scale, float* out, int64_t ld_out, bool warpgroup_products,
+                                     Stream stream) {
   DS_CHECK(flash_attention_supported(qk_padded, v_padded) && v_dim % 4 == 0 && v_dim <= v_padded);
   if (num_queries == 0) return;
   constexpr float kLog2e = 1.4426950408889634f;
   const float scale_log2 = softmax_scale * kLog2e;
-  if (qk_padded == 192)
+  if (qk_padded == 192 && warpgroup_products)
+    launch_flash_attention_wgmma(queries, kv, num_heads, v_dim, num_queries, first_pos, num_keys, scale_log2, out,
+                                 ld_out, stream);
+  else if (qk_padded == 192)
     launch_flash<192, 128>(queries, kv, num_heads, v_dim, num_queries, first_pos, num_keys, scale_log2, out, ld_out,
                            stream);
   else

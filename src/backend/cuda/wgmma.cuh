@@ -1,9 +1,13 @@
-// Hopper's warpgroup tensor-core products (wgmma), for e4m3 operands: the only form in which
-// sm_90 multiplies FP8 at its FP8 rate (mma.sync on e4m3 runs as converted f16 products there).
-// Both operands come from shared memory, K-major, in the 128-byte swizzle: a row of 128 bytes
-// (128 e4m3 along k) holds its 16-byte pieces in the order piece ^ (row % 8), and a tile starts
-// on a 1024-byte boundary. A product m64nNk32 takes 64 rows of A and N rows of B over 32 bytes
-// of k; the four k-steps of a 128-byte row are the same descriptors advanced by 32 bytes.
+// Hopper's warpgroup tensor-core products (wgmma), for e4m3 operands (the only form in which
+// sm_90 multiplies FP8 at its FP8 rate: mma.sync on e4m3 runs as converted f16 products there)
+// and for bf16 ones (twice mma.sync's rate per SM).
+// Operands in shared memory use the 128-byte swizzle: a row of 128 bytes holds its 16-byte
+// pieces in the order piece ^ (row % 8), and a tile starts on a 1024-byte boundary.
+// - K-major (rows along m or n, k contiguous): a product m64nNk32 (e4m3) or m64nNk16 (bf16)
+//   takes 64 rows of A and N rows of B over 32 bytes of k; the four k-steps of a 128-byte row
+//   are the same descriptors advanced by 32 bytes.
+// - MN-major B (rows along k, n contiguous; bf16 only, the product's transposed-B form): a
+//   row is 64 columns of n, and a k16 step is 16 rows, 2048 bytes.
 //
 // Accumulator layout of m64nN (fp32): warp w of the warpgroup owns rows 16 w .. 16 w + 15; lane
 // (g = lane / 4, t = lane % 4) holds, for each 8-column group j, d[4 j + 0, 1] = (row g, columns
@@ -24,6 +28,16 @@ __device__ __forceinline__ int swizzled_piece_offset(int row, int piece) {
 __device__ __forceinline__ uint64_t wgmma_descriptor_sw128(uint32_t addr) {
   constexpr uint64_t kStrideBytes = 1024, kLeadingBytes = 16;  // the latter unused in this swizzle
   return static_cast<uint64_t>((addr & 0x3ffff) >> 4) | ((kLeadingBytes >> 4) << 16) | ((kStrideBytes >> 4) << 32) |
+         (1ull << 62);
+}
+
+// The same for an MN-major B of 64 columns of n (one swizzle atom wide): its 8-row groups along
+// k are 1024 bytes apart. With one atom along n the other offset field has nothing to step
+// over; it holds the same 1024 so that the descriptor reads the same whichever of the two
+// fields the hardware takes for the k groups.
+__device__ __forceinline__ uint64_t wgmma_descriptor_sw128_mn64(uint32_t addr) {
+  constexpr uint64_t kGroupBytes = 1024;
+  return static_cast<uint64_t>((addr & 0x3ffff) >> 4) | ((kGroupBytes >> 4) << 16) | ((kGroupBytes >> 4) << 32) |
          (1ull << 62);
 }
 
@@ -91,6 +105,48 @@ __device__ __forceinline__ void wgmma_m64k32_e4m3(float (&d)[N / 2], uint64_t de
   static_assert(N == 32 || N == 64, "the instantiated shapes");
   if constexpr (N == 32) wgmma_m64n32k32_e4m3<kAccumulate>(d, desc_a, desc_b);
   else wgmma_m64n64k32_e4m3<kAccumulate>(d, desc_a, desc_b);
+}
+
+// d (+)= A · Bᵀ over one k16 step of bf16, A and B K-major in shared memory.
+template <bool kAccumulate>
+__device__ __forceinline__ void wgmma_m64n64k16_bf16(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
+  if constexpr (kAccumulate)
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 1, 1, 1, 0, 0;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+          "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(desc_a), "l"(desc_b));
+  else
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 0, 1, 1, 0, 0;\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]),
+          "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]),
+          "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]),
+          "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
+        : "l"(desc_a), "l"(desc_b));
+}
+
+// d += A · B over one k16 step of bf16: A [64 x 16] from registers, in mma.sync's A fragment
+// layout per warp (warp w holds rows 16 w .. 16 w + 15; see tensor_core.cuh), and B [16 x 64]
+// MN-major in shared memory (wgmma_descriptor_sw128_mn64).
+__device__ __forceinline__ void wgmma_m64n64k16_bf16_registers_a(float (&d)[32], const uint32_t (&a)[4],
+                                                                 uint64_t desc_b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
 }
 
 }  // namespace dsinfer::cuda

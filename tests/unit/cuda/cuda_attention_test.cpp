@@ -289,6 +289,14 @@ TEST_F(CudaAttentionTest, ExpandedChunksThroughLibraryProducts) {
   run_case(kV3Dims, {{300, 700}, {20, 1}}, 1900);
 }
 
+// DSINFER_MLA_FLASH_WGMMA=0: DeepSeek's head widths in the fused kernel's mma.sync form instead
+// of its warpgroup form (the default for them, which the cases above run).
+TEST_F(CudaAttentionTest, ExpandedChunksOnMmaSyncProducts) {
+  gpu_ = make_backend_with_env("cuda", "DSINFER_MLA_FLASH_WGMMA", "0");
+  run_case(kV3Dims, {{0, 5}, {64, 70}, {10, 1}}, 2200);
+  run_case(kV3Dims, {{300, 700}, {20, 1}}, 2300);
+}
+
 TEST_F(CudaAttentionTest, HeadWidthsTheExpandedFormCannotAlignStayAbsorbed) {
   run_case({2, 32, 16, 24, 18}, {{0, 70}, {5, 1}}, 1300);  // v_head_dim 18: fp32 rows off 16 bytes
 }

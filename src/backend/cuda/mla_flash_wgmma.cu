@@ -1,0 +1,248 @@
+// Fused causal attention of the expanded MLA prefill form on Hopper's warpgroup products
+// (wgmma.cuh), for DeepSeek's head widths (192 for queries and keys, 128 for values). The
+// algorithm is mla_flash.cu's; what changes is where the operands live:
+// - Q·Kᵀ reads both operands from shared memory (K-major, 128-byte swizzle), so the keys are
+//   not pulled through every warp's registers: with mma.sync each warp read the whole key and
+//   value tiles with ldmatrix, about 8 multiply-adds per byte of shared memory read, which
+//   bounds that kernel near half the tensor rate;
+// - P·V takes the probabilities from registers (the score accumulators, packed to bf16, are
+//   already in the A-fragment layout) and the values from shared memory as stored, rows along
+//   the keys (the product's MN-major B form);
+// - a block is three warpgroups of 64 queries each, which share the key stages: each 64 keys
+//   are read from L2 once per 192 queries (blocks of one warpgroup, two per SM, made 4 × 4k
+//   prefill 5% slower, blocks of two 2%); three stages of keys load (cp.async) while the groups
+//   compute.
+#include <cuda_bf16.h>
+
+#include <cmath>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernel_launch.cuh"
+#include "backend/cuda/mla_flash.h"
+#include "backend/cuda/tensor_core.cuh"
+#include "backend/cuda/wgmma.cuh"
+
+namespace dsinfer::cuda {
+namespace {
+
+constexpr int kKeys = 64;  // keys per step
+constexpr int kQk = 192, kV = 128;
+constexpr int kPanelCols = 64;               // bf16 columns of a 128-byte swizzle row
+constexpr int kPanelBytes = 64 * 128;        // 64 rows of one panel (queries and keys alike)
+constexpr int kQkPanels = kQk / kPanelCols;  // 3
+constexpr int kVPanels = kV / kPanelCols;    // 2
+constexpr int kQkPieces = kQk / 8, kRowPieces = (kQk + kV) / 8;  // 16-byte pieces of a row
+constexpr int kGroupQBytes = kQkPanels * kPanelBytes;            // a warpgroup's 64 queries
+constexpr int kStageBytes = (kQkPanels + kVPanels) * kPanelBytes;
+constexpr int kVOffset = kQkPanels * kPanelBytes;  // within a stage
+
+constexpr int kGroups = 3;  // warpgroups of 64 queries
+constexpr int kThreads = kGroups * 128;
+constexpr int kQueries = kGroups * 64;  // a block's
+constexpr int kStages = 3;
+// Shared memory from a 1024-byte boundary: each group's Q panels, then per stage K's panels and
+// V's.
+constexpr int kStagesOffset = kGroups * kGroupQBytes;
+constexpr int kBytes = kStagesOffset + kStages * kStageBytes + 1024;  // and the slack to align the start
+static_assert(kBytes <= 227 * 1024, "a block fits on an SM");
+
+// Keys [j0, j0 + 64) of head_offset's head into a stage; rows from key_end on are zero.
+__device__ __forceinline__ void load_key_step(unsigned char* stage, const __nv_bfloat16* kv, int64_t kv_width,
+                                              int head_offset, int j0, int key_end) {
+  for (int i = threadIdx.x; i < kKeys * kRowPieces; i += kThreads) {
+    const int j = i / kRowPieces, c = i % kRowPieces, key = j0 + j;
+    const bool valid = key < key_end;
+    const __nv_bfloat16* src = kv + static_cast<int64_t>(valid ? key : 0) * kv_width + head_offset + c * 8;
+    // Pieces 0..23 are the key's (panels of 8 pieces), 24..39 the value's.
+    const int panel = c < kQkPieces ? c / 8 : kQkPanels + (c - kQkPieces) / 8;
+    cp_async16(stage + panel * kPanelBytes + swizzled_piece_offset(j, c % 8), src, valid);
+  }
+}
+
+// Block (query block, head) of 192 queries; warpgroup wg owns queries 64 wg .. 64 wg + 63 of
+// them, warp w of it rows 16 w .. 16 w + 15. As flash_attention_kernel in mla_flash.cu
+// (positions, masking, the running max and sum per row), except the order of the blocks: one
+// dimension, the heads of a query block next to each other and the longest query blocks (the
+// last) first, so that the blocks issued first are the longest ones whatever the head count
+// (with a block filling an SM, the heads of one query block per grid row left the longest for
+// the later waves). This thread's score and output accumulators are in the products' layout
+// (wgmma.cuh): s[4 n + e] is mma.sync's s[n][e].
+__global__ void __launch_bounds__(kThreads, 1)
+    flash_attention_wgmma_kernel(const __nv_bfloat16* q, const __nv_bfloat16* kv, int num_heads, int v_dim,
+                                 int num_queries, int first_pos, int num_keys, float scale_log2, float* out,
+                                 int64_t ld_out) {
+  await_previous_kernels();
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
+  const uint32_t smem_addr = shared_address(smem);
+  unsigned char* stages = smem + kStagesOffset;
+  const int group = threadIdx.x / 128, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4,
+            t = lane % 4;
+  const int num_q_blocks = (num_queries + kQueries - 1) / kQueries;
+  const int q0 = (num_q_blocks - 1 - static_cast<int>(blockIdx.x) / num_heads) * kQueries;
+  const int h = static_cast<int>(blockIdx.x) % num_heads;
+  const int rows = min(kQueries, num_queries - q0);
+  const int64_t kv_width = static_cast<int64_t>(num_heads) * (kQk + kV);
+  const int head_offset = h * (kQk + kV);
+  const int key_end = min(num_keys, first_pos + q0 + rows);
+  const int group_row0 = 64 * group;
+  const int warp_pos = first_pos + q0 + group_row0 + warp * 16;  // the position of the warp's first row
+  // The keys this group's rows see: it skips the steps past them (the block's later rows need
+  // them), and all of them if its rows are past the chunk.
+  const int group_key_end = group_row0 < rows ? min(key_end, first_pos + q0 + group_row0 + 64) : 0;
+  const uint32_t q_addr = smem_addr + group * kGroupQBytes;
+
+  for (int i = threadIdx.x; i < kQueries * kQkPieces; i += kThreads) {
+    const int r = i / kQkPieces, c = i % kQkPieces;
+    const bool valid = r < rows;  // rows past the chunk are zero queries (finite scores, never written)
+    const __nv_bfloat16* src = q + (static_cast<int64_t>(valid ? q0 + r : 0) * num_heads + h) * kQk + c * 8;
+    cp_async16(smem + (r / 64) * kGroupQBytes + (c / 8) * kPanelBytes + swizzled_piece_offset(r % 64, c % 8), src,
+               valid);
+  }
+  const int num_steps = (key_end + kKeys - 1) / kKeys;
+  auto issue = [&](int step) {
+    load_key_step(stages + (step % kStages) * kStageBytes, kv, kv_width, head_offset, step * kKeys, key_end);
+  };
+  start_cp_async_pipeline<kStages>(issue, num_steps);  // the queries go with the first keys
+
+  // o[p][4 j + e]: row g (+ 8 for e >= 2) of the warp's 16, value column 64 p + 8 j + 2 t + e % 2.
+  float o[kVPanels][32];
+#pragma unroll
+  for (int p = 0; p < kVPanels; ++p)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) o[p][i] = 0.0f;
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+
+  for (int step = 0; step < num_steps; ++step) {
+    const int j0 = step * kKeys;
+    const uint32_t stage_addr = smem_addr + kStagesOffset + (step % kStages) * kStageBytes;
+    cp_async_wait<kStages - 2>();
+    fence_shared_for_wgmma();
+    __syncthreads();  // this step's keys are in place, and every warp is done with the stage refilled now
+    if (step + kStages - 1 < num_steps) issue(step + kStages - 1);
+    cp_async_commit();
+    if (j0 >= group_key_end) continue;  // the whole warpgroup alike
+
+    // Scores [64 x 64]: twelve k16 steps, four per 128-byte panel (32 bytes each).
+    float s[32];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kQk / 16; ++kk) {
+      const uint32_t panel = (kk / 4) * kPanelBytes;
+      const uint64_t desc_q = wgmma_descriptor_sw128(q_addr + panel) + 2 * (kk % 4);
+      const uint64_t desc_k = wgmma_descriptor_sw128(stage_addr + panel) + 2 * (kk % 4);
+      if (kk == 0) wgmma_m64n64k16_bf16<false>(s, desc_q, desc_k);
+      else wgmma_m64n64k16_bf16<true>(s, desc_q, desc_k);
+    }
+    wgmma_commit();
+    wgmma_wait_all();
+    wgmma_fence_registers(s);
+
+    // Scaled to log2 units; keys past a row's position or past key_end masked (only the steps
+    // on the diagonal or at the end have any).
+    const bool masked = j0 + kKeys - 1 > warp_pos || j0 + kKeys > key_end;
+#pragma unroll
+    for (int n = 0; n < kKeys / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float v = s[4 * n + e] * scale_log2;
+        if (masked) {
+          const int key = j0 + n * 8 + 2 * t + (e & 1), pos = warp_pos + g + (e >> 1) * 8;
+          if (key > pos || key >= key_end) v = -INFINITY;
+        }
+        s[4 * n + e] = v;
+      }
+    }
+    // Online softmax. Every row sees key 0 at the first step, so its max is finite from then on.
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float m = row_max[i];
+#pragma unroll
+      for (int n = 0; n < kKeys / 8; ++n) m = fmaxf(m, fmaxf(s[4 * n + 2 * i], s[4 * n + 2 * i + 1]));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+      const float rescale = exp2f(row_max[i] - m);  // 0 at the first step
+      row_max[i] = m;
+      row_sum[i] *= rescale;
+#pragma unroll
+      for (int p = 0; p < kVPanels; ++p)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          o[p][4 * j + 2 * i] *= rescale;
+          o[p][4 * j + 2 * i + 1] *= rescale;
+        }
+#pragma unroll
+      for (int n = 0; n < kKeys / 8; ++n) {
+        s[4 * n + 2 * i] = exp2f(s[4 * n + 2 * i] - m);
+        s[4 * n + 2 * i + 1] = exp2f(s[4 * n + 2 * i + 1] - m);
+        row_sum[i] += s[4 * n + 2 * i] + s[4 * n + 2 * i + 1];
+      }
+    }
+
+    // O [64 x 128] += P [64 x 64] · V [64 x 128]: score groups 2kk and 2kk+1 make the A fragment
+    // of keys 16kk .. 16kk + 15; a value panel is 64 columns, one product each. The fragments
+    // and the rescaled accumulators are in their registers before the fence: an instruction
+    // that defines them between the products would make the compiler serialise the products.
+    uint32_t a[kKeys / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      a[kk][0] = pack_bf16x2(s[8 * kk + 0], s[8 * kk + 1]);
+      a[kk][1] = pack_bf16x2(s[8 * kk + 2], s[8 * kk + 3]);
+      a[kk][2] = pack_bf16x2(s[8 * kk + 4], s[8 * kk + 5]);
+      a[kk][3] = pack_bf16x2(s[8 * kk + 6], s[8 * kk + 7]);
+      asm volatile("" : "+r"(a[kk][0]), "+r"(a[kk][1]), "+r"(a[kk][2]), "+r"(a[kk][3])::"memory");
+    }
+    wgmma_fence_registers(o[0]);
+    wgmma_fence_registers(o[1]);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk)
+#pragma unroll
+      for (int p = 0; p < kVPanels; ++p) {
+        const uint32_t v_rows = stage_addr + kVOffset + p * kPanelBytes + kk * 16 * 128;
+        wgmma_m64n64k16_bf16_registers_a(o[p], a[kk], wgmma_descriptor_sw128_mn64(v_rows));
+      }
+    // Waited for here, not at the next step's start: with the products in flight across the
+    // loop's back edge the compiler serialises them.
+    wgmma_commit();
+    wgmma_wait_all();
+    wgmma_fence_registers(o[0]);
+    wgmma_fence_registers(o[1]);
+  }
+
+  // Normalised rows into out [num_queries, heads, v_dim] (rows ld_out floats apart); v_dim is a
+  // multiple of 4, so a thread's column pair is whole or past the end.
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float sum = row_sum[i];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int r = group_row0 + warp * 16 + g + i * 8;
+    if (r >= rows) continue;
+    const float inv = 1.0f / sum;
+    float* dst = out + static_cast<int64_t>(q0 + r) * ld_out + static_cast<int64_t>(h) * v_dim;
+#pragma unroll
+    for (int p = 0; p < kVPanels; ++p)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int c = p * kPanelCols + j * 8 + 2 * t;
+        if (c < v_dim)
+          *reinterpret_cast<float2*>(dst + c) = make_float2(o[p][4 * j + 2 * i] * inv, o[p][4 * j + 2 * i + 1] * inv);
+      }
+  }
+}
+
+}  // namespace
+
+void launch_flash_attention_wgmma(const uint16_t* queries, const uint16_t* kv, int num_heads, int v_dim,
+                                  int num_queries, int first_pos, int num_keys, float scale_log2, float* out,
+                                  int64_t ld_out, Stream stream) {
+  allow_shared_bytes<flash_attention_wgmma_kernel>(kBytes);
+  const int num_blocks = (num_queries + kQueries - 1) / kQueries * num_heads;
+  launch_kernel(flash_attention_wgmma_kernel, dim3(num_blocks), kThreads, kBytes, stream,
+                reinterpret_cast<const __nv_bfloat16*>(queries), reinterpret_cast<const __nv_bfloat16*>(kv), num_heads,
+                v_dim, num_queries, first_pos, num_keys, scale_log2, out, ld_out);
+  DS_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace dsinfer::cuda
