@@ -750,7 +750,22 @@ int device_count() {
   return n;
 }
 
-std::unique_ptr<Backend> make_cuda_backend() { return std::make_unique<CudaBackend>(); }
+std::unique_ptr<Backend> make_cuda_backend() {
+  // The kernels are compiled for sm_90a alone (src/CMakeLists.txt): Hopper's warpgroup products
+  // and FP8 forms, code that runs on compute capability 9.0 and nowhere else. Another device is
+  // refused here, with its name, rather than at the first launch.
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
+    cudaGetLastError();
+    throw Error(StatusCode::kUnavailable, "backend 'cuda': device 0 could not be queried");
+  }
+  if (prop.major != 9 || prop.minor != 0)
+    throw Error(StatusCode::kUnavailable, "backend 'cuda': this build's kernels run on compute capability 9.0 "
+                                          "(Hopper: H100, H200, H800, H20); device 0 is " +
+                                              std::string(prop.name) + ", compute capability " +
+                                              std::to_string(prop.major) + "." + std::to_string(prop.minor));
+  return std::make_unique<CudaBackend>();
+}
 
 double measure_copy_bandwidth_bytes_per_s() {
   const size_t bytes = size_t{1} << 30;
