@@ -104,7 +104,8 @@ void LtMatmul::time_candidates(Plan* p, const void* w, const void* x, void* y, c
     if (run(p, w, x, y, w_scales, x_scales) != CUBLAS_STATUS_SUCCESS) continue;  // also the warm-up
     DS_CUDA_CHECK(cudaEventRecord(begin, stream_));
     bool ran = true;
-    for (int i = 0; i < kTuneRepeats && ran; ++i) ran = run(p, w, x, y, w_scales, x_scales) == CUBLAS_STATUS_SUCCESS;
+    for (int rep = 0; rep < kTuneRepeats && ran; ++rep)
+      ran = run(p, w, x, y, w_scales, x_scales) == CUBLAS_STATUS_SUCCESS;
     DS_CUDA_CHECK(cudaEventRecord(end, stream_));
     DS_CUDA_CHECK(cudaEventSynchronize(end));
     float ms = 0.0f;
