@@ -140,9 +140,15 @@ class CudaBackend final : public Backend {
   void forget_normed_copy_if_written(const Tensor& written);
   // out fp32 [rows, w.out_features] = x · wᵀ for bf16 x [rows, w's k_padded].
   void linear_bf16(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, Tensor& out);
+  // The routed experts in the own grouped kernels; the layout's row-blocks hold rows_per_block
+  // rows (kExpertBlockWideRows only where fp8_expert_activations_for holds).
   void moe_experts_grouped(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
                            const int32_t* block_offsets, const int32_t* src_rows, int64_t num_entries,
-                           Tensor& expert_out);
+                           int rows_per_block, Tensor& expert_out);
+  // Whether the layer's experts, where they take the 128-row expert blocks, run DeepSeek's FP8
+  // activations there (e4m3 weights, both switches on, k and the intermediate size whole
+  // 128-column scale blocks).
+  bool fp8_expert_activations_for(const MoeWeights& w) const;
   struct QuantisedRows {
     Tensor q, scales;  // e4m3 [rows_padded, k], fp32 [k / 128, rows_padded]
   };
@@ -201,13 +207,16 @@ class CudaBackend final : public Backend {
   // (DSINFER_MOE_SHARED_IN_ROUTING=0: beside the routing on the side stream instead).
   bool shared_experts_in_routing_ = true;
   // Where prefill-sized MoE layers run their experts (DSINFER_MOE_PREFILL_EXPERTS):
-  // - kChunked ("chunked", the default): cuBLASLt products batched through pointer arrays that
-  //   the device fills from its plan, no host wait;
+  // - kAuto (the default): e4m3 experts that take DeepSeek's FP8 activations
+  //   (fp8_expert_activations_for) as kGrouped, in the prefill expert blocks; others as kChunked;
+  // - kChunked ("chunked"): cuBLASLt products batched through pointer arrays that the device
+  //   fills from its plan, no host wait (e4m3 experts widened to bf16 first);
   // - kHostPlanned ("host"): a cuBLASLt product per expert, whose row counts come to the host,
   //   one wait per layer;
-  // - kGrouped ("grouped"): the own grouped kernel, as in decode.
-  enum class PrefillExperts { kChunked, kHostPlanned, kGrouped };
-  PrefillExperts prefill_experts_ = PrefillExperts::kChunked;
+  // - kGrouped ("grouped"): the own grouped kernels, with row-blocks of kExpertBlockWideRows
+  //   for e4m3 activations (the prefill expert blocks), else as in decode.
+  enum class PrefillExperts { kAuto, kChunked, kHostPlanned, kGrouped };
+  PrefillExperts prefill_experts_ = PrefillExperts::kAuto;
   // Chunked layers take e4m3 experts too, widened to bf16 for the layer
   // (DSINFER_MOE_FP8_CHUNKED=0: they take the host-planned path and DeepSeek's FP8 activations).
   bool fp8_experts_chunked_ = true;

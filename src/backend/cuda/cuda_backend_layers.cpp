@@ -151,9 +151,17 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
   const int num_chunks = static_cast<int>(
       std::min<int64_t>(INT32_MAX / kChunkRows,
                         round_up((num_entries + kChunkRows - 1) / kChunkRows + num_experts, kChunkBatchStep)));
-  const bool chunked =
-      prefill_sized && prefill_experts_ == PrefillExperts::kChunked && chunked_experts_ready(w, num_chunks);
-  const bool host_planned = prefill_sized && !chunked && prefill_experts_ != PrefillExperts::kGrouped;
+  // Prefill-sized layers of e4m3 experts with e4m3 activations take the prefill expert blocks,
+  // whose row-blocks hold kExpertBlockWideRows rows, unless another form is asked for.
+  const bool prefill_blocks =
+      prefill_sized && fp8_expert_activations_for(w) &&
+      (prefill_experts_ == PrefillExperts::kAuto || prefill_experts_ == PrefillExperts::kGrouped);
+  const bool chunked = prefill_sized && !prefill_blocks &&
+                       (prefill_experts_ == PrefillExperts::kAuto || prefill_experts_ == PrefillExperts::kChunked) &&
+                       chunked_experts_ready(w, num_chunks);
+  const bool host_planned =
+      prefill_sized && !chunked && !prefill_blocks && prefill_experts_ != PrefillExperts::kGrouped;
+  const int grouped_rows_per_block = prefill_blocks ? kExpertBlockWideRows : kGemmRowsPerBlock;
 
   // The shared experts depend on x alone. In a small step the routing before the routed experts
   // is a chain of short kernels that leave the memory idle, so the shared experts run with it:
@@ -217,7 +225,7 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
                                      stream_);
   else  // chunked layers count their block offsets in chunks
     launch_moe_route_and_plan(logits.as<float>(), num_tokens, params, bias, d_ids.as<int32_t>(),
-                              d_weights.as<float>(), chunked ? kChunkRows : kGemmRowsPerBlock, row_offsets,
+                              d_weights.as<float>(), chunked ? kChunkRows : grouped_rows_per_block, row_offsets,
                               block_offsets, src_rows, slot_rows,
                               plan_workspace_ints > 0 ? plan_workspace.as<int32_t>() : nullptr, stream_);
 
@@ -233,7 +241,8 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
     expert_out = moe_experts_host_planned(w, xb, row_offsets, src_rows, num_entries);
   } else {
     expert_out = alloc_->cached({num_entries, hidden}, DType::kF32);
-    moe_experts_grouped(w, xb, row_offsets, block_offsets, src_rows, num_entries, expert_out);
+    moe_experts_grouped(w, xb, row_offsets, block_offsets, src_rows, num_entries, grouped_rows_per_block,
+                        expert_out);
   }
 
   if (forked) forked->join();
@@ -265,21 +274,30 @@ CudaBackend::QuantisedRows CudaBackend::quantise_rows_for(const Tensor& x_bf16, 
   return q;
 }
 
+bool CudaBackend::fp8_expert_activations_for(const MoeWeights& w) const {
+  const LinearWeight& gu0 = w.expert_gate_up[0];
+  const LinearWeight& down0 = w.expert_down[0];
+  const int64_t k_p = gu0.weight.dim(1), inter_p = gu0.weight.dim(0) / 2;
+  return fp8_expert_blocks_ && fp8_expert_activations_ && gu0.weight.dtype == DType::kF8E4M3 &&
+         down0.weight.dtype == DType::kF8E4M3 && k_p % kLibraryFp8TileColumns == 0 &&
+         inter_p % kLibraryFp8TileColumns == 0;
+}
+
 // All experts in two grouped GEMMs that read the routing from the device (no host wait).
 void CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
                                       const int32_t* block_offsets, const int32_t* src_rows, int64_t num_entries,
-                                      Tensor& expert_out) {
+                                      int rows_per_block, Tensor& expert_out) {
   const int num_experts = w.num_experts;
   const GemmWeight* gate_up_table = static_cast<const GemmWeight*>(w.derived.data);
   const LinearWeight& gu0 = w.expert_gate_up[0];
   const LinearWeight& down0 = w.expert_down[0];
   const int64_t k_p = gu0.weight.dim(1), inter_p = gu0.weight.dim(0) / 2, hidden = down0.out_features;
-  // Row-blocks: at most one per kGemmRowsPerBlock rows plus a partial one per expert, and every
+  // Row-blocks: at most one per rows_per_block rows plus a partial one per expert, and every
   // row-block holds a routed row, so never more than the routed entries. The second bound is the
   // tighter one in a decode step of few tokens: at batch 1 it launches 6 row-blocks instead of
   // 65 (V2-Lite), so the grid holds no blocks that would only find their expert empty.
   const int max_blocks = static_cast<int>(
-      std::min(num_entries, (num_entries + kGemmRowsPerBlock - 1) / kGemmRowsPerBlock + num_experts));
+      std::min(num_entries, (num_entries + rows_per_block - 1) / rows_per_block + num_experts));
   const int rows_hint = static_cast<int>((num_entries + num_experts - 1) / num_experts);
   // Experts with enough rows take the 128-row expert blocks (e4m3 ones unless
   // DSINFER_MOE_FP8_EXPERT_BLOCKS=0); batch-invariant steps keep one kind of block at every
@@ -295,6 +313,7 @@ void CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, con
   up.row_offsets = row_offsets;
   up.block_offsets = block_offsets;
   up.num_groups = num_experts;
+  up.rows_per_block = rows_per_block;
   up.weights_fp8 = gu0.weight.dtype == DType::kF8E4M3;
   up.expert_blocks = expert_blocks && (!up.weights_fp8 || fp8_expert_blocks_);
   up.epilogue = GemmEpilogue::kSiluMulBf16;
@@ -306,9 +325,9 @@ void CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, con
   const bool few_rows = few_row_gemm_takes(num_tokens);
   // e4m3 experts in the expert blocks with e4m3 activations: the step's rows quantised once for
   // the gate/up product (which gathers them by src_rows), and its SiLU·up rows for the down one.
-  const bool fp8_activations = !few_rows && up.expert_blocks && up.weights_fp8 &&
-                               down0.weight.dtype == DType::kF8E4M3 && fp8_expert_activations_ &&
-                               k_p % kLibraryFp8TileColumns == 0 && inter_p % kLibraryFp8TileColumns == 0;
+  const bool fp8_activations = !few_rows && expert_blocks && fp8_expert_activations_for(w);
+  DS_CHECK_MSG(rows_per_block == kGemmRowsPerBlock || fp8_activations,
+               "moe: row-blocks of " << rows_per_block << " rows need the e4m3 expert blocks");
   QuantisedRows x_q, act_q;
   if (fp8_activations) x_q = quantise_rows_for(xb, num_tokens, k_p, up);
   const int max_rows_per_block = static_cast<int>(num_tokens);

@@ -343,8 +343,11 @@ void launch_grouped_gemm(const GroupedGemmArgs& args, int max_n_padded, int max_
                                                             args.tile_counters != nullptr)));
   DS_CHECK(args.k_splits == 1 || static_cast<int64_t>(max_n_padded / kGemmTileRows) * max_row_blocks <=
                                      kGemmMaxTileCounters);
-  if (args.xq != nullptr) {  // e4m3 activations: the wgmma expert blocks
-    launch_expert_gemm_fp8_activations(args, max_n_padded, max_row_blocks, rows_hint, stream);
+  if (args.xq != nullptr) {  // e4m3 activations: the wgmma expert blocks (prefill's, or decode's)
+    if (args.rows_per_block == kExpertBlockWideRows)
+      launch_expert_gemm_prefill(args, max_n_padded, max_row_blocks, stream);
+    else
+      launch_expert_gemm_fp8_activations(args, max_n_padded, max_row_blocks, rows_hint, stream);
     return;
   }
   if (args.groups != nullptr && args.expert_blocks) {

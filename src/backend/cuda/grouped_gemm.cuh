@@ -36,14 +36,14 @@ __device__ __forceinline__ int group_of_block(const GroupedGemmArgs& a, int bloc
 constexpr int kScaleCols = 128;  // e4m3 scale block width along k
 
 // The weight and the output rows [row_begin, row_end) of row-block `block` of a grouped call
-// (at most kGemmRowsPerBlock rows of one group); false for a block past the last group's.
+// (at most a.rows_per_block rows of one group); false for a block past the last group's.
 __device__ __forceinline__ bool grouped_row_block(const GroupedGemmArgs& a, int block, GemmWeight& w, int& row_begin,
                                                   int& row_end) {
   if (block >= a.block_offsets[a.num_groups]) return false;
   const int group = group_of_block(a, block);
   w = a.groups[group];
-  row_begin = a.row_offsets[group] + (block - a.block_offsets[group]) * kGemmRowsPerBlock;
-  row_end = min(row_begin + kGemmRowsPerBlock, a.row_offsets[group + 1]);
+  row_begin = a.row_offsets[group] + (block - a.block_offsets[group]) * a.rows_per_block;
+  row_end = min(row_begin + a.rows_per_block, a.row_offsets[group + 1]);
   return true;
 }
 
@@ -79,8 +79,8 @@ __device__ __forceinline__ bool grouped_row_block_warp(const GroupedGemmArgs& a,
   if (past_end) return false;
   const int group = num_started - 1;
   w = a.groups[group];
-  row_begin = __ldcg(a.row_offsets + group) + (block - __ldcg(a.block_offsets + group)) * kGemmRowsPerBlock;
-  row_end = min(row_begin + kGemmRowsPerBlock, __ldcg(a.row_offsets + group + 1));
+  row_begin = __ldcg(a.row_offsets + group) + (block - __ldcg(a.block_offsets + group)) * a.rows_per_block;
+  row_end = min(row_begin + a.rows_per_block, __ldcg(a.row_offsets + group + 1));
   return true;
 }
 

@@ -36,6 +36,8 @@ constexpr int kGemmTileRows = 32;
 constexpr int kGemmChunkK = 32;
 // Rows of x one thread block handles (the grouped layout counts tiles of this many rows).
 constexpr int kGemmRowsPerBlock = 64;
+// Routed rows per row-block of the prefill expert blocks (grouped_gemm_experts_prefill.cu).
+constexpr int kExpertBlockWideRows = 128;
 // Gate/up interleaving of fused weights: within each 32-row tile, 16 gate rows then the 16 up
 // rows of the same outputs.
 constexpr int kGemmGateUpHalf = 16;
@@ -61,11 +63,14 @@ struct GroupedGemmArgs {
   const int32_t* src_rows = nullptr;  // [num_rows] x row of each output row; null: the same row
   // Grouped form: device arrays of num_groups weights, the first output row of each group
   // ([num_groups + 1]) and the first row-block of each group ([num_groups + 1], blocks of
-  // kGemmRowsPerBlock rows). Dense form (groups == nullptr): `dense` over rows [0, dense_rows).
+  // rows_per_block rows). Dense form (groups == nullptr): `dense` over rows [0, dense_rows).
   const GemmWeight* groups = nullptr;
   const int32_t* row_offsets = nullptr;
   const int32_t* block_offsets = nullptr;
   int num_groups = 0;
+  // kGemmRowsPerBlock, or kExpertBlockWideRows for e4m3 activations in the prefill expert
+  // blocks (no other kernel takes row-blocks of more than 64 rows).
+  int rows_per_block = kGemmRowsPerBlock;
   // Grouped form, few-row kernel: the layout was written by a kernel launched on this stream
   // before the previous one, so it is complete when this kernel starts and may be read before
   // the wait, and the first weight pieces requested with it (the routed experts' down product,
@@ -122,6 +127,10 @@ void launch_expert_gemm_fp8(const GroupedGemmArgs& args, int max_n_padded, int m
                             Stream stream);
 void launch_expert_gemm_fp8_activations(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks,
                                         int rows_hint, Stream stream);
+// The prefill expert blocks (grouped_gemm_experts_prefill.cu): e4m3 weights and activations over
+// row-blocks of kExpertBlockWideRows rows (args.rows_per_block), a copying warpgroup and two
+// math warpgroups a block.
+void launch_expert_gemm_prefill(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks, Stream stream);
 
 // Products of at most a few rows per row-block (decode at batch 1 to 4) on CUDA cores
 // (few_row_gemm.cu): a block takes weight rows four at a time over their whole K, so no partial

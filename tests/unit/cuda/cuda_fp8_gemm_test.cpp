@@ -197,6 +197,31 @@ std::vector<float> run_fp8_moe(Backend& be, const Fp8MoeCase& c, const std::vect
   return download(be, ty);
 }
 
+// The layer in DeepSeek's FP8 arithmetic on the host, with the device's routing: e4m3
+// activations per row and 128 columns into each product, SiLU·up rounded to bf16 between them.
+std::vector<float> fp8_moe_reference(const Fp8MoeCase& c, const std::vector<Fp8Weight>& gate_up,
+                                     const std::vector<Fp8Weight>& down, const std::vector<float>& x,
+                                     const MoeRouting& routing) {
+  const auto xq = quantised_activations(x, c.num_tokens, c.hidden);
+  std::vector<float> want(c.num_tokens * c.hidden, 0.0f);
+  for (int64_t t = 0; t < c.num_tokens; ++t) {
+    const std::vector<float> row(xq.begin() + t * c.hidden, xq.begin() + (t + 1) * c.hidden);
+    for (int k = 0; k < c.top_k; ++k) {
+      const size_t entry = static_cast<size_t>(t * c.top_k + k);
+      const int e = routing.expert_ids[entry];
+      const auto gu = product(row, 1, gate_up[e]);
+      std::vector<float> act(c.inter);
+      for (int64_t j = 0; j < c.inter; ++j) {
+        const float g = gu[j], u = gu[c.inter + j];
+        act[j] = bf16_to_f32(f32_to_bf16(g / (1.0f + std::exp(-g)) * u));
+      }
+      const auto y = product(quantised_activations(act, 1, c.inter), 1, down[e]);
+      for (int64_t j = 0; j < c.hidden; ++j) want[t * c.hidden + j] += routing.weights[entry] * y[j];
+    }
+  }
+  return want;
+}
+
 TEST_F(CudaFp8GemmTest, ExpertBlocksQuantiseActivationsPerTile) {
   auto weight_only = make_backend_with_env("cuda", "DSINFER_MOE_FP8_ACTIVATIONS", "0");
   auto passes_of_64 = make_backend_with_env("cuda", "DSINFER_MOE_FP8_PASS_ROWS", "64");
@@ -216,23 +241,7 @@ TEST_F(CudaFp8GemmTest, ExpertBlocksQuantiseActivationsPerTile) {
     ASSERT_EQ(routing.expert_ids.size(), static_cast<size_t>(c.num_tokens * c.top_k));
     for (size_t i = 0; i < routing.expert_ids.size() && c.skewed; ++i) ASSERT_LT(routing.expert_ids[i], c.top_k);
 
-    const auto xq = quantised_activations(x, c.num_tokens, c.hidden);
-    std::vector<float> want(c.num_tokens * c.hidden, 0.0f);
-    for (int64_t t = 0; t < c.num_tokens; ++t) {
-      const std::vector<float> row(xq.begin() + t * c.hidden, xq.begin() + (t + 1) * c.hidden);
-      for (int k = 0; k < c.top_k; ++k) {
-        const size_t entry = static_cast<size_t>(t * c.top_k + k);
-        const int e = routing.expert_ids[entry];
-        const auto gu = product(row, 1, gate_up[e]);
-        std::vector<float> act(c.inter);
-        for (int64_t j = 0; j < c.inter; ++j) {
-          const float g = gu[j], u = gu[c.inter + j];
-          act[j] = bf16_to_f32(f32_to_bf16(g / (1.0f + std::exp(-g)) * u));
-        }
-        const auto y = product(quantised_activations(act, 1, c.inter), 1, down[e]);
-        for (int64_t j = 0; j < c.hidden; ++j) want[t * c.hidden + j] += routing.weights[entry] * y[j];
-      }
-    }
+    const auto want = fp8_moe_reference(c, gate_up, down, x, routing);
     // As for the gated MLP: now and then a SiLU·up value rounds to another e4m3 code than on the
     // host, which moves one down product by one e4m3 step.
     const double error = rms_relative_error(got, want);
@@ -241,6 +250,40 @@ TEST_F(CudaFp8GemmTest, ExpertBlocksQuantiseActivationsPerTile) {
     EXPECT_LT(rms_relative_error(got_64, want), 1e-2);
     EXPECT_EQ(routing_weight_only.expert_ids, routing.expert_ids);
     EXPECT_GT(rms_relative_error(got_weight_only, want), 2 * error);
+  }
+}
+
+// Prefill-sized layers of e4m3 experts (by default, as with DSINFER_MOE_PREFILL_EXPERTS=grouped)
+// plan row-blocks of 128 routed rows, which the prefill expert blocks take: a persistent block
+// per SM, a copying warpgroup and two math warpgroups of 64 rows each. The cases:
+// - about 150 rows per expert: a whole row-block and a partial one;
+// - about 75: one partial row-block each, some with rows for the first math warpgroup only, and
+//   hidden 320, which leaves the down product a last weight tile of 64 rows;
+// - four experts taking all 300 tokens among 16: two whole row-blocks and one of 44 rows each,
+//   and twelve experts without rows.
+TEST_F(CudaFp8GemmTest, PrefillExpertBlocksTakePrefillSizedLayers) {
+  auto by_default = make_backend_with_env("cuda", "DSINFER_MOE_PREFILL_EXPERTS", "auto");
+  auto widened = make_backend_with_env("cuda", "DSINFER_MOE_PREFILL_EXPERTS", "chunked");
+  for (const Fp8MoeCase& c : {Fp8MoeCase{8, 2, 600, 256, 128, false}, Fp8MoeCase{8, 2, 301, 320, 256, false},
+                              Fp8MoeCase{16, 4, 300, 256, 128, true}}) {
+    SCOPED_TRACE(c.num_tokens);
+    std::vector<Fp8Weight> gate_up, down;
+    for (int e = 0; e < c.num_experts; ++e) {
+      gate_up.push_back(make_fp8_weight(2 * c.inter, c.hidden, kTile, 300 + 2 * e));
+      down.push_back(make_fp8_weight(c.hidden, c.inter, kTile, 301 + 2 * e));
+    }
+    const auto x = random_values(c.num_tokens * c.hidden, 73);
+    MoeRouting routing;
+    const auto got = run_fp8_moe(*by_default, c, gate_up, down, x, routing);
+    ASSERT_EQ(routing.expert_ids.size(), static_cast<size_t>(c.num_tokens * c.top_k));
+    for (size_t i = 0; i < routing.expert_ids.size() && c.skewed; ++i) ASSERT_LT(routing.expert_ids[i], c.top_k);
+    const auto want = fp8_moe_reference(c, gate_up, down, x, routing);
+    const double error = rms_relative_error(got, want);
+    EXPECT_LT(error, 1e-2);
+    // The experts widened to bf16 (bf16 activations) miss the recipe's arithmetic by more, so
+    // the bound above holds for the FP8 activations' path only.
+    MoeRouting widened_routing;
+    EXPECT_GT(rms_relative_error(run_fp8_moe(*widened, c, gate_up, down, x, widened_routing), want), 2 * error);
   }
 }
 

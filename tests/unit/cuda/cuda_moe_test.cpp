@@ -238,13 +238,14 @@ TEST_F(CudaMoeTest, PrefillSizedBatchIsPlannedAcrossBlocks) {
 
 TEST_F(CudaMoeTest, PrefillSizedExpertsOnEveryPath) {
   // The prefill-sized layers of PrefillSizedBatchIsPlannedAcrossBlocks on each path
-  // (DSINFER_MOE_PREFILL_EXPERTS): bf16 experts in chunks of pointer-array products (the
-  // default), a cuBLASLt product per expert with the row counts on the host, and the own grouped
-  // kernel; e4m3 experts on the host-planned path or the grouped kernel. Also a layer whose
-  // experts' rows fill few chunks beside many empty ones (64 experts, 40 rows each on average).
+  // (DSINFER_MOE_PREFILL_EXPERTS): bf16 experts in chunks of pointer-array products ("chunked",
+  // and by default), a cuBLASLt product per expert with the row counts on the host, and the own
+  // grouped kernel; e4m3 experts widened in chunks, on the host-planned path, or in the prefill
+  // expert blocks ("grouped", and by default). Also a layer whose experts' rows fill few chunks
+  // beside many empty ones (64 experts, 40 rows each on average).
   const GateSpec g{16, 4, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, true, 1.0f, true};
   const GateSpec wide{64, 6, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, false, 1.0f, true};
-  for (const char* path : {"chunked", "host", "grouped"}) {
+  for (const char* path : {"auto", "chunked", "host", "grouped"}) {
     SCOPED_TRACE(path);
     gpu_ = make_backend_with_env("cuda", "DSINFER_MOE_PREFILL_EXPERTS", path);
     run_case(g, 1100, 23, 128, 64);

@@ -1,0 +1,268 @@
+// The prefill expert blocks: the routed experts of a prefill-sized MoE layer in DeepSeek's FP8
+// recipe (e4m3 weights with 128 × 128 block scales, e4m3 activations with per-row scales per
+// 128 columns), on Hopper's FP8 warpgroup products.
+//
+// The decode-sized expert blocks (grouped_gemm_experts_wgmma.cu) read 128 weight rows against at
+// most 64 routed rows, and every warp both copies and multiplies: each stage ends in a block
+// barrier, and its products are waited for before their scales are applied, so the tensor cores
+// idle while a warpgroup waits or scales. At prefill sizes (about 1,500 rows per expert on
+// V2-Lite) that form ran at about a third of the FP8 rate. Here the warps specialise:
+// - a tile is 128 weight rows of one expert against one row-block of 128 of its routed rows
+//   (the routing plans row-blocks of kExpertBlockWideRows for these layers); a block per SM
+//   takes tile after tile;
+// - the first warpgroup only copies: per stage (128 columns of k, one scale block) the row-block's
+//   128 e4m3 x rows, the 128 weight rows and their scales, through cp.async into the 128-byte
+//   swizzle the products read; its copies' completion marks the stage full (an mbarrier);
+// - two math warpgroups of 64 routed rows each wait for a full stage, run an m64n128 product
+//   over its 128 columns, mark it empty for the copier, and add the product's sums, scaled by
+//   the x rows' and the weight rows' scales, to their totals in registers; while one warpgroup
+//   scales, the other's products keep the tensor cores busy;
+// - nothing waits on a block-wide barrier after the start.
+// Each math thread then writes its own outputs: fp32 rows, or SiLU(gate)·up in bf16, since the
+// gate/up interleaving (16 gate rows, then the 16 up rows of a 32-row tile) puts a gate column
+// and its up column in the same thread's accumulators.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/grouped_gemm.cuh"
+#include "backend/cuda/kernel_launch.cuh"
+#include "backend/cuda/mbarrier.cuh"
+#include "backend/cuda/tensor_core.cuh"
+#include "backend/cuda/wgmma.cuh"
+
+namespace dsinfer::cuda {
+namespace {
+
+constexpr int kStageK = kScaleCols;              // columns per stage: one scale block
+constexpr int kRows = kExpertBlockWideRows;      // routed rows per block
+constexpr int kCols = kExpertBlockWeightRows;    // weight rows per block (the product's n)
+constexpr int kGroupRows = 64;                   // routed rows per math warpgroup
+constexpr int kMathGroups = kRows / kGroupRows;  // 2
+constexpr int kCopyThreads = 128;                // the copying warpgroup
+constexpr int kThreads = kCopyThreads + kMathGroups * 128;
+constexpr int kPiecesPerRow = kStageK / 16;
+constexpr int kRowStep = kCopyThreads / kPiecesPerRow;  // rows apart of one copy thread's pieces
+constexpr int kScaleRows = 16;                          // weight rows per scale (GemmWeight)
+constexpr int kWeightScales = kCols / kScaleRows;
+
+// A stage: x [128 rows][128 bytes] (math warpgroup m reads rows 64 m ..), then the weight [128
+// rows][128 bytes], both swizzled and 1024-byte aligned, then the x rows' scales and the weight's
+// eight 16-row scales.
+constexpr int kWeightOffset = kRows * kStageK;
+constexpr int kXScaleOffset = kWeightOffset + kCols * kStageK;
+constexpr int kWeightScaleOffset = kXScaleOffset + kRows * 4;
+constexpr int kStageBytes = (kWeightScaleOffset + kWeightScales * 4 + 1023) / 1024 * 1024;
+constexpr int kStages = 6;
+constexpr int kBarrierOffset = kStages * kStageBytes;  // full[kStages], then empty[kStages]
+constexpr int kBytes = kBarrierOffset + 2 * kStages * 8 + 1024;  // and the slack to align the start
+static_assert(kBytes <= 227 * 1024, "one block fits on an SM");
+static_assert(kRows * kPiecesPerRow % kCopyThreads == 0 && kRows == kCopyThreads, "whole pieces per copy thread");
+
+// A math thread's outputs of a tile: routed rows `row` and row + 8 (those below row_end) ×
+// weight rows n_block + 8 j + 2 t (+ 1), from acc as the kernel lays it out.
+__device__ __forceinline__ void store_tile(const GroupedGemmArgs& a, const float (&acc)[kCols / 2], int row0,
+                                           int row_end, int n_block, int t) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = row0 + 8 * half;
+    if (row >= row_end) continue;
+    if (a.epilogue == GemmEpilogue::kStoreF32) {
+      float* y = static_cast<float*>(a.y) + static_cast<int64_t>(row) * a.ldy;
+#pragma unroll
+      for (int j = 0; j < kCols / 8; ++j) {
+        const int col = n_block + 8 * j + 2 * t;
+        if (col + 1 < a.n_out) {
+          *reinterpret_cast<float2*>(y + col) = make_float2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+        } else if (col < a.n_out) {
+          y[col] = acc[4 * j + 2 * half];
+        }
+      }
+    } else {
+      // 32-row tile q: gate columns 8 j + 2 t for j = 4 q, 4 q + 1, their up columns at j + 2.
+      __nv_bfloat16* y = static_cast<__nv_bfloat16*>(a.y) + static_cast<int64_t>(row) * a.ldy;
+#pragma unroll
+      for (int q = 0; q < kCols / kGemmTileRows; ++q)
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj) {
+          const int jg = 4 * q + jj, ju = jg + 2;
+          const int col = n_block / 2 + kGemmGateUpHalf * q + 8 * jj + 2 * t;
+          float out[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float gate = acc[4 * jg + 2 * half + e], up = acc[4 * ju + 2 * half + e];
+            out[e] = gate / (1.0f + expf(-gate)) * up;
+          }
+          if (col + 1 < a.n_out) {
+            *reinterpret_cast<__nv_bfloat162*>(y + col) = __floats2bfloat162_rn(out[0], out[1]);
+          } else if (col < a.n_out) {
+            y[col] = __float2bfloat16_rn(out[0]);
+          }
+        }
+    }
+  }
+}
+
+// The block's tile `tile` of a grouped call: weight rows [n_block, n_block + 128) of the expert
+// of row-block tile / n_tiles, against that row-block's rows; false where the expert's weight
+// ends before n_block.
+__device__ __forceinline__ bool locate_tile(const GroupedGemmArgs& a, int tile, int n_tiles, GemmWeight& w,
+                                            int& row_begin, int& row_end, int& n_block) {
+  if (!grouped_row_block(a, tile / n_tiles, w, row_begin, row_end)) return false;
+  n_block = tile % n_tiles * kCols;
+  return n_block < w.n_padded;
+}
+
+// A math warpgroup's products of one stage: part = its 64 x rows (at x_offset in the stage) ·
+// the stage's 128 weight rowsᵀ over the stage's 128 columns, committed as one group.
+__device__ __forceinline__ void issue_stage_products(float (&part)[kCols / 2], uint32_t stage_addr, int x_offset) {
+  fence_shared_for_wgmma();  // the copies landed through the generic proxy
+  wgmma_fence();
+  const uint64_t desc_x = wgmma_descriptor_sw128(stage_addr + x_offset);
+  const uint64_t desc_w = wgmma_descriptor_sw128(stage_addr + kWeightOffset);
+  // A 32-byte k-step advances a descriptor's address field (bytes / 16) by 2.
+  wgmma_m64n128k32_e4m3<false>(part, desc_x, desc_w);
+#pragma unroll
+  for (int kk = 1; kk < kStageK / 32; ++kk) wgmma_m64n128k32_e4m3<true>(part, desc_x + 2 * kk, desc_w + 2 * kk);
+  wgmma_commit();
+}
+
+// Adds a finished stage's sums, scaled by its x rows' (scale_row, + 8) and weight rows' scales,
+// to acc, after marking the stage empty for this warp (the scales are read first).
+__device__ __forceinline__ void add_scaled_stage(float (&acc)[kCols / 2], const float (&part)[kCols / 2],
+                                                 const unsigned char* stage, int scale_row, uint32_t empty,
+                                                 bool has_rows) {
+  const float* x_scales = reinterpret_cast<const float*>(stage + kXScaleOffset) + scale_row;
+  const float xs0 = x_scales[0], xs1 = x_scales[8];
+  float ws[kWeightScales];
+#pragma unroll
+  for (int i = 0; i < kWeightScales; ++i) ws[i] = reinterpret_cast<const float*>(stage + kWeightScaleOffset)[i];
+  __syncwarp();
+  if (threadIdx.x % 32 == 0) mbarrier_arrive(empty);  // this warp is done with the stage
+  if (!has_rows) return;
+#pragma unroll
+  for (int j = 0; j < kCols / 8; ++j) {
+    const float s0 = xs0 * ws[j / 2], s1 = xs1 * ws[j / 2];
+    acc[4 * j + 0] += part[4 * j + 0] * s0;
+    acc[4 * j + 1] += part[4 * j + 1] * s0;
+    acc[4 * j + 2] += part[4 * j + 2] * s1;
+    acc[4 * j + 3] += part[4 * j + 3] * s1;
+  }
+}
+
+// Persistent: a block per SM takes tiles blockIdx.x, + gridDim.x, …, so that the copies of a
+// block's next tile run during its last stages' products and its stores. Both roles walk the
+// same tiles and count the same stages (`it`), which sets each stage's slot and phase.
+__global__ void __launch_bounds__(kThreads, 1) expert_gemm_prefill_kernel(GroupedGemmArgs a, int n_tiles) {
+  await_previous_kernels();
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
+  const uint32_t smem_addr = shared_address(smem);
+  const uint32_t full_bar = smem_addr + kBarrierOffset, empty_bar = full_bar + kStages * 8;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < kStages; ++i) {
+      mbarrier_init(full_bar + 8 * i, kCopyThreads);
+      mbarrier_init(empty_bar + 8 * i, kMathGroups * 4);  // a warp's lane 0 each
+    }
+  }
+  __syncthreads();
+  const int num_tiles = a.block_offsets[a.num_groups] * n_tiles;
+
+  if (threadIdx.x < kCopyThreads) {
+    // Copy thread p: 16-byte piece p % 8 of x rows and weight rows p / 8 + 16 j; the scale of x
+    // row p; for p < 8, the scale of weight rows 16 p .. 16 p + 15.
+    const int p = threadIdx.x, piece = p % kPiecesPerRow, row0 = p / kPiecesPerRow;
+    uint32_t it = 0;
+    for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+      GemmWeight w;
+      int row_begin, row_end, n_block;
+      if (!locate_tile(a, tile, n_tiles, w, row_begin, row_end, n_block)) continue;
+      const int num_stages = w.k_padded / kStageK;
+      using XPieces = ExpertPassPieces<kCopyThreads, kRows, kPiecesPerRow, uint8_t>;
+      const XPieces x(a.xq, a, row_begin, row_end - row_begin);
+      const bool x_scale_valid = row_begin + p < row_end;
+      const int64_t x_scale_row =
+          !x_scale_valid ? 0 : a.src_rows != nullptr ? a.src_rows[row_begin + p] : row_begin + p;
+      const float* x_scale_src = a.x_scales + x_scale_row;
+      const int weight_rows = min(kCols, w.n_padded - n_block);
+      const uint8_t* w_src = static_cast<const uint8_t*>(w.data) +
+                             static_cast<int64_t>(n_block + min(row0, weight_rows - 1)) * w.k_padded + piece * 16;
+      const bool w_scale_valid = p < kWeightScales && p * kScaleRows < weight_rows;
+      const float* w_scale_src =
+          w.scales + static_cast<int64_t>(w_scale_valid ? n_block / kScaleRows + p : 0) * num_stages;
+      for (int s = 0; s < num_stages; ++s, ++it) {
+        const int slot = it % kStages;
+        if (it >= kStages) mbarrier_wait(empty_bar + 8 * slot, (it / kStages - 1) & 1);
+        unsigned char* stage = smem + slot * kStageBytes;
+        const int64_t k0 = static_cast<int64_t>(s) * kStageK;
+#pragma unroll
+        for (int j = 0; j < XPieces::kPerThread; ++j)
+          cp_async16(stage + swizzled_piece_offset(row0 + kRowStep * j, piece), x.src[j] + k0, x.valid[j]);
+#pragma unroll
+        for (int j = 0; j < kCols / kRowStep; ++j) {
+          const int r = row0 + kRowStep * j;
+          const bool valid = r < weight_rows;
+          cp_async16(stage + kWeightOffset + swizzled_piece_offset(r, piece),
+                     w_src + (valid ? static_cast<int64_t>(kRowStep * j) * w.k_padded : 0) + k0, valid);
+        }
+        cp_async4(stage + kXScaleOffset + 4 * p, x_scale_src + s * a.x_scale_rows, x_scale_valid);
+        if (p < kWeightScales) cp_async4(stage + kWeightScaleOffset + 4 * p, w_scale_src + s, w_scale_valid);
+        mbarrier_arrive_after_copies(full_bar + 8 * slot);
+      }
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    return;
+  }
+
+  // Math warpgroup m: routed rows 64 m + 16 warp + g (+ 8) of each row-block.
+  const int m = (threadIdx.x - kCopyThreads) / 128, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int x_offset = m * kGroupRows * kStageK, scale_row = m * kGroupRows + 16 * warp + g;
+  uint32_t it = 0;
+  for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+    GemmWeight w;
+    int row_begin, row_end, n_block;
+    if (!locate_tile(a, tile, n_tiles, w, row_begin, row_end, n_block)) continue;
+    const int num_stages = w.k_padded / kStageK;
+    const bool has_rows = row_begin + m * kGroupRows < row_end;  // uniform over the warpgroup
+    // acc[4 j + e]: routed row 16 warp + g (+ 8 for e >= 2) × weight row 8 j + 2 t + e % 2.
+    float acc[kCols / 2] = {};
+    for (int s = 0; s < num_stages; ++s, ++it) {
+      const int slot = it % kStages;
+      mbarrier_wait(full_bar + 8 * slot, (it / kStages) & 1);
+      float part[kCols / 2];
+      if (has_rows) {
+        issue_stage_products(part, smem_addr + slot * kStageBytes, x_offset);
+        wgmma_wait_all();
+        wgmma_fence_registers(part);
+      }
+      add_scaled_stage(acc, part, smem + slot * kStageBytes, scale_row, empty_bar + 8 * slot, has_rows);
+    }
+    if (has_rows) store_tile(a, acc, row_begin + scale_row, row_end, n_block, t);
+  }
+}
+
+}  // namespace
+
+void launch_expert_gemm_prefill(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks, Stream stream) {
+  DS_CHECK(args.groups != nullptr && args.k_splits == 1 && args.weights_fp8 && args.xq != nullptr &&
+           args.x_scales != nullptr && args.ldx % 16 == 0 && args.rows_per_block == kExpertBlockWideRows);
+  DS_CHECK(args.ldy % 2 == 0);  // paired stores
+  if (max_n_padded == 0 || max_row_blocks == 0) return;
+  static const int num_sms = [] {
+    int device = 0, sms = 0;
+    DS_CUDA_CHECK(cudaGetDevice(&device));
+    DS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    return sms;
+  }();
+  const int n_tiles = (max_n_padded + kCols - 1) / kCols;
+  const int64_t max_tiles = static_cast<int64_t>(n_tiles) * max_row_blocks;
+  DS_CHECK_MSG(max_tiles <= INT32_MAX, "prefill expert blocks: " << max_tiles << " tiles");
+  const int blocks = static_cast<int>(std::min<int64_t>(num_sms, max_tiles));
+  allow_shared_bytes<expert_gemm_prefill_kernel>(kBytes);
+  launch_kernel(expert_gemm_prefill_kernel, dim3(blocks), kThreads, kBytes, stream, args, n_tiles);
+  DS_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace dsinfer::cuda
