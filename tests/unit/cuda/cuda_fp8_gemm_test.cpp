@@ -171,6 +171,15 @@ struct Fp8MoeCase {
   bool skewed;  // sigmoid scores with a bias that sends every token to experts 0 .. top_k - 1
 };
 
+// The case's experts: gate/up [2 inter, hidden] and down [hidden, inter], seeds from `seed` on.
+void make_fp8_experts(const Fp8MoeCase& c, uint32_t seed, std::vector<Fp8Weight>& gate_up,
+                      std::vector<Fp8Weight>& down) {
+  for (int e = 0; e < c.num_experts; ++e) {
+    gate_up.push_back(make_fp8_weight(2 * c.inter, c.hidden, kTile, seed + 2 * e));
+    down.push_back(make_fp8_weight(c.hidden, c.inter, kTile, seed + 1 + 2 * e));
+  }
+}
+
 std::vector<float> run_fp8_moe(Backend& be, const Fp8MoeCase& c, const std::vector<Fp8Weight>& gate_up,
                                const std::vector<Fp8Weight>& down, const std::vector<float>& x, MoeRouting& routing) {
   MoeWeights w;
@@ -229,10 +238,7 @@ TEST_F(CudaFp8GemmTest, ExpertBlocksQuantiseActivationsPerTile) {
                               Fp8MoeCase{64, 4, 100, 256, 128, true}}) {
     SCOPED_TRACE(c.num_tokens);
     std::vector<Fp8Weight> gate_up, down;
-    for (int e = 0; e < c.num_experts; ++e) {
-      gate_up.push_back(make_fp8_weight(2 * c.inter, c.hidden, kTile, 100 + 2 * e));
-      down.push_back(make_fp8_weight(c.hidden, c.inter, kTile, 101 + 2 * e));
-    }
+    make_fp8_experts(c, 100, gate_up, down);
     const auto x = random_values(c.num_tokens * c.hidden, 72);
     MoeRouting routing, routing_64, routing_weight_only;
     const auto got = run_fp8_moe(*gpu_, c, gate_up, down, x, routing);
@@ -268,10 +274,7 @@ TEST_F(CudaFp8GemmTest, PrefillExpertBlocksTakePrefillSizedLayers) {
                               Fp8MoeCase{16, 4, 300, 256, 128, true}}) {
     SCOPED_TRACE(c.num_tokens);
     std::vector<Fp8Weight> gate_up, down;
-    for (int e = 0; e < c.num_experts; ++e) {
-      gate_up.push_back(make_fp8_weight(2 * c.inter, c.hidden, kTile, 300 + 2 * e));
-      down.push_back(make_fp8_weight(c.hidden, c.inter, kTile, 301 + 2 * e));
-    }
+    make_fp8_experts(c, 300, gate_up, down);
     const auto x = random_values(c.num_tokens * c.hidden, 73);
     MoeRouting routing;
     const auto got = run_fp8_moe(*by_default, c, gate_up, down, x, routing);
