@@ -15,8 +15,9 @@
 //   swizzle the products read; its copies' completion marks the stage full (an mbarrier);
 // - two math warpgroups of 64 routed rows each wait for a full stage, run an m64n128 product
 //   over its 128 columns, mark it empty for the copier, and add the product's sums, scaled by
-//   the x rows' and the weight rows' scales, to their totals in registers; while one warpgroup
-//   scales, the other's products keep the tensor cores busy;
+//   the x rows' and the weight rows' scales, to their totals in registers. The hope was that
+//   one warpgroup's products run while the other scales; measured with the copies switched
+//   off, products and scaling hardly overlap (RESULTS.md, "Prefill expert blocks");
 // - nothing waits on a block-wide barrier after the start.
 // Each math thread then writes its own outputs: fp32 rows, or SiLU(gate)·up in bf16, since the
 // gate/up interleaving (16 gate rows, then the 16 up rows of a 32-row tile) puts a gate column
