@@ -240,11 +240,9 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
 template <auto Kernel>
 int resident_blocks() {
   static const int blocks = [] {
-    int device = 0, num_sms = 0, per_sm = 0;
-    DS_CUDA_CHECK(cudaGetDevice(&device));
-    DS_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+    int per_sm = 0;
     DS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, kThreads, 0));
-    return std::max(1, num_sms * per_sm);
+    return std::max(1, device_multiprocessors() * per_sm);
   }();
   return blocks;
 }

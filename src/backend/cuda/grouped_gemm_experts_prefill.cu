@@ -251,16 +251,10 @@ void launch_expert_gemm_prefill(const GroupedGemmArgs& args, int max_n_padded, i
            args.x_scales != nullptr && args.ldx % 16 == 0 && args.rows_per_block == kExpertBlockWideRows);
   DS_CHECK(args.ldy % 2 == 0);  // paired stores
   if (max_n_padded == 0 || max_row_blocks == 0) return;
-  static const int num_sms = [] {
-    int device = 0, sms = 0;
-    DS_CUDA_CHECK(cudaGetDevice(&device));
-    DS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    return sms;
-  }();
   const int n_tiles = (max_n_padded + kCols - 1) / kCols;
   const int64_t max_tiles = static_cast<int64_t>(n_tiles) * max_row_blocks;
   DS_CHECK_MSG(max_tiles <= INT32_MAX, "prefill expert blocks: " << max_tiles << " tiles");
-  const int blocks = static_cast<int>(std::min<int64_t>(num_sms, max_tiles));
+  const int blocks = static_cast<int>(std::min<int64_t>(device_multiprocessors(), max_tiles));
   allow_shared_bytes<expert_gemm_prefill_kernel>(kBytes);
   launch_kernel(expert_gemm_prefill_kernel, dim3(blocks), kThreads, kBytes, stream, args, n_tiles);
   DS_CUDA_CHECK_LAUNCH();

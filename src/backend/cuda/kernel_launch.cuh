@@ -91,6 +91,8 @@ void allow_shared_bytes(size_t shared_bytes) {
 
 // Whether launches overlap (DSINFER_PDL, read once).
 bool overlapped_launches_enabled();
+// The current device's multiprocessor count (read once).
+int device_multiprocessors();
 
 template <typename... Params, typename... Args>
 void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, Stream stream,

@@ -122,44 +122,9 @@ __global__ void __launch_bounds__(kThreads) flash_attention_kernel(const __nv_bf
       }
     }
 
-    // Scaled to log2 units; keys past a row's position or past key_end masked (only the steps
-    // on the diagonal or at the end have any).
-    const bool masked = j0 + kKeys - 1 > warp_pos || j0 + kKeys > key_end;
-#pragma unroll
-    for (int n = 0; n < kKeys / 8; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float v = s[n][e] * scale_log2;
-        if (masked) {
-          const int key = j0 + n * 8 + 2 * t + (e & 1), pos = warp_pos + g + (e >> 1) * 8;
-          if (key > pos || key >= key_end) v = -INFINITY;
-        }
-        s[n][e] = v;
-      }
-    }
-    // Online softmax. Every row sees key 0 at the first step, so its max is finite from then on.
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      float m = row_max[i];
-#pragma unroll
-      for (int n = 0; n < kKeys / 8; ++n) m = fmaxf(m, fmaxf(s[n][2 * i], s[n][2 * i + 1]));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-      const float rescale = exp2f(row_max[i] - m);  // 0 at the first step
-      row_max[i] = m;
-      row_sum[i] *= rescale;
-#pragma unroll
-      for (int n = 0; n < V / 8; ++n) {
-        o[n][2 * i] *= rescale;
-        o[n][2 * i + 1] *= rescale;
-      }
-#pragma unroll
-      for (int n = 0; n < kKeys / 8; ++n) {
-        s[n][2 * i] = exp2f(s[n][2 * i] - m);
-        s[n][2 * i + 1] = exp2f(s[n][2 * i + 1] - m);
-        row_sum[i] += s[n][2 * i] + s[n][2 * i + 1];
-      }
-    }
+    auto score = [&](int n, int e) -> float& { return s[n][e]; };
+    scale_and_mask_scores<kKeys>(score, scale_log2, j0, warp_pos, key_end, g, t);
+    online_softmax_step<kKeys, V / 8>(score, [&](int n, int e) -> float& { return o[n][e]; }, row_max, row_sum);
 
     // O [16 x V] += P [16 x 64] · V [64 x V]: n-tiles 2kk and 2kk+1 of the scores make the A
     // fragment of keys 16kk .. 16kk + 15.
