@@ -19,6 +19,9 @@
 //   one warpgroup's products run while the other scales; measured with the copies switched
 //   off, products and scaling hardly overlap (RESULTS.md, "Prefill expert blocks");
 // - nothing waits on a block-wide barrier after the start.
+// What bounds the blocks as they are is data from L2: a tile brings 128 FLOP per byte, and the
+// math warps wait for full stages far more often than the copier waits for empty ones (stall
+// sampling, RESULTS.md, the blocks' second pass).
 // Each math thread then writes its own outputs: fp32 rows, or SiLU(gate)·up in bf16, since the
 // gate/up interleaving (16 gate rows, then the 16 up rows of a 32-row tile) puts a gate column
 // and its up column in the same thread's accumulators.
