@@ -59,6 +59,145 @@ __device__ __forceinline__ void load_key_step(unsigned char* stage, const __nv_b
   }
 }
 
+// 2^x on the special-function unit, denormal results flushed to zero (exp2f adds a range check
+// and two multiplies around the same instruction; here every x is a score less its row's max).
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The online softmax over a step of a warp's raw scores s (the products' layout: s[4 n + e] is
+// key group n's value e, rows g and g + 8): keys past a row's position or at key_end and after
+// set to -inf when kMasked (only steps on the diagonal or at the end have any); each row's
+// running max (in log2 units) and sum move on, the scores become their exponentials, and
+// rescale[i] is the factor for what row i accumulated under its old max (0 at the first step).
+// The scale folds into the exponent's multiply-add: with scale_log2 > 0 the max of the raw
+// scores scales to the max of the scaled ones. Every row sees key 0 at the first step, so its
+// max is finite from then on.
+template <bool kMasked>
+__device__ __forceinline__ void softmax_scores(float (&s)[32], float (&row_max)[2], float (&row_sum)[2],
+                                               float (&rescale)[2], float scale_log2, int j0, int warp_pos,
+                                               int key_end, int g, int t) {
+  if constexpr (kMasked) {
+#pragma unroll
+    for (int n = 0; n < kKeys / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = j0 + n * 8 + 2 * t + (e & 1), pos = warp_pos + g + (e >> 1) * 8;
+        if (key > pos || key >= key_end) s[4 * n + e] = -INFINITY;
+      }
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float m = fmaxf(s[2 * i], s[2 * i + 1]);
+#pragma unroll
+    for (int n = 1; n < kKeys / 8; ++n) m = fmaxf(m, fmaxf(s[4 * n + 2 * i], s[4 * n + 2 * i + 1]));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    const float m_new = fmaxf(row_max[i], m * scale_log2);
+    rescale[i] = exp2_ftz(row_max[i] - m_new);
+    row_max[i] = m_new;
+    float sum = 0.0f;
+#pragma unroll
+    for (int n = 0; n < kKeys / 8; ++n) {
+      s[4 * n + 2 * i] = exp2_ftz(fmaf(s[4 * n + 2 * i], scale_log2, -m_new));
+      s[4 * n + 2 * i + 1] = exp2_ftz(fmaf(s[4 * n + 2 * i + 1], scale_log2, -m_new));
+      sum += s[4 * n + 2 * i] + s[4 * n + 2 * i + 1];
+    }
+    row_sum[i] = row_sum[i] * rescale[i] + sum;
+  }
+}
+
+// The masked or the plain step, as the step's keys and the warpgroup's rows (from group_pos, the
+// position of its first) need. Decided for the whole warpgroup, so that the compiler sees the
+// branch taken alike by its warps (one decided per warp made ptxas serialise the products that
+// follow, its C7520 warning).
+__device__ __forceinline__ void softmax_scores(float (&s)[32], float (&row_max)[2], float (&row_sum)[2],
+                                               float (&rescale)[2], float scale_log2, int j0, int group_pos,
+                                               int warp_pos, int key_end, int g, int t) {
+  if (j0 + kKeys - 1 > group_pos || j0 + kKeys > key_end)
+    softmax_scores<true>(s, row_max, row_sum, rescale, scale_log2, j0, warp_pos, key_end, g, t);
+  else
+    softmax_scores<false>(s, row_max, row_sum, rescale, scale_log2, j0, warp_pos, key_end, g, t);
+}
+
+__device__ __forceinline__ void rescale_output(float (&o)[kVPanels][32], const float (&rescale)[2]) {
+#pragma unroll
+  for (int p = 0; p < kVPanels; ++p)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      o[p][4 * j + 0] *= rescale[0];
+      o[p][4 * j + 1] *= rescale[0];
+      o[p][4 * j + 2] *= rescale[1];
+      o[p][4 * j + 3] *= rescale[1];
+    }
+}
+
+// Descriptors advance by an address in 16-byte units in their low field (shared addresses stay
+// below 2^18, so the field never carries).
+__device__ __forceinline__ uint64_t advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
+
+// A group's 64 × 64 scores: Q (desc_q, its three panels) · the stage's keys (desc_stage, the
+// stage's start)ᵀ, twelve k16 steps, four per 128-byte panel (32 bytes each), committed.
+__device__ __forceinline__ void issue_scores(float (&s)[32], uint64_t desc_q, uint64_t desc_stage) {
+#pragma unroll
+  for (int kk = 0; kk < kQk / 16; ++kk) {
+    const uint32_t offset = (kk / 4) * kPanelBytes + 32 * (kk % 4);
+    if (kk == 0) wgmma_m64n64k16_bf16<false>(s, advance(desc_q, offset), advance(desc_stage, offset));
+    else wgmma_m64n64k16_bf16<true>(s, advance(desc_q, offset), advance(desc_stage, offset));
+  }
+  wgmma_commit();
+}
+
+// Probabilities as the A fragments of keys 16 kk .. 16 kk + 15 (score groups 2 kk and 2 kk + 1).
+__device__ __forceinline__ void pack_probabilities(const float (&s)[32], uint32_t (&a)[kKeys / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kKeys / 16; ++kk) {
+    a[kk][0] = pack_bf16x2(s[8 * kk + 0], s[8 * kk + 1]);
+    a[kk][1] = pack_bf16x2(s[8 * kk + 2], s[8 * kk + 3]);
+    a[kk][2] = pack_bf16x2(s[8 * kk + 4], s[8 * kk + 5]);
+    a[kk][3] = pack_bf16x2(s[8 * kk + 6], s[8 * kk + 7]);
+  }
+}
+
+// O [64 x 128] += P [64 x 64] · V of the stage (desc_stage_mn: the stage's start in the MN-major
+// form); a value panel is 64 columns, one product each; committed.
+__device__ __forceinline__ void issue_values(float (&o)[kVPanels][32], const uint32_t (&a)[kKeys / 16][4],
+                                             uint64_t desc_stage_mn) {
+#pragma unroll
+  for (int kk = 0; kk < kKeys / 16; ++kk)
+#pragma unroll
+    for (int p = 0; p < kVPanels; ++p)
+      wgmma_m64n64k16_bf16_registers_a(o[p], a[kk], advance(desc_stage_mn, kVOffset + p * kPanelBytes + kk * 16 * 128));
+  wgmma_commit();
+}
+
+// Normalised rows into out [num_queries, heads, v_dim] (rows ld_out floats apart); v_dim is a
+// multiple of 4, so a thread's column pair is whole or past the end.
+__device__ __forceinline__ void store_rows(const float (&o)[kVPanels][32], const float (&row_sum)[2], float* out,
+                                           int64_t ld_out, int q0, int rows, int h, int v_dim, int warp_row0, int g,
+                                           int t) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float sum = row_sum[i];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int r = warp_row0 + g + i * 8;
+    if (r >= rows) continue;
+    const float inv = 1.0f / sum;
+    float* dst = out + static_cast<int64_t>(q0 + r) * ld_out + static_cast<int64_t>(h) * v_dim;
+#pragma unroll
+    for (int p = 0; p < kVPanels; ++p)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int c = p * kPanelCols + j * 8 + 2 * t;
+        if (c < v_dim)
+          *reinterpret_cast<float2*>(dst + c) = make_float2(o[p][4 * j + 2 * i] * inv, o[p][4 * j + 2 * i + 1] * inv);
+      }
+  }
+}
+
 // Block (query block, head) of 192 queries; warpgroup wg owns queries 64 wg .. 64 wg + 63 of
 // them, warp w of it rows 16 w .. 16 w + 15. As flash_attention_kernel in mla_flash.cu
 // (positions, masking, the running max and sum per row), except the order of the blocks: one
@@ -67,6 +206,11 @@ __device__ __forceinline__ void load_key_step(unsigned char* stage, const __nv_b
 // (with a block filling an SM, the heads of one query block per grid row left the longest for
 // the later waves). This thread's score and output accumulators are in the products' layout
 // (wgmma.cuh): s[4 n + e] is mma.sync's s[n][e].
+//
+// A step's instructions other than the products are what the kernel's time went to (a third
+// more of them than the products' time at the tensor rate): the descriptors are made once, from
+// values the compiler knows to be warp-uniform, the masking runs only on the steps that need it,
+// and the softmax scale rides in the exponent's multiply-add (softmax_scores).
 __global__ void __launch_bounds__(kThreads, 1)
     flash_attention_wgmma_kernel(const __nv_bfloat16* q, const __nv_bfloat16* kv, int num_heads, int v_dim,
                                  int num_queries, int first_pos, int num_keys, float scale_log2, float* out,
@@ -74,10 +218,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   await_previous_kernels();
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
-  const uint32_t smem_addr = shared_address(smem);
+  // Read through a shuffle from lane 0, these are known to the compiler to be the same in every
+  // lane, and the descriptors made from them stay in uniform registers (a descriptor made per
+  // product from per-thread values cost a move to a uniform register each).
+  const uint32_t smem_addr = __shfl_sync(0xffffffffu, shared_address(smem), 0);
+  const int group = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
   unsigned char* stages = smem + kStagesOffset;
-  const int group = threadIdx.x / 128, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4,
-            t = lane % 4;
+  const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int num_q_blocks = (num_queries + kQueries - 1) / kQueries;
   const int q0 = (num_q_blocks - 1 - static_cast<int>(blockIdx.x) / num_heads) * kQueries;
   const int h = static_cast<int>(blockIdx.x) % num_heads;
@@ -86,11 +233,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int head_offset = h * (kQk + kV);
   const int key_end = min(num_keys, first_pos + q0 + rows);
   const int group_row0 = 64 * group;
-  const int warp_pos = first_pos + q0 + group_row0 + warp * 16;  // the position of the warp's first row
+  // The positions of the group's and the warp's first rows.
+  const int group_pos = first_pos + q0 + group_row0, warp_pos = group_pos + warp * 16;
   // The keys this group's rows see: it skips the steps past them (the block's later rows need
   // them), and all of them if its rows are past the chunk.
   const int group_key_end = group_row0 < rows ? min(key_end, first_pos + q0 + group_row0 + 64) : 0;
-  const uint32_t q_addr = smem_addr + group * kGroupQBytes;
+  const uint64_t desc_q = wgmma_descriptor_sw128(smem_addr + group * kGroupQBytes);
+  const uint64_t desc_stages = wgmma_descriptor_sw128(smem_addr + kStagesOffset);
+  const uint64_t desc_stages_mn = wgmma_descriptor_sw128_mn64(smem_addr + kStagesOffset);
 
   for (int i = threadIdx.x; i < kQueries * kQkPieces; i += kThreads) {
     const int r = i / kQkPieces, c = i % kQkPieces;
@@ -115,7 +265,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   for (int step = 0; step < num_steps; ++step) {
     const int j0 = step * kKeys;
-    const uint32_t stage_addr = smem_addr + kStagesOffset + (step % kStages) * kStageBytes;
+    const uint32_t stage_offset = (step % kStages) * kStageBytes;
     cp_async_wait<kStages - 2>();
     fence_shared_for_wgmma();
     __syncthreads();  // this step's keys are in place, and every warp is done with the stage refilled now
@@ -123,75 +273,25 @@ __global__ void __launch_bounds__(kThreads, 1)
     cp_async_commit();
     if (j0 >= group_key_end) continue;  // the whole warpgroup alike
 
-    // Scores [64 x 64]: twelve k16 steps, four per 128-byte panel (32 bytes each).
     float s[32];
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kQk / 16; ++kk) {
-      const uint32_t panel = (kk / 4) * kPanelBytes;
-      const uint64_t desc_q = wgmma_descriptor_sw128(q_addr + panel) + 2 * (kk % 4);
-      const uint64_t desc_k = wgmma_descriptor_sw128(stage_addr + panel) + 2 * (kk % 4);
-      if (kk == 0) wgmma_m64n64k16_bf16<false>(s, desc_q, desc_k);
-      else wgmma_m64n64k16_bf16<true>(s, desc_q, desc_k);
-    }
-    wgmma_commit();
+    issue_scores(s, desc_q, advance(desc_stages, stage_offset));
     wgmma_wait_all();
     wgmma_fence_registers(s);
-
-    // Output column group n of the shared steps is group n % 8 of value panel n / 8.
-    auto score = [&](int n, int e) -> float& { return s[4 * n + e]; };
-    scale_and_mask_scores<kKeys>(score, scale_log2, j0, warp_pos, key_end, g, t);
-    online_softmax_step<kKeys, kV / 8>(
-        score, [&](int n, int e) -> float& { return o[n / 8][4 * (n % 8) + e]; }, row_max, row_sum);
-
-    // O [64 x 128] += P [64 x 64] · V [64 x 128]: score groups 2kk and 2kk+1 make the A fragment
-    // of keys 16kk .. 16kk + 15; a value panel is 64 columns, one product each. The fragments
-    // are packed before the fence: packed between the products, they made ptxas serialise the
-    // products (its C7520 warning).
+    float rescale[2];
+    softmax_scores(s, row_max, row_sum, rescale, scale_log2, j0, group_pos, warp_pos, key_end, g, t);
+    rescale_output(o, rescale);
     uint32_t a[kKeys / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk) {
-      a[kk][0] = pack_bf16x2(s[8 * kk + 0], s[8 * kk + 1]);
-      a[kk][1] = pack_bf16x2(s[8 * kk + 2], s[8 * kk + 3]);
-      a[kk][2] = pack_bf16x2(s[8 * kk + 4], s[8 * kk + 5]);
-      a[kk][3] = pack_bf16x2(s[8 * kk + 6], s[8 * kk + 7]);
-    }
+    pack_probabilities(s, a);  // before the fence: packed between the products, ptxas serialised them (C7520)
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk)
-#pragma unroll
-      for (int p = 0; p < kVPanels; ++p) {
-        const uint32_t v_rows = stage_addr + kVOffset + p * kPanelBytes + kk * 16 * 128;
-        wgmma_m64n64k16_bf16_registers_a(o[p], a[kk], wgmma_descriptor_sw128_mn64(v_rows));
-      }
+    issue_values(o, a, advance(desc_stages_mn, stage_offset));
     // Waited for here, not at the next step's start: with the products in flight across the
     // loop's back edge the compiler serialises them.
-    wgmma_commit();
     wgmma_wait_all();
     wgmma_fence_registers(o[0]);
     wgmma_fence_registers(o[1]);
   }
-
-  // Normalised rows into out [num_queries, heads, v_dim] (rows ld_out floats apart); v_dim is a
-  // multiple of 4, so a thread's column pair is whole or past the end.
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    float sum = row_sum[i];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const int r = group_row0 + warp * 16 + g + i * 8;
-    if (r >= rows) continue;
-    const float inv = 1.0f / sum;
-    float* dst = out + static_cast<int64_t>(q0 + r) * ld_out + static_cast<int64_t>(h) * v_dim;
-#pragma unroll
-    for (int p = 0; p < kVPanels; ++p)
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int c = p * kPanelCols + j * 8 + 2 * t;
-        if (c < v_dim)
-          *reinterpret_cast<float2*>(dst + c) = make_float2(o[p][4 * j + 2 * i] * inv, o[p][4 * j + 2 * i + 1] * inv);
-      }
-  }
+  store_rows(o, row_sum, out, ld_out, q0, rows, h, v_dim, group_row0 + warp * 16, g, t);
 }
 
 }  // namespace
