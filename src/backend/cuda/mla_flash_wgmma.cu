@@ -11,7 +11,10 @@
 // - a block is three warpgroups of 64 queries each, which share the key stages: each 64 keys
 //   are read from L2 once per 192 queries (blocks of one warpgroup, two per SM, made 4 × 4k
 //   prefill 5% slower, blocks of two 2%); three stages of keys load (cp.async) while the groups
-//   compute.
+//   compute;
+// - a step issues few instructions besides its products (see the kernel). A copy warpgroup that
+//   hands the stages over through mbarriers, without the block barrier, was slower: its copy
+//   loop took a fifth of the instructions (RESULTS.md, "Prefill attention: leaner steps").
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -136,7 +139,7 @@ __device__ __forceinline__ void rescale_output(float (&o)[kVPanels][32], const f
 
 // Descriptors advance by an address in 16-byte units in their low field (shared addresses stay
 // below 2^18, so the field never carries).
-__device__ __forceinline__ uint64_t advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
+__device__ __forceinline__ uint64_t advance_descriptor(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
 
 // A group's 64 × 64 scores: Q (desc_q, its three panels) · the stage's keys (desc_stage, the
 // stage's start)ᵀ, twelve k16 steps, four per 128-byte panel (32 bytes each), committed.
@@ -144,8 +147,9 @@ __device__ __forceinline__ void issue_scores(float (&s)[32], uint64_t desc_q, ui
 #pragma unroll
   for (int kk = 0; kk < kQk / 16; ++kk) {
     const uint32_t offset = (kk / 4) * kPanelBytes + 32 * (kk % 4);
-    if (kk == 0) wgmma_m64n64k16_bf16<false>(s, advance(desc_q, offset), advance(desc_stage, offset));
-    else wgmma_m64n64k16_bf16<true>(s, advance(desc_q, offset), advance(desc_stage, offset));
+    const uint64_t dq = advance_descriptor(desc_q, offset), dk = advance_descriptor(desc_stage, offset);
+    if (kk == 0) wgmma_m64n64k16_bf16<false>(s, dq, dk);
+    else wgmma_m64n64k16_bf16<true>(s, dq, dk);
   }
   wgmma_commit();
 }
@@ -169,7 +173,8 @@ __device__ __forceinline__ void issue_values(float (&o)[kVPanels][32], const uin
   for (int kk = 0; kk < kKeys / 16; ++kk)
 #pragma unroll
     for (int p = 0; p < kVPanels; ++p)
-      wgmma_m64n64k16_bf16_registers_a(o[p], a[kk], advance(desc_stage_mn, kVOffset + p * kPanelBytes + kk * 16 * 128));
+      wgmma_m64n64k16_bf16_registers_a(o[p], a[kk],
+                                       advance_descriptor(desc_stage_mn, kVOffset + p * kPanelBytes + kk * 16 * 128));
   wgmma_commit();
 }
 
@@ -275,7 +280,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     float s[32];
     wgmma_fence();
-    issue_scores(s, desc_q, advance(desc_stages, stage_offset));
+    issue_scores(s, desc_q, advance_descriptor(desc_stages, stage_offset));
     wgmma_wait_all();
     wgmma_fence_registers(s);
     float rescale[2];
@@ -284,7 +289,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t a[kKeys / 16][4];
     pack_probabilities(s, a);  // before the fence: packed between the products, ptxas serialised them (C7520)
     wgmma_fence();
-    issue_values(o, a, advance(desc_stages_mn, stage_offset));
+    issue_values(o, a, advance_descriptor(desc_stages_mn, stage_offset));
     // Waited for here, not at the next step's start: with the products in flight across the
     // loop's back edge the compiler serialises them.
     wgmma_wait_all();
