@@ -212,8 +212,8 @@ __device__ __forceinline__ void store_rows(const float (&o)[kVPanels][32], const
 // the later waves). This thread's score and output accumulators are in the products' layout
 // (wgmma.cuh): s[4 n + e] is mma.sync's s[n][e].
 //
-// A step's instructions other than the products are what the kernel's time went to (a third
-// more of them than the products' time at the tensor rate): the descriptors are made once, from
+// A step's instructions other than the products took more of the kernel's time than the
+// products would at the tensor rate, so they are kept few: the descriptors are made once, from
 // values the compiler knows to be warp-uniform, the masking runs only on the steps that need it,
 // and the softmax scale rides in the exponent's multiply-add (softmax_scores).
 __global__ void __launch_bounds__(kThreads, 1)
@@ -242,7 +242,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int group_pos = first_pos + q0 + group_row0, warp_pos = group_pos + warp * 16;
   // The keys this group's rows see: it skips the steps past them (the block's later rows need
   // them), and all of them if its rows are past the chunk.
-  const int group_key_end = group_row0 < rows ? min(key_end, first_pos + q0 + group_row0 + 64) : 0;
+  const int group_key_end = group_row0 < rows ? min(key_end, group_pos + 64) : 0;
   const uint64_t desc_q = wgmma_descriptor_sw128(smem_addr + group * kGroupQBytes);
   const uint64_t desc_stages = wgmma_descriptor_sw128(smem_addr + kStagesOffset);
   const uint64_t desc_stages_mn = wgmma_descriptor_sw128_mn64(smem_addr + kStagesOffset);
