@@ -191,7 +191,8 @@ void launch_gather_rows_bf16(const uint16_t* x, const int32_t* rows, int64_t num
 // [num_keys, heads, qk_padded + v_padded] (k then v per head). Scores and probabilities stay
 // in registers (bf16 products, fp32 softmax and sums). Compiled for the head widths that
 // flash_attention_supported accepts (mla_flash.cu); with warpgroup_products, 192 / 128 runs on
-// Hopper's warpgroup products (mla_flash_wgmma.cu), else everything on mma.sync.
+// Hopper's warpgroup products (mla_flash_wgmma.cu), else everything on mma.sync. Both tensors
+// start at 16-byte boundaries (the kernels copy 16-byte pieces, or TMA boxes).
 bool flash_attention_supported(int qk_padded, int v_padded);
 void launch_expanded_flash_attention(const uint16_t* queries, const uint16_t* kv, int num_heads, int qk_padded,
                                      int v_padded, int v_dim, int num_queries, int first_pos, int num_keys,

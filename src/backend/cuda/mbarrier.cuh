@@ -28,6 +28,18 @@ __device__ __forceinline__ void mbarrier_arrive_after_copies(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
+// One arrival that also tells the barrier to expect `bytes` more from asynchronous copies (TMA)
+// completing on it: the phase completes once the arrivals are counted and the bytes have landed.
+__device__ __forceinline__ void mbarrier_arrive_expect_bytes(uint32_t bar, uint32_t bytes) {
+  asm volatile(
+      "{\n"
+      ".reg .b64 state;\n"
+      "mbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n"
+      "}\n" ::"r"(bar),
+      "r"(bytes)
+      : "memory");
+}
+
 // Returns once the phase of this parity has completed (its writes then visible to the caller).
 __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;

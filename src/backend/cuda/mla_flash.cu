@@ -241,6 +241,7 @@ void launch_expanded_flash_attention(const uint16_t* queries, const uint16_t* kv
                                      float softmax_scale, float* out, int64_t ld_out, bool warpgroup_products,
                                      Stream stream) {
   DS_CHECK(flash_attention_supported(qk_padded, v_padded) && v_dim % 4 == 0 && v_dim <= v_padded);
+  DS_CHECK(reinterpret_cast<uintptr_t>(queries) % 16 == 0 && reinterpret_cast<uintptr_t>(kv) % 16 == 0);
   if (num_queries == 0) return;
   constexpr float kLog2e = 1.4426950408889634f;
   const float scale_log2 = softmax_scale * kLog2e;

@@ -10,19 +10,25 @@
 //   the keys (the product's MN-major B form);
 // - a block is three warpgroups of 64 queries each, which share the key stages: each 64 keys
 //   are read from L2 once per 192 queries (blocks of one warpgroup, two per SM, made 4 × 4k
-//   prefill 5% slower, blocks of two 2%); three stages of keys load (cp.async) while the groups
-//   compute;
-// - a step issues few instructions besides its products (see the kernel). A copy warpgroup that
-//   hands the stages over through mbarriers, without the block barrier, was slower: its copy
-//   loop took a fifth of the instructions (RESULTS.md, "Prefill attention: leaner steps").
+//   prefill 5% slower, blocks of two 2%);
+// - a fourth warpgroup copies: one of its threads issues the queries and each stage of keys and
+//   values as TMA boxes, and the stages pass between it and the math groups through mbarriers,
+//   so no block barrier holds the groups in step (one group's softmax runs while another's
+//   products do). The same hand-over with a copy loop of 16-byte cp.async copies ran a fifth of
+//   the kernel's instructions and lost to a block barrier per step; with TMA the kernel took
+//   153 µs for one 4k sequence against the barrier form's 232 (RESULTS.md, "Prefill attention
+//   fed by TMA");
+// - a step issues few instructions besides its products (see the kernel).
 #include <cuda_bf16.h>
 
 #include <cmath>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernel_launch.cuh"
+#include "backend/cuda/mbarrier.cuh"
 #include "backend/cuda/mla_flash.h"
 #include "backend/cuda/tensor_core.cuh"
+#include "backend/cuda/tensor_map.h"
 #include "backend/cuda/wgmma.cuh"
 
 namespace dsinfer::cuda {
@@ -34,33 +40,25 @@ constexpr int kPanelCols = 64;               // bf16 columns of a 128-byte swizz
 constexpr int kPanelBytes = 64 * 128;        // 64 rows of one panel (queries and keys alike)
 constexpr int kQkPanels = kQk / kPanelCols;  // 3
 constexpr int kVPanels = kV / kPanelCols;    // 2
-constexpr int kQkPieces = kQk / 8, kRowPieces = (kQk + kV) / 8;  // 16-byte pieces of a row
 constexpr int kGroupQBytes = kQkPanels * kPanelBytes;            // a warpgroup's 64 queries
 constexpr int kStageBytes = (kQkPanels + kVPanels) * kPanelBytes;
 constexpr int kVOffset = kQkPanels * kPanelBytes;  // within a stage
 
-constexpr int kGroups = 3;  // warpgroups of 64 queries
-constexpr int kThreads = kGroups * 128;
-constexpr int kQueries = kGroups * 64;  // a block's
+constexpr int kGroups = 3;  // math warpgroups of 64 queries
+constexpr int kMathThreads = kGroups * 128;
+constexpr int kThreads = kMathThreads + 128;  // and the copy warpgroup
+constexpr int kQueries = kGroups * 64;        // a block's
 constexpr int kStages = 3;
+// The registers a thread of each role may use (setmaxnreg). The launch gives each of the 512
+// threads 128; setmaxnreg.inc takes only registers that setmaxnreg.dec gave back, and the copy
+// group's 128 × (128 - 24) cover the math groups' 384 × (160 - 128).
+constexpr int kCopyRegisters = 24, kMathRegisters = 160;
 // Shared memory from a 1024-byte boundary: each group's Q panels, then per stage K's panels and
-// V's.
+// V's, then the barriers: the queries' one, and per stage a full and an empty one.
 constexpr int kStagesOffset = kGroups * kGroupQBytes;
-constexpr int kBytes = kStagesOffset + kStages * kStageBytes + 1024;  // and the slack to align the start
+constexpr int kBarrierOffset = kStagesOffset + kStages * kStageBytes;
+constexpr int kBytes = kBarrierOffset + 8 * (1 + 2 * kStages) + 1024;  // and the slack to align the start
 static_assert(kBytes <= 227 * 1024, "a block fits on an SM");
-
-// Keys [j0, j0 + 64) of head_offset's head into a stage; rows from key_end on are zero.
-__device__ __forceinline__ void load_key_step(unsigned char* stage, const __nv_bfloat16* kv, int64_t kv_width,
-                                              int head_offset, int j0, int key_end) {
-  for (int i = threadIdx.x; i < kKeys * kRowPieces; i += kThreads) {
-    const int j = i / kRowPieces, c = i % kRowPieces, key = j0 + j;
-    const bool valid = key < key_end;
-    const __nv_bfloat16* src = kv + static_cast<int64_t>(valid ? key : 0) * kv_width + head_offset + c * 8;
-    // Pieces 0..23 are the key's (panels of 8 pieces), 24..39 the value's.
-    const int panel = c < kQkPieces ? c / 8 : kQkPanels + (c - kQkPieces) / 8;
-    cp_async16(stage + panel * kPanelBytes + swizzled_piece_offset(j, c % 8), src, valid);
-  }
-}
 
 // 2^x on the special-function unit, denormal results flushed to zero (exp2f adds a range check
 // and two multiplies around the same instruction; here every x is a score less its row's max).
@@ -203,8 +201,8 @@ __device__ __forceinline__ void store_rows(const float (&o)[kVPanels][32], const
   }
 }
 
-// Block (query block, head) of 192 queries; warpgroup wg owns queries 64 wg .. 64 wg + 63 of
-// them, warp w of it rows 16 w .. 16 w + 15. As flash_attention_kernel in mla_flash.cu
+// Block (query block, head) of 192 queries; math warpgroup wg owns queries 64 wg .. 64 wg + 63
+// of them, warp w of it rows 16 w .. 16 w + 15. As flash_attention_kernel in mla_flash.cu
 // (positions, masking, the running max and sum per row), except the order of the blocks: one
 // dimension, the heads of a query block next to each other and the longest query blocks (the
 // last) first, so that the blocks issued first are the longest ones whatever the head count
@@ -212,53 +210,82 @@ __device__ __forceinline__ void store_rows(const float (&o)[kVPanels][32], const
 // the later waves). This thread's score and output accumulators are in the products' layout
 // (wgmma.cuh): s[4 n + e] is mma.sync's s[n][e].
 //
+// q_map covers queries [num_queries, heads × 192], kv_map keys and values [num_keys, heads ×
+// 320], both in boxes of 64 columns (one swizzle row) by 64 rows. Rows past their ends arrive as
+// zeros: queries past the chunk give finite scores and are never written; keys past key_end
+// within the tensor arrive as they are and are masked.
+//
 // A step's instructions other than the products took more of the kernel's time than the
 // products would at the tensor rate, so they are kept few: the descriptors are made once, from
 // values the compiler knows to be warp-uniform, the masking runs only on the steps that need it,
 // and the softmax scale rides in the exponent's multiply-add (softmax_scores).
 __global__ void __launch_bounds__(kThreads, 1)
-    flash_attention_wgmma_kernel(const __nv_bfloat16* q, const __nv_bfloat16* kv, int num_heads, int v_dim,
-                                 int num_queries, int first_pos, int num_keys, float scale_log2, float* out,
-                                 int64_t ld_out) {
+    flash_attention_wgmma_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap kv_map,
+                                 int num_heads, int v_dim, int num_queries, int first_pos, int num_keys,
+                                 float scale_log2, float* out, int64_t ld_out) {
   await_previous_kernels();
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  unsigned char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
   // Read through a shuffle from lane 0, these are known to the compiler to be the same in every
   // lane, and the descriptors made from them stay in uniform registers (a descriptor made per
   // product from per-thread values cost a move to a uniform register each).
+  unsigned char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
   const uint32_t smem_addr = __shfl_sync(0xffffffffu, shared_address(smem), 0);
-  const int group = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
-  unsigned char* stages = smem + kStagesOffset;
-  const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const uint32_t q_bar = smem_addr + kBarrierOffset, full_bar = q_bar + 8, empty_bar = full_bar + 8 * kStages;
+  if (threadIdx.x == 0) {
+    mbarrier_init(q_bar, 1);
+    for (int i = 0; i < kStages; ++i) {
+      mbarrier_init(full_bar + 8 * i, 1);                  // the copy thread's, with the bytes
+      mbarrier_init(empty_bar + 8 * i, kMathThreads / 32);  // lane 0 of each math warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // seen by the copies
+  }
+  __syncthreads();
   const int num_q_blocks = (num_queries + kQueries - 1) / kQueries;
   const int q0 = (num_q_blocks - 1 - static_cast<int>(blockIdx.x) / num_heads) * kQueries;
   const int h = static_cast<int>(blockIdx.x) % num_heads;
   const int rows = min(kQueries, num_queries - q0);
-  const int64_t kv_width = static_cast<int64_t>(num_heads) * (kQk + kV);
-  const int head_offset = h * (kQk + kV);
   const int key_end = min(num_keys, first_pos + q0 + rows);
+  const int num_steps = (key_end + kKeys - 1) / kKeys;
+
+  if (threadIdx.x >= kMathThreads) {  // the copy warpgroup: one thread issues every copy
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kCopyRegisters));
+    if (threadIdx.x != kMathThreads) return;
+    mbarrier_arrive_expect_bytes(q_bar, kGroups * kGroupQBytes);
+    for (int group = 0; group < kGroups; ++group)
+      for (int p = 0; p < kQkPanels; ++p)
+        tma_load_2d(smem_addr + group * kGroupQBytes + p * kPanelBytes, &q_map, h * kQk + p * kPanelCols,
+                    q0 + 64 * group, q_bar);
+    for (int step = 0; step < num_steps; ++step) {
+      const int slot = step % kStages;
+      if (step >= kStages) mbarrier_wait(empty_bar + 8 * slot, (step / kStages - 1) & 1);
+      const uint32_t stage = smem_addr + kStagesOffset + slot * kStageBytes;
+      mbarrier_arrive_expect_bytes(full_bar + 8 * slot, kStageBytes);
+      for (int p = 0; p < kQkPanels + kVPanels; ++p)  // K's panels, then V's (the row's columns in order)
+        tma_load_2d(stage + p * kPanelBytes, &kv_map, h * (kQk + kV) + p * kPanelCols, step * kKeys,
+                    full_bar + 8 * slot);
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kMathRegisters));
+  const int group = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
+  const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int group_row0 = 64 * group;
   // The positions of the group's and the warp's first rows.
   const int group_pos = first_pos + q0 + group_row0, warp_pos = group_pos + warp * 16;
   // The keys this group's rows see: it skips the steps past them (the block's later rows need
   // them), and all of them if its rows are past the chunk.
   const int group_key_end = group_row0 < rows ? min(key_end, group_pos + 64) : 0;
+  const int group_steps = (group_key_end + kKeys - 1) / kKeys;  // a prefix of the block's steps
   const uint64_t desc_q = wgmma_descriptor_sw128(smem_addr + group * kGroupQBytes);
   const uint64_t desc_stages = wgmma_descriptor_sw128(smem_addr + kStagesOffset);
   const uint64_t desc_stages_mn = wgmma_descriptor_sw128_mn64(smem_addr + kStagesOffset);
-
-  for (int i = threadIdx.x; i < kQueries * kQkPieces; i += kThreads) {
-    const int r = i / kQkPieces, c = i % kQkPieces;
-    const bool valid = r < rows;  // rows past the chunk are zero queries (finite scores, never written)
-    const __nv_bfloat16* src = q + (static_cast<int64_t>(valid ? q0 + r : 0) * num_heads + h) * kQk + c * 8;
-    cp_async16(smem + (r / 64) * kGroupQBytes + (c / 8) * kPanelBytes + swizzled_piece_offset(r % 64, c % 8), src,
-               valid);
-  }
-  const int num_steps = (key_end + kKeys - 1) / kKeys;
-  auto issue = [&](int step) {
-    load_key_step(stages + (step % kStages) * kStageBytes, kv, kv_width, head_offset, step * kKeys, key_end);
+  auto wait_full = [&](int step) { mbarrier_wait(full_bar + 8 * (step % kStages), (step / kStages) & 1); };
+  auto release = [&](int step) {  // after this warp's products from the stage have completed
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(empty_bar + 8 * (step % kStages));
   };
-  start_cp_async_pipeline<kStages>(issue, num_steps);  // the queries go with the first keys
+  mbarrier_wait(q_bar, 0);
 
   // o[p][4 j + e]: row g (+ 8 for e >= 2) of the warp's 16, value column 64 p + 8 j + 2 t + e % 2.
   float o[kVPanels][32];
@@ -268,23 +295,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < 32; ++i) o[p][i] = 0.0f;
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
 
-  for (int step = 0; step < num_steps; ++step) {
-    const int j0 = step * kKeys;
+  for (int step = 0; step < group_steps; ++step) {
     const uint32_t stage_offset = (step % kStages) * kStageBytes;
-    cp_async_wait<kStages - 2>();
-    fence_shared_for_wgmma();
-    __syncthreads();  // this step's keys are in place, and every warp is done with the stage refilled now
-    if (step + kStages - 1 < num_steps) issue(step + kStages - 1);
-    cp_async_commit();
-    if (j0 >= group_key_end) continue;  // the whole warpgroup alike
-
+    wait_full(step);
     float s[32];
     wgmma_fence();
     issue_scores(s, desc_q, advance_descriptor(desc_stages, stage_offset));
     wgmma_wait_all();
     wgmma_fence_registers(s);
     float rescale[2];
-    softmax_scores(s, row_max, row_sum, rescale, scale_log2, j0, group_pos, warp_pos, key_end, g, t);
+    softmax_scores(s, row_max, row_sum, rescale, scale_log2, step * kKeys, group_pos, warp_pos, key_end, g, t);
     rescale_output(o, rescale);
     uint32_t a[kKeys / 16][4];
     pack_probabilities(s, a);  // before the fence: packed between the products, ptxas serialised them (C7520)
@@ -295,6 +315,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait_all();
     wgmma_fence_registers(o[0]);
     wgmma_fence_registers(o[1]);
+    release(step);
+  }
+  // The steps past this group's rows: the stages still pass through it, so that each empty
+  // barrier counts every math warp once per phase.
+  for (int step = group_steps; step < num_steps; ++step) {
+    wait_full(step);
+    release(step);
   }
   store_rows(o, row_sum, out, ld_out, q0, rows, h, v_dim, group_row0 + warp * 16, g, t);
 }
@@ -304,10 +331,17 @@ __global__ void __launch_bounds__(kThreads, 1)
 void launch_flash_attention_wgmma(const uint16_t* queries, const uint16_t* kv, int num_heads, int v_dim,
                                   int num_queries, int first_pos, int num_keys, float scale_log2, float* out,
                                   int64_t ld_out, Stream stream) {
+  const uint64_t q_width = static_cast<uint64_t>(num_heads) * kQk;
+  const uint64_t kv_width = static_cast<uint64_t>(num_heads) * (kQk + kV);
+  // Boxes of one swizzle row (64 columns) by 64 rows: a group's queries, a step's keys.
+  const TensorMap2d queries_2d{queries, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, q_width, static_cast<uint64_t>(num_queries),
+                               q_width * 2, kPanelCols, 64, true};
+  const TensorMap2d kv_2d{kv, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, kv_width, static_cast<uint64_t>(num_keys),
+                          kv_width * 2, kPanelCols, kKeys, true};
+  const CUtensorMap q_map = encode_tensor_map(queries_2d), kv_map = encode_tensor_map(kv_2d);
   allow_shared_bytes<flash_attention_wgmma_kernel>(kBytes);
   const int num_blocks = (num_queries + kQueries - 1) / kQueries * num_heads;
-  launch_kernel(flash_attention_wgmma_kernel, dim3(num_blocks), kThreads, kBytes, stream,
-                reinterpret_cast<const __nv_bfloat16*>(queries), reinterpret_cast<const __nv_bfloat16*>(kv), num_heads,
+  launch_kernel(flash_attention_wgmma_kernel, dim3(num_blocks), kThreads, kBytes, stream, q_map, kv_map, num_heads,
                 v_dim, num_queries, first_pos, num_keys, scale_log2, out, ld_out);
   DS_CUDA_CHECK_LAUNCH();
 }
