@@ -18,6 +18,8 @@
 //   the kernel's instructions and lost to a block barrier per step; with TMA the kernel took
 //   153 µs for one 4k sequence against the barrier form's 232 (RESULTS.md, "Prefill attention
 //   fed by TMA");
+// - inside a group, a step's Q·Kᵀ runs beside the step before's P·V, the softmax between them
+//   (FlashAttention-3's order: 147–150 µs);
 // - a step issues few instructions besides its products (see the kernel).
 #include <cuda_bf16.h>
 
@@ -295,27 +297,45 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < 32; ++i) o[p][i] = 0.0f;
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
 
-  for (int step = 0; step < group_steps; ++step) {
-    const uint32_t stage_offset = (step % kStages) * kStageBytes;
-    wait_full(step);
-    float s[32];
+  auto keys = [&](int step) { return advance_descriptor(desc_stages, (step % kStages) * kStageBytes); };
+  auto values = [&](int step) { return advance_descriptor(desc_stages_mn, (step % kStages) * kStageBytes); };
+  // FlashAttention-3's order inside the group: a step's Q·Kᵀ goes in flight together with the
+  // step before's P·V, and the softmax of the step's scores runs while the latter computes.
+  // (Measured with the copies by cp.async, this order lost; with the copies by TMA it took 147–150
+  // µs against 153–155 for one 4k sequence.) The group then holds two stages at once, so the
+  // copies run at most one stage ahead of it.
+  float s[32];
+  uint32_t a[kKeys / 16][4];  // the probabilities of the step before, as P·V's A fragments
+  float rescale[2];
+  if (group_steps > 0) {
+    wait_full(0);
     wgmma_fence();
-    issue_scores(s, desc_q, advance_descriptor(desc_stages, stage_offset));
+    issue_scores(s, desc_q, keys(0));
     wgmma_wait_all();
     wgmma_fence_registers(s);
-    float rescale[2];
-    softmax_scores(s, row_max, row_sum, rescale, scale_log2, step * kKeys, group_pos, warp_pos, key_end, g, t);
-    rescale_output(o, rescale);
-    uint32_t a[kKeys / 16][4];
-    pack_probabilities(s, a);  // before the fence: packed between the products, ptxas serialised them (C7520)
+    softmax_scores(s, row_max, row_sum, rescale, scale_log2, 0, group_pos, warp_pos, key_end, g, t);  // o is zero
+    pack_probabilities(s, a);
+    for (int step = 1; step < group_steps; ++step) {
+      wait_full(step);
+      wgmma_fence();
+      issue_scores(s, desc_q, keys(step));
+      issue_values(o, a, values(step - 1));
+      wgmma_wait<1>();  // the scores (groups complete in order)
+      wgmma_fence_registers(s);
+      softmax_scores(s, row_max, row_sum, rescale, scale_log2, step * kKeys, group_pos, warp_pos, key_end, g, t);
+      wgmma_wait<0>();  // the step before's values
+      wgmma_fence_registers(o[0]);
+      wgmma_fence_registers(o[1]);
+      release(step - 1);
+      rescale_output(o, rescale);
+      pack_probabilities(s, a);
+    }
     wgmma_fence();
-    issue_values(o, a, advance_descriptor(desc_stages_mn, stage_offset));
-    // Waited for here, not at the next step's start: with the products in flight across the
-    // loop's back edge the compiler serialises them.
+    issue_values(o, a, values(group_steps - 1));
     wgmma_wait_all();
     wgmma_fence_registers(o[0]);
     wgmma_fence_registers(o[1]);
-    release(step);
+    release(group_steps - 1);
   }
   // The steps past this group's rows: the stages still pass through it, so that each empty
   // barrier counts every math warp once per phase.

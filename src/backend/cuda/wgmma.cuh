@@ -49,6 +49,11 @@ __device__ __forceinline__ void fence_shared_for_wgmma() {
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Waits until at most kPending committed groups are still in flight (they complete in order).
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
 // Keeps the compiler from moving uses of accumulator registers across the fences and waits.
 template <int N>
 __device__ __forceinline__ void wgmma_fence_registers(float (&d)[N]) {
