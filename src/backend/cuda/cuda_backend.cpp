@@ -608,10 +608,21 @@ void CudaBackend::library_product_native(const Tensor& x_bf16, int64_t rows, con
 
 CudaBackend::QuantisedRows CudaBackend::quantise_rows(const Tensor& x_bf16, int64_t rows, int64_t rows_padded,
                                                       int64_t k) {
+  NormedCopy& copy = normed_copy_;
+  const bool of_copy = copy.of != nullptr && x_bf16.data == copy.bf16.data;
+  if (of_copy && copy.quantised_on == stream_ && copy.quantised_rows == rows &&
+      copy.quantised_rows_padded == rows_padded && !copy.quantised.q.empty() && copy.quantised.q.dim(1) == k)
+    return copy.quantised;
   QuantisedRows q{alloc_->cached({rows_padded, k}, DType::kF8E4M3),
                   alloc_->cached({k / kLibraryFp8TileColumns, rows_padded}, DType::kF32)};
   launch_quantize_rows_e4m3(x_bf16.as<uint16_t>(), rows, k, rows_padded, q.q.as<uint8_t>(), q.scales.as<float>(),
                             stream_);
+  if (of_copy) {
+    copy.quantised = q;
+    copy.quantised_on = stream_;
+    copy.quantised_rows = rows;
+    copy.quantised_rows_padded = rows_padded;
+  }
   return q;
 }
 

@@ -266,10 +266,13 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
 
 CudaBackend::QuantisedRows CudaBackend::quantise_rows_for(const Tensor& x_bf16, int64_t rows, int64_t k,
                                                           GroupedGemmArgs& args) {
-  QuantisedRows q = quantise_rows(x_bf16, rows, rows, k);
+  // Padded as the library products pad theirs, so that the shared experts' product can take
+  // the routed experts' quantised rows.
+  const int64_t rows_padded = round_up(rows, kLibraryFp8RowMultiple);
+  QuantisedRows q = quantise_rows(x_bf16, rows, rows_padded, k);
   args.xq = q.q.as<uint8_t>();
   args.x_scales = q.scales.as<float>();
-  args.x_scale_rows = rows;
+  args.x_scale_rows = rows_padded;
   args.pass_rows = fp8_expert_pass_rows_;
   return q;
 }
