@@ -610,8 +610,9 @@ CudaBackend::QuantisedRows CudaBackend::quantise_rows(const Tensor& x_bf16, int6
                                                       int64_t k) {
   NormedCopy& copy = normed_copy_;
   const bool of_copy = copy.of != nullptr && x_bf16.data == copy.bf16.data;
-  if (of_copy && copy.quantised_on == stream_ && copy.quantised_rows == rows &&
-      copy.quantised_rows_padded == rows_padded && !copy.quantised.q.empty() && copy.quantised.q.dim(1) == k)
+  const Tensor& kept = copy.quantised.q;
+  if (of_copy && copy.quantised_on == stream_ && copy.quantised_rows == rows && !kept.empty() &&
+      kept.dim(0) == rows_padded && kept.dim(1) == k)
     return copy.quantised;
   QuantisedRows q{alloc_->cached({rows_padded, k}, DType::kF8E4M3),
                   alloc_->cached({k / kLibraryFp8TileColumns, rows_padded}, DType::kF32)};
@@ -621,7 +622,6 @@ CudaBackend::QuantisedRows CudaBackend::quantise_rows(const Tensor& x_bf16, int6
     copy.quantised = q;
     copy.quantised_on = stream_;
     copy.quantised_rows = rows;
-    copy.quantised_rows_padded = rows_padded;
   }
   return q;
 }

@@ -154,7 +154,7 @@ class CudaBackend final : public Backend {
   };
   // Rows [0, rows) of x_bf16 [rows, k] in DeepSeek's FP8 activations (launch_quantize_rows_e4m3),
   // rows past them zeros. Rows of the normed copy are quantised once per stream: the products
-  // that read them next (q_proj after kv_a; the shared experts after the routed ones) take the
+  // that read them next (kv_a after q_proj; the shared experts after the routed ones) take the
   // same e4m3 rows.
   QuantisedRows quantise_rows(const Tensor& x_bf16, int64_t rows, int64_t rows_padded, int64_t k);
   // The same for the wgmma blocks' `args` to read (the buffers must outlive their launch).
@@ -278,11 +278,11 @@ class CudaBackend final : public Backend {
     std::shared_ptr<void> keep;  // of's storage, so that its memory is not handed out again meanwhile
     std::vector<int64_t> shape;  // of's shape
     Tensor bf16;                 // [rows, cols rounded up to 128]
-    // bf16's rows in e4m3 as quantise_rows made them last, on stream quantised_on (another
-    // stream would not wait for them), for quantised_rows rows padded to quantised_rows_padded.
+    // bf16's first quantised_rows rows in e4m3 as quantise_rows made them last (its q's shape
+    // gives the padding and width), on stream quantised_on (another would not wait for them).
     QuantisedRows quantised;
     Stream quantised_on = nullptr;
-    int64_t quantised_rows = 0, quantised_rows_padded = 0;
+    int64_t quantised_rows = 0;
   };
   NormedCopy normed_copy_;
 
