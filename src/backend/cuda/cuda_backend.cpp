@@ -506,8 +506,13 @@ CudaBackend::Bf16Rows CudaBackend::start_normed_copy(const Tensor& out) {
 }
 
 E4m3Rows CudaBackend::normed_e4m3_rows(int64_t rows) {
+  // DSINFER_NORM_E4M3=0 while measured: the products quantise the copy themselves.
+  static const bool enabled = [] {
+    const char* v = std::getenv("DSINFER_NORM_E4M3");
+    return v == nullptr || v[0] != '0';
+  }();
   NormedCopy& copy = normed_copy_;
-  const bool wanted = library_fp8_ && !fp8_library_scales_.empty() && !batch_invariant_ && copy.of != nullptr &&
+  const bool wanted = enabled && library_fp8_ && !fp8_library_scales_.empty() && !batch_invariant_ && copy.of != nullptr &&
                       rows > own_gemm_max_rows_fp8_ && copy.shape[1] % kLibraryFp8TileColumns == 0;
   if (!wanted) return {};
   const int64_t k = copy.bf16.dim(1), rows_padded = round_up(rows, kLibraryFp8RowMultiple);
