@@ -505,6 +505,25 @@ CudaBackend::Bf16Rows CudaBackend::start_normed_copy(const Tensor& out) {
   return {normed_copy_.bf16.as<uint16_t>(), normed_copy_.bf16.dim(1)};
 }
 
+E4m3Rows CudaBackend::normed_e4m3_rows(int64_t rows) {
+  // DSINFER_NORM_E4M3=0 while measured: the products quantise the copy themselves.
+  static const bool enabled = [] {
+    const char* v = std::getenv("DSINFER_NORM_E4M3");
+    return v == nullptr || v[0] != '0';
+  }();
+  NormedCopy& copy = normed_copy_;
+  const bool wanted = enabled && library_fp8_ && !fp8_library_scales_.empty() && !batch_invariant_ && copy.of != nullptr &&
+                      rows > own_gemm_max_rows_fp8_ && copy.shape[1] % kLibraryFp8TileColumns == 0;
+  if (!wanted) return {};
+  const int64_t k = copy.bf16.dim(1), rows_padded = round_up(rows, kLibraryFp8RowMultiple);
+  copy.quantised = QuantisedRows{alloc_->cached({rows_padded, k}, DType::kF8E4M3),
+                                 alloc_->cached({k / kLibraryFp8TileColumns, rows_padded}, DType::kF32)};
+  copy.quantised_on = stream_;
+  copy.quantised_rows = rows;
+  copy.quantised_rows_padded = rows_padded;
+  return E4m3Rows{copy.quantised.q.as<uint8_t>(), copy.quantised.scales.as<float>(), rows_padded};
+}
+
 void CudaBackend::forget_normed_copy_if_written(const Tensor& written) {
   if (normed_copy_.of == nullptr || written.empty()) return;
   const auto* begin = static_cast<const char*>(written.data);
@@ -703,7 +722,8 @@ void CudaBackend::embedding(const Tensor& table, std::span<const TokenId> ids, T
 
 void CudaBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) {
   const Bf16Rows copy = start_normed_copy(out);
-  launch_rms_norm(x.as<float>(), w.as<float>(), eps, x.dim(0), x.dim(1), out.as<float>(), copy.data, copy.ld, stream_);
+  launch_rms_norm(x.as<float>(), w.as<float>(), eps, x.dim(0), x.dim(1), out.as<float>(), copy.data, copy.ld,
+                  normed_e4m3_rows(x.dim(0)), stream_);
 }
 
 void CudaBackend::add(Tensor& x, const Tensor& y) {
@@ -716,7 +736,7 @@ void CudaBackend::add_rms_norm(Tensor& x, const Tensor& y, const Tensor& w, floa
   DS_CHECK(y.num_elements() == x.num_elements() && out.num_elements() == x.num_elements());
   const Bf16Rows copy = start_normed_copy(out);
   launch_add_rms_norm(x.as<float>(), y.as<float>(), w.as<float>(), eps, x.dim(0), x.dim(1), out.as<float>(), copy.data,
-                      copy.ld, stream_);
+                      copy.ld, normed_e4m3_rows(x.dim(0)), stream_);
 }
 
 void CudaBackend::silu_mul(const Tensor& gate_up, Tensor& out) {

@@ -135,6 +135,11 @@ class CudaBackend final : public Backend {
     int64_t ld = 0;
   };
   Bf16Rows start_normed_copy(const Tensor& out);
+  // Where the FP8 products after a norm of `rows` rows will quantise its bf16 copy (e4m3 weights
+  // in cuBLASLt's FP8 products or the expert blocks), the norm writes the e4m3 rows itself:
+  // their buffers, kept as the copy's quantised rows; else none (q null). After
+  // start_normed_copy.
+  E4m3Rows normed_e4m3_rows(int64_t rows);
   void forget_normed_copy() { normed_copy_ = {}; }
   // Forgets the copy when `written` overlaps the tensor it was made from.
   void forget_normed_copy_if_written(const Tensor& written);

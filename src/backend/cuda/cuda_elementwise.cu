@@ -9,6 +9,7 @@
 #include "backend/cuda/bf16_store.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/fp8_quantize.cuh"
 #include "backend/cuda/kernel_launch.cuh"
 
 namespace dsinfer::cuda {
@@ -17,6 +18,9 @@ namespace {
 constexpr int kThreads = 256;
 
 int num_blocks_for(int64_t n) { return static_cast<int>((n + kThreads - 1) / kThreads); }
+
+// The value a bf16 store of v keeps (round to nearest even).
+__device__ __forceinline__ float round_to_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
 // The block's sum of its threads' values (every thread gets it); warp_sums holds 32 floats.
 __device__ float block_sum(float sum, float* warp_sums) {
@@ -45,11 +49,25 @@ bool norm_fits_registers(const void* x, const void* y, const void* w, const void
          aligned(out) && (y == nullptr || aligned(y));
 }
 
-// Where a norm also writes its output in bf16: y [rows, ldy], columns n..ldy zero.
+// Where a norm also writes its output in bf16: y [rows, ldy], columns n..ldy zero; and with q
+// (the register form only, n a multiple of 128 and ldy == n), those bf16 values in DeepSeek's FP8
+// activations as launch_quantize_rows_e4m3 makes them: q [rows_padded, n], q_scales [n / 128,
+// rows_padded], the rows from `rows` on zeros (a block each).
 struct NormBf16Copy {
   __nv_bfloat16* y = nullptr;
   int64_t ldy = 0;
+  uint8_t* q = nullptr;
+  float* q_scales = nullptr;
+  int64_t rows = 0, rows_padded = 0;
 };
+
+// A padding row of the e4m3 rows: zero codes, scale 1 (what the quantising pass gives a row of
+// zeros).
+__device__ void zero_e4m3_row(const NormBf16Copy& copy, int n) {
+  const int64_t row = blockIdx.x;
+  for (int c = 4 * threadIdx.x; c < n; c += 4 * kThreads) *reinterpret_cast<uint32_t*>(copy.q + row * n + c) = 0;
+  for (int t = threadIdx.x; t < n / 128; t += kThreads) copy.q_scales[t * copy.rows_padded + row] = 1.0f;
+}
 
 // One block per row: x += y first when kAddFirst (x updated in memory), then out = the row's
 // RMS norm, its mean square in fp32 through a block reduction. x and out may alias: every
@@ -59,6 +77,10 @@ __global__ void __launch_bounds__(kThreads) rms_norm_registers_kernel(float* x, 
                                                                       float eps, int n, float* out,
                                                                       NormBf16Copy copy) {
   await_previous_kernels();
+  if (copy.q != nullptr && blockIdx.x >= copy.rows) {  // the whole block alike
+    zero_e4m3_row(copy, n);
+    return;
+  }
   __shared__ float warp_sums[32];
   const int64_t base = blockIdx.x * static_cast<int64_t>(n);
   float4* row = reinterpret_cast<float4*>(x + base);
@@ -98,6 +120,11 @@ __global__ void __launch_bounds__(kThreads) rms_norm_registers_kernel(float* x, 
                                    v[j].w * inv * wv[j].w);
       dst[i] = o;
       if (copy_row != nullptr) store_bf16x4(copy_row + 4 * i, o);
+      if (copy.q != nullptr) {  // this warp's lanes hold one 128-column tile, four columns each
+        const float q_in[4] = {round_to_bf16(o.x), round_to_bf16(o.y), round_to_bf16(o.z), round_to_bf16(o.w)};
+        const float scale = quantize_tile_e4m3(q_in, copy.q + blockIdx.x * static_cast<int64_t>(n) + 4 * i);
+        if (threadIdx.x % 32 == 0) copy.q_scales[(4 * i / 128) * copy.rows_padded + blockIdx.x] = scale;
+      }
     }
   }
   if (copy_row != nullptr)
@@ -321,10 +348,11 @@ void launch_argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, S
 }
 
 namespace {
-// Either norm, from registers where the row fits them, else in loops.
+// Either norm, from registers where the row fits them, else in loops (then the e4m3 rows, if
+// asked for, by the quantising pass over the bf16 ones).
 template <bool kAddFirst>
 void launch_norm(float* x, const float* y, const float* w, float eps, int64_t rows, int64_t n, float* out,
-                 uint16_t* out_bf16, int64_t ld_bf16, Stream stream) {
+                 uint16_t* out_bf16, int64_t ld_bf16, const E4m3Rows& e4m3, Stream stream) {
   if (rows == 0) return;
   NormBf16Copy copy;
   if (out_bf16 != nullptr) {
@@ -332,25 +360,39 @@ void launch_norm(float* x, const float* y, const float* w, float eps, int64_t ro
                  "rms_norm: the bf16 rows (" << ld_bf16 << " wide) must be 16-byte aligned");
     copy = NormBf16Copy{reinterpret_cast<__nv_bfloat16*>(out_bf16), ld_bf16};
   }
-  if (norm_fits_registers(x, y, w, out, n))
-    launch_kernel(rms_norm_registers_kernel<kAddFirst>, static_cast<unsigned>(rows), kThreads, 0, stream, x, y, w,
-                  eps, static_cast<int>(n), out, copy);
-  else
+  if (e4m3.q != nullptr)
+    DS_CHECK_MSG(out_bf16 != nullptr && ld_bf16 == n && n % 128 == 0 && e4m3.rows_padded >= rows,
+                 "rms_norm: e4m3 rows need the bf16 ones, " << n << " columns in whole 128-column tiles");
+  if (norm_fits_registers(x, y, w, out, n)) {
+    unsigned num_blocks = static_cast<unsigned>(rows);
+    if (e4m3.q != nullptr) {
+      copy.q = e4m3.q;
+      copy.q_scales = e4m3.scales;
+      copy.rows = rows;
+      copy.rows_padded = e4m3.rows_padded;
+      num_blocks = static_cast<unsigned>(e4m3.rows_padded);
+    }
+    launch_kernel(rms_norm_registers_kernel<kAddFirst>, num_blocks, kThreads, 0, stream, x, y, w, eps,
+                  static_cast<int>(n), out, copy);
+  } else {
     launch_kernel(rms_norm_loop_kernel<kAddFirst>, static_cast<unsigned>(rows), kThreads, 0, stream, x, y, w, eps, n,
                   out, copy);
+  }
   DS_CUDA_CHECK_LAUNCH();
+  if (e4m3.q != nullptr && copy.q == nullptr)
+    launch_quantize_rows_e4m3(out_bf16, rows, n, e4m3.rows_padded, e4m3.q, e4m3.scales, stream);
 }
 }  // namespace
 
 void launch_rms_norm(const float* x, const float* w, float eps, int64_t rows, int64_t n, float* out,
-                     uint16_t* out_bf16, int64_t ld_bf16, Stream stream) {
+                     uint16_t* out_bf16, int64_t ld_bf16, const E4m3Rows& e4m3, Stream stream) {
   // Without the add the kernels only read x.
-  launch_norm<false>(const_cast<float*>(x), nullptr, w, eps, rows, n, out, out_bf16, ld_bf16, stream);
+  launch_norm<false>(const_cast<float*>(x), nullptr, w, eps, rows, n, out, out_bf16, ld_bf16, e4m3, stream);
 }
 
 void launch_add_rms_norm(float* x, const float* y, const float* w, float eps, int64_t rows, int64_t n, float* out,
-                         uint16_t* out_bf16, int64_t ld_bf16, Stream stream) {
-  launch_norm<true>(x, y, w, eps, rows, n, out, out_bf16, ld_bf16, stream);
+                         uint16_t* out_bf16, int64_t ld_bf16, const E4m3Rows& e4m3, Stream stream) {
+  launch_norm<true>(x, y, w, eps, rows, n, out, out_bf16, ld_bf16, e4m3, stream);
 }
 
 void launch_add(float* x, const float* y, int64_t n, Stream stream) {

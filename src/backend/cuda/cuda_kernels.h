@@ -15,16 +15,26 @@ namespace dsinfer::cuda {
 using Stream = CUstream_st*;
 
 // ---- element-wise and row kernels (cuda_elementwise.cu) ----
+// Rows in DeepSeek's FP8 activations, as launch_quantize_rows_e4m3 writes them: q e4m3
+// [rows_padded, k], scales fp32 [k / 128, rows_padded]. q null: none asked for.
+struct E4m3Rows {
+  uint8_t* q = nullptr;
+  float* scales = nullptr;
+  int64_t rows_padded = 0;
+};
 // out = rms_norm(x) · w, rows of n. With out_bf16, the same values also go there in bf16
 // [rows, ld_bf16] (rounded as launch_f32_to_bf16_padded rounds, columns n..ld_bf16 zero), for a
-// product that takes the norm's output next.
+// product that takes the norm's output next; with e4m3.q (out_bf16 too, ld_bf16 == n, n a
+// multiple of 128), those bf16 rows also in e4m3, the same bits as launch_quantize_rows_e4m3
+// would make of them, written by the norm itself where its row fits the register form.
 void launch_rms_norm(const float* x, const float* w, float eps, int64_t rows, int64_t n, float* out,
-                     uint16_t* out_bf16, int64_t ld_bf16, Stream stream);
+                     uint16_t* out_bf16, int64_t ld_bf16, const E4m3Rows& e4m3, Stream stream);
 void launch_add(float* x, const float* y, int64_t n, Stream stream);
 // x += y, then out = rms_norm(x) · w, rows of n, in one pass over the rows: the same fp32
-// operations and reduction order as launch_add followed by launch_rms_norm; out_bf16 as there.
+// operations and reduction order as launch_add followed by launch_rms_norm; out_bf16 and e4m3
+// as there.
 void launch_add_rms_norm(float* x, const float* y, const float* w, float eps, int64_t rows, int64_t n, float* out,
-                         uint16_t* out_bf16, int64_t ld_bf16, Stream stream);
+                         uint16_t* out_bf16, int64_t ld_bf16, const E4m3Rows& e4m3, Stream stream);
 void launch_silu_mul(const float* gate_up, int64_t rows, int64_t inter, float* out, Stream stream);
 void launch_concat_cols(const float* a, const float* b, int64_t rows, int64_t na, int64_t nb, float* out,
                         Stream stream);

@@ -2,12 +2,11 @@
 // scale (the tile's largest magnitude over 448, e4m3's largest finite value), so every tile
 // uses e4m3's whole range whatever the spread between tiles.
 #include <cuda_bf16.h>
-#include <cuda_fp8.h>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/fp8_quantize.cuh"
 #include "backend/cuda/kernel_launch.cuh"
-#include "core/dtype.h"
 
 namespace dsinfer::cuda {
 namespace {
@@ -33,14 +32,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
     v[0] = lo.x, v[1] = lo.y, v[2] = hi.x, v[3] = hi.y;
   }
-  float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-  for (int step = 16; step > 0; step /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, step));
-  const float scale = e4m3_block_scale(amax);
-  const __nv_fp8x2_storage_t pair_lo = __nv_cvt_float2_to_fp8x2(make_float2(v[0] / scale, v[1] / scale),
-                                                                __NV_SATFINITE, __NV_E4M3);
-  const __nv_fp8x2_storage_t pair_hi = __nv_cvt_float2_to_fp8x2(make_float2(v[2] / scale, v[3] / scale),
-                                                                __NV_SATFINITE, __NV_E4M3);
-  *reinterpret_cast<uint32_t*>(q + offset) = static_cast<uint32_t>(pair_lo) | (static_cast<uint32_t>(pair_hi) << 16);
+  const float scale = quantize_tile_e4m3(v, q + offset);
   if (lane == 0) scales[col_tile * rows_padded + row] = scale;
 }
 

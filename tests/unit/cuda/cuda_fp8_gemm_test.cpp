@@ -155,30 +155,43 @@ TEST_F(CudaFp8GemmTest, GatedMlpMatchesQuantisedReference) {
   EXPECT_LT(rms_relative_error(got, want), 1e-2);
 }
 
-// The two products after a norm (q_proj and kv_a) take the norm's rows quantised once; a later
-// norm into the same output gives new rows, and the products after it must see them, not the
-// rows quantised for the first (the allocator may hand the new copy the old one's memory).
+// The two products after a norm (q_proj and kv_a) take the norm's rows quantised once (by the
+// norm itself, for FP8 products of many rows); a later norm into the same output gives new rows,
+// and the products after it must see them, not the rows quantised for the first (the allocator
+// may hand the new copy the old one's memory). Both norms, plain and with the residual add; row
+// counts that are and are not multiples of 4 (the e4m3 rows are padded to whole groups of 4).
 TEST_F(CudaFp8GemmTest, ProductsAfterANormQuantiseItsRowsAndNoOthers) {
-  const int64_t m = 256, k = 2048;
+  const int64_t k = 2048;
   const Fp8Weight w1 = make_fp8_weight(640, k, 128, 71), w2 = make_fp8_weight(576, k, 128, 72);
   LinearWeight g1 = gpu_->make_linear(w1.host()), g2 = gpu_->make_linear(w2.host());
   const auto norm_w = random_values(k, 73, 1.0f);
   Tensor gpu_norm_w = upload(*gpu_, {k}, norm_w), cpu_norm_w = upload(*cpu_, {k}, norm_w);
-  Tensor normed = gpu_->empty({m, k}, DType::kF32);
-  Tensor y1 = gpu_->empty({m, w1.n}, DType::kF32), y2 = gpu_->empty({m, w2.n}, DType::kF32);
-  for (uint32_t seed : {74u, 75u}) {
-    SCOPED_TRACE(seed);
-    const auto x = random_values(m * k, seed);
-    Tensor tx = upload(*gpu_, {m, k}, x);
-    gpu_->rms_norm(tx, gpu_norm_w, 1e-6f, normed);
-    gpu_->linear_pair(normed, g1, y1, g2, y2);
-    Tensor cx = upload(*cpu_, {m, k}, x), cnormed = cpu_->empty({m, k}, DType::kF32);
-    cpu_->rms_norm(cx, cpu_norm_w, 1e-6f, cnormed);
-    const auto xq = quantised_activations(download(*cpu_, cnormed), m, k);
-    // The device's norm rounds to bf16 now and then on the other side of a boundary than the
-    // host's, so the error is measured over all outputs; rows of the other seed miss by ~100%.
-    EXPECT_LT(rms_relative_error(download(*gpu_, y1), product(xq, m, w1)), 1e-2);
-    EXPECT_LT(rms_relative_error(download(*gpu_, y2), product(xq, m, w2)), 1e-2);
+  for (int64_t m : {256, 254}) {
+    for (bool add_first : {false, true}) {
+      Tensor normed = gpu_->empty({m, k}, DType::kF32);
+      Tensor y1 = gpu_->empty({m, w1.n}, DType::kF32), y2 = gpu_->empty({m, w2.n}, DType::kF32);
+      for (uint32_t seed : {74u, 75u}) {
+        SCOPED_TRACE(::testing::Message() << m << " rows, " << (add_first ? "add_rms_norm" : "rms_norm") << ", seed "
+                                        << seed);
+        const auto x = random_values(m * k, seed), residual = random_values(m * k, seed + 10);
+        Tensor tx = upload(*gpu_, {m, k}, x), cx = upload(*cpu_, {m, k}, x);
+        Tensor cnormed = cpu_->empty({m, k}, DType::kF32);
+        if (add_first) {
+          Tensor ty = upload(*gpu_, {m, k}, residual), cy = upload(*cpu_, {m, k}, residual);
+          gpu_->add_rms_norm(tx, ty, gpu_norm_w, 1e-6f, normed);
+          cpu_->add_rms_norm(cx, cy, cpu_norm_w, 1e-6f, cnormed);
+        } else {
+          gpu_->rms_norm(tx, gpu_norm_w, 1e-6f, normed);
+          cpu_->rms_norm(cx, cpu_norm_w, 1e-6f, cnormed);
+        }
+        gpu_->linear_pair(normed, g1, y1, g2, y2);
+        const auto xq = quantised_activations(download(*cpu_, cnormed), m, k);
+        // The device's norm rounds to bf16 now and then on the other side of a boundary than the
+        // host's, so the error is measured over all outputs; rows of the other seed miss by ~100%.
+        EXPECT_LT(rms_relative_error(download(*gpu_, y1), product(xq, m, w1)), 1e-2);
+        EXPECT_LT(rms_relative_error(download(*gpu_, y2), product(xq, m, w2)), 1e-2);
+      }
+    }
   }
 }
 
