@@ -68,12 +68,13 @@ struct Tiles {
   static_assert(kBytes <= 227 * 1024, "one block fits on an SM");
   static_assert(kCols % kRowStep == 0 && kCols % kGemmTileRows == 0, "whole copy rounds and gate/up tiles");
   // At 192 columns a math thread's sums and a stage's products take 192 registers: the copying
-  // warpgroup gives registers to the math ones (setmaxnreg; the launch gives each of the 384
-  // threads 168, and 128 × (168 - 72) = 256 × (216 - 168); the copying path spills below 72). At
-  // 128 every thread keeps 168.
+  // warpgroup gives registers to the math ones (kCopyRegisters, kMathRegisters). At 128 every
+  // thread keeps 168.
   static constexpr bool kMoveRegisters = kCols > 128;
-  static constexpr int kCopyRegisters = 72, kMathRegisters = 216;
 };
+// setmaxnreg's counts where registers move: the launch gives each of the 384 threads 168, and
+// 128 × (168 - 72) = 256 × (216 - 168); the copying path spills below 72.
+constexpr int kCopyRegisters = 72, kMathRegisters = 216;
 
 // A math thread's outputs of a tile: routed rows `row` and row + 8 (those below row_end) ×
 // weight rows n_block + 8 j + 2 t (+ 1), from acc as the kernel lays it out.
@@ -207,7 +208,7 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_prefill_kernel(Groupe
   const int num_tiles = a.block_offsets[a.num_groups] * n_tiles;
 
   if (threadIdx.x < kCopyThreads) {
-    if constexpr (T::kMoveRegisters) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(T::kCopyRegisters));
+    if constexpr (T::kMoveRegisters) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kCopyRegisters));
     // Copy thread p: 16-byte piece p % 8 of x rows and weight rows p / 8 + 16 j; the scale of x
     // row p; for p < 8, the scale of weight rows 16 p .. 16 p + 15.
     const int p = threadIdx.x, piece = p % kPiecesPerRow, row0 = p / kPiecesPerRow;
@@ -253,7 +254,7 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_prefill_kernel(Groupe
     return;
   }
 
-  if constexpr (T::kMoveRegisters) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(T::kMathRegisters));
+  if constexpr (T::kMoveRegisters) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kMathRegisters));
   // Math warpgroup m: routed rows 64 m + 16 warp + g (+ 8) of each row-block.
   const int m = (threadIdx.x - kCopyThreads) / 128, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
