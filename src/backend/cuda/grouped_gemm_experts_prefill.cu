@@ -28,6 +28,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/grouped_gemm.cuh"
@@ -41,7 +42,6 @@ namespace {
 
 constexpr int kStageK = kScaleCols;              // columns per stage: one scale block
 constexpr int kRows = kExpertBlockWideRows;      // routed rows per block
-constexpr int kCols = kExpertBlockWeightRows;    // weight rows per block (the product's n)
 constexpr int kGroupRows = 64;                   // routed rows per math warpgroup
 constexpr int kMathGroups = kRows / kGroupRows;  // 2
 constexpr int kCopyThreads = 128;                // the copying warpgroup
@@ -49,23 +49,36 @@ constexpr int kThreads = kCopyThreads + kMathGroups * 128;
 constexpr int kPiecesPerRow = kStageK / 16;
 constexpr int kRowStep = kCopyThreads / kPiecesPerRow;  // rows apart of one copy thread's pieces
 constexpr int kScaleRows = 16;                          // weight rows per scale (GemmWeight)
-constexpr int kWeightScales = kCols / kScaleRows;
-
-// A stage: x [128 rows][128 bytes] (math warpgroup m reads rows 64 m ..), then the weight [128
-// rows][128 bytes], both swizzled and 1024-byte aligned, then the x rows' scales and the weight's
-// eight 16-row scales.
-constexpr int kWeightOffset = kRows * kStageK;
-constexpr int kXScaleOffset = kWeightOffset + kCols * kStageK;
-constexpr int kWeightScaleOffset = kXScaleOffset + kRows * 4;
-constexpr int kStageBytes = (kWeightScaleOffset + kWeightScales * 4 + 1023) / 1024 * 1024;
-constexpr int kStages = 6;
-constexpr int kBarrierOffset = kStages * kStageBytes;  // full[kStages], then empty[kStages]
-constexpr int kBytes = kBarrierOffset + 2 * kStages * 8 + 1024;  // and the slack to align the start
-static_assert(kBytes <= 227 * 1024, "one block fits on an SM");
 static_assert(kRows * kPiecesPerRow % kCopyThreads == 0 && kRows == kCopyThreads, "whole pieces per copy thread");
+
+// The blocks for kCols weight rows per tile (the product's n: 128, or 192 for more FLOP per byte
+// brought from L2). A stage: x [128 rows][128 bytes] (math warpgroup m reads rows 64 m ..), then
+// the weight [kCols rows][128 bytes], both swizzled and 1024-byte aligned, then the x rows'
+// scales and the weight's 16-row scales.
+template <int kCols>
+struct Tiles {
+  static constexpr int kWeightScales = kCols / kScaleRows;
+  static constexpr int kWeightOffset = kRows * kStageK;
+  static constexpr int kXScaleOffset = kWeightOffset + kCols * kStageK;
+  static constexpr int kWeightScaleOffset = kXScaleOffset + kRows * 4;
+  static constexpr int kStageBytes = (kWeightScaleOffset + kWeightScales * 4 + 1023) / 1024 * 1024;
+  static constexpr int kStages = kCols == 128 ? 6 : 5;
+  static constexpr int kBarrierOffset = kStages * kStageBytes;  // full[kStages], then empty[kStages]
+  static constexpr int kBytes = kBarrierOffset + 2 * kStages * 8 + 1024;  // and the slack to align the start
+  static_assert(kBytes <= 227 * 1024, "one block fits on an SM");
+  static_assert(kCols % kRowStep == 0 && kCols % kGemmTileRows == 0, "whole copy rounds and gate/up tiles");
+  // At 192 columns a math thread's sums and a stage's products take 192 registers: the copying
+  // warpgroup gives registers to the math ones (kCopyRegisters, kMathRegisters). At 128 every
+  // thread keeps 168.
+  static constexpr bool kMoveRegisters = kCols > 128;
+};
+// setmaxnreg's counts where registers move: the launch gives each of the 384 threads 168, and
+// 128 × (168 - 72) = 256 × (216 - 168); the copying path spills below 72.
+constexpr int kCopyRegisters = 72, kMathRegisters = 216;
 
 // A math thread's outputs of a tile: routed rows `row` and row + 8 (those below row_end) ×
 // weight rows n_block + 8 j + 2 t (+ 1), from acc as the kernel lays it out.
+template <int kCols>
 __device__ __forceinline__ void store_tile(const GroupedGemmArgs& a, const float (&acc)[kCols / 2], int row0,
                                            int row_end, int n_block, int t) {
 #pragma unroll
@@ -110,11 +123,12 @@ __device__ __forceinline__ void store_tile(const GroupedGemmArgs& a, const float
   }
 }
 
-// The block's tile `tile` of a grouped call: weight rows [n_block, n_block + 128) of the expert
+// The block's tile `tile` of a grouped call: weight rows [n_block, n_block + kCols) of the expert
 // of row-block tile / n_tiles, against that row-block's rows; false where the expert's weight
 // ends before n_block. The calling warps are whole and converged, and search the layout together
 // (one round of loads instead of a binary search's chain of dependent ones, which had every
 // warp wait at each tile's start).
+template <int kCols>
 __device__ __forceinline__ bool locate_tile(const GroupedGemmArgs& a, int tile, int n_tiles, GemmWeight& w,
                                             int& row_begin, int& row_end, int& n_block) {
   if (!grouped_row_block_warp(a, tile / n_tiles, w, row_begin, row_end)) return false;
@@ -122,30 +136,43 @@ __device__ __forceinline__ bool locate_tile(const GroupedGemmArgs& a, int tile, 
   return n_block < w.n_padded;
 }
 
+// part (+)= x · wᵀ over one k32 step, n = kCols.
+template <bool kAccumulate>
+__device__ __forceinline__ void wgmma_e4m3(float (&part)[64], uint64_t desc_x, uint64_t desc_w) {
+  wgmma_m64n128k32_e4m3<kAccumulate>(part, desc_x, desc_w);
+}
+template <bool kAccumulate>
+__device__ __forceinline__ void wgmma_e4m3(float (&part)[96], uint64_t desc_x, uint64_t desc_w) {
+  wgmma_m64n192k32_e4m3<kAccumulate>(part, desc_x, desc_w);
+}
+
 // A math warpgroup's products of one stage: part = its 64 x rows (at x_offset in the stage) ·
-// the stage's 128 weight rowsᵀ over the stage's 128 columns, committed as one group.
+// the stage's kCols weight rowsᵀ over the stage's 128 columns, committed as one group.
+template <int kCols>
 __device__ __forceinline__ void issue_stage_products(float (&part)[kCols / 2], uint32_t stage_addr, int x_offset) {
   fence_shared_for_wgmma();  // the copies landed through the generic proxy
   wgmma_fence();
   const uint64_t desc_x = wgmma_descriptor_sw128(stage_addr + x_offset);
-  const uint64_t desc_w = wgmma_descriptor_sw128(stage_addr + kWeightOffset);
+  const uint64_t desc_w = wgmma_descriptor_sw128(stage_addr + Tiles<kCols>::kWeightOffset);
   // A 32-byte k-step advances a descriptor's address field (bytes / 16) by 2.
-  wgmma_m64n128k32_e4m3<false>(part, desc_x, desc_w);
+  wgmma_e4m3<false>(part, desc_x, desc_w);
 #pragma unroll
-  for (int kk = 1; kk < kStageK / 32; ++kk) wgmma_m64n128k32_e4m3<true>(part, desc_x + 2 * kk, desc_w + 2 * kk);
+  for (int kk = 1; kk < kStageK / 32; ++kk) wgmma_e4m3<true>(part, desc_x + 2 * kk, desc_w + 2 * kk);
   wgmma_commit();
 }
 
 // Adds a finished stage's sums, scaled by its x rows' (scale_row, + 8) and weight rows' scales,
 // to acc, after marking the stage empty for this warp (the scales are read first).
+template <int kCols>
 __device__ __forceinline__ void add_scaled_stage(float (&acc)[kCols / 2], const float (&part)[kCols / 2],
                                                  const unsigned char* stage, int scale_row, uint32_t empty,
                                                  bool has_rows) {
-  const float* x_scales = reinterpret_cast<const float*>(stage + kXScaleOffset) + scale_row;
+  using T = Tiles<kCols>;
+  const float* x_scales = reinterpret_cast<const float*>(stage + T::kXScaleOffset) + scale_row;
   const float xs0 = x_scales[0], xs1 = x_scales[8];
-  float ws[kWeightScales];
+  float ws[T::kWeightScales];
 #pragma unroll
-  for (int i = 0; i < kWeightScales; ++i) ws[i] = reinterpret_cast<const float*>(stage + kWeightScaleOffset)[i];
+  for (int i = 0; i < T::kWeightScales; ++i) ws[i] = reinterpret_cast<const float*>(stage + T::kWeightScaleOffset)[i];
   __syncwarp();
   if (threadIdx.x % 32 == 0) mbarrier_arrive(empty);  // this warp is done with the stage
   if (!has_rows) return;
@@ -162,12 +189,15 @@ __device__ __forceinline__ void add_scaled_stage(float (&acc)[kCols / 2], const 
 // Persistent: a block per SM takes tiles blockIdx.x, + gridDim.x, …, so that the copies of a
 // block's next tile run during its last stages' products and its stores. Both roles walk the
 // same tiles and count the same stages (`it`), which sets each stage's slot and phase.
+template <int kCols>
 __global__ void __launch_bounds__(kThreads, 1) expert_gemm_prefill_kernel(GroupedGemmArgs a, int n_tiles) {
+  using T = Tiles<kCols>;
+  constexpr int kStages = T::kStages, kStageBytes = T::kStageBytes, kWeightScales = T::kWeightScales;
   await_previous_kernels();
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
   const uint32_t smem_addr = shared_address(smem);
-  const uint32_t full_bar = smem_addr + kBarrierOffset, empty_bar = full_bar + kStages * 8;
+  const uint32_t full_bar = smem_addr + T::kBarrierOffset, empty_bar = full_bar + kStages * 8;
   if (threadIdx.x == 0) {
     for (int i = 0; i < kStages; ++i) {
       mbarrier_init(full_bar + 8 * i, kCopyThreads);
@@ -178,6 +208,7 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_prefill_kernel(Groupe
   const int num_tiles = a.block_offsets[a.num_groups] * n_tiles;
 
   if (threadIdx.x < kCopyThreads) {
+    if constexpr (T::kMoveRegisters) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kCopyRegisters));
     // Copy thread p: 16-byte piece p % 8 of x rows and weight rows p / 8 + 16 j; the scale of x
     // row p; for p < 8, the scale of weight rows 16 p .. 16 p + 15.
     const int p = threadIdx.x, piece = p % kPiecesPerRow, row0 = p / kPiecesPerRow;
@@ -185,7 +216,7 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_prefill_kernel(Groupe
     for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
       GemmWeight w;
       int row_begin, row_end, n_block;
-      if (!locate_tile(a, tile, n_tiles, w, row_begin, row_end, n_block)) continue;
+      if (!locate_tile<kCols>(a, tile, n_tiles, w, row_begin, row_end, n_block)) continue;
       const int num_stages = w.k_padded / kStageK;
       using XPieces = ExpertPassPieces<kCopyThreads, kRows, kPiecesPerRow, uint8_t>;
       const XPieces x(a.xq, a, row_begin, row_end - row_begin);
@@ -211,11 +242,11 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_prefill_kernel(Groupe
         for (int j = 0; j < kCols / kRowStep; ++j) {
           const int r = row0 + kRowStep * j;
           const bool valid = r < weight_rows;
-          cp_async16(stage + kWeightOffset + swizzled_piece_offset(r, piece),
+          cp_async16(stage + T::kWeightOffset + swizzled_piece_offset(r, piece),
                      w_src + (valid ? static_cast<int64_t>(kRowStep * j) * w.k_padded : 0) + k0, valid);
         }
-        cp_async4(stage + kXScaleOffset + 4 * p, x_scale_src + s * a.x_scale_rows, x_scale_valid);
-        if (p < kWeightScales) cp_async4(stage + kWeightScaleOffset + 4 * p, w_scale_src + s, w_scale_valid);
+        cp_async4(stage + T::kXScaleOffset + 4 * p, x_scale_src + s * a.x_scale_rows, x_scale_valid);
+        if (p < kWeightScales) cp_async4(stage + T::kWeightScaleOffset + 4 * p, w_scale_src + s, w_scale_valid);
         mbarrier_arrive_after_copies(full_bar + 8 * slot);
       }
     }
@@ -223,6 +254,7 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_prefill_kernel(Groupe
     return;
   }
 
+  if constexpr (T::kMoveRegisters) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kMathRegisters));
   // Math warpgroup m: routed rows 64 m + 16 warp + g (+ 8) of each row-block.
   const int m = (threadIdx.x - kCopyThreads) / 128, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
@@ -231,7 +263,7 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_prefill_kernel(Groupe
   for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
     GemmWeight w;
     int row_begin, row_end, n_block;
-    if (!locate_tile(a, tile, n_tiles, w, row_begin, row_end, n_block)) continue;
+    if (!locate_tile<kCols>(a, tile, n_tiles, w, row_begin, row_end, n_block)) continue;
     const int num_stages = w.k_padded / kStageK;
     const bool has_rows = row_begin + m * kGroupRows < row_end;  // uniform over the warpgroup
     // acc[4 j + e]: routed row 16 warp + g (+ 8 for e >= 2) × weight row 8 j + 2 t + e % 2.
@@ -241,16 +273,30 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_prefill_kernel(Groupe
       mbarrier_wait(full_bar + 8 * slot, (it / kStages) & 1);
       float part[kCols / 2];
       if (has_rows) {
-        issue_stage_products(part, smem_addr + slot * kStageBytes, x_offset);
+        issue_stage_products<kCols>(part, smem_addr + slot * kStageBytes, x_offset);
         wgmma_wait_all();
         wgmma_fence_registers(part);
       }
-      add_scaled_stage(acc, part, smem + slot * kStageBytes, scale_row, empty_bar + 8 * slot, has_rows);
+      add_scaled_stage<kCols>(acc, part, smem + slot * kStageBytes, scale_row, empty_bar + 8 * slot, has_rows);
     }
-    if (has_rows) store_tile(a, acc, row_begin + scale_row, row_end, n_block, t);
+    if (has_rows) store_tile<kCols>(a, acc, row_begin + scale_row, row_end, n_block, t);
   }
 }
 
+}  // namespace
+
+namespace {
+template <int kCols>
+void launch_tiles(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks, Stream stream) {
+  const int n_tiles = (max_n_padded + kCols - 1) / kCols;
+  const int64_t max_tiles = static_cast<int64_t>(n_tiles) * max_row_blocks;
+  DS_CHECK_MSG(max_tiles <= INT32_MAX, "prefill expert blocks: " << max_tiles << " tiles");
+  const int blocks = static_cast<int>(std::min<int64_t>(device_multiprocessors(), max_tiles));
+  allow_shared_bytes<expert_gemm_prefill_kernel<kCols>>(Tiles<kCols>::kBytes);
+  launch_kernel(expert_gemm_prefill_kernel<kCols>, dim3(blocks), kThreads, Tiles<kCols>::kBytes, stream, args,
+                n_tiles);
+  DS_CUDA_CHECK_LAUNCH();
+}
 }  // namespace
 
 void launch_expert_gemm_prefill(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks, Stream stream) {
@@ -258,13 +304,13 @@ void launch_expert_gemm_prefill(const GroupedGemmArgs& args, int max_n_padded, i
            args.x_scales != nullptr && args.ldx % 16 == 0 && args.rows_per_block == kExpertBlockWideRows);
   DS_CHECK(args.ldy % 2 == 0);  // paired stores
   if (max_n_padded == 0 || max_row_blocks == 0) return;
-  const int n_tiles = (max_n_padded + kCols - 1) / kCols;
-  const int64_t max_tiles = static_cast<int64_t>(n_tiles) * max_row_blocks;
-  DS_CHECK_MSG(max_tiles <= INT32_MAX, "prefill expert blocks: " << max_tiles << " tiles");
-  const int blocks = static_cast<int>(std::min<int64_t>(device_multiprocessors(), max_tiles));
-  allow_shared_bytes<expert_gemm_prefill_kernel>(kBytes);
-  launch_kernel(expert_gemm_prefill_kernel, dim3(blocks), kThreads, kBytes, stream, args, n_tiles);
-  DS_CUDA_CHECK_LAUNCH();
+  // DSINFER_PREFILL_EXPERT_COLS=192 while the two tile widths are measured side by side.
+  static const int cols = [] {
+    const char* v = std::getenv("DSINFER_PREFILL_EXPERT_COLS");
+    return v != nullptr && std::atoi(v) == 192 ? 192 : 128;
+  }();
+  if (cols == 192) launch_tiles<192>(args, max_n_padded, max_row_blocks, stream);
+  else launch_tiles<128>(args, max_n_padded, max_row_blocks, stream);
 }
 
 }  // namespace dsinfer::cuda
