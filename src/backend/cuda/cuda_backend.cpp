@@ -102,6 +102,8 @@ CudaBackend::CudaBackend() {
   fp8_experts_chunked_ = !env_is("DSINFER_MOE_FP8_CHUNKED", "0");
   fp8_expert_blocks_ = !env_is("DSINFER_MOE_FP8_EXPERT_BLOCKS", "0");
   fp8_expert_activations_ = !env_is("DSINFER_MOE_FP8_ACTIVATIONS", "0");
+  prefill_expert_outputs_bf16_ = !env_is("DSINFER_MOE_PREFILL_OUTPUTS_BF16", "0");
+  if (env_is("DSINFER_MOE_PREFILL_WEIGHT_ROWS", "128")) prefill_expert_weight_rows_ = 128;
   if (env_is("DSINFER_MOE_FP8_PASS_ROWS", "32")) fp8_expert_pass_rows_ = 32;
   if (env_is("DSINFER_MOE_FP8_PASS_ROWS", "64")) fp8_expert_pass_rows_ = 64;
   library_fp8_ = !env_is("DSINFER_CUDA_FP8_GEMM", "0");
@@ -506,21 +508,21 @@ CudaBackend::Bf16Rows CudaBackend::start_normed_copy(const Tensor& out) {
 }
 
 E4m3Rows CudaBackend::normed_e4m3_rows(int64_t rows) {
-  // DSINFER_NORM_E4M3=0 while measured: the products quantise the copy themselves.
+  // DSINFER_NORM_E4M3=0 leaves the quantising to the products (to measure the difference).
   static const bool enabled = [] {
     const char* v = std::getenv("DSINFER_NORM_E4M3");
     return v == nullptr || v[0] != '0';
   }();
   NormedCopy& copy = normed_copy_;
-  const bool wanted = enabled && library_fp8_ && !fp8_library_scales_.empty() && !batch_invariant_ && copy.of != nullptr &&
-                      rows > own_gemm_max_rows_fp8_ && copy.shape[1] % kLibraryFp8TileColumns == 0;
+  const bool wanted = enabled && library_fp8_ && !fp8_library_scales_.empty() && !batch_invariant_ &&
+                      copy.of != nullptr && rows > own_gemm_max_rows_fp8_ &&
+                      copy.shape[1] % kLibraryFp8TileColumns == 0;
   if (!wanted) return {};
   const int64_t k = copy.bf16.dim(1), rows_padded = round_up(rows, kLibraryFp8RowMultiple);
   copy.quantised = QuantisedRows{alloc_->cached({rows_padded, k}, DType::kF8E4M3),
                                  alloc_->cached({k / kLibraryFp8TileColumns, rows_padded}, DType::kF32)};
   copy.quantised_on = stream_;
   copy.quantised_rows = rows;
-  copy.quantised_rows_padded = rows_padded;
   return E4m3Rows{copy.quantised.q.as<uint8_t>(), copy.quantised.scales.as<float>(), rows_padded};
 }
 

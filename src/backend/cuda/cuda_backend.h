@@ -146,10 +146,12 @@ class CudaBackend final : public Backend {
   // out fp32 [rows, w.out_features] = x · wᵀ for bf16 x [rows, w's k_padded].
   void linear_bf16(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, Tensor& out);
   // The routed experts in the own grouped kernels; the layout's row-blocks hold rows_per_block
-  // rows (kExpertBlockWideRows only where fp8_expert_activations_for holds).
-  void moe_experts_grouped(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
-                           const int32_t* block_offsets, const int32_t* src_rows, int64_t num_entries,
-                           int rows_per_block, Tensor& expert_out);
+  // rows (kExpertBlockWideRows only where fp8_expert_activations_for holds). Gives their rows
+  // [num_entries, hidden]: bf16 from the prefill expert blocks (prefill_expert_outputs_bf16_),
+  // fp32 otherwise.
+  Tensor moe_experts_grouped(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
+                             const int32_t* block_offsets, const int32_t* src_rows, int64_t num_entries,
+                             int rows_per_block);
   // Whether the layer's experts, where they take the 128-row expert blocks, run DeepSeek's FP8
   // activations there (e4m3 weights, both switches on, k and the intermediate size whole
   // 128-column scale blocks).
@@ -235,6 +237,13 @@ class CudaBackend final : public Backend {
   // bf16 activations and the weights widened to bf16 in registers).
   bool fp8_expert_activations_ = true;
   int fp8_expert_pass_rows_ = 0;  // their rows per pass (DSINFER_MOE_FP8_PASS_ROWS=32|64; 0: by the rows)
+  // The prefill expert blocks write the down product's rows in bf16, as the model's own experts
+  // give them, for the combine to read: half the bytes of fp32 both ways
+  // (DSINFER_MOE_PREFILL_OUTPUTS_BF16=0: fp32 rows).
+  bool prefill_expert_outputs_bf16_ = true;
+  // Their tiles take 192 weight rows, 154 FLOP per byte brought from L2: on V2-Lite's shape 17%
+  // less time than 128 rows (DSINFER_MOE_PREFILL_WEIGHT_ROWS=128).
+  int prefill_expert_weight_rows_ = 192;
   // Steps of a few tokens write the attention's cache entries in the W_UK product's launch
   // (DSINFER_MLA_CACHE_WRITE_BESIDE=0: in a launch of their own before it; same results).
   bool cache_write_beside_ = true;

@@ -240,9 +240,8 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
   } else if (host_planned) {
     expert_out = moe_experts_host_planned(w, xb, row_offsets, src_rows, num_entries);
   } else {
-    expert_out = alloc_->cached({num_entries, hidden}, DType::kF32);
-    moe_experts_grouped(w, xb, row_offsets, block_offsets, src_rows, num_entries, grouped_rows_per_block,
-                        expert_out);
+    expert_out =
+        moe_experts_grouped(w, xb, row_offsets, block_offsets, src_rows, num_entries, grouped_rows_per_block);
   }
 
   if (forked) forked->join();
@@ -287,9 +286,9 @@ bool CudaBackend::fp8_expert_activations_for(const MoeWeights& w) const {
 }
 
 // All experts in two grouped GEMMs that read the routing from the device (no host wait).
-void CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
-                                      const int32_t* block_offsets, const int32_t* src_rows, int64_t num_entries,
-                                      int rows_per_block, Tensor& expert_out) {
+Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
+                                        const int32_t* block_offsets, const int32_t* src_rows, int64_t num_entries,
+                                        int rows_per_block) {
   const int num_experts = w.num_experts;
   const GemmWeight* gate_up_table = static_cast<const GemmWeight*>(w.derived.data);
   const LinearWeight& gu0 = w.expert_gate_up[0];
@@ -320,6 +319,7 @@ void CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, con
   up.weights_fp8 = gu0.weight.dtype == DType::kF8E4M3;
   up.expert_blocks = expert_blocks && (!up.weights_fp8 || fp8_expert_blocks_);
   up.epilogue = GemmEpilogue::kSiluMulBf16;
+  up.prefill_weight_rows = prefill_expert_weight_rows_;
   up.y = act.data;
   up.ldy = inter_p;
   up.n_out = static_cast<int>(inter_p);
@@ -350,6 +350,9 @@ void CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, con
   down.expert_blocks = expert_blocks && (!down.weights_fp8 || fp8_expert_blocks_);
   down.epilogue = GemmEpilogue::kStoreF32;
   if (fp8_activations) act_q = quantise_rows_for(act, num_entries, inter_p, down);
+  const bool out_bf16 = fp8_activations && rows_per_block == kExpertBlockWideRows && prefill_expert_outputs_bf16_;
+  if (out_bf16) down.epilogue = GemmEpilogue::kStoreBf16;
+  Tensor expert_out = alloc_->cached({num_entries, hidden}, out_bf16 ? DType::kBF16 : DType::kF32);
   down.y = expert_out.data;
   down.ldy = hidden;
   down.n_out = static_cast<int>(hidden);
@@ -357,6 +360,7 @@ void CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, con
     launch_few_row_gemm(down, static_cast<int>(down0.weight.dim(0)), max_blocks, max_rows_per_block, stream_);
   else
     launch_grouped_gemm(down, static_cast<int>(down0.weight.dim(0)), max_blocks, rows_hint, stream_);
+  return expert_out;
 }
 
 // The pointer-array products of a chunked layer, for both of its products at the batch of

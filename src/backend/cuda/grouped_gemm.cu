@@ -343,6 +343,9 @@ void launch_grouped_gemm(const GroupedGemmArgs& args, int max_n_padded, int max_
                                                             args.tile_counters != nullptr)));
   DS_CHECK(args.k_splits == 1 || static_cast<int64_t>(max_n_padded / kGemmTileRows) * max_row_blocks <=
                                      kGemmMaxTileCounters);
+  DS_CHECK_MSG(args.epilogue != GemmEpilogue::kStoreBf16 ||
+                   (args.xq != nullptr && args.rows_per_block == kExpertBlockWideRows),
+               "grouped GEMM: bf16 outputs come from the prefill expert blocks only");
   if (args.xq != nullptr) {  // e4m3 activations: the wgmma expert blocks (prefill's, or decode's)
     if (args.rows_per_block == kExpertBlockWideRows)
       launch_expert_gemm_prefill(args, max_n_padded, max_row_blocks, stream);

@@ -55,6 +55,7 @@ struct GemmWeight {
 enum class GemmEpilogue : int32_t {
   kStoreF32 = 0,     // y fp32 [rows, ldy]: columns below n_out
   kSiluMulBf16 = 1,  // y bf16 [rows, ldy]: y[:, j] = silu(gate_j) · up_j from an interleaved weight
+  kStoreBf16 = 2,    // y bf16 [rows, ldy]: columns below n_out (the prefill expert blocks only)
 };
 
 struct GroupedGemmArgs {
@@ -91,10 +92,11 @@ struct GroupedGemmArgs {
   const float* x_scales = nullptr;
   int64_t x_scale_rows = 0;
   int pass_rows = 0;  // routed rows per pass there: 32 or 64, or 0 to choose by the rows per expert
+  int prefill_weight_rows = 192;  // weight rows per tile in the prefill expert blocks: 192 or 128
   GemmEpilogue epilogue = GemmEpilogue::kStoreF32;
   void* y = nullptr;
   int64_t ldy = 0;
-  int n_out = 0;  // kStoreF32: columns written; kSiluMulBf16: outputs written (<= n_padded / 2)
+  int n_out = 0;  // kStore*: columns written; kSiluMulBf16: outputs written (<= n_padded / 2)
   // Split K over k_splits thread blocks per tile (dense form only): each writes its partial
   // tile to `partials` [k_splits, dense_rows, n_padded] fp32, and the last to finish (counted in
   // tile_counters, zero before and after the call) adds them in split order and applies the

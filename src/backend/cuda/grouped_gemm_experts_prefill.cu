@@ -7,28 +7,28 @@
 // barrier, and its products are waited for before their scales are applied, so the tensor cores
 // idle while a warpgroup waits or scales. At prefill sizes (about 1,500 rows per expert on
 // V2-Lite) that form ran at about a third of the FP8 rate. Here the warps specialise:
-// - a tile is 128 weight rows of one expert against one row-block of 128 of its routed rows
-//   (the routing plans row-blocks of kExpertBlockWideRows for these layers); a block per SM
+// - a tile is 192 (or 128) weight rows of one expert against one row-block of 128 of its routed
+//   rows (the routing plans row-blocks of kExpertBlockWideRows for these layers); a block per SM
 //   takes tile after tile;
 // - the first warpgroup only copies: per stage (128 columns of k, one scale block) the row-block's
-//   128 e4m3 x rows, the 128 weight rows and their scales, through cp.async into the 128-byte
+//   128 e4m3 x rows, the tile's weight rows and their scales, through cp.async into the 128-byte
 //   swizzle the products read; its copies' completion marks the stage full (an mbarrier);
-// - two math warpgroups of 64 routed rows each wait for a full stage, run an m64n128 product
-//   over its 128 columns, mark it empty for the copier, and add the product's sums, scaled by
+// - two math warpgroups of 64 routed rows each wait for a full stage, run an m64n192 product
+//   (or m64n128) over its 128 columns, mark it empty for the copier, add the sums, scaled by
 //   the x rows' and the weight rows' scales, to their totals in registers. The hope was that
 //   one warpgroup's products run while the other scales; measured with the copies switched
 //   off, products and scaling hardly overlap (RESULTS.md, "Prefill expert blocks");
 // - nothing waits on a block-wide barrier after the start.
-// What bounds the blocks as they are is data from L2: a tile brings 128 FLOP per byte, and the
-// math warps wait for full stages far more often than the copier waits for empty ones (stall
-// sampling, RESULTS.md, the blocks' second pass).
-// Each math thread then writes its own outputs: fp32 rows, or SiLU(gate)·up in bf16, since the
-// gate/up interleaving (16 gate rows, then the 16 up rows of a 32-row tile) puts a gate column
-// and its up column in the same thread's accumulators.
+// What bounds the blocks is data from L2: a 128-row tile brings 128 FLOP per byte, and the math
+// warps waited for full stages far more often than the copier waited for empty ones (stall
+// sampling, RESULTS.md, the blocks' second pass). Tiles of 192 weight rows bring 154 FLOP per
+// byte; their sums take 96 registers a thread, so the copying warpgroup hands registers over.
+// Each math thread then writes its own outputs: fp32 or bf16 rows, or SiLU(gate)·up in bf16,
+// since the gate/up interleaving (16 gate rows, then the 16 up rows of a 32-row tile) puts a gate
+// column and its up column in the same thread's accumulators.
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/grouped_gemm.cuh"
@@ -94,6 +94,18 @@ __device__ __forceinline__ void store_tile(const GroupedGemmArgs& a, const float
           *reinterpret_cast<float2*>(y + col) = make_float2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
         } else if (col < a.n_out) {
           y[col] = acc[4 * j + 2 * half];
+        }
+      }
+    } else if (a.epilogue == GemmEpilogue::kStoreBf16) {
+      __nv_bfloat16* y = static_cast<__nv_bfloat16*>(a.y) + static_cast<int64_t>(row) * a.ldy;
+#pragma unroll
+      for (int j = 0; j < kCols / 8; ++j) {
+        const int col = n_block + 8 * j + 2 * t;
+        if (col + 1 < a.n_out) {
+          *reinterpret_cast<__nv_bfloat162*>(y + col) =
+              __floats2bfloat162_rn(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+        } else if (col < a.n_out) {
+          y[col] = __float2bfloat16_rn(acc[4 * j + 2 * half]);
         }
       }
     } else {
@@ -304,12 +316,8 @@ void launch_expert_gemm_prefill(const GroupedGemmArgs& args, int max_n_padded, i
            args.x_scales != nullptr && args.ldx % 16 == 0 && args.rows_per_block == kExpertBlockWideRows);
   DS_CHECK(args.ldy % 2 == 0);  // paired stores
   if (max_n_padded == 0 || max_row_blocks == 0) return;
-  // DSINFER_PREFILL_EXPERT_COLS=192 while the two tile widths are measured side by side.
-  static const int cols = [] {
-    const char* v = std::getenv("DSINFER_PREFILL_EXPERT_COLS");
-    return v != nullptr && std::atoi(v) == 192 ? 192 : 128;
-  }();
-  if (cols == 192) launch_tiles<192>(args, max_n_padded, max_row_blocks, stream);
+  DS_CHECK(args.prefill_weight_rows == 192 || args.prefill_weight_rows == 128);
+  if (args.prefill_weight_rows == 192) launch_tiles<192>(args, max_n_padded, max_row_blocks, stream);
   else launch_tiles<128>(args, max_n_padded, max_row_blocks, stream);
 }
 

@@ -307,9 +307,13 @@ TEST_F(CudaFp8GemmTest, ExpertBlocksQuantiseActivationsPerTile) {
 //   hidden 320, which leaves the down product a last weight tile of 64 rows;
 // - four experts taking all 300 tokens among 16: two whole row-blocks and one of 44 rows each,
 //   and twelve experts without rows.
+// Each with tiles of 192 weight rows (the default: the last tiles partial, 256 = 192 + 64) and of
+// 128, and with the down product's rows in bf16 (the default) and in fp32.
 TEST_F(CudaFp8GemmTest, PrefillExpertBlocksTakePrefillSizedLayers) {
   auto by_default = make_backend_with_env("cuda", "DSINFER_MOE_PREFILL_EXPERTS", "auto");
   auto widened = make_backend_with_env("cuda", "DSINFER_MOE_PREFILL_EXPERTS", "chunked");
+  auto narrow = make_backend_with_env("cuda", "DSINFER_MOE_PREFILL_WEIGHT_ROWS", "128");
+  auto fp32_rows = make_backend_with_env("cuda", "DSINFER_MOE_PREFILL_OUTPUTS_BF16", "0");
   for (const Fp8MoeCase& c : {Fp8MoeCase{8, 2, 600, 256, 128, false}, Fp8MoeCase{8, 2, 301, 320, 256, false},
                               Fp8MoeCase{16, 4, 300, 256, 128, true}}) {
     SCOPED_TRACE(c.num_tokens);
@@ -323,6 +327,18 @@ TEST_F(CudaFp8GemmTest, PrefillExpertBlocksTakePrefillSizedLayers) {
     const auto want = fp8_moe_reference(c, gate_up, down, x, routing);
     const double error = rms_relative_error(got, want);
     EXPECT_LT(error, 1e-2);
+    MoeRouting narrow_routing, fp32_routing;
+    const auto got_narrow = run_fp8_moe(*narrow, c, gate_up, down, x, narrow_routing);
+    const auto got_fp32 = run_fp8_moe(*fp32_rows, c, gate_up, down, x, fp32_routing);
+    EXPECT_EQ(narrow_routing.expert_ids, routing.expert_ids);
+    EXPECT_EQ(fp32_routing.expert_ids, routing.expert_ids);
+    EXPECT_LT(rms_relative_error(got_narrow, want), 1e-2);
+    EXPECT_LT(rms_relative_error(got_fp32, want), 1e-2);
+    // The expert rows rounded to bf16 before the weighted sum: a bf16 rounding apart (2^-9 at
+    // most), never the same bits throughout.
+    const double rounding = rms_relative_error(got, got_fp32);
+    EXPECT_GT(rounding, 0.0);
+    EXPECT_LT(rounding, 2e-3);
     // The experts widened to bf16 (bf16 activations) miss the recipe's arithmetic by more, so
     // the bound above holds for the FP8 activations' path only.
     MoeRouting widened_routing;
