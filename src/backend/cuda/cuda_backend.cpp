@@ -103,6 +103,7 @@ CudaBackend::CudaBackend() {
   fp8_expert_blocks_ = !env_is("DSINFER_MOE_FP8_EXPERT_BLOCKS", "0");
   fp8_expert_activations_ = !env_is("DSINFER_MOE_FP8_ACTIVATIONS", "0");
   prefill_expert_outputs_bf16_ = !env_is("DSINFER_MOE_PREFILL_OUTPUTS_BF16", "0");
+  norm_writes_e4m3_ = !env_is("DSINFER_NORM_E4M3", "0");
   if (env_is("DSINFER_MOE_PREFILL_WEIGHT_ROWS", "128")) prefill_expert_weight_rows_ = 128;
   if (env_is("DSINFER_MOE_FP8_PASS_ROWS", "32")) fp8_expert_pass_rows_ = 32;
   if (env_is("DSINFER_MOE_FP8_PASS_ROWS", "64")) fp8_expert_pass_rows_ = 64;
@@ -508,22 +509,25 @@ CudaBackend::Bf16Rows CudaBackend::start_normed_copy(const Tensor& out) {
 }
 
 E4m3Rows CudaBackend::normed_e4m3_rows(int64_t rows) {
-  // DSINFER_NORM_E4M3=0 leaves the quantising to the products (to measure the difference).
-  static const bool enabled = [] {
-    const char* v = std::getenv("DSINFER_NORM_E4M3");
-    return v == nullptr || v[0] != '0';
-  }();
   NormedCopy& copy = normed_copy_;
-  const bool wanted = enabled && library_fp8_ && !fp8_library_scales_.empty() && !batch_invariant_ &&
+  const bool wanted = norm_writes_e4m3_ && library_fp8_ && !fp8_library_scales_.empty() && !batch_invariant_ &&
                       copy.of != nullptr && rows > own_gemm_max_rows_fp8_ &&
                       copy.shape[1] % kLibraryFp8TileColumns == 0;
   if (!wanted) return {};
-  const int64_t k = copy.bf16.dim(1), rows_padded = round_up(rows, kLibraryFp8RowMultiple);
-  copy.quantised = QuantisedRows{alloc_->cached({rows_padded, k}, DType::kF8E4M3),
-                                 alloc_->cached({k / kLibraryFp8TileColumns, rows_padded}, DType::kF32)};
-  copy.quantised_on = stream_;
-  copy.quantised_rows = rows;
+  const int64_t rows_padded = round_up(rows, kLibraryFp8RowMultiple);
+  keep_quantised(new_quantised_rows(rows_padded, copy.bf16.dim(1)), rows);
   return E4m3Rows{copy.quantised.q.as<uint8_t>(), copy.quantised.scales.as<float>(), rows_padded};
+}
+
+CudaBackend::QuantisedRows CudaBackend::new_quantised_rows(int64_t rows_padded, int64_t k) {
+  return QuantisedRows{alloc_->cached({rows_padded, k}, DType::kF8E4M3),
+                       alloc_->cached({k / kLibraryFp8TileColumns, rows_padded}, DType::kF32)};
+}
+
+void CudaBackend::keep_quantised(const QuantisedRows& q, int64_t rows) {
+  normed_copy_.quantised = q;
+  normed_copy_.quantised_on = stream_;
+  normed_copy_.quantised_rows = rows;
 }
 
 void CudaBackend::forget_normed_copy_if_written(const Tensor& written) {
@@ -635,15 +639,10 @@ CudaBackend::QuantisedRows CudaBackend::quantise_rows(const Tensor& x_bf16, int6
   if (of_copy && copy.quantised_on == stream_ && copy.quantised_rows == rows && !kept.empty() &&
       kept.dim(0) == rows_padded && kept.dim(1) == k)
     return copy.quantised;
-  QuantisedRows q{alloc_->cached({rows_padded, k}, DType::kF8E4M3),
-                  alloc_->cached({k / kLibraryFp8TileColumns, rows_padded}, DType::kF32)};
+  QuantisedRows q = new_quantised_rows(rows_padded, k);
   launch_quantize_rows_e4m3(x_bf16.as<uint16_t>(), rows, k, rows_padded, q.q.as<uint8_t>(), q.scales.as<float>(),
                             stream_);
-  if (of_copy) {
-    copy.quantised = q;
-    copy.quantised_on = stream_;
-    copy.quantised_rows = rows;
-  }
+  if (of_copy) keep_quantised(q, rows);
   return q;
 }
 

@@ -164,6 +164,10 @@ class CudaBackend final : public Backend {
   // that read them next (kv_a after q_proj; the shared experts after the routed ones) take the
   // same e4m3 rows.
   QuantisedRows quantise_rows(const Tensor& x_bf16, int64_t rows, int64_t rows_padded, int64_t k);
+  // Buffers for rows_padded quantised rows of k columns.
+  QuantisedRows new_quantised_rows(int64_t rows_padded, int64_t k);
+  // Keeps q as the normed copy's first `rows` rows in e4m3, made on this stream.
+  void keep_quantised(const QuantisedRows& q, int64_t rows);
   // The same for the wgmma blocks' `args` to read (the buffers must outlive their launch).
   QuantisedRows quantise_rows_for(const Tensor& x_bf16, int64_t rows, int64_t k, GroupedGemmArgs& args);
   Tensor moe_experts_host_planned(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
@@ -244,6 +248,9 @@ class CudaBackend final : public Backend {
   // Their tiles take 192 weight rows, 154 FLOP per byte brought from L2: on V2-Lite's shape 17%
   // less time than 128 rows (DSINFER_MOE_PREFILL_WEIGHT_ROWS=128).
   int prefill_expert_weight_rows_ = 192;
+  // In steps whose FP8 products take cuBLASLt's block-scaled product, the norms write the e4m3
+  // rows those products read (DSINFER_NORM_E4M3=0: the first product quantises them).
+  bool norm_writes_e4m3_ = true;
   // Steps of a few tokens write the attention's cache entries in the W_UK product's launch
   // (DSINFER_MLA_CACHE_WRITE_BESIDE=0: in a launch of their own before it; same results).
   bool cache_write_beside_ = true;
@@ -292,8 +299,8 @@ class CudaBackend final : public Backend {
     std::shared_ptr<void> keep;  // of's storage, so that its memory is not handed out again meanwhile
     std::vector<int64_t> shape;  // of's shape
     Tensor bf16;                 // [rows, cols rounded up to 128]
-    // bf16's first quantised_rows rows in e4m3 as quantise_rows made them last (its q's shape
-    // gives the padding and width), on stream quantised_on (another would not wait for them).
+    // bf16's first quantised_rows rows in e4m3, as the norm or quantise_rows made them last (q's
+    // shape gives the padding and width), on stream quantised_on (another would not wait for them).
     QuantisedRows quantised;
     Stream quantised_on = nullptr;
     int64_t quantised_rows = 0;

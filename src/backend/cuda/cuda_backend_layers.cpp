@@ -350,7 +350,8 @@ Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, c
   down.expert_blocks = expert_blocks && (!down.weights_fp8 || fp8_expert_blocks_);
   down.epilogue = GemmEpilogue::kStoreF32;
   if (fp8_activations) act_q = quantise_rows_for(act, num_entries, inter_p, down);
-  const bool out_bf16 = fp8_activations && rows_per_block == kExpertBlockWideRows && prefill_expert_outputs_bf16_;
+  // Row-blocks of kExpertBlockWideRows rows are the prefill expert blocks' (e4m3 activations).
+  const bool out_bf16 = rows_per_block == kExpertBlockWideRows && prefill_expert_outputs_bf16_;
   if (out_bf16) down.epilogue = GemmEpilogue::kStoreBf16;
   Tensor expert_out = alloc_->cached({num_entries, hidden}, out_bf16 ? DType::kBF16 : DType::kF32);
   down.y = expert_out.data;

@@ -76,6 +76,31 @@ struct Tiles {
 // 128 × (168 - 72) = 256 × (216 - 168); the copying path spills below 72.
 constexpr int kCopyRegisters = 72, kMathRegisters = 216;
 
+// One output pair (y 8-byte or 4-byte aligned), or a last single output, in fp32 or bf16.
+__device__ __forceinline__ void store_pair(float* y, float v0, float v1) { *reinterpret_cast<float2*>(y) = {v0, v1}; }
+__device__ __forceinline__ void store_pair(__nv_bfloat16* y, float v0, float v1) {
+  *reinterpret_cast<__nv_bfloat162*>(y) = __floats2bfloat162_rn(v0, v1);
+}
+__device__ __forceinline__ void store_one(float* y, float v) { *y = v; }
+__device__ __forceinline__ void store_one(__nv_bfloat16* y, float v) { *y = __float2bfloat16_rn(v); }
+
+// Routed row `row`'s outputs (half 0: row g, half 1: row g + 8 of acc) as they are, in T, into
+// y [rows, ldy]: columns below n_out.
+template <typename T, int kCols>
+__device__ __forceinline__ void store_row(const GroupedGemmArgs& a, const float (&acc)[kCols / 2], int row, int half,
+                                          int n_block, int t) {
+  T* y = static_cast<T*>(a.y) + static_cast<int64_t>(row) * a.ldy;
+#pragma unroll
+  for (int j = 0; j < kCols / 8; ++j) {
+    const int col = n_block + 8 * j + 2 * t;
+    if (col + 1 < a.n_out) {
+      store_pair(y + col, acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+    } else if (col < a.n_out) {
+      store_one(y + col, acc[4 * j + 2 * half]);
+    }
+  }
+}
+
 // A math thread's outputs of a tile: routed rows `row` and row + 8 (those below row_end) ×
 // weight rows n_block + 8 j + 2 t (+ 1), from acc as the kernel lays it out.
 template <int kCols>
@@ -86,28 +111,9 @@ __device__ __forceinline__ void store_tile(const GroupedGemmArgs& a, const float
     const int row = row0 + 8 * half;
     if (row >= row_end) continue;
     if (a.epilogue == GemmEpilogue::kStoreF32) {
-      float* y = static_cast<float*>(a.y) + static_cast<int64_t>(row) * a.ldy;
-#pragma unroll
-      for (int j = 0; j < kCols / 8; ++j) {
-        const int col = n_block + 8 * j + 2 * t;
-        if (col + 1 < a.n_out) {
-          *reinterpret_cast<float2*>(y + col) = make_float2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
-        } else if (col < a.n_out) {
-          y[col] = acc[4 * j + 2 * half];
-        }
-      }
+      store_row<float, kCols>(a, acc, row, half, n_block, t);
     } else if (a.epilogue == GemmEpilogue::kStoreBf16) {
-      __nv_bfloat16* y = static_cast<__nv_bfloat16*>(a.y) + static_cast<int64_t>(row) * a.ldy;
-#pragma unroll
-      for (int j = 0; j < kCols / 8; ++j) {
-        const int col = n_block + 8 * j + 2 * t;
-        if (col + 1 < a.n_out) {
-          *reinterpret_cast<__nv_bfloat162*>(y + col) =
-              __floats2bfloat162_rn(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
-        } else if (col < a.n_out) {
-          y[col] = __float2bfloat16_rn(acc[4 * j + 2 * half]);
-        }
-      }
+      store_row<__nv_bfloat16, kCols>(a, acc, row, half, n_block, t);
     } else {
       // 32-row tile q: gate columns 8 j + 2 t for j = 4 q, 4 q + 1, their up columns at j + 2.
       __nv_bfloat16* y = static_cast<__nv_bfloat16*>(a.y) + static_cast<int64_t>(row) * a.ldy;
@@ -126,9 +132,9 @@ __device__ __forceinline__ void store_tile(const GroupedGemmArgs& a, const float
             out[e] = __fdividef(gate, 1.0f + __expf(-gate)) * up;
           }
           if (col + 1 < a.n_out) {
-            *reinterpret_cast<__nv_bfloat162*>(y + col) = __floats2bfloat162_rn(out[0], out[1]);
+            store_pair(y + col, out[0], out[1]);
           } else if (col < a.n_out) {
-            y[col] = __float2bfloat16_rn(out[0]);
+            store_one(y + col, out[0]);
           }
         }
     }
