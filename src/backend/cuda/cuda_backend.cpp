@@ -102,6 +102,7 @@ CudaBackend::CudaBackend() {
   fp8_experts_chunked_ = !env_is("DSINFER_MOE_FP8_CHUNKED", "0");
   fp8_expert_blocks_ = !env_is("DSINFER_MOE_FP8_EXPERT_BLOCKS", "0");
   fp8_expert_activations_ = !env_is("DSINFER_MOE_FP8_ACTIVATIONS", "0");
+  fp8_gate_up_bf16_ = !env_is("DSINFER_FP8_GATE_UP_BF16", "0");
   prefill_expert_outputs_bf16_ = !env_is("DSINFER_MOE_PREFILL_OUTPUTS_BF16", "0");
   norm_writes_e4m3_ = !env_is("DSINFER_NORM_E4M3", "0");
   if (env_is("DSINFER_MOE_PREFILL_WEIGHT_ROWS", "128")) prefill_expert_weight_rows_ = 128;
@@ -578,8 +579,15 @@ void CudaBackend::gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w
     }
     if (kind == GemmEpilogue::kSiluMulBf16) {
       DS_CHECK(ldy == g.n_padded / 2);
-      Tensor gate_up = alloc_->cached({rows_out, g.n_padded}, library_output_dtype(g));
-      library_product_native(x_bf16, rows, g, gate_up.data);
+      // gate and up in bf16 where cuBLASLt writes them so (half the bytes of fp32 to write and
+      // read back); SiLU·up rounds to bf16 after them anyway.
+      const bool gate_up_bf16 = library_gate_up_bf16(g, rows);
+      Tensor gate_up = alloc_->cached({rows_out, g.n_padded}, gate_up_bf16 ? DType::kBF16 : DType::kF32);
+      if (gate_up_bf16 && fp8) {
+        DS_CHECK(library_product_fp8(x_bf16, rows, g, gate_up.data, /*out_bf16=*/true));
+      } else {
+        library_product_native(x_bf16, rows, g, gate_up.data);
+      }
       launch_silu_mul_interleaved(gate_up.data, gate_up.dtype == DType::kBF16, rows, g.n_padded / 2,
                                   static_cast<uint16_t*>(y), stream_);
       return;
@@ -646,7 +654,8 @@ CudaBackend::QuantisedRows CudaBackend::quantise_rows(const Tensor& x_bf16, int6
   return q;
 }
 
-bool CudaBackend::library_product_fp8(const Tensor& x_bf16, int64_t rows, const GemmWeight& w, float* out) {
+bool CudaBackend::library_product_fp8(const Tensor& x_bf16, int64_t rows, const GemmWeight& w, void* out,
+                                      bool out_bf16) {
   if (!library_fp8_) return false;
   const auto it = fp8_library_scales_.find(w.data);
   if (it == fp8_library_scales_.end()) return false;
@@ -654,11 +663,21 @@ bool CudaBackend::library_product_fp8(const Tensor& x_bf16, int64_t rows, const 
   const int64_t n = w.n_padded, k = w.k_padded, rows_p = round_up(rows, kLibraryFp8RowMultiple);
   const auto mode =
       lib.blocks_128x128 ? LtMatmul::Fp8WeightScales::kBlocks128x128 : LtMatmul::Fp8WeightScales::kRows1x128;
-  if (!matmul_->fp8_ready(rows_p, n, k, mode)) return false;
+  if (!matmul_->fp8_ready(rows_p, n, k, mode, out_bf16)) return false;
   const QuantisedRows x = quantise_rows(x_bf16, rows, rows_p, k);
   matmul_->fp8(static_cast<const uint8_t*>(w.data), lib.scales, mode, x.q.as<uint8_t>(), x.scales.as<float>(), out,
-               rows_p, n, k);
+               rows_p, n, k, out_bf16);
   return true;
+}
+
+bool CudaBackend::library_gate_up_bf16(const GemmWeight& w, int64_t rows) {
+  if (w.scales == nullptr) return true;
+  if (!fp8_gate_up_bf16_ || !library_fp8_) return false;
+  const auto it = fp8_library_scales_.find(w.data);
+  if (it == fp8_library_scales_.end()) return false;
+  const auto mode = it->second.blocks_128x128 ? LtMatmul::Fp8WeightScales::kBlocks128x128
+                                              : LtMatmul::Fp8WeightScales::kRows1x128;
+  return matmul_->fp8_ready(round_up(rows, kLibraryFp8RowMultiple), w.n_padded, w.k_padded, mode, /*y_bf16=*/true);
 }
 
 void CudaBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {

@@ -117,8 +117,13 @@ class CudaBackend final : public Backend {
             int64_t n_out, bool library_gemm = false);
   // cuBLASLt's product of many rows into fp32 out [rows rounded up to 4, n_padded].
   void library_product(const Tensor& x_bf16, int64_t rows, const GemmWeight& w, float* out);
-  // The block-scaled FP8 product when cuBLASLt has one for the shape; false: nothing was run.
-  bool library_product_fp8(const Tensor& x_bf16, int64_t rows, const GemmWeight& w, float* out);
+  // The block-scaled FP8 product when cuBLASLt has one for the shape, into fp32 out (or bf16
+  // with out_bf16) [rows rounded up to 4, n_padded]; false: nothing was run.
+  bool library_product_fp8(const Tensor& x_bf16, int64_t rows, const GemmWeight& w, void* out,
+                           bool out_bf16 = false);
+  // Whether a library gate/up product of `rows` rows writes bf16: bf16 weights always; e4m3 ones
+  // where cuBLASLt has a block-scaled product writing bf16 (fp8_gate_up_bf16_).
+  bool library_gate_up_bf16(const GemmWeight& w, int64_t rows);
   // cuBLASLt's product of many rows into out [rows rounded up to 4, n_padded] in
   // library_output_dtype: bf16 for bf16 weights (half the bytes to write and read back), fp32
   // for e4m3 ones, whose block-scaled products write fp32.
@@ -240,6 +245,9 @@ class CudaBackend final : public Backend {
   // products, where the weights' k is whole 128-column blocks (DSINFER_MOE_FP8_ACTIVATIONS=0:
   // bf16 activations and the weights widened to bf16 in registers).
   bool fp8_expert_activations_ = true;
+  // Block-scaled FP8 gate/up products in cuBLASLt (the shared experts, dense layers) write bf16
+  // for SiLU·up to read, half the bytes of fp32 (DSINFER_FP8_GATE_UP_BF16=0: fp32).
+  bool fp8_gate_up_bf16_ = true;
   int fp8_expert_pass_rows_ = 0;  // their rows per pass (DSINFER_MOE_FP8_PASS_ROWS=32|64; 0: by the rows)
   // The prefill expert blocks write the down product's rows in bf16, as the model's own experts
   // give them, for the combine to read: half the bytes of fp32 both ways

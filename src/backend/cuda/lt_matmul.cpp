@@ -133,15 +133,16 @@ std::unique_ptr<LtMatmul::Plan> LtMatmul::make_plan(Kind kind, int64_t m, int64_
   auto p = std::make_unique<Plan>();
   const bool fp8 = is_fp8(kind);
   const cudaDataType_t ab_type = kind == Kind::kF32 ? CUDA_R_32F : fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
-  const cudaDataType_t y_type = kind == Kind::kBf16ToBf16 ? CUDA_R_16BF : CUDA_R_32F;
+  const cudaDataType_t y_type = writes_bf16(kind) ? CUDA_R_16BF : CUDA_R_32F;
   DS_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
   DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof op_t));
   DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof op_n));
   if (fp8) {
     // A is the weight, B the activations (see the header for both scale layouts).
-    const cublasLtMatmulMatrixScale_t a_mode = kind == Kind::kFp8Blocks ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
-                                                                        : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    const bool blocks = kind == Kind::kFp8Blocks || kind == Kind::kFp8BlocksToBf16;
+    const cublasLtMatmulMatrixScale_t a_mode =
+        blocks ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
     const cublasLtMatmulMatrixScale_t b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
     DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof a_mode));
     DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof b_mode));
@@ -331,19 +332,19 @@ void LtMatmul::f32(const float* w, const float* x, float* y, int64_t m, int64_t 
   DS_CHECK_MSG(st == CUBLAS_STATUS_SUCCESS, "cublasLtMatmul (fp32): status " << st);
 }
 
-bool LtMatmul::fp8_ready(int64_t m, int64_t n, int64_t k, Fp8WeightScales w_scales_mode) {
+bool LtMatmul::fp8_ready(int64_t m, int64_t n, int64_t k, Fp8WeightScales w_scales_mode, bool y_bf16) {
   if (m <= 0 || n <= 0 || m % 4 != 0 || n % 4 != 0 || k % 128 != 0) return false;
-  return plan(fp8_kind(w_scales_mode), m, n, k, false)->ok;
+  return plan(fp8_kind(w_scales_mode, y_bf16), m, n, k, false)->ok;
 }
 
 void LtMatmul::fp8(const uint8_t* w, const float* w_scales, Fp8WeightScales w_scales_mode, const uint8_t* x,
-                   const float* x_scales, float* y, int64_t m, int64_t n, int64_t k) {
+                   const float* x_scales, void* y, int64_t m, int64_t n, int64_t k, bool y_bf16) {
   DS_CHECK(m % 4 == 0 && n % 4 == 0 && k % 128 == 0);
   for (const void* ptr : {static_cast<const void*>(w), static_cast<const void*>(w_scales),
                           static_cast<const void*>(x), static_cast<const void*>(x_scales), static_cast<const void*>(y)})
     DS_CHECK_MSG(reinterpret_cast<uintptr_t>(ptr) % kFp8AlignmentBytes == 0,
                  "FP8 product: operands must be aligned to " << kFp8AlignmentBytes << " bytes");
-  const int st = run_rows(fp8_kind(w_scales_mode), m, n, k, w, x, y, w_scales, x_scales);
+  const int st = run_rows(fp8_kind(w_scales_mode, y_bf16), m, n, k, w, x, y, w_scales, x_scales);
   DS_CHECK_MSG(st == CUBLAS_STATUS_SUCCESS, "cublasLtMatmul (FP8 block-scaled): status " << st);
 }
 

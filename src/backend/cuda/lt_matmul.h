@@ -67,21 +67,28 @@ class LtMatmul {
     kBlocks128x128,  // one per 128x128 block: [ceil(n/128)][k/128 rounded up to 4], k-blocks contiguous
     kRows1x128,      // one per (row, 128 columns): [k/128][n], rows contiguous
   };
-  // DeepSeek's FP8 recipe: y fp32 [m, n] = x · Wᵀ with W e4m3 [n, k] (scales as w_scales_mode
-  // says) and x e4m3 [m, k] with one fp32 scale per (row, 128 columns), laid out [k/128][m]
-  // (rows contiguous). m and n multiples of 4, k of 128, every pointer aligned to
-  // kFp8AlignmentBytes. fp8_ready says whether cuBLASLt has an algorithm for the shape (plans
-  // are cached); fp8 must only run when it does.
-  bool fp8_ready(int64_t m, int64_t n, int64_t k, Fp8WeightScales w_scales_mode);
+  // DeepSeek's FP8 recipe: y [m, n] = x · Wᵀ with W e4m3 [n, k] (scales as w_scales_mode says)
+  // and x e4m3 [m, k] with one fp32 scale per (row, 128 columns), laid out [k/128][m] (rows
+  // contiguous); y fp32, or bf16 with y_bf16 (the sums are fp32 either way). m and n multiples
+  // of 4, k of 128, every pointer aligned to kFp8AlignmentBytes. fp8_ready says whether cuBLASLt
+  // has an algorithm for the shape and output (plans are cached); fp8 must only run when it does.
+  bool fp8_ready(int64_t m, int64_t n, int64_t k, Fp8WeightScales w_scales_mode, bool y_bf16 = false);
   void fp8(const uint8_t* w, const float* w_scales, Fp8WeightScales w_scales_mode, const uint8_t* x,
-           const float* x_scales, float* y, int64_t m, int64_t n, int64_t k);
+           const float* x_scales, void* y, int64_t m, int64_t n, int64_t k, bool y_bf16 = false);
 
  private:
   struct Plan;
-  enum class Kind { kBf16, kBf16ToBf16, kF32, kFp8Blocks, kFp8Rows };
-  static bool is_fp8(Kind kind) { return kind == Kind::kFp8Blocks || kind == Kind::kFp8Rows; }
-  static Kind fp8_kind(Fp8WeightScales w_scales_mode) {
-    return w_scales_mode == Fp8WeightScales::kBlocks128x128 ? Kind::kFp8Blocks : Kind::kFp8Rows;
+  enum class Kind { kBf16, kBf16ToBf16, kF32, kFp8Blocks, kFp8Rows, kFp8BlocksToBf16, kFp8RowsToBf16 };
+  static bool is_fp8(Kind kind) {
+    return kind == Kind::kFp8Blocks || kind == Kind::kFp8Rows || kind == Kind::kFp8BlocksToBf16 ||
+           kind == Kind::kFp8RowsToBf16;
+  }
+  static bool writes_bf16(Kind kind) {
+    return kind == Kind::kBf16ToBf16 || kind == Kind::kFp8BlocksToBf16 || kind == Kind::kFp8RowsToBf16;
+  }
+  static Kind fp8_kind(Fp8WeightScales w_scales_mode, bool y_bf16) {
+    if (w_scales_mode == Fp8WeightScales::kBlocks128x128) return y_bf16 ? Kind::kFp8BlocksToBf16 : Kind::kFp8Blocks;
+    return y_bf16 ? Kind::kFp8RowsToBf16 : Kind::kFp8Rows;
   }
   using PlanKey = std::tuple<int, int64_t, int64_t, int64_t>;
   static constexpr int64_t kExactPlanRows = 128;
