@@ -12,28 +12,46 @@ namespace dsinfer::cuda {
 namespace {
 
 constexpr int kTileColumns = 128;
-constexpr int kWarpsPerBlock = 8;
+constexpr int kLanesPerTile = 16;  // eight columns a lane: one 16-byte load, one 8-byte store
+constexpr int kThreads = 256;
+constexpr int kTilesAtOnce = kThreads / kLanesPerTile;
+// A block quantises one column tile of kBlockRows rows, each thread two rows kTilesAtOnce
+// apart: both loads are in flight before either tile's maximum is needed (a pass that only
+// moves bytes runs at the rate of the loads it keeps in flight), and the block's scales are one
+// contiguous run of the column-major scale array.
+constexpr int kRowsPerThread = 2;
+constexpr int kBlockRows = kTilesAtOnce * kRowsPerThread;
 
-// One warp per (row, tile): four columns per lane.
-__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+__global__ void __launch_bounds__(kThreads)
     quantize_rows_e4m3_kernel(const __nv_bfloat16* x, int64_t rows, int64_t k, int64_t rows_padded, uint8_t* q,
                               float* scales) {
   await_previous_kernels();
+  // Consecutive blocks take the column tiles of the same rows, so the grid reads x in order.
   const int64_t tiles_per_row = k / kTileColumns;
-  const int64_t tile = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / 32;
-  if (tile >= rows_padded * tiles_per_row) return;
-  const int64_t row = tile / tiles_per_row, col_tile = tile % tiles_per_row;
-  const int lane = threadIdx.x % 32;
-  const int64_t offset = row * k + col_tile * kTileColumns + lane * 4;
-  float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  if (row < rows) {
-    const uint2 raw = *reinterpret_cast<const uint2*>(x + offset);
-    const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
-    const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
-    v[0] = lo.x, v[1] = lo.y, v[2] = hi.x, v[3] = hi.y;
+  const int64_t col_tile = blockIdx.x % tiles_per_row;
+  const int64_t row0 = (blockIdx.x / tiles_per_row) * kBlockRows + threadIdx.x / kLanesPerTile;
+  const int64_t col = col_tile * kTileColumns + (threadIdx.x % kLanesPerTile) * 8;
+  float v[kRowsPerThread][8];
+#pragma unroll
+  for (int i = 0; i < kRowsPerThread; ++i) {
+    const int64_t row = row0 + i * kTilesAtOnce;
+    uint4 raw = make_uint4(0, 0, 0, 0);  // rows past `rows` (padding) quantise to zeros
+    if (row < rows) raw = *reinterpret_cast<const uint4*>(x + row * k + col);
+    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const float2 pair = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[w]));
+      v[i][2 * w] = pair.x;
+      v[i][2 * w + 1] = pair.y;
+    }
   }
-  const float scale = quantize_tile_e4m3(v, q + offset);
-  if (lane == 0) scales[col_tile * rows_padded + row] = scale;
+#pragma unroll
+  for (int i = 0; i < kRowsPerThread; ++i) {
+    const int64_t row = row0 + i * kTilesAtOnce;
+    // Every lane takes part in the tile's shuffles; only rows of the padded array are written.
+    const float scale = quantize_tile_e4m3(v[i], row < rows_padded ? q + row * k + col : nullptr);
+    if (row < rows_padded && threadIdx.x % kLanesPerTile == 0) scales[col_tile * rows_padded + row] = scale;
+  }
 }
 
 }  // namespace
@@ -41,11 +59,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 void launch_quantize_rows_e4m3(const uint16_t* x, int64_t rows, int64_t k, int64_t rows_padded, uint8_t* q,
                                float* scales, Stream stream) {
   DS_CHECK(k % kTileColumns == 0 && rows_padded >= rows);
-  const int64_t tiles = rows_padded * (k / kTileColumns);
-  if (tiles == 0) return;
-  launch_kernel(quantize_rows_e4m3_kernel, static_cast<unsigned>((tiles + kWarpsPerBlock - 1) / kWarpsPerBlock),
-                kWarpsPerBlock * 32, 0, stream, reinterpret_cast<const __nv_bfloat16*>(x), rows, k, rows_padded, q,
-                scales);
+  DS_CHECK_MSG(reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(q) % 8 == 0,
+               "quantize_rows_e4m3: bf16 rows 16-byte aligned and e4m3 rows 8-byte aligned");
+  const int64_t num_blocks = (rows_padded + kBlockRows - 1) / kBlockRows * (k / kTileColumns);
+  if (num_blocks == 0) return;
+  launch_kernel(quantize_rows_e4m3_kernel, static_cast<unsigned>(num_blocks), kThreads, 0, stream,
+                reinterpret_cast<const __nv_bfloat16*>(x), rows, k, rows_padded, q, scales);
   DS_CUDA_CHECK_LAUNCH();
 }
 
