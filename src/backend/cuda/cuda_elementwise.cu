@@ -40,7 +40,10 @@ __device__ float block_sum(float sum, float* warp_sums) {
 // Rows of up to this many float4 per thread (kThreads * 4 * 8 = 8,192 floats: every hidden size
 // of the DeepSeek family) are normalised from registers. Each thread issues all its loads, of
 // the row, the added row and the weight, before it uses any, so a row costs one memory latency
-// instead of one per loop step: at batch 1 a norm of 2,048 floats took 8.6 µs as a loop.
+// instead of one per loop step: at batch 1 a norm of 2,048 floats took 8.6 µs as a loop. The
+// kernel is compiled for 2, 4 and 8 float4 a thread and takes the fewest that hold the row:
+// sized for 8, a row of 2,048 held 106 registers a thread for the 2 it used, two blocks fitted
+// on an SM, and a prefill's norms ran at three quarters of the copy rate.
 constexpr int kNormVec4PerThread = 8;
 
 bool norm_fits_registers(const void* x, const void* y, const void* w, const void* out, int64_t n) {
@@ -72,7 +75,7 @@ __device__ void zero_e4m3_row(const NormBf16Copy& copy, int n) {
 // One block per row: x += y first when kAddFirst (x updated in memory), then out = the row's
 // RMS norm, its mean square in fp32 through a block reduction. x and out may alias: every
 // thread holds its elements in registers before it writes them.
-template <bool kAddFirst>
+template <bool kAddFirst, int kVec4>
 __global__ void __launch_bounds__(kThreads) rms_norm_registers_kernel(float* x, const float* y, const float* w,
                                                                       float eps, int n, float* out,
                                                                       NormBf16Copy copy) {
@@ -88,9 +91,9 @@ __global__ void __launch_bounds__(kThreads) rms_norm_registers_kernel(float* x, 
   const float4* w4 = reinterpret_cast<const float4*>(w);
   float4* dst = reinterpret_cast<float4*>(out + base);
   const int n4 = n / 4;
-  float4 v[kNormVec4PerThread], wv[kNormVec4PerThread];
+  float4 v[kVec4], wv[kVec4];
 #pragma unroll
-  for (int j = 0; j < kNormVec4PerThread; ++j) {
+  for (int j = 0; j < kVec4; ++j) {
     const int i = threadIdx.x + j * kThreads;
     if (i < n4) {
       v[j] = row[i];
@@ -103,7 +106,7 @@ __global__ void __launch_bounds__(kThreads) rms_norm_registers_kernel(float* x, 
   }
   float sum = 0.0f;
 #pragma unroll
-  for (int j = 0; j < kNormVec4PerThread; ++j) {
+  for (int j = 0; j < kVec4; ++j) {
     const int i = threadIdx.x + j * kThreads;
     if (i < n4) {
       if constexpr (kAddFirst) row[i] = v[j];
@@ -113,7 +116,7 @@ __global__ void __launch_bounds__(kThreads) rms_norm_registers_kernel(float* x, 
   const float inv = rsqrtf(block_sum(sum, warp_sums) / static_cast<float>(n) + eps);
   __nv_bfloat16* copy_row = copy.y == nullptr ? nullptr : copy.y + blockIdx.x * copy.ldy;
 #pragma unroll
-  for (int j = 0; j < kNormVec4PerThread; ++j) {
+  for (int j = 0; j < kVec4; ++j) {
     const int i = threadIdx.x + j * kThreads;
     if (i < n4) {
       const float4 o = make_float4(v[j].x * inv * wv[j].x, v[j].y * inv * wv[j].y, v[j].z * inv * wv[j].z,
@@ -372,8 +375,11 @@ void launch_norm(float* x, const float* y, const float* w, float eps, int64_t ro
       copy.rows_padded = e4m3.rows_padded;
       num_blocks = static_cast<unsigned>(e4m3.rows_padded);
     }
-    launch_kernel(rms_norm_registers_kernel<kAddFirst>, num_blocks, kThreads, 0, stream, x, y, w, eps,
-                  static_cast<int>(n), out, copy);
+    const int64_t vec4_per_thread = (n / 4 + kThreads - 1) / kThreads;
+    const auto kernel = vec4_per_thread <= 2   ? rms_norm_registers_kernel<kAddFirst, 2>
+                        : vec4_per_thread <= 4 ? rms_norm_registers_kernel<kAddFirst, 4>
+                                               : rms_norm_registers_kernel<kAddFirst, kNormVec4PerThread>;
+    launch_kernel(kernel, num_blocks, kThreads, 0, stream, x, y, w, eps, static_cast<int>(n), out, copy);
   } else {
     launch_kernel(rms_norm_loop_kernel<kAddFirst>, static_cast<unsigned>(rows), kThreads, 0, stream, x, y, w, eps, n,
                   out, copy);

@@ -30,8 +30,42 @@ __global__ void gather_latent_kernel(MlaDims d, const void* cache, const int32_t
   }
 }
 
+// The same for an fp32 cache whose entries and latent rows hold whole groups of four columns: a
+// thread converts four columns with one 16-byte load and one 8-byte store, and issues the loads
+// of its groups before any store (the scalar loop kept one 4-byte load in flight a thread).
+constexpr int kGatherGroupsAtOnce = 2;
+
+__global__ void gather_latent_f32_kernel(MlaDims d, const void* cache, const int32_t* table, int ld_latent,
+                                         uint16_t* latent) {
+  await_previous_kernels();
+  const int p = blockIdx.x, bs = d.block_size, entry = d.kv_lora_rank + d.qk_rope_head_dim;
+  const int64_t slot = static_cast<int64_t>(table[p / bs]) * bs + p % bs;
+  const auto* src = reinterpret_cast<const float4*>(cache_entry(d, cache, slot));
+  auto* dst = reinterpret_cast<uint2*>(latent + static_cast<int64_t>(p) * ld_latent);
+  const int num_groups = ld_latent / 4, entry_groups = entry / 4;
+  for (int g0 = threadIdx.x; g0 < num_groups; g0 += kGatherGroupsAtOnce * blockDim.x) {
+    float4 v[kGatherGroupsAtOnce];
+#pragma unroll
+    for (int u = 0; u < kGatherGroupsAtOnce; ++u) {
+      const int g = g0 + u * blockDim.x;
+      v[u] = g < entry_groups ? src[g] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int u = 0; u < kGatherGroupsAtOnce; ++u) {
+      const int g = g0 + u * blockDim.x;
+      if (g >= num_groups) break;
+      const __nv_bfloat162 lo = __floats2bfloat162_rn(v[u].x, v[u].y), hi = __floats2bfloat162_rn(v[u].z, v[u].w);
+      dst[g] = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+    }
+  }
+}
+
 // One block per token; a thread writes two neighbouring columns of a head (one rotated pair
-// in the rope part) as one bf16 pair. The nope and rope widths and qk_padded are even.
+// in the rope part) as one bf16 pair. The nope and rope widths and qk_padded are even. A thread
+// issues the loads of kPairsAtOnce pairs before it converts any: with one load in flight a
+// thread, a 4 × 4k prefill's queries moved at 2.6 TB/s.
+constexpr int kPairsAtOnce = 4;
+
 __global__ void expanded_queries_kernel(MlaDims d, const float* q, const int32_t* positions, const float* rope_cos,
                                         const float* rope_sin, int qk_padded, uint16_t* q_out) {
   await_previous_kernels();
@@ -40,22 +74,31 @@ __global__ void expanded_queries_kernel(MlaDims d, const float* q, const int32_t
   const int pos = positions[i];
   const float* src = q + static_cast<int64_t>(i) * d.num_heads * qk;
   auto* dst = reinterpret_cast<__nv_bfloat162*>(q_out + static_cast<int64_t>(i) * d.num_heads * qk_padded);
-  const int pairs_per_head = qk_padded / 2;
-  for (int e = threadIdx.x; e < d.num_heads * pairs_per_head; e += blockDim.x) {
-    const int h = e / pairs_per_head, c = 2 * (e % pairs_per_head);
-    const float* qh = src + h * qk;
-    float v0 = 0.0f, v1 = 0.0f;
-    if (c < nope) {
-      const float2 x = *reinterpret_cast<const float2*>(qh + c);
-      v0 = x.x, v1 = x.y;
-    } else if (c < qk) {
-      const int pair = (c - nope) / 2;
-      const float2 x = *reinterpret_cast<const float2*>(qh + c);
-      const float cs = rope_cos[pos * half + pair], sn = rope_sin[pos * half + pair];
-      v0 = x.x * cs - x.y * sn;
-      v1 = x.x * sn + x.y * cs;
+  const int pairs_per_head = qk_padded / 2, num_pairs = d.num_heads * pairs_per_head;
+  for (int e0 = threadIdx.x; e0 < num_pairs; e0 += kPairsAtOnce * blockDim.x) {
+    float2 x[kPairsAtOnce];
+    float cs[kPairsAtOnce], sn[kPairsAtOnce];
+#pragma unroll
+    for (int u = 0; u < kPairsAtOnce; ++u) {
+      const int e = e0 + u * blockDim.x, h = e / pairs_per_head, c = 2 * (e % pairs_per_head);
+      x[u] = make_float2(0.0f, 0.0f);  // the padding columns past qk
+      cs[u] = 1.0f, sn[u] = 0.0f;      // the nope part is not rotated
+      if (e >= num_pairs || c >= qk) continue;
+      x[u] = *reinterpret_cast<const float2*>(src + h * qk + c);
+      if (c >= nope) {
+        const int pair = (c - nope) / 2;
+        cs[u] = rope_cos[pos * half + pair], sn[u] = rope_sin[pos * half + pair];
+      }
     }
-    dst[e] = __floats2bfloat162_rn(v0, v1);
+#pragma unroll
+    for (int u = 0; u < kPairsAtOnce; ++u) {
+      const int e = e0 + u * blockDim.x;
+      if (e >= num_pairs) break;
+      const bool rotated = 2 * (e % pairs_per_head) >= nope;
+      const float v0 = rotated ? x[u].x * cs[u] - x[u].y * sn[u] : x[u].x;
+      const float v1 = rotated ? x[u].x * sn[u] + x[u].y * cs[u] : x[u].y;
+      dst[e] = __floats2bfloat162_rn(v0, v1);
+    }
   }
 }
 
@@ -118,7 +161,12 @@ __global__ void __launch_bounds__(kThreads) causal_softmax_kernel(const float* s
 void launch_mla_gather_latent(const MlaDims& d, const void* cache, const int32_t* table, int num_positions,
                               int ld_latent, uint16_t* latent, Stream stream) {
   if (num_positions == 0) return;
-  launch_kernel(gather_latent_kernel, num_positions, 128, 0, stream, d, cache, table, ld_latent, latent);
+  const int entry = d.kv_lora_rank + d.qk_rope_head_dim;
+  const auto aligned = [](const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
+  const bool groups_of_four = !d.cache_fp8 && entry % 4 == 0 && ld_latent % 4 == 0 && d.cache_entry_bytes % 16 == 0 &&
+                              aligned(cache, 16) && aligned(latent, 8);
+  launch_kernel(groups_of_four ? gather_latent_f32_kernel : gather_latent_kernel, num_positions, 128, 0, stream, d,
+                cache, table, ld_latent, latent);
   DS_CUDA_CHECK_LAUNCH();
 }
 
