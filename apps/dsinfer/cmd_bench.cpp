@@ -21,6 +21,7 @@
 #include <sstream>
 
 #include "backend/backend.h"
+#include "backend/device_clocks.h"
 #include "bench_report.h"
 #include "bench_workload.h"
 #include "command.h"
@@ -92,6 +93,7 @@ struct BenchRow {
   double decode_step_ms;
   double floor_step_ms;
   double achieved_gbs;
+  DeviceClockSummary prefill_clocks;  // while the fastest prefill pass ran
 };
 
 int run_bench(int argc, char** argv) {
@@ -191,8 +193,18 @@ int run_bench(int argc, char** argv) {
     std::cerr << "error: " << e.what() << "\n";
     return 1;
   }
+  // The GPU's clocks while the ceiling and each timed prefill run: a rate and a ceiling measured
+  // at different clocks would not compare like with like.
+  std::unique_ptr<DeviceClockSampler> clocks;
+  if (backend_name == "cuda") clocks = std::make_unique<DeviceClockSampler>();
+  auto start_clocks = [&] {
+    if (clocks) clocks->start();
+  };
+  auto stop_clocks = [&] { return clocks ? clocks->stop() : DeviceClockSummary{}; };
   // The GEMM ceiling first, while the device's memory is free of the model.
+  start_clocks();
   const double gemm_flops = measure_device_gemm_flops(backend_name, fp8);
+  const DeviceClockSummary ceiling_clocks = stop_clocks();
   std::cerr << "GEMM ceiling: " << gemm_flops / 1e12 << " TFLOP/s\n";
   const int max_batch = *std::max_element(batches.begin(), batches.end());
   const int max_positions = prompt_len + decode_steps + 4;  // + warm-up steps and the routed step
@@ -260,10 +272,14 @@ int run_bench(int argc, char** argv) {
     // The same prefill again rewrites the same cache slots with the same values; the fastest
     // pass leaves out one-time costs (plans, allocations, clocks ramping up).
     double prefill_s = 0;
+    DeviceClockSummary prefill_clocks;
     for (int rep = 0; rep < prefill_reps; ++rep) {
+      start_clocks();
       const auto t0 = Clock::now();
       fetch_logits(model->forward(fb, caches));
       const double dt = seconds_since(t0);
+      const DeviceClockSummary rep_clocks = stop_clocks();
+      if (rep == 0 || dt < prefill_s) prefill_clocks = rep_clocks;
       prefill_s = rep == 0 ? dt : std::min(prefill_s, dt);
     }
     const double prefill_flops = prefill_step_flops(c, batch, prompt_len);
@@ -272,6 +288,7 @@ int run_bench(int argc, char** argv) {
       row.batch = batch;
       row.prefill_tok_s = batch * prompt_len / prefill_s;
       row.prefill_flops_per_s = prefill_flops / prefill_s;
+      row.prefill_clocks = prefill_clocks;
       rows.push_back(row);
       std::cerr << "batch " << batch << ": prefill " << row.prefill_tok_s << " tok/s, "
                 << row.prefill_flops_per_s / 1e12 << " TFLOP/s\n";
@@ -330,6 +347,7 @@ int run_bench(int argc, char** argv) {
     row.decode_step_ms = 1e3 * decode_s / decode_steps;
     row.floor_step_ms = 1e3 * floor_s / decode_steps;
     row.achieved_gbs = bytes_total / decode_s / 1e9;
+    row.prefill_clocks = prefill_clocks;
     rows.push_back(row);
     std::cerr << "batch " << batch << ": prefill " << row.prefill_tok_s << " tok/s, "
               << row.prefill_flops_per_s / 1e12 << " TFLOP/s, decode " << row.decode_tok_s
@@ -381,7 +399,15 @@ int run_bench(int argc, char** argv) {
          << "): " << gemm_flops / 1e12 << " TFLOP/s\n"
          << "- prefill: " << prompt_len << "-token prompts, all of a batch in one step, fastest of " << prefill_reps
          << " passes; TFLOP/s counts 2 x activated weights per token + causal attention (model_flops.h)"
-         << (prefill_only ? "" : "; decode contexts start at " + std::to_string(prompt_len) + " tokens") << "\n\n";
+         << (prefill_only ? "" : "; decode contexts start at " + std::to_string(prompt_len) + " tokens") << "\n";
+  if (clocks && !clocks->available()) {
+    header << "- SM clock: not sampled (" << clocks->unavailable_reason() << ")\n";
+  } else if (clocks) {
+    header << "- SM clock (NVML, every 2 ms): GEMM ceiling " << ceiling_clocks.describe();
+    for (const auto& r : rows) header << "; prefill at batch " << r.batch << " " << r.prefill_clocks.describe();
+    header << "\n";
+  }
+  header << "\n";
   std::cout << header.str() << table.str();
   if (!results_path.empty() && !append_results(results_path, header.str() + table.str())) {
     std::cerr << "error: cannot append to " << results_path << "\n";
