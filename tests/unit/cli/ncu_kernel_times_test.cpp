@@ -39,6 +39,26 @@ TEST(NcuKernelTimesTest, PerMarkerKernelWithLibraryKernelsInOneRow) {
   EXPECT_NE(out.find("61.0 us per route_kernel     1.0 calls  dsinfer::route_kernel"), std::string::npos) << out;
 }
 
+// Three kernels' summaries from a 4 x 4k FP8 prefill run with the DRAM byte metrics: each row
+// adds the kernel's traffic (read + write, across byte units and thousands separators) and its
+// rate over the kernel's time.
+TEST(NcuKernelTimesTest, DramTrafficAndRateWhereMeasured) {
+  const std::string sample = std::string(DSINFER_SOURCE_DIR) + "/tests/data/ncu_per_kernel_dram_sample.txt";
+  const auto r = run_tool("ncu_kernel_times.py", sample + " --per route_kernel");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  // combine: 169.04 us, 537.67 + 124.50 MB; route: 37.07 us, 4.25 MB + 192 bytes.
+  EXPECT_NE(r.out.find("262.0 us per route_kernel, all kernels"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("169.0 us per route_kernel     1.0 calls     662.2 MB DRAM   3917 GB/s  "
+                       "dsinfer::combine_kernel<__nv_bfloat16, 4>"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("37.1 us per route_kernel     1.0 calls       4.3 MB DRAM    115 GB/s  dsinfer::route_kernel"),
+            std::string::npos)
+      << r.out;
+  // Without the metrics, rows keep their time-only form.
+  EXPECT_EQ(tool("").find("MB DRAM"), std::string::npos);
+}
+
 TEST(NcuKernelTimesTest, SaysWhatIsMissing) {
   const auto no_marker = run_tool("ncu_kernel_times.py", kSample + " --per no_such_kernel");
   EXPECT_NE(no_marker.exit_code, 0);
