@@ -654,30 +654,35 @@ CudaBackend::QuantisedRows CudaBackend::quantise_rows(const Tensor& x_bf16, int6
   return q;
 }
 
+namespace {
+LtMatmul::Fp8WeightScales scale_mode(bool blocks_128x128) {
+  return blocks_128x128 ? LtMatmul::Fp8WeightScales::kBlocks128x128 : LtMatmul::Fp8WeightScales::kRows1x128;
+}
+}  // namespace
+
+const CudaBackend::LibraryScales* CudaBackend::library_fp8_scales(const GemmWeight& w, int64_t rows, bool out_bf16) {
+  if (!library_fp8_) return nullptr;
+  const auto it = fp8_library_scales_.find(w.data);
+  if (it == fp8_library_scales_.end()) return nullptr;
+  const bool ready = matmul_->fp8_ready(round_up(rows, kLibraryFp8RowMultiple), w.n_padded, w.k_padded,
+                                        scale_mode(it->second.blocks_128x128), out_bf16);
+  return ready ? &it->second : nullptr;
+}
+
 bool CudaBackend::library_product_fp8(const Tensor& x_bf16, int64_t rows, const GemmWeight& w, void* out,
                                       bool out_bf16) {
-  if (!library_fp8_) return false;
-  const auto it = fp8_library_scales_.find(w.data);
-  if (it == fp8_library_scales_.end()) return false;
-  const LibraryScales& lib = it->second;
+  const LibraryScales* lib = library_fp8_scales(w, rows, out_bf16);
+  if (lib == nullptr) return false;
   const int64_t n = w.n_padded, k = w.k_padded, rows_p = round_up(rows, kLibraryFp8RowMultiple);
-  const auto mode =
-      lib.blocks_128x128 ? LtMatmul::Fp8WeightScales::kBlocks128x128 : LtMatmul::Fp8WeightScales::kRows1x128;
-  if (!matmul_->fp8_ready(rows_p, n, k, mode, out_bf16)) return false;
   const QuantisedRows x = quantise_rows(x_bf16, rows, rows_p, k);
-  matmul_->fp8(static_cast<const uint8_t*>(w.data), lib.scales, mode, x.q.as<uint8_t>(), x.scales.as<float>(), out,
-               rows_p, n, k, out_bf16);
+  matmul_->fp8(static_cast<const uint8_t*>(w.data), lib->scales, scale_mode(lib->blocks_128x128), x.q.as<uint8_t>(),
+               x.scales.as<float>(), out, rows_p, n, k, out_bf16);
   return true;
 }
 
 bool CudaBackend::library_gate_up_bf16(const GemmWeight& w, int64_t rows) {
   if (w.scales == nullptr) return true;
-  if (!fp8_gate_up_bf16_ || !library_fp8_) return false;
-  const auto it = fp8_library_scales_.find(w.data);
-  if (it == fp8_library_scales_.end()) return false;
-  const auto mode = it->second.blocks_128x128 ? LtMatmul::Fp8WeightScales::kBlocks128x128
-                                              : LtMatmul::Fp8WeightScales::kRows1x128;
-  return matmul_->fp8_ready(round_up(rows, kLibraryFp8RowMultiple), w.n_padded, w.k_padded, mode, /*y_bf16=*/true);
+  return fp8_gate_up_bf16_ && library_fp8_scales(w, rows, /*out_bf16=*/true) != nullptr;
 }
 
 void CudaBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {

@@ -289,6 +289,9 @@ class CudaBackend final : public Backend {
     bool blocks_128x128 = false;
   };
   std::unordered_map<const void*, LibraryScales> fp8_library_scales_;
+  // e4m3 weight w's library scales where cuBLASLt has a block-scaled product of `rows` rows for
+  // it (writing bf16 where out_bf16), else null.
+  const LibraryScales* library_fp8_scales(const GemmWeight& w, int64_t rows, bool out_bf16);
   std::unique_ptr<StepBuffers> step_;
   std::unique_ptr<Recordings> recordings_;
   std::unique_ptr<Choices> choices_;
