@@ -105,6 +105,7 @@ CudaBackend::CudaBackend() {
   fp8_expert_activations_ = !env_is("DSINFER_MOE_FP8_ACTIVATIONS", "0");
   fp8_gate_up_bf16_ = !env_is("DSINFER_FP8_GATE_UP_BF16", "0");
   silu_e4m3_ = !env_is("DSINFER_SILU_E4M3", "0");
+  f32_e4m3_ = !env_is("DSINFER_F32_E4M3", "0");
   prefill_expert_outputs_bf16_ = !env_is("DSINFER_MOE_PREFILL_OUTPUTS_BF16", "0");
   norm_writes_e4m3_ = !env_is("DSINFER_NORM_E4M3", "0");
   if (env_is("DSINFER_MOE_PREFILL_WEIGHT_ROWS", "128")) prefill_expert_weight_rows_ = 128;
@@ -707,8 +708,28 @@ void CudaBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   check_linear(x, w, out);
   const int64_t m = x.dim(0);
   if (m == 0) return;
-  linear_bf16(to_bf16_padded(x, w.weight.dim(1)), m, w, out);
+  if (!linear_f32_e4m3(x, w, out)) linear_bf16(to_bf16_padded(x, w.weight.dim(1)), m, w, out);
   forget_normed_copy_if_written(out);
+}
+
+bool CudaBackend::linear_f32_e4m3(const Tensor& x, const LinearWeight& w, Tensor& out) {
+  // Only where gemm() would take cuBLASLt's block-scaled product, which would quantise the bf16
+  // rows to_bf16_padded makes: the same products, so the same bits. Rows with a bf16 copy
+  // already (a norm's, attention's) keep the path that reads it.
+  const int64_t m = x.dim(0);
+  const GemmWeight g = gemm_weight_of(w);
+  const bool has_copy = normed_copy_.of != nullptr && normed_copy_.of == x.data;
+  if (!f32_e4m3_ || has_copy || x.dim(1) != g.k_padded || reinterpret_cast<uintptr_t>(x.data) % 16 != 0 ||
+      few_row_gemm_takes(m) || own_gemm_takes(g, m))
+    return false;
+  const LibraryScales* lib = library_fp8_scales(g, m, /*out_bf16=*/false);
+  if (lib == nullptr) return false;
+  QuantisedRows q = new_quantised_rows(round_up(m, kLibraryFp8RowMultiple), g.k_padded);
+  launch_quantize_rows_f32_e4m3(x.as<float>(), m, g.k_padded, q.q.dim(0), q.q.as<uint8_t>(), q.scales.as<float>(),
+                                stream_);
+  library_product_into(m, g, out.as<float>(), w.out_features, w.out_features,
+                       [&](float* y) { library_product_fp8_rows(q, g, *lib, y, /*out_bf16=*/false); });
+  return true;
 }
 
 void CudaBackend::linear_bf16(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, Tensor& out) {

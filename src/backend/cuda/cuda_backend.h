@@ -200,8 +200,11 @@ class CudaBackend final : public Backend {
   // x · gate_up → SiLU·mul → down for bf16 x [rows, gate_up's k_padded].
   void gated_mlp_bf16(const Tensor& x_bf16, int64_t rows, const LinearWeight& gate_up, const LinearWeight& down,
                       float* out, int64_t ldo);
-  // The same with SiLU·up written straight as the down product's e4m3 rows, where both products
-  // are cuBLASLt's and down's is block-scaled FP8; false: nothing was run.
+  // linear() of fp32 rows straight to their e4m3 form where cuBLASLt's block-scaled product takes
+  // them; false: nothing was run.
+  bool linear_f32_e4m3(const Tensor& x, const LinearWeight& w, Tensor& out);
+  // gated_mlp_bf16 with SiLU·up written straight as the down product's e4m3 rows, where both
+  // products are cuBLASLt's and down's is block-scaled FP8; false: nothing was run.
   bool gated_mlp_e4m3(const Tensor& x_bf16, int64_t rows, const LinearWeight& gate_up, const LinearWeight& down,
                       float* out, int64_t ldo);
 
@@ -264,6 +267,10 @@ class CudaBackend final : public Backend {
   // Gated MLPs whose down product is cuBLASLt's block-scaled FP8 get SiLU·up as its e4m3 rows in
   // one pass (DSINFER_SILU_E4M3=0: bf16 rows, then the quantising pass).
   bool silu_e4m3_ = true;
+  // fp32 rows without a bf16 copy (attention's output in prefill, for o_proj) go to cuBLASLt's
+  // block-scaled product quantised in one pass (DSINFER_F32_E4M3=0: converted to bf16 rows, then
+  // quantised).
+  bool f32_e4m3_ = true;
   int fp8_expert_pass_rows_ = 0;  // their rows per pass (DSINFER_MOE_FP8_PASS_ROWS=32|64; 0: by the rows)
   // The prefill expert blocks write the down product's rows in bf16, as the model's own experts
   // give them, for the combine to read: half the bytes of fp32 both ways

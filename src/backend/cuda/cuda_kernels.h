@@ -57,6 +57,10 @@ void launch_silu_mul_interleaved_e4m3(const void* gate_up, bool gate_up_bf16, in
 // `rows` to rows_padded are zeros with scale 1.
 void launch_quantize_rows_e4m3(const uint16_t* x, int64_t rows, int64_t k, int64_t rows_padded, uint8_t* q,
                                float* scales, Stream stream);
+// The same from fp32 rows (16-byte aligned), each value rounded to bf16 first: the bits of
+// launch_f32_to_bf16_padded's rows through launch_quantize_rows_e4m3, in one pass.
+void launch_quantize_rows_f32_e4m3(const float* x, int64_t rows, int64_t k, int64_t rows_padded, uint8_t* q,
+                                   float* scales, Stream stream);
 // ids[i] = chosen[-1 - ids[i]] where ids[i] < 0 (token placeholders of a step scheduled ahead).
 void launch_resolve_placeholders(int32_t* ids, int64_t n, const int32_t* chosen, Stream stream);
 // out[r] = index of the largest x[r, :] (the first on ties), x fp32 [rows, n].

@@ -100,9 +100,12 @@ std::vector<float> product(const std::vector<float>& x, int64_t rows, const Fp8W
 // Plain projections, with the checkpoint's 128x128 blocks (kept as blocks) and with 64-row
 // blocks (kept per row); row counts that are and are not multiples of 4; k that is not a
 // multiple of 128 (zero padded). Also on a backend that times cuBLASLt's candidate algorithms
-// (DSINFER_CUBLASLT_TUNE_MAX_ROWS): whichever it keeps, the arithmetic is the recipe's.
+// (DSINFER_CUBLASLT_TUNE_MAX_ROWS): whichever it keeps, the arithmetic is the recipe's. fp32 rows
+// of whole 128-column tiles are quantised in one pass: the same bits as bf16 rows through the
+// quantising pass (DSINFER_F32_E4M3=0).
 TEST_F(CudaFp8GemmTest, LinearMatchesQuantisedReference) {
   auto tuned = make_backend_with_env("cuda", "DSINFER_CUBLASLT_TUNE_MAX_ROWS", "512");
+  auto two_pass = make_backend_with_env("cuda", "DSINFER_F32_E4M3", "0");
   struct Shape { int64_t m, n, k, block_rows; };
   for (Backend* gpu : {gpu_.get(), tuned.get()}) {
     for (Shape s : {Shape{37, 576, 2048, 128}, Shape{130, 1000, 384, 128}, Shape{256, 576, 2048, 128},
@@ -123,6 +126,12 @@ TEST_F(CudaFp8GemmTest, LinearMatchesQuantisedReference) {
       Tensor cx = upload(*cpu_, {s.m, s.k}, x), cy = cpu_->empty({s.m, s.n}, DType::kF32);
       cpu_->linear(cx, cpu_w, cy);
       EXPECT_LT(relative_error(got, download(*cpu_, cy)), 6e-2) << s.m << "x" << s.n << "x" << s.k;
+      if (gpu == gpu_.get()) {
+        LinearWeight lw2 = two_pass->make_linear(w.host());
+        Tensor tx2 = upload(*two_pass, {s.m, s.k}, x), ty2 = two_pass->empty({s.m, s.n}, DType::kF32);
+        two_pass->linear(tx2, lw2, ty2);
+        EXPECT_EQ(got, download(*two_pass, ty2)) << s.m << "x" << s.n << "x" << s.k;
+      }
     }
   }
 }

@@ -1,8 +1,8 @@
-// The pass that quantises bf16 activation rows to DeepSeek's FP8 format: every code and every
-// scale against the host's quantiser, bit for bit, at row counts that leave part-filled blocks,
-// with padding rows (zeros, scale 1), an all-zero tile and tiles of very different magnitudes.
-// And SiLU·up written straight in that format: the same bits as SiLU·up's bf16 rows through the
-// pass.
+// The pass that quantises bf16 activation rows (or fp32 ones, rounded to bf16 on the way) to
+// DeepSeek's FP8 format: every code and every scale against the host's quantiser, bit for bit,
+// at row counts that leave part-filled blocks, with padding rows (zeros, scale 1), an all-zero
+// tile and tiles of very different magnitudes. And SiLU·up written straight in that format: the
+// same bits as SiLU·up's bf16 rows through the pass.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -51,10 +51,12 @@ TEST_P(CudaFp8QuantizeTest, CodesAndScalesMatchTheHostBitForBit) {
   // tile get scales far apart. Row 1's second tile is all zeros (scale 1, zero codes).
   const auto values = random_values(c.rows * c.k, 91);
   std::vector<uint16_t> x(c.rows * c.k);
+  std::vector<float> x_f32(c.rows * c.k);  // the values before their rounding to bf16
   for (int64_t r = 0; r < c.rows; ++r)
     for (int64_t col = 0; col < c.k; ++col) {
       const float v = values[r * c.k + col] * std::ldexp(1.0f, static_cast<int>(r % 7) - 3 + 2 * (col / 128 % 3));
-      x[r * c.k + col] = f32_to_bf16(r == 1 && col / 128 == 1 ? 0.0f : v);
+      x_f32[r * c.k + col] = r == 1 && col / 128 == 1 ? 0.0f : v;
+      x[r * c.k + col] = f32_to_bf16(x_f32[r * c.k + col]);
     }
 
   std::vector<uint8_t> want_q(c.rows_padded * c.k, 0);
@@ -70,38 +72,48 @@ TEST_P(CudaFp8QuantizeTest, CodesAndScalesMatchTheHostBitForBit) {
         want_q[r * c.k + col] = f32_to_fp8e4m3(bf16_to_f32(x[r * c.k + col]) / scale);
     }
 
-  DeviceBuffers d;
-  ASSERT_EQ(cudaMalloc(&d.x, x.size() * sizeof(uint16_t)), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&d.q, want_q.size()), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&d.scales, want_scales.size() * sizeof(float)), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(d.x, x.data(), x.size() * sizeof(uint16_t), cudaMemcpyHostToDevice), cudaSuccess);
-  // Garbage where the pass must write: padding rows included.
-  ASSERT_EQ(cudaMemset(d.q, 0x7e, want_q.size()), cudaSuccess);
-  ASSERT_EQ(cudaMemset(d.scales, 0x7f, want_scales.size() * sizeof(float)), cudaSuccess);
-  cuda::launch_quantize_rows_e4m3(static_cast<uint16_t*>(d.x), c.rows, c.k, c.rows_padded,
-                                  static_cast<uint8_t*>(d.q), static_cast<float*>(d.scales), nullptr);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::vector<uint8_t> got_q(want_q.size());
-  std::vector<float> got_scales(want_scales.size());
-  ASSERT_EQ(cudaMemcpy(got_q.data(), d.q, got_q.size(), cudaMemcpyDeviceToHost), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(got_scales.data(), d.scales, got_scales.size() * sizeof(float), cudaMemcpyDeviceToHost),
-            cudaSuccess);
+  // From the bf16 rows, and from the fp32 values that round to them (the pass rounds them itself).
+  for (const bool from_f32 : {false, true}) {
+    SCOPED_TRACE(from_f32 ? "fp32 rows" : "bf16 rows");
+    const size_t x_bytes = from_f32 ? x_f32.size() * sizeof(float) : x.size() * sizeof(uint16_t);
+    DeviceBuffers d;
+    ASSERT_EQ(cudaMalloc(&d.x, x_bytes), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&d.q, want_q.size()), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&d.scales, want_scales.size() * sizeof(float)), cudaSuccess);
+    const void* host_x = from_f32 ? static_cast<const void*>(x_f32.data()) : x.data();
+    ASSERT_EQ(cudaMemcpy(d.x, host_x, x_bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    // Garbage where the pass must write: padding rows included.
+    ASSERT_EQ(cudaMemset(d.q, 0x7e, want_q.size()), cudaSuccess);
+    ASSERT_EQ(cudaMemset(d.scales, 0x7f, want_scales.size() * sizeof(float)), cudaSuccess);
+    if (from_f32)
+      cuda::launch_quantize_rows_f32_e4m3(static_cast<float*>(d.x), c.rows, c.k, c.rows_padded,
+                                          static_cast<uint8_t*>(d.q), static_cast<float*>(d.scales), nullptr);
+    else
+      cuda::launch_quantize_rows_e4m3(static_cast<uint16_t*>(d.x), c.rows, c.k, c.rows_padded,
+                                      static_cast<uint8_t*>(d.q), static_cast<float*>(d.scales), nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<uint8_t> got_q(want_q.size());
+    std::vector<float> got_scales(want_scales.size());
+    ASSERT_EQ(cudaMemcpy(got_q.data(), d.q, got_q.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(got_scales.data(), d.scales, got_scales.size() * sizeof(float), cudaMemcpyDeviceToHost),
+              cudaSuccess);
 
-  int64_t code_mismatches = 0, scale_mismatches = 0;
-  for (size_t i = 0; i < want_q.size(); ++i) {
-    if (got_q[i] == want_q[i]) continue;
-    if (code_mismatches++ < 5)
-      ADD_FAILURE() << "row " << i / c.k << " column " << i % c.k << ": code " << int{got_q[i]} << ", want "
-                    << int{want_q[i]};
+    int64_t code_mismatches = 0, scale_mismatches = 0;
+    for (size_t i = 0; i < want_q.size(); ++i) {
+      if (got_q[i] == want_q[i]) continue;
+      if (code_mismatches++ < 5)
+        ADD_FAILURE() << "row " << i / c.k << " column " << i % c.k << ": code " << int{got_q[i]} << ", want "
+                      << int{want_q[i]};
+    }
+    for (size_t i = 0; i < want_scales.size(); ++i) {
+      if (got_scales[i] == want_scales[i]) continue;
+      if (scale_mismatches++ < 5)
+        ADD_FAILURE() << "tile " << i / c.rows_padded << " row " << i % c.rows_padded << ": scale " << got_scales[i]
+                      << ", want " << want_scales[i];
+    }
+    EXPECT_EQ(code_mismatches, 0);
+    EXPECT_EQ(scale_mismatches, 0);
   }
-  for (size_t i = 0; i < want_scales.size(); ++i) {
-    if (got_scales[i] == want_scales[i]) continue;
-    if (scale_mismatches++ < 5)
-      ADD_FAILURE() << "tile " << i / c.rows_padded << " row " << i % c.rows_padded << ": scale " << got_scales[i]
-                    << ", want " << want_scales[i];
-  }
-  EXPECT_EQ(code_mismatches, 0);
-  EXPECT_EQ(scale_mismatches, 0);
 }
 
 // One row; a part-filled block of rows with padding; several blocks of rows and tiles, with
