@@ -210,14 +210,20 @@ class CudaBackend final : public Backend {
 
   // MLA attention (cuda_backend_mla.cpp) in the absorbed form for the tokens of `view`
   // (token_seq: their sequences, on the host), and in the expanded form for one sequence's
-  // chunk of new tokens, the last of its context_len positions.
+  // chunk of new tokens, the last of its context_len positions, whose keys and values
+  // (bf16 [context_len, heads * head_width]) are at kv.
   // mla_absorbed also writes out in bf16 to out_bf16 where given, for steps of up to four
   // tokens; returns whether it did. With cache_write, it writes the new cache entries first (in
   // steps of up to four tokens, in the W_UK product's launch).
   bool mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView& view, std::span<const int32_t> token_seq,
                     const float* q, float* out, Bf16Rows out_bf16, const MlaCacheWrite* cache_write = nullptr);
   void mla_expanded(const MlaAttentionArgs& args, const MlaBatchView& view, int first_token, int num_tokens,
-                    int context_len, int32_t table_offset);
+                    int context_len, const uint16_t* kv);
+  // The keys and values of the expanded form for several sequences' contexts (context_lens[i]
+  // positions, the block table at table_offsets[i] of the step's tables) in one up-projection:
+  // bf16 [sum of context_lens, heads * head_width], sequence i's rows after those of 0..i-1.
+  Tensor mla_expanded_keys_values(const MlaAttentionArgs& args, const MlaBatchView& view,
+                                  std::span<const int> context_lens, std::span<const int32_t> table_offsets);
 
   // The device copy of a field of the current step's batch, or null for other host data.
   const int32_t* step_ints(const void* host_field) const;
