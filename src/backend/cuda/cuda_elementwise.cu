@@ -261,9 +261,9 @@ __global__ void f32_to_bf16_padded_kernel(const float* x, int64_t rows, int64_t 
 
 // SiLU(g) · u for outputs rounded to bf16: the fast exponential and division (a few instructions
 // where expf and an IEEE division take dozens) err by a few fp32 ulps, far below bf16's step.
-// These passes are bound by instructions, not bytes, with the exact forms: SiLU·up of 16,384
-// rows × 2,816 took as long as moving its bytes at 4 TB/s, and with the quantising arithmetic
-// beside it twice that.
+// With the exact forms the one-pass e4m3 SiLU·up below, which also divides by each tile's scale,
+// was bound by instructions: 2.2 TB/s, 103 µs for 16,384 rows × 2,816 on an H200; 86 µs with
+// these.
 __device__ __forceinline__ float silu_times(float g, float u) { return __fdividef(g, 1.0f + __expf(-g)) * u; }
 
 // Eight outputs per thread (inter_padded a multiple of 16): outputs j..j+7 of a group of 16
