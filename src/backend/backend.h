@@ -228,7 +228,9 @@ double measure_device_copy_bandwidth(const std::string& name);
 // Dense GEMM rate (FLOP/s) of the named backend's compute, measured now, in the precision its
 // linear layers use: cuBLASLt bf16 8192³ on the device for cuda (with fp8: its block-scaled
 // e4m3 product, the one FP8 weights take), the backend's own fp32 matmul on all threads for
-// cpu. The ceiling that prefill FLOP rates are compared with.
-double measure_device_gemm_flops(const std::string& backend_name, bool fp8 = false);
+// cpu. The ceiling that prefill FLOP rates are compared with. sustained_window_s > 0 (cuda):
+// the same product back to back for that long, over the whole window (clocks the power limit
+// has brought down), instead of the best of short groups.
+double measure_device_gemm_flops(const std::string& backend_name, bool fp8 = false, double sustained_window_s = 0);
 
 }  // namespace dsinfer

@@ -39,13 +39,15 @@ double measure_device_copy_bandwidth(const std::string& name) {
   return 0.0;
 }
 
-double measure_device_gemm_flops(const std::string& backend_name, bool fp8) {
+double measure_device_gemm_flops(const std::string& backend_name, bool fp8, double sustained_window_s) {
   if (backend_name == "cpu") return cpu::measure_matmul_flops_per_s();
 #ifdef DSINFER_HAVE_CUDA
   if (backend_name == "cuda" && cuda::device_count() > 0)
-    return fp8 ? cuda::measure_fp8_gemm_flops_per_s() : cuda::measure_bf16_gemm_flops_per_s();
+    return fp8 ? cuda::measure_fp8_gemm_flops_per_s(sustained_window_s)
+               : cuda::measure_bf16_gemm_flops_per_s(sustained_window_s);
 #endif
   (void)fp8;
+  (void)sustained_window_s;
   return 0.0;
 }
 

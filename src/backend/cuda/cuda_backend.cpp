@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -103,6 +104,8 @@ CudaBackend::CudaBackend() {
   fp8_expert_blocks_ = !env_is("DSINFER_MOE_FP8_EXPERT_BLOCKS", "0");
   fp8_expert_activations_ = !env_is("DSINFER_MOE_FP8_ACTIVATIONS", "0");
   fp8_gate_up_bf16_ = !env_is("DSINFER_FP8_GATE_UP_BF16", "0");
+  silu_e4m3_ = !env_is("DSINFER_SILU_E4M3", "0");
+  f32_e4m3_ = !env_is("DSINFER_F32_E4M3", "0");
   prefill_expert_outputs_bf16_ = !env_is("DSINFER_MOE_PREFILL_OUTPUTS_BF16", "0");
   norm_writes_e4m3_ = !env_is("DSINFER_NORM_E4M3", "0");
   if (env_is("DSINFER_MOE_PREFILL_WEIGHT_ROWS", "128")) prefill_expert_weight_rows_ = 128;
@@ -561,7 +564,6 @@ void CudaBackend::gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w
   const auto kind = static_cast<GemmEpilogue>(epilogue);
   GroupedGemmArgs a = dense_product(x_bf16, rows, w, kind, y, ldy, n_out);
   const GemmWeight g = a.dense;
-  const bool fp8 = a.weights_fp8;
   if (!library_gemm && few_row_gemm_takes(rows)) {
     launch_few_row_gemm(a, g.n_padded, 1, static_cast<int>(rows), stream_);
     return;
@@ -569,33 +571,16 @@ void CudaBackend::gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w
   if (library_gemm || !own_gemm_takes(g, rows)) {
     // Many rows: compute-bound, cuBLASLt. Its fp32 output lands in y directly when the layouts
     // agree (an FP8 product writes whole groups of 4 rows).
-    const int64_t rows_out = fp8 ? round_up(rows, kLibraryFp8RowMultiple) : rows;
-    const uintptr_t alignment = fp8 ? LtMatmul::kFp8AlignmentBytes : LtMatmul::kMinAlignmentBytes;
-    const bool direct = kind == GemmEpilogue::kStoreF32 && ldy == g.n_padded && rows_out == rows &&
-                        reinterpret_cast<uintptr_t>(y) % alignment == 0;
-    if (direct) {
-      library_product(x_bf16, rows, g, static_cast<float*>(y));
-      return;
-    }
     if (kind == GemmEpilogue::kSiluMulBf16) {
       DS_CHECK(ldy == g.n_padded / 2);
-      // gate and up in bf16 where cuBLASLt writes them so (half the bytes of fp32 to write and
-      // read back); SiLU·up rounds to bf16 after them anyway.
-      const bool gate_up_bf16 = library_gate_up_bf16(g, rows);
-      Tensor gate_up = alloc_->cached({rows_out, g.n_padded}, gate_up_bf16 ? DType::kBF16 : DType::kF32);
-      if (gate_up_bf16 && fp8) {
-        DS_CHECK(library_product_fp8(x_bf16, rows, g, gate_up.data, /*out_bf16=*/true));
-      } else {
-        library_product_native(x_bf16, rows, g, gate_up.data);
-      }
+      const Tensor gate_up = library_gate_up(x_bf16, rows, g);
       launch_silu_mul_interleaved(gate_up.data, gate_up.dtype == DType::kBF16, rows, g.n_padded / 2,
                                   static_cast<uint16_t*>(y), stream_);
       return;
     }
-    Tensor full = alloc_->cached({rows_out, g.n_padded}, DType::kF32);
-    library_product(x_bf16, rows, g, full.as<float>());
-    DS_CUDA_CHECK(cudaMemcpy2DAsync(y, ldy * sizeof(float), full.data, g.n_padded * sizeof(float),
-                                    n_out * sizeof(float), rows, cudaMemcpyDeviceToDevice, stream_));
+    DS_CHECK(kind == GemmEpilogue::kStoreF32);
+    library_product_into(rows, g, static_cast<float*>(y), ldy, n_out,
+                         [&](float* out) { library_product(x_bf16, rows, g, out); });
     return;
   }
   a.k_splits = gemm_k_splits(g.n_padded, g.k_padded);
@@ -616,6 +601,36 @@ void CudaBackend::gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w
     launch_grouped_gemm(a, g.n_padded, static_cast<int>((n_rows + kGemmRowsPerBlock - 1) / kGemmRowsPerBlock),
                         static_cast<int>(n_rows), stream_);
   }
+}
+
+Tensor CudaBackend::library_gate_up(const Tensor& x_bf16, int64_t rows, const GemmWeight& g) {
+  // gate and up in bf16 where cuBLASLt writes them so (half the bytes of fp32 to write and read
+  // back); SiLU·up rounds to bf16 after them anyway.
+  const bool fp8 = g.scales != nullptr;
+  const bool gate_up_bf16 = library_gate_up_bf16(g, rows);
+  const int64_t rows_out = fp8 ? round_up(rows, kLibraryFp8RowMultiple) : rows;
+  Tensor gate_up = alloc_->cached({rows_out, g.n_padded}, gate_up_bf16 ? DType::kBF16 : DType::kF32);
+  if (gate_up_bf16 && fp8) {
+    DS_CHECK(library_product_fp8(x_bf16, rows, g, gate_up.data, /*out_bf16=*/true));
+  } else {
+    library_product_native(x_bf16, rows, g, gate_up.data);
+  }
+  return gate_up;
+}
+
+void CudaBackend::library_product_into(int64_t rows, const GemmWeight& g, float* y, int64_t ldy, int64_t n_out,
+                                       const std::function<void(float*)>& product) {
+  const bool fp8 = g.scales != nullptr;
+  const int64_t rows_out = fp8 ? round_up(rows, kLibraryFp8RowMultiple) : rows;
+  const uintptr_t alignment = fp8 ? LtMatmul::kFp8AlignmentBytes : LtMatmul::kMinAlignmentBytes;
+  if (ldy == g.n_padded && rows_out == rows && reinterpret_cast<uintptr_t>(y) % alignment == 0) {
+    product(y);
+    return;
+  }
+  Tensor full = alloc_->cached({rows_out, g.n_padded}, DType::kF32);
+  product(full.as<float>());
+  DS_CUDA_CHECK(cudaMemcpy2DAsync(y, ldy * sizeof(float), full.data, g.n_padded * sizeof(float), n_out * sizeof(float),
+                                  rows, cudaMemcpyDeviceToDevice, stream_));
 }
 
 void CudaBackend::library_product(const Tensor& x_bf16, int64_t rows, const GemmWeight& w, float* out) {
@@ -673,11 +688,15 @@ bool CudaBackend::library_product_fp8(const Tensor& x_bf16, int64_t rows, const 
                                       bool out_bf16) {
   const LibraryScales* lib = library_fp8_scales(w, rows, out_bf16);
   if (lib == nullptr) return false;
-  const int64_t n = w.n_padded, k = w.k_padded, rows_p = round_up(rows, kLibraryFp8RowMultiple);
-  const QuantisedRows x = quantise_rows(x_bf16, rows, rows_p, k);
-  matmul_->fp8(static_cast<const uint8_t*>(w.data), lib->scales, scale_mode(lib->blocks_128x128), x.q.as<uint8_t>(),
-               x.scales.as<float>(), out, rows_p, n, k, out_bf16);
+  const int64_t rows_p = round_up(rows, kLibraryFp8RowMultiple);
+  library_product_fp8_rows(quantise_rows(x_bf16, rows, rows_p, w.k_padded), w, *lib, out, out_bf16);
   return true;
+}
+
+void CudaBackend::library_product_fp8_rows(QuantisedRows x, const GemmWeight& w, const LibraryScales& lib, void* out,
+                                           bool out_bf16) {
+  matmul_->fp8(static_cast<const uint8_t*>(w.data), lib.scales, scale_mode(lib.blocks_128x128), x.q.as<uint8_t>(),
+               x.scales.as<float>(), out, x.q.dim(0), w.n_padded, w.k_padded, out_bf16);
 }
 
 bool CudaBackend::library_gate_up_bf16(const GemmWeight& w, int64_t rows) {
@@ -689,8 +708,28 @@ void CudaBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   check_linear(x, w, out);
   const int64_t m = x.dim(0);
   if (m == 0) return;
-  linear_bf16(to_bf16_padded(x, w.weight.dim(1)), m, w, out);
+  if (!linear_f32_e4m3(x, w, out)) linear_bf16(to_bf16_padded(x, w.weight.dim(1)), m, w, out);
   forget_normed_copy_if_written(out);
+}
+
+bool CudaBackend::linear_f32_e4m3(const Tensor& x, const LinearWeight& w, Tensor& out) {
+  // Only where gemm() would take cuBLASLt's block-scaled product, which would quantise the bf16
+  // rows to_bf16_padded makes: the same products, so the same bits. Rows with a bf16 copy
+  // already (a norm's, attention's) keep the path that reads it.
+  const int64_t m = x.dim(0);
+  const GemmWeight g = gemm_weight_of(w);
+  const bool has_copy = normed_copy_.of != nullptr && normed_copy_.of == x.data;
+  if (!f32_e4m3_ || has_copy || x.dim(1) != g.k_padded || reinterpret_cast<uintptr_t>(x.data) % 16 != 0 ||
+      few_row_gemm_takes(m) || own_gemm_takes(g, m))
+    return false;
+  const LibraryScales* lib = library_fp8_scales(g, m, /*out_bf16=*/false);
+  if (lib == nullptr) return false;
+  QuantisedRows q = new_quantised_rows(round_up(m, kLibraryFp8RowMultiple), g.k_padded);
+  launch_quantize_rows_f32_e4m3(x.as<float>(), m, g.k_padded, q.q.dim(0), q.q.as<uint8_t>(), q.scales.as<float>(),
+                                stream_);
+  library_product_into(m, g, out.as<float>(), w.out_features, w.out_features,
+                       [&](float* y) { library_product_fp8_rows(q, g, *lib, y, /*out_bf16=*/false); });
+  return true;
 }
 
 void CudaBackend::linear_bf16(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, Tensor& out) {
@@ -718,9 +757,29 @@ void CudaBackend::gated_mlp_bf16(const Tensor& x_bf16, int64_t rows, const Linea
   DS_CHECK_MSG(down.weight.dim(1) == inter_p && down.in_features == gate_up.out_features / 2,
                "gated MLP: down projection takes " << down.in_features << " inputs, gate/up gives "
                                                    << gate_up.out_features / 2);
+  if (silu_e4m3_ && gated_mlp_e4m3(x_bf16, rows, gate_up, down, out, ldo)) return;
   Tensor act = alloc_->cached({rows, inter_p}, DType::kBF16);
   gemm(x_bf16, rows, gate_up, static_cast<int>(GemmEpilogue::kSiluMulBf16), act.data, inter_p, inter_p);
   gemm(act, rows, down, static_cast<int>(GemmEpilogue::kStoreF32), out, ldo, down.out_features);
+}
+
+bool CudaBackend::gated_mlp_e4m3(const Tensor& x_bf16, int64_t rows, const LinearWeight& gate_up,
+                                 const LinearWeight& down, float* out, int64_t ldo) {
+  // Only where gemm() would take cuBLASLt for both products and the block-scaled FP8 one for
+  // down: the same products as the two-pass form, so the same bits.
+  const GemmWeight g = gemm_weight_of(gate_up), d = gemm_weight_of(down);
+  const auto library_takes = [&](const GemmWeight& w) { return !few_row_gemm_takes(rows) && !own_gemm_takes(w, rows); };
+  if (!library_takes(g) || !library_takes(d)) return false;
+  const LibraryScales* down_scales = library_fp8_scales(d, rows, /*out_bf16=*/false);
+  if (down_scales == nullptr) return false;
+  const int64_t inter_p = g.n_padded / 2;
+  const Tensor gate_up_rows = library_gate_up(x_bf16, rows, g);
+  QuantisedRows act = new_quantised_rows(round_up(rows, kLibraryFp8RowMultiple), inter_p);
+  launch_silu_mul_interleaved_e4m3(gate_up_rows.data, gate_up_rows.dtype == DType::kBF16, rows, inter_p,
+                                   act.q.dim(0), act.q.as<uint8_t>(), act.scales.as<float>(), stream_);
+  library_product_into(rows, d, out, ldo, down.out_features,
+                       [&](float* y) { library_product_fp8_rows(act, d, *down_scales, y, /*out_bf16=*/false); });
+  return true;
 }
 
 void CudaBackend::gated_mlp(const Tensor& x, const LinearWeight& gate_up, const LinearWeight& down, Tensor& out) {

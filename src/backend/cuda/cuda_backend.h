@@ -27,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <unordered_map>
@@ -124,6 +125,14 @@ class CudaBackend final : public Backend {
   // Whether a library gate/up product of `rows` rows writes bf16: bf16 weights always; e4m3 ones
   // where cuBLASLt has a block-scaled product writing bf16 (fp8_gate_up_bf16_).
   bool library_gate_up_bf16(const GemmWeight& w, int64_t rows);
+  // cuBLASLt's gate/up product of a gated MLP for SiLU·up to read: [rows rounded up as
+  // library_product rounds them, n_padded], bf16 where library_gate_up_bf16, else fp32.
+  Tensor library_gate_up(const Tensor& x_bf16, int64_t rows, const GemmWeight& g);
+  // Runs `product`, which writes cuBLASLt's fp32 rows of g [rows rounded up as library_product
+  // rounds them, n_padded], so that the first `rows` land in y [rows, ldy] (n_out columns):
+  // straight there where the layouts agree, else through a buffer.
+  void library_product_into(int64_t rows, const GemmWeight& g, float* y, int64_t ldy, int64_t n_out,
+                            const std::function<void(float*)>& product);
   // cuBLASLt's product of many rows into out [rows rounded up to 4, n_padded] in
   // library_output_dtype: bf16 for bf16 weights (half the bytes to write and read back), fp32
   // for e4m3 ones, whose block-scaled products write fp32.
@@ -191,17 +200,30 @@ class CudaBackend final : public Backend {
   // x · gate_up → SiLU·mul → down for bf16 x [rows, gate_up's k_padded].
   void gated_mlp_bf16(const Tensor& x_bf16, int64_t rows, const LinearWeight& gate_up, const LinearWeight& down,
                       float* out, int64_t ldo);
+  // linear() of fp32 rows straight to their e4m3 form where cuBLASLt's block-scaled product takes
+  // them; false: nothing was run.
+  bool linear_f32_e4m3(const Tensor& x, const LinearWeight& w, Tensor& out);
+  // gated_mlp_bf16 with SiLU·up written straight as the down product's e4m3 rows, where both
+  // products are cuBLASLt's and down's is block-scaled FP8; false: nothing was run.
+  bool gated_mlp_e4m3(const Tensor& x_bf16, int64_t rows, const LinearWeight& gate_up, const LinearWeight& down,
+                      float* out, int64_t ldo);
 
   // MLA attention (cuda_backend_mla.cpp) in the absorbed form for the tokens of `view`
   // (token_seq: their sequences, on the host), and in the expanded form for one sequence's
-  // chunk of new tokens, the last of its context_len positions.
+  // chunk of new tokens, the last of its context_len positions, whose keys and values
+  // (bf16 [context_len, heads * head_width]) are at kv.
   // mla_absorbed also writes out in bf16 to out_bf16 where given, for steps of up to four
   // tokens; returns whether it did. With cache_write, it writes the new cache entries first (in
   // steps of up to four tokens, in the W_UK product's launch).
   bool mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView& view, std::span<const int32_t> token_seq,
                     const float* q, float* out, Bf16Rows out_bf16, const MlaCacheWrite* cache_write = nullptr);
   void mla_expanded(const MlaAttentionArgs& args, const MlaBatchView& view, int first_token, int num_tokens,
-                    int context_len, int32_t table_offset);
+                    int context_len, const uint16_t* kv);
+  // The keys and values of the expanded form for several sequences' contexts (context_lens[i]
+  // positions, the block table at table_offsets[i] of the step's tables) in one up-projection:
+  // bf16 [sum of context_lens, heads * head_width], sequence i's rows after those of 0..i-1.
+  Tensor mla_expanded_keys_values(const MlaAttentionArgs& args, const MlaBatchView& view,
+                                  std::span<const int> context_lens, std::span<const int32_t> table_offsets);
 
   // The device copy of a field of the current step's batch, or null for other host data.
   const int32_t* step_ints(const void* host_field) const;
@@ -248,6 +270,13 @@ class CudaBackend final : public Backend {
   // Block-scaled FP8 gate/up products in cuBLASLt (the shared experts, dense layers) write bf16
   // for SiLU·up to read, half the bytes of fp32 (DSINFER_FP8_GATE_UP_BF16=0: fp32).
   bool fp8_gate_up_bf16_ = true;
+  // Gated MLPs whose down product is cuBLASLt's block-scaled FP8 get SiLU·up as its e4m3 rows in
+  // one pass (DSINFER_SILU_E4M3=0: bf16 rows, then the quantising pass).
+  bool silu_e4m3_ = true;
+  // fp32 rows without a bf16 copy (attention's output in prefill, for o_proj) go to cuBLASLt's
+  // block-scaled product quantised in one pass (DSINFER_F32_E4M3=0: converted to bf16 rows, then
+  // quantised).
+  bool f32_e4m3_ = true;
   int fp8_expert_pass_rows_ = 0;  // their rows per pass (DSINFER_MOE_FP8_PASS_ROWS=32|64; 0: by the rows)
   // The prefill expert blocks write the down product's rows in bf16, as the model's own experts
   // give them, for the combine to read: half the bytes of fp32 both ways
@@ -292,6 +321,10 @@ class CudaBackend final : public Backend {
   // e4m3 weight w's library scales where cuBLASLt has a block-scaled product of `rows` rows for
   // it (writing bf16 where out_bf16), else null.
   const LibraryScales* library_fp8_scales(const GemmWeight& w, int64_t rows, bool out_bf16);
+  // cuBLASLt's block-scaled product of rows already in e4m3 (all of x's padded rows) by w, whose
+  // library scales are lib, into out [x's padded rows, n_padded] (fp32, or bf16 with out_bf16).
+  void library_product_fp8_rows(QuantisedRows x, const GemmWeight& w, const LibraryScales& lib, void* out,
+                                bool out_bf16);
   std::unique_ptr<StepBuffers> step_;
   std::unique_ptr<Recordings> recordings_;
   std::unique_ptr<Choices> choices_;

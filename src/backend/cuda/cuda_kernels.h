@@ -46,12 +46,21 @@ void launch_f32_to_bf16_padded(const float* x, int64_t rows, int64_t k, int64_t 
 // inter_padded a multiple of 16; gate_up 32-byte (fp32) or 16-byte (bf16) aligned, out 16.
 void launch_silu_mul_interleaved(const void* gate_up, bool gate_up_bf16, int64_t rows, int64_t inter_padded,
                                  uint16_t* out, Stream stream);
+// The same SiLU·up written as the down product's FP8 rows (inter_padded a multiple of 128):
+// q e4m3 [rows_padded, inter_padded] and scales [inter_padded / 128][rows_padded], the bits
+// launch_quantize_rows_e4m3 makes of launch_silu_mul_interleaved's rows; q 8-byte aligned.
+void launch_silu_mul_interleaved_e4m3(const void* gate_up, bool gate_up_bf16, int64_t rows, int64_t inter_padded,
+                                      int64_t rows_padded, uint8_t* q, float* scales, Stream stream);
 // DeepSeek's activation quantisation (fp8_quantize.cu): x bf16 [rows, k] (k a multiple of 128)
 // → q e4m3 [rows_padded, k] and scales fp32 [k / 128][rows_padded] (rows contiguous, the layout
 // of LtMatmul::fp8), one scale per 128-column tile: its largest magnitude / 448. Rows from
 // `rows` to rows_padded are zeros with scale 1.
 void launch_quantize_rows_e4m3(const uint16_t* x, int64_t rows, int64_t k, int64_t rows_padded, uint8_t* q,
                                float* scales, Stream stream);
+// The same from fp32 rows (16-byte aligned), each value rounded to bf16 first: the bits of
+// launch_f32_to_bf16_padded's rows through launch_quantize_rows_e4m3, in one pass.
+void launch_quantize_rows_f32_e4m3(const float* x, int64_t rows, int64_t k, int64_t rows_padded, uint8_t* q,
+                                   float* scales, Stream stream);
 // ids[i] = chosen[-1 - ids[i]] where ids[i] < 0 (token placeholders of a step scheduled ahead).
 void launch_resolve_placeholders(int32_t* ids, int64_t n, const int32_t* chosen, Stream stream);
 // out[r] = index of the largest x[r, :] (the first on ties), x fp32 [rows, n].

@@ -280,6 +280,13 @@ TEST_F(CudaAttentionTest, ExpandedChunkInSeveralQueryBlocks) {
   run_case(kTinyDims, {{4200, 64}}, 1250);          // rows past the softmax's 4096 cached keys
 }
 
+// A step's expanded chunks share one up-projection of their keys and values: each chunk must read
+// its own context's rows of it, whatever the lengths before it.
+TEST_F(CudaAttentionTest, ExpandedChunksShareOneUpProjection) {
+  run_case(kV3Dims, {{0, 200}, {150, 64}, {10, 1}, {1000, 100}}, 1300);
+  run_case(kTinyDims, {{37, 70}, {0, 640}, {3, 1}, {500, 65}}, 1350);
+}
+
 // DSINFER_MLA_FLASH=0: the expanded form's scores go through memory between cuBLASLt products
 // instead of staying in the fused kernel's shared memory; both must match the reference.
 TEST_F(CudaAttentionTest, ExpandedChunksThroughLibraryProducts) {
@@ -287,6 +294,7 @@ TEST_F(CudaAttentionTest, ExpandedChunksThroughLibraryProducts) {
   run_case(kTinyDims, {{0, 37}, {45, 1}, {130, 90}, {3, 16}, {0, 64}, {200, 1}}, 1700);
   run_case(kTinyDims, {{0, 1100}}, 1800);
   run_case(kV3Dims, {{300, 700}, {20, 1}}, 1900);
+  run_case(kV3Dims, {{0, 200}, {150, 64}, {10, 1}, {1000, 100}}, 2000);
 }
 
 // DSINFER_MLA_FLASH_WGMMA=0: DeepSeek's head widths in the fused kernel's mma.sync form instead

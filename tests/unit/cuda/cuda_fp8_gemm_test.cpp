@@ -100,9 +100,12 @@ std::vector<float> product(const std::vector<float>& x, int64_t rows, const Fp8W
 // Plain projections, with the checkpoint's 128x128 blocks (kept as blocks) and with 64-row
 // blocks (kept per row); row counts that are and are not multiples of 4; k that is not a
 // multiple of 128 (zero padded). Also on a backend that times cuBLASLt's candidate algorithms
-// (DSINFER_CUBLASLT_TUNE_MAX_ROWS): whichever it keeps, the arithmetic is the recipe's.
+// (DSINFER_CUBLASLT_TUNE_MAX_ROWS): whichever it keeps, the arithmetic is the recipe's. fp32 rows
+// of whole 128-column tiles are quantised in one pass: the same bits as bf16 rows through the
+// quantising pass (DSINFER_F32_E4M3=0).
 TEST_F(CudaFp8GemmTest, LinearMatchesQuantisedReference) {
   auto tuned = make_backend_with_env("cuda", "DSINFER_CUBLASLT_TUNE_MAX_ROWS", "512");
+  auto two_pass = make_backend_with_env("cuda", "DSINFER_F32_E4M3", "0");
   struct Shape { int64_t m, n, k, block_rows; };
   for (Backend* gpu : {gpu_.get(), tuned.get()}) {
     for (Shape s : {Shape{37, 576, 2048, 128}, Shape{130, 1000, 384, 128}, Shape{256, 576, 2048, 128},
@@ -123,20 +126,20 @@ TEST_F(CudaFp8GemmTest, LinearMatchesQuantisedReference) {
       Tensor cx = upload(*cpu_, {s.m, s.k}, x), cy = cpu_->empty({s.m, s.n}, DType::kF32);
       cpu_->linear(cx, cpu_w, cy);
       EXPECT_LT(relative_error(got, download(*cpu_, cy)), 6e-2) << s.m << "x" << s.n << "x" << s.k;
+      if (gpu == gpu_.get()) {
+        LinearWeight lw2 = two_pass->make_linear(w.host());
+        Tensor tx2 = upload(*two_pass, {s.m, s.k}, x), ty2 = two_pass->empty({s.m, s.n}, DType::kF32);
+        two_pass->linear(tx2, lw2, ty2);
+        EXPECT_EQ(got, download(*two_pass, ty2)) << s.m << "x" << s.n << "x" << s.k;
+      }
     }
   }
 }
 
-// A gated MLP of many rows: the gate/up weight's packed rows interleave two checkpoint blocks,
-// so its scales go to cuBLASLt per row; gate and up come back in bf16 (fp32 with
-// DSINFER_FP8_GATE_UP_BF16=0), the SiLU·mul output is bf16 and quantised again for the down
-// projection. Each form against the host's arithmetic with the same roundings.
-TEST_F(CudaFp8GemmTest, GatedMlpMatchesQuantisedReference) {
-  const int64_t m = 200, hidden = 256, inter = 384;
-  const Fp8Weight gate_up = make_fp8_weight(2 * inter, hidden, 128, 61);
-  const Fp8Weight down = make_fp8_weight(hidden, inter, 128, 62);
+// One row count of the test below: the device's gated MLP in each form against the host.
+void check_gated_mlp(int64_t m, int64_t hidden, int64_t inter, const Fp8Weight& gate_up, const Fp8Weight& down,
+                     Backend& gpu, Backend& gate_up_f32, Backend& two_pass) {
   const auto x = random_values(m * hidden, 63);
-  auto gate_up_f32 = make_backend_with_env("cuda", "DSINFER_FP8_GATE_UP_BF16", "0");
   auto run = [&](Backend& be) {
     LinearWeight w_gu = be.make_gate_up(gate_up.host());
     LinearWeight w_down = be.make_linear(down.host());
@@ -144,7 +147,7 @@ TEST_F(CudaFp8GemmTest, GatedMlpMatchesQuantisedReference) {
     be.gated_mlp(tx, w_gu, w_down, ty);
     return download(be, ty);
   };
-  const auto got = run(*gpu_), got_f32 = run(*gate_up_f32);
+  const auto got = run(gpu), got_f32 = run(gate_up_f32);
 
   const auto gu = product(quantised_activations(x, m, hidden), m, gate_up);
   auto reference = [&](bool gate_up_bf16) {
@@ -169,6 +172,25 @@ TEST_F(CudaFp8GemmTest, GatedMlpMatchesQuantisedReference) {
   EXPECT_GT(rms_relative_error(got, got_f32), 0.0);
   EXPECT_LT(error, rms_relative_error(got, want_f32));
   EXPECT_LT(error_f32, rms_relative_error(got_f32, want));
+  EXPECT_EQ(got, run(two_pass));
+}
+
+// A gated MLP of many rows: the gate/up weight's packed rows interleave two checkpoint blocks,
+// so its scales go to cuBLASLt per row; gate and up come back in bf16 (fp32 with
+// DSINFER_FP8_GATE_UP_BF16=0), the SiLU·mul output is bf16 and quantised again for the down
+// projection. Each form against the host's arithmetic with the same roundings. SiLU·up writes the
+// down product's e4m3 rows itself: the same bits as bf16 rows through the quantising pass
+// (DSINFER_SILU_E4M3=0), at row counts that are and are not whole groups of 4.
+TEST_F(CudaFp8GemmTest, GatedMlpMatchesQuantisedReference) {
+  const int64_t hidden = 256, inter = 384;
+  const Fp8Weight gate_up = make_fp8_weight(2 * inter, hidden, 128, 61);
+  const Fp8Weight down = make_fp8_weight(hidden, inter, 128, 62);
+  auto gate_up_f32 = make_backend_with_env("cuda", "DSINFER_FP8_GATE_UP_BF16", "0");
+  auto two_pass = make_backend_with_env("cuda", "DSINFER_SILU_E4M3", "0");
+  for (const int64_t m : {200, 197}) {
+    SCOPED_TRACE(::testing::Message() << m << " rows");
+    check_gated_mlp(m, hidden, inter, gate_up, down, *gpu_, *gate_up_f32, *two_pass);
+  }
 }
 
 // The two products after a norm (q_proj and kv_a) take the norm's rows quantised once (by the
