@@ -153,7 +153,7 @@ grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/sanitizer.log" 2>/dev/null | tail -4
 echo "=== decode bench ($(explain_rc "$bench_rc"))"
 tail -12 "$OUT/bench.log"
 echo "=== prefill bench $PREFILL_BATCHES x $PREFILL_LEN ($(explain_rc "$prefill_rc"), limit ${prefill_s}s)"
-grep -E "GEMM ceiling|^\| |error|skipped" "$OUT/prefill.log" | tail -8
+grep -E "GEMM ceiling|sustained GEMM rate|SM clock|^\| |error|skipped" "$OUT/prefill.log" | tail -10
 echo "=== prefill kernels per MoE layer, Nsight Compute ($(explain_rc "$ncu_rc"), limit ${ncu_s}s)"
 head -16 "$OUT/ncu_prefill_layers.txt"
 echo "=== workload $WORKLOAD ($(explain_rc "$workload_rc"), limit ${workload_s}s)"
