@@ -381,7 +381,6 @@ void CudaBackend::mla_expanded(const MlaAttentionArgs& args, const MlaBatchView&
   const int block_rows = std::min(rows_per_block, num_tokens);
   Tensor scores = alloc_->cached({heads * block_rows * max_ld}, DType::kF32);
   Tensor probs = alloc_->cached({heads * block_rows * max_ld}, DType::kBF16);
-  const uint16_t* kv_bf16 = kv;
   for (int i0 = 0; i0 < num_tokens; i0 += block_rows) {
     const int rows = std::min(block_rows, num_tokens - i0);
     const int num_keys = first_pos + i0 + rows;
@@ -397,7 +396,7 @@ void CudaBackend::mla_expanded(const MlaAttentionArgs& args, const MlaBatchView&
     qk.stride_w = layout.head_width;
     qk.ld_y = ld;
     qk.stride_y = rows * ld;
-    matmul_->bf16_strided(qk, queries.as<uint16_t>() + int64_t{i0} * q_width, kv_bf16, scores.data);
+    matmul_->bf16_strided(qk, queries.as<uint16_t>() + int64_t{i0} * q_width, kv, scores.data);
     launch_causal_softmax(scores.as<float>(), ld, heads, rows, num_keys, first_pos + i0, args.softmax_scale,
                           probs.as<uint16_t>(), stream_);
     LtMatmul::Strided pv;
@@ -412,7 +411,7 @@ void CudaBackend::mla_expanded(const MlaAttentionArgs& args, const MlaBatchView&
     pv.stride_w = layout.head_width;
     pv.ld_y = int64_t{heads} * vdim;
     pv.stride_y = vdim;
-    matmul_->bf16_strided(pv, probs.as<uint16_t>(), kv_bf16 + layout.qk_padded, out + int64_t{i0} * heads * vdim);
+    matmul_->bf16_strided(pv, probs.as<uint16_t>(), kv + layout.qk_padded, out + int64_t{i0} * heads * vdim);
   }
 }
 
