@@ -568,7 +568,7 @@ void CudaBackend::gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w
     launch_few_row_gemm(a, g.n_padded, 1, static_cast<int>(rows), stream_);
     return;
   }
-  if (library_gemm || !own_gemm_takes(g, rows)) {
+  if (library_gemm || library_gemm_takes(g, rows)) {
     // Many rows: compute-bound, cuBLASLt. Its fp32 output lands in y directly when the layouts
     // agree (an FP8 product writes whole groups of 4 rows).
     if (kind == GemmEpilogue::kSiluMulBf16) {
@@ -720,7 +720,7 @@ bool CudaBackend::linear_f32_e4m3(const Tensor& x, const LinearWeight& w, Tensor
   const GemmWeight g = gemm_weight_of(w);
   const bool has_copy = normed_copy_.of != nullptr && normed_copy_.of == x.data;
   if (!f32_e4m3_ || has_copy || x.dim(1) != g.k_padded || reinterpret_cast<uintptr_t>(x.data) % 16 != 0 ||
-      few_row_gemm_takes(m) || own_gemm_takes(g, m))
+      !library_gemm_takes(g, m))
     return false;
   const LibraryScales* lib = library_fp8_scales(g, m, /*out_bf16=*/false);
   if (lib == nullptr) return false;
@@ -768,8 +768,7 @@ bool CudaBackend::gated_mlp_e4m3(const Tensor& x_bf16, int64_t rows, const Linea
   // Only where gemm() would take cuBLASLt for both products and the block-scaled FP8 one for
   // down: the same products as the two-pass form, so the same bits.
   const GemmWeight g = gemm_weight_of(gate_up), d = gemm_weight_of(down);
-  const auto library_takes = [&](const GemmWeight& w) { return !few_row_gemm_takes(rows) && !own_gemm_takes(w, rows); };
-  if (!library_takes(g) || !library_takes(d)) return false;
+  if (!library_gemm_takes(g, rows) || !library_gemm_takes(d, rows)) return false;
   const LibraryScales* down_scales = library_fp8_scales(d, rows, /*out_bf16=*/false);
   if (down_scales == nullptr) return false;
   const int64_t inter_p = g.n_padded / 2;

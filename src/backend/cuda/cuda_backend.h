@@ -197,6 +197,10 @@ class CudaBackend final : public Backend {
   }
   // Whether products whose row-blocks have at most `rows` rows take the few-row kernel.
   bool few_row_gemm_takes(int64_t rows) const { return !batch_invariant_ && rows <= few_row_gemm_max_rows_; }
+  // Whether gemm() takes cuBLASLt for a product of `rows` rows with w (unless asked to anyway).
+  bool library_gemm_takes(const GemmWeight& w, int64_t rows) const {
+    return !few_row_gemm_takes(rows) && !own_gemm_takes(w, rows);
+  }
   // x · gate_up → SiLU·mul → down for bf16 x [rows, gate_up's k_padded].
   void gated_mlp_bf16(const Tensor& x_bf16, int64_t rows, const LinearWeight& gate_up, const LinearWeight& down,
                       float* out, int64_t ldo);

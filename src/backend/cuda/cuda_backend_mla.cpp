@@ -200,15 +200,15 @@ void CudaBackend::mla_attention(const MlaAttentionArgs& args) {
   // all their context rows instead of one per chunk (four of 4,096 rows a layer in a 4 × 4k
   // prefill).
   std::vector<char> expanded(num_tokens, 0);
-  const int64_t kv_row_bytes = int64_t{w.num_heads} * layout.head_width * 2;
+  const int64_t kv_width = int64_t{w.num_heads} * layout.head_width;  // bf16 per context position
   for (size_t begin = 0; begin < chunks.size();) {
     std::vector<int> context_lens;
     std::vector<int32_t> table_offsets;
     int64_t group_bytes = 0;
     size_t end = begin;
     while (end < chunks.size() &&
-           (end == begin || group_bytes + chunks[end].context_len * kv_row_bytes <= kExpandedMaxKvBytes)) {
-      group_bytes += chunks[end].context_len * kv_row_bytes;
+           (end == begin || group_bytes + chunks[end].context_len * kv_width * 2 <= kExpandedMaxKvBytes)) {
+      group_bytes += chunks[end].context_len * kv_width * 2;
       context_lens.push_back(chunks[end].context_len);
       table_offsets.push_back(chunks[end].table_offset);
       ++end;
@@ -218,7 +218,7 @@ void CudaBackend::mla_attention(const MlaAttentionArgs& args) {
     for (size_t i = begin; i < end; ++i) {
       const ExpandedChunk& c = chunks[i];
       mla_expanded(args, view, c.first_token, c.num_tokens, c.context_len, chunk_kv);
-      chunk_kv += int64_t{c.context_len} * kv_row_bytes / 2;
+      chunk_kv += c.context_len * kv_width;
       std::fill(expanded.begin() + c.first_token, expanded.begin() + c.first_token + c.num_tokens, 1);
     }
     begin = end;

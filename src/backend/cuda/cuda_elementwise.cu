@@ -11,6 +11,7 @@
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/fp8_quantize.cuh"
 #include "backend/cuda/kernel_launch.cuh"
+#include "backend/cuda/vector_load.cuh"
 
 namespace dsinfer::cuda {
 namespace {
@@ -225,21 +226,6 @@ __device__ uint4 pack_bf16x8(const float (&v)[8]) {
   return packed;
 }
 
-// Eight values from 16-byte aligned memory, as fp32.
-__device__ void load8(const float* p, float (&v)[8]) {
-  const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
-  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-}
-
-__device__ void load8(const __nv_bfloat16* p, float (&v)[8]) {
-  const uint4 packed = *reinterpret_cast<const uint4*>(p);
-  const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed);
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(pairs[i]);
-    v[2 * i] = f.x, v[2 * i + 1] = f.y;
-  }
-}
-
 // Eight output columns per thread, one 16-byte store (ldy a multiple of 8). `vector_loads`:
 // x is 16-byte aligned and k a multiple of 4, so whole groups read as two float4.
 __global__ void f32_to_bf16_padded_kernel(const float* x, int64_t rows, int64_t k, int64_t ldy, bool vector_loads,
@@ -287,28 +273,19 @@ __global__ void silu_mul_interleaved_kernel(const T* gate_up, int64_t rows, int6
 
 // SiLU·up straight into the down product's FP8 rows: the same bits as silu_mul_interleaved's
 // bf16 rows quantised by launch_quantize_rows_e4m3, without writing and reading those rows back
-// (a quarter of the pass's bytes at 2,816 columns). The quantising pass's layout: 16 lanes of
-// eight columns a 128-column tile, a block one column tile of kSiluE4m3BlockRows rows, each
-// thread two rows whose loads are all issued before either tile's maximum is needed.
-constexpr int kSiluE4m3LanesPerTile = 16;
-constexpr int kSiluE4m3RowsAtOnce = kThreads / kSiluE4m3LanesPerTile;
-constexpr int kSiluE4m3RowsPerThread = 2;
-constexpr int kSiluE4m3BlockRows = kSiluE4m3RowsAtOnce * kSiluE4m3RowsPerThread;
-
+// (a quarter of the pass's bytes at 2,816 columns), in the quantising pass's blocks
+// (fp8_quantize.cuh).
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kQuantizeThreads)
     silu_mul_interleaved_e4m3_kernel(const T* gate_up, int64_t rows, int64_t inter_padded, int64_t rows_padded,
                                      uint8_t* q, float* scales) {
   await_previous_kernels();
-  const int64_t tiles_per_row = inter_padded / 128;
-  const int64_t col_tile = blockIdx.x % tiles_per_row;
-  const int64_t row0 = (blockIdx.x / tiles_per_row) * kSiluE4m3BlockRows + threadIdx.x / kSiluE4m3LanesPerTile;
-  const int64_t j0 = col_tile * 128 + (threadIdx.x % kSiluE4m3LanesPerTile) * 8;
-  const int64_t gate_col = (j0 / 16) * 32 + j0 % 16;  // the up values are 16 columns further
-  float g[kSiluE4m3RowsPerThread][8], u[kSiluE4m3RowsPerThread][8];
+  const QuantizePlace at = quantize_place(inter_padded);
+  const int64_t gate_col = (at.col / 16) * 32 + at.col % 16;  // the up values are 16 columns further
+  float g[kQuantizeRowsPerThread][8], u[kQuantizeRowsPerThread][8];
 #pragma unroll
-  for (int i = 0; i < kSiluE4m3RowsPerThread; ++i) {
-    const int64_t row = row0 + i * kSiluE4m3RowsAtOnce;
+  for (int i = 0; i < kQuantizeRowsPerThread; ++i) {
+    const int64_t row = at.row0 + i * kQuantizeRowsAtOnce;
     if (row < rows) {
       load8(gate_up + row * 2 * inter_padded + gate_col, g[i]);
       load8(gate_up + row * 2 * inter_padded + gate_col + 16, u[i]);
@@ -318,15 +295,12 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 #pragma unroll
-  for (int i = 0; i < kSiluE4m3RowsPerThread; ++i) {
-    const int64_t row = row0 + i * kSiluE4m3RowsAtOnce;
+  for (int i = 0; i < kQuantizeRowsPerThread; ++i) {
     float act[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j)  // rounded to bf16, as the rows the two-pass form writes
       act[j] = __bfloat162float(__float2bfloat16_rn(silu_times(g[i][j], u[i][j])));
-    // Every lane takes part in the tile's shuffles; only rows of the padded array are written.
-    const float scale = quantize_tile_e4m3(act, row < rows_padded ? q + row * inter_padded + j0 : nullptr);
-    if (row < rows_padded && threadIdx.x % kSiluE4m3LanesPerTile == 0) scales[col_tile * rows_padded + row] = scale;
+    store_e4m3_row(at, i, act, inter_padded, rows_padded, q, scales);
   }
 }
 
@@ -403,14 +377,14 @@ void launch_silu_mul_interleaved_e4m3(const void* gate_up, bool gate_up_bf16, in
                    reinterpret_cast<uintptr_t>(gate_up) % in_alignment == 0 &&
                    reinterpret_cast<uintptr_t>(q) % 8 == 0,
                "silu_mul_interleaved_e4m3: " << inter_padded << " outputs per row, or an unaligned buffer");
-  const int64_t num_blocks = (rows_padded + kSiluE4m3BlockRows - 1) / kSiluE4m3BlockRows * (inter_padded / 128);
+  const int64_t num_blocks = quantize_num_blocks(rows_padded, inter_padded);
   if (num_blocks == 0) return;
   if (gate_up_bf16)
-    launch_kernel(silu_mul_interleaved_e4m3_kernel<__nv_bfloat16>, static_cast<unsigned>(num_blocks), kThreads, 0,
-                  stream, static_cast<const __nv_bfloat16*>(gate_up), rows, inter_padded, rows_padded, q, scales);
+    launch_kernel(silu_mul_interleaved_e4m3_kernel<__nv_bfloat16>, static_cast<unsigned>(num_blocks), kQuantizeThreads,
+                  0, stream, static_cast<const __nv_bfloat16*>(gate_up), rows, inter_padded, rows_padded, q, scales);
   else
-    launch_kernel(silu_mul_interleaved_e4m3_kernel<float>, static_cast<unsigned>(num_blocks), kThreads, 0, stream,
-                  static_cast<const float*>(gate_up), rows, inter_padded, rows_padded, q, scales);
+    launch_kernel(silu_mul_interleaved_e4m3_kernel<float>, static_cast<unsigned>(num_blocks), kQuantizeThreads, 0,
+                  stream, static_cast<const float*>(gate_up), rows, inter_padded, rows_padded, q, scales);
   DS_CUDA_CHECK_LAUNCH();
 }
 

@@ -46,4 +46,43 @@ __device__ __forceinline__ float quantize_tile_e4m3(const float (&v)[kValuesPerL
   return scale;
 }
 
+// The quantising passes' blocks (fp8_quantize.cu, and SiLU·up written as e4m3 rows in
+// cuda_elementwise.cu): 16 lanes of eight columns take a 128-column tile, a block one column
+// tile of kQuantizeBlockRows rows, each thread two rows kQuantizeRowsAtOnce apart whose values
+// are all in registers before either tile's maximum is needed (a pass that only moves bytes runs
+// at the rate of the loads it keeps in flight); a block's scales are one contiguous run of the
+// column-major scale array.
+constexpr int kQuantizeThreads = 256;
+constexpr int kQuantizeLanesPerTile = 16;
+constexpr int kQuantizeRowsAtOnce = kQuantizeThreads / kQuantizeLanesPerTile;
+constexpr int kQuantizeRowsPerThread = 2;
+constexpr int kQuantizeBlockRows = kQuantizeRowsAtOnce * kQuantizeRowsPerThread;
+
+// Blocks for rows_padded rows of k columns (k a multiple of 128).
+inline int64_t quantize_num_blocks(int64_t rows_padded, int64_t k) {
+  return (rows_padded + kQuantizeBlockRows - 1) / kQuantizeBlockRows * (k / 128);
+}
+
+// This thread's column tile, first row (the other is kQuantizeRowsAtOnce further) and first
+// column. Consecutive blocks take the column tiles of the same rows, so a grid reads in order.
+struct QuantizePlace {
+  int64_t col_tile, row0, col;
+};
+__device__ __forceinline__ QuantizePlace quantize_place(int64_t k) {
+  const int64_t tiles_per_row = k / 128;
+  const int64_t col_tile = blockIdx.x % tiles_per_row;
+  return {col_tile, (blockIdx.x / tiles_per_row) * kQuantizeBlockRows + threadIdx.x / kQuantizeLanesPerTile,
+          col_tile * 128 + (threadIdx.x % kQuantizeLanesPerTile) * 8};
+}
+
+// The values of the thread's row i (0 or 1) to e4m3 codes in q [rows_padded, k] and its tile's
+// scale in scales [k / 128][rows_padded]; a row at or past rows_padded takes part in the tile's
+// shuffles and is not written.
+__device__ __forceinline__ void store_e4m3_row(const QuantizePlace& at, int i, const float (&v)[8], int64_t k,
+                                               int64_t rows_padded, uint8_t* q, float* scales) {
+  const int64_t row = at.row0 + i * kQuantizeRowsAtOnce;
+  const float scale = quantize_tile_e4m3(v, row < rows_padded ? q + row * k + at.col : nullptr);
+  if (row < rows_padded && threadIdx.x % kQuantizeLanesPerTile == 0) scales[at.col_tile * rows_padded + row] = scale;
+}
+
 }  // namespace dsinfer::cuda

@@ -28,29 +28,51 @@ std::vector<uint16_t> random_bf16(size_t n, uint64_t seed) {
   return v;
 }
 
-// The best rate of `product` (2 * kDim³ FLOP per call) over several timed groups after a
+constexpr double kFlopsPerProduct = 2.0 * kDim * kDim * kDim;
+
+// Seconds the device takes for `num_products` calls of `product`, queued back to back between two
+// events (the ~µs of event overhead is noise against ~1 ms a product).
+class ProductTimer {
+ public:
+  explicit ProductTimer(cudaStream_t stream) : stream_(stream) {
+    DS_CUDA_CHECK(cudaEventCreate(&start_));
+    DS_CUDA_CHECK(cudaEventCreate(&stop_));
+  }
+  ~ProductTimer() {
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+  }
+  ProductTimer(const ProductTimer&) = delete;
+  ProductTimer& operator=(const ProductTimer&) = delete;
+
+  template <typename Product>
+  double seconds(Product& product, int num_products) {
+    DS_CUDA_CHECK(cudaEventRecord(start_, stream_));
+    for (int i = 0; i < num_products; ++i) product();
+    DS_CUDA_CHECK(cudaEventRecord(stop_, stream_));
+    DS_CUDA_CHECK(cudaEventSynchronize(stop_));
+    float ms = 0.0f;
+    DS_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
+    return static_cast<double>(ms) * 1e-3;
+  }
+
+ private:
+  cudaStream_t stream_;
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+};
+
+// The best rate of `product` (kFlopsPerProduct per call) over several timed groups after a
 // warm-up, which also builds the plan (heuristic query) and brings the clocks up.
 template <typename Product>
 double best_rate(cudaStream_t stream, Product product) {
   constexpr int kWarmups = 3, kGroups = 6, kPerGroup = 5;
   for (int i = 0; i < kWarmups; ++i) product();
-  cudaEvent_t start, stop;
-  DS_CUDA_CHECK(cudaEventCreate(&start));
-  DS_CUDA_CHECK(cudaEventCreate(&stop));
+  ProductTimer timer(stream);
   double best = 0.0;
-  // Several products per event pair so the ~µs of event overhead is noise against ~1 ms each.
   for (int g = 0; g < kGroups; ++g) {
-    DS_CUDA_CHECK(cudaEventRecord(start, stream));
-    for (int i = 0; i < kPerGroup; ++i) product();
-    DS_CUDA_CHECK(cudaEventRecord(stop, stream));
-    DS_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    DS_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (ms > 0.0f) best = std::max(best, kPerGroup * 2.0 * kDim * kDim * kDim / (ms * 1e-3));
+    const double s = timer.seconds(product, kPerGroup);
+    if (s > 0) best = std::max(best, kPerGroup * kFlopsPerProduct / s);
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  DS_CUDA_CHECK(cudaStreamSynchronize(stream));
   return best;
 }
 
@@ -61,24 +83,11 @@ template <typename Product>
 double sustained_rate(cudaStream_t stream, Product product, double window_s) {
   constexpr int kWarmups = 3, kProbe = 3;
   for (int i = 0; i < kWarmups; ++i) product();
-  cudaEvent_t start, stop;
-  DS_CUDA_CHECK(cudaEventCreate(&start));
-  DS_CUDA_CHECK(cudaEventCreate(&stop));
-  auto timed = [&](int num_products) {
-    DS_CUDA_CHECK(cudaEventRecord(start, stream));
-    for (int i = 0; i < num_products; ++i) product();
-    DS_CUDA_CHECK(cudaEventRecord(stop, stream));
-    DS_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    DS_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    return static_cast<double>(ms) * 1e-3;
-  };
-  const double probe_s = timed(kProbe);
+  ProductTimer timer(stream);
+  const double probe_s = timer.seconds(product, kProbe);
   const int num_products = std::max(kProbe, static_cast<int>(window_s / std::max(probe_s / kProbe, 1e-6)));
-  const double window_measured_s = timed(num_products);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return window_measured_s > 0 ? num_products * 2.0 * kDim * kDim * kDim / window_measured_s : 0.0;
+  const double window_measured_s = timer.seconds(product, num_products);
+  return window_measured_s > 0 ? num_products * kFlopsPerProduct / window_measured_s : 0.0;
 }
 
 template <typename Product>

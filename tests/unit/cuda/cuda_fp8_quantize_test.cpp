@@ -25,12 +25,16 @@ struct QuantiseCase {
   int64_t rows, rows_padded, k;
 };
 
-class CudaFp8QuantizeTest : public ::testing::TestWithParam<QuantiseCase> {
+// Cases of a kernel, skipped where no CUDA device is visible.
+template <typename Case>
+class CudaKernelCaseTest : public ::testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
     if (!cuda_backend_available()) GTEST_SKIP() << "no CUDA device visible";
   }
 };
+
+class CudaFp8QuantizeTest : public CudaKernelCaseTest<QuantiseCase> {};
 
 // Device buffers of one case, freed on every path out of the test.
 struct DeviceBuffers {
@@ -127,12 +131,7 @@ struct SiluCase {
   bool gate_up_bf16;
 };
 
-class CudaSiluE4m3Test : public ::testing::TestWithParam<SiluCase> {
- protected:
-  void SetUp() override {
-    if (!cuda_backend_available()) GTEST_SKIP() << "no CUDA device visible";
-  }
-};
+class CudaSiluE4m3Test : public CudaKernelCaseTest<SiluCase> {};
 
 // Device buffers of the two forms, freed on every path out of the test.
 struct SiluBuffers {
