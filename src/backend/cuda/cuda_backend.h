@@ -184,6 +184,8 @@ class CudaBackend final : public Backend {
   void keep_quantised(const QuantisedRows& q, int64_t rows);
   // The same for the wgmma blocks' `args` to read (the buffers must outlive their launch).
   QuantisedRows quantise_rows_for(const Tensor& x_bf16, int64_t rows, int64_t k, GroupedGemmArgs& args);
+  // args reads q as its e4m3 activations.
+  void take_quantised_rows(const QuantisedRows& q, GroupedGemmArgs& args) const;
   Tensor moe_experts_host_planned(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
                                   const int32_t* src_rows, int64_t num_entries);
   bool chunked_experts_ready(const MoeWeights& w, int num_chunks);
@@ -286,9 +288,13 @@ class CudaBackend final : public Backend {
   // give them, for the combine to read: half the bytes of fp32 both ways
   // (DSINFER_MOE_PREFILL_OUTPUTS_BF16=0: fp32 rows).
   bool prefill_expert_outputs_bf16_ = true;
-  // Their tiles take 192 weight rows, 154 FLOP per byte brought from L2: on V2-Lite's shape 17%
-  // less time than 128 rows (DSINFER_MOE_PREFILL_WEIGHT_ROWS=128).
-  int prefill_expert_weight_rows_ = 192;
+  // Their tiles take 256 weight rows, 171 FLOP per byte brought from L2, with each stage's
+  // products in two halves of 128 (DSINFER_MOE_PREFILL_WEIGHT_ROWS=192: one group of 192 rows,
+  // 154 FLOP per byte; =128: 128).
+  int prefill_expert_weight_rows_ = 256;
+  // With 256-row tiles the gate/up blocks write the down product's e4m3 rows
+  // (DSINFER_MOE_PREFILL_SILU_E4M3=0: bf16 rows, then the quantising pass; same bits).
+  bool prefill_expert_silu_e4m3_ = true;
   // In steps whose FP8 products take cuBLASLt's block-scaled product, the norms write the e4m3
   // rows those products read (DSINFER_NORM_E4M3=0: the first product quantises them).
   bool norm_writes_e4m3_ = true;

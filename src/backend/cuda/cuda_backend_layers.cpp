@@ -269,11 +269,15 @@ CudaBackend::QuantisedRows CudaBackend::quantise_rows_for(const Tensor& x_bf16, 
   // the routed experts' quantised rows.
   const int64_t rows_padded = round_up(rows, kLibraryFp8RowMultiple);
   QuantisedRows q = quantise_rows(x_bf16, rows, rows_padded, k);
+  take_quantised_rows(q, args);
+  return q;
+}
+
+void CudaBackend::take_quantised_rows(const QuantisedRows& q, GroupedGemmArgs& args) const {
   args.xq = q.q.as<uint8_t>();
   args.x_scales = q.scales.as<float>();
-  args.x_scale_rows = rows_padded;
+  args.x_scale_rows = q.scales.dim(1);  // scales [k / 128, rows_padded]
   args.pass_rows = fp8_expert_pass_rows_;
-  return q;
 }
 
 bool CudaBackend::fp8_expert_activations_for(const MoeWeights& w) const {
@@ -306,7 +310,6 @@ Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, c
   // batch size.
   const bool expert_blocks = !batch_invariant_ && rows_hint >= kExpertBlockRowsPerExpert;
 
-  Tensor act = alloc_->cached({num_entries, inter_p}, DType::kBF16);
   GroupedGemmArgs up;
   up.x = xb.as<uint16_t>();
   up.ldx = k_p;
@@ -320,7 +323,6 @@ Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, c
   up.expert_blocks = expert_blocks && (!up.weights_fp8 || fp8_expert_blocks_);
   up.epilogue = GemmEpilogue::kSiluMulBf16;
   up.prefill_weight_rows = prefill_expert_weight_rows_;
-  up.y = act.data;
   up.ldy = inter_p;
   up.n_out = static_cast<int>(inter_p);
   // A token's experts are distinct: no expert has more rows than the step has tokens.
@@ -333,6 +335,22 @@ Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, c
                "moe: row-blocks of " << rows_per_block << " rows need the e4m3 expert blocks");
   QuantisedRows x_q, act_q;
   if (fp8_activations) x_q = quantise_rows_for(xb, num_tokens, k_p, up);
+  // The prefill expert blocks' 256-row tiles write the down product's e4m3 rows themselves (a
+  // tile's 128 outputs are one scale tile), without the bf16 rows and the pass that quantised
+  // them (DSINFER_MOE_PREFILL_SILU_E4M3=0 keeps those).
+  const bool act_e4m3 = fp8_activations && rows_per_block == kExpertBlockWideRows &&
+                        up.prefill_weight_rows == 256 && prefill_expert_silu_e4m3_;
+  Tensor act;
+  if (act_e4m3) {
+    act_q = new_quantised_rows(round_up(num_entries, kLibraryFp8RowMultiple), inter_p);
+    up.epilogue = GemmEpilogue::kSiluMulE4m3;
+    up.y = act_q.q.data;
+    up.y_scales = act_q.scales.as<float>();
+    up.y_scale_rows = act_q.scales.dim(1);
+  } else {
+    act = alloc_->cached({num_entries, inter_p}, DType::kBF16);
+    up.y = act.data;
+  }
   const int max_rows_per_block = static_cast<int>(num_tokens);
   if (few_rows)
     launch_few_row_gemm(up, static_cast<int>(gu0.weight.dim(0)), max_blocks, max_rows_per_block, stream_);
@@ -340,7 +358,9 @@ Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, c
     launch_grouped_gemm(up, static_cast<int>(gu0.weight.dim(0)), max_blocks, rows_hint, stream_);
 
   GroupedGemmArgs down = up;
-  down.x = act.as<uint16_t>();
+  down.x = act_e4m3 ? nullptr : act.as<uint16_t>();
+  down.y_scales = nullptr;
+  down.y_scale_rows = 0;
   down.ldx = inter_p;
   down.src_rows = nullptr;
   down.groups = gate_up_table + num_experts;
@@ -349,7 +369,8 @@ Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, c
   down.weights_fp8 = down0.weight.dtype == DType::kF8E4M3;
   down.expert_blocks = expert_blocks && (!down.weights_fp8 || fp8_expert_blocks_);
   down.epilogue = GemmEpilogue::kStoreF32;
-  if (fp8_activations) act_q = quantise_rows_for(act, num_entries, inter_p, down);
+  if (act_e4m3) take_quantised_rows(act_q, down);
+  else if (fp8_activations) act_q = quantise_rows_for(act, num_entries, inter_p, down);
   // Row-blocks of kExpertBlockWideRows rows are the prefill expert blocks' (e4m3 activations).
   const bool out_bf16 = rows_per_block == kExpertBlockWideRows && prefill_expert_outputs_bf16_;
   if (out_bf16) down.epilogue = GemmEpilogue::kStoreBf16;

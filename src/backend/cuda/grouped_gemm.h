@@ -56,6 +56,9 @@ enum class GemmEpilogue : int32_t {
   kStoreF32 = 0,     // y fp32 [rows, ldy]: columns below n_out
   kSiluMulBf16 = 1,  // y bf16 [rows, ldy]: y[:, j] = silu(gate_j) · up_j from an interleaved weight
   kStoreBf16 = 2,    // y bf16 [rows, ldy]: columns below n_out (the prefill expert blocks only)
+  // y e4m3 [rows, ldy] and y_scales: the kSiluMulBf16 rows as launch_quantize_rows_e4m3 makes
+  // them (the prefill expert blocks' 256-row tiles only, n_out a multiple of 128).
+  kSiluMulE4m3 = 3,
 };
 
 struct GroupedGemmArgs {
@@ -92,10 +95,12 @@ struct GroupedGemmArgs {
   const float* x_scales = nullptr;
   int64_t x_scale_rows = 0;
   int pass_rows = 0;  // routed rows per pass there: 32 or 64, or 0 to choose by the rows per expert
-  int prefill_weight_rows = 192;  // weight rows per tile in the prefill expert blocks: 192 or 128
+  int prefill_weight_rows = 256;  // weight rows per tile in the prefill expert blocks: 256, 192 or 128
   GemmEpilogue epilogue = GemmEpilogue::kStoreF32;
   void* y = nullptr;
   int64_t ldy = 0;
+  float* y_scales = nullptr;  // kSiluMulE4m3: [n_out / 128][y_scale_rows]
+  int64_t y_scale_rows = 0;
   int n_out = 0;  // kStore*: columns written; kSiluMulBf16: outputs written (<= n_padded / 2)
   // Split K over k_splits thread blocks per tile (dense form only): each writes its partial
   // tile to `partials` [k_splits, dense_rows, n_padded] fp32, and the last to finish (counted in

@@ -7,26 +7,32 @@
 // barrier, and its products are waited for before their scales are applied, so the tensor cores
 // idle while a warpgroup waits or scales. At prefill sizes (about 1,500 rows per expert on
 // V2-Lite) that form ran at about a third of the FP8 rate. Here the warps specialise:
-// - a tile is 192 (or 128) weight rows of one expert against one row-block of 128 of its routed
-//   rows (the routing plans row-blocks of kExpertBlockWideRows for these layers); a block per SM
-//   takes tile after tile;
+// - a tile is 256 (or 192, or 128) weight rows of one expert against one row-block of 128 of its
+//   routed rows (the routing plans row-blocks of kExpertBlockWideRows for these layers); a block
+//   per SM takes tile after tile;
 // - the first warpgroup only copies: per stage (128 columns of k, one scale block) the row-block's
 //   128 e4m3 x rows, the tile's weight rows and their scales, through cp.async into the 128-byte
 //   swizzle the products read; its copies' completion marks the stage full (an mbarrier);
 // - two math warpgroups of 64 routed rows each wait for a full stage, run an m64n192 product
-//   (or m64n128) over its 128 columns, mark it empty for the copier, add the sums, scaled by
-//   the x rows' and the weight rows' scales, to their totals in registers. The hope was that
-//   one warpgroup's products run while the other scales; measured with the copies switched
-//   off, products and scaling hardly overlap (RESULTS.md, "Prefill expert blocks");
+//   (or m64n128; two of them one after the other for a 256-row tile) over its 128 columns, mark
+//   it empty for the copier, add the sums, scaled by the x rows' and the weight rows' scales, to
+//   their totals in registers. The hope was that one warpgroup's products run while the other
+//   scales; measured with the copies switched off, products and scaling hardly overlap
+//   (RESULTS.md, "Prefill expert blocks");
 // - nothing waits on a block-wide barrier after the start.
 // What bounds the blocks is data from L2: a 128-row tile brings 128 FLOP per byte, and the math
 // warps waited for full stages far more often than the copier waited for empty ones (stall
 // sampling, RESULTS.md, the blocks' second pass). Tiles of 192 weight rows bring 154 FLOP per
-// byte; their sums take 96 registers a thread, so the copying warpgroup hands registers over.
+// byte, of 256 rows 171; their sums take 96 or 128 registers a thread, so the copying warpgroup
+// hands registers over, and a 256-row tile's products run in two halves of 128 rows, each added
+// to its half of the sums before the next is issued.
 // Each math thread then writes its own outputs: fp32 or bf16 rows, or SiLU(gate)·up in bf16,
 // since the gate/up interleaving (16 gate rows, then the 16 up rows of a 32-row tile) puts a gate
-// column and its up column in the same thread's accumulators.
+// column and its up column in the same thread's accumulators. A 256-row gate/up tile's 128
+// outputs are one 128-column scale tile of the down product's e4m3 activations, so it writes
+// those directly (its four lanes of a row find the row's largest magnitude with two shuffles).
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 
@@ -36,6 +42,7 @@
 #include "backend/cuda/mbarrier.cuh"
 #include "backend/cuda/tensor_core.cuh"
 #include "backend/cuda/wgmma.cuh"
+#include "core/dtype.h"
 
 namespace dsinfer::cuda {
 namespace {
@@ -57,19 +64,24 @@ static_assert(kRows * kPiecesPerRow % kCopyThreads == 0 && kRows == kCopyThreads
 // scales and the weight's 16-row scales.
 template <int kCols>
 struct Tiles {
+  // A math warpgroup's products run kProductCols weight rows at once: a 256-row tile's sums (128
+  // a thread) leave room for one half's products only, so it runs two m64n128 groups a stage,
+  // each scaled into its half of the sums before the next is issued.
+  static constexpr int kProductCols = kCols > 192 ? kCols / 2 : kCols;
+  static constexpr int kProducts = kCols / kProductCols;
   static constexpr int kWeightScales = kCols / kScaleRows;
   static constexpr int kWeightOffset = kRows * kStageK;
   static constexpr int kXScaleOffset = kWeightOffset + kCols * kStageK;
   static constexpr int kWeightScaleOffset = kXScaleOffset + kRows * 4;
   static constexpr int kStageBytes = (kWeightScaleOffset + kWeightScales * 4 + 1023) / 1024 * 1024;
-  static constexpr int kStages = kCols == 128 ? 6 : 5;
+  static constexpr int kStages = kCols == 128 ? 6 : kCols == 192 ? 5 : 4;
   static constexpr int kBarrierOffset = kStages * kStageBytes;  // full[kStages], then empty[kStages]
   static constexpr int kBytes = kBarrierOffset + 2 * kStages * 8 + 1024;  // and the slack to align the start
   static_assert(kBytes <= 227 * 1024, "one block fits on an SM");
   static_assert(kCols % kRowStep == 0 && kCols % kGemmTileRows == 0, "whole copy rounds and gate/up tiles");
-  // At 192 columns a math thread's sums and a stage's products take 192 registers: the copying
-  // warpgroup gives registers to the math ones (kCopyRegisters, kMathRegisters). At 128 every
-  // thread keeps 168.
+  // At 192 columns a math thread's sums and a stage's products take 192 registers, at 256 (sums
+  // 128, a half's products 64) as many: the copying warpgroup gives registers to the math ones
+  // (kCopyRegisters, kMathRegisters). At 128 every thread keeps 168.
   static constexpr bool kMoveRegisters = kCols > 128;
 };
 // setmaxnreg's counts where registers move: the launch gives each of the 384 threads 168, and
@@ -101,11 +113,80 @@ __device__ __forceinline__ void store_row(const GroupedGemmArgs& a, const float 
   }
 }
 
+// SiLU(gate)·up of a 256-row tile, whose 128 outputs are one 128-column scale tile of the down
+// product's activations, written as those activations (kSiluMulE4m3): each value rounded to bf16
+// as the bf16 epilogue stores it, then the row's tile in e4m3 under its largest magnitude / 448,
+// the bits launch_quantize_rows_e4m3 makes of the bf16 rows. The four lanes t of a row hold its
+// 128 outputs between them; every lane takes part in the shuffles, rows past row_end are not
+// written.
+template <int kCols>
+__device__ __forceinline__ void store_tile_silu_e4m3(const GroupedGemmArgs& a, const float (&acc)[kCols / 2],
+                                                     int row0, int row_end, int n_block, int t) {
+  static_assert(kCols == 2 * kScaleCols, "a tile's outputs are one scale tile");
+  constexpr int kQuads = kCols / kGemmTileRows;  // 32-row gate/up tiles
+  const int out_col0 = n_block / 2;
+  if (out_col0 >= a.n_out) return;  // uniform over the block
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = row0 + 8 * half;
+    float out[kQuads][2][2];
+    float amax = 0.0f;
+#pragma unroll
+    for (int q = 0; q < kQuads; ++q)
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int jg = 4 * q + jj, ju = jg + 2;
+          const float gate = acc[4 * jg + 2 * half + e], up = acc[4 * ju + 2 * half + e];
+          const float v = __bfloat162float(__float2bfloat16_rn(__fdividef(gate, 1.0f + __expf(-gate)) * up));
+          out[q][jj][e] = v;
+          amax = fmaxf(amax, fabsf(v));
+        }
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    if (row >= row_end) continue;
+    const float scale = e4m3_block_scale(amax);
+    uint8_t* y = static_cast<uint8_t*>(a.y) + static_cast<int64_t>(row) * a.ldy + out_col0;
+    const auto store_codes = [&](auto divide) {
+#pragma unroll
+      for (int q = 0; q < kQuads; ++q)
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj) {
+          const __nv_fp8x2_storage_t codes = __nv_cvt_float2_to_fp8x2(
+              make_float2(divide(out[q][jj][0]), divide(out[q][jj][1])), __NV_SATFINITE, __NV_E4M3);
+          *reinterpret_cast<__nv_fp8x2_storage_t*>(y + kGemmGateUpHalf * q + 8 * jj + 2 * t) = codes;
+        }
+    };
+    // The 32 quotients v / scale from one reciprocal: with inverse = 1/scale rounded to nearest,
+    // q = v inverse and the residual v - q scale (exact, an FMA), q + residual inverse is v / scale
+    // rounded to nearest (Markstein's theorem) as long as the residual does not underflow, which
+    // a scale of at least 2^-90 rules out for every quotient that e4m3 does not round to zero.
+    // Smaller scales take the IEEE division.
+    if (scale >= 0x1p-90f) {
+      const float inverse = __frcp_rn(scale);
+      store_codes([&](float v) {
+        const float estimate = v * inverse;
+        return fmaf(fmaf(-estimate, scale, v), inverse, estimate);
+      });
+    } else {
+      store_codes([&](float v) { return v / scale; });
+    }
+    if (t == 0) a.y_scales[static_cast<int64_t>(out_col0 / kScaleCols) * a.y_scale_rows + row] = scale;
+  }
+}
+
 // A math thread's outputs of a tile: routed rows `row` and row + 8 (those below row_end) ×
 // weight rows n_block + 8 j + 2 t (+ 1), from acc as the kernel lays it out.
 template <int kCols>
 __device__ __forceinline__ void store_tile(const GroupedGemmArgs& a, const float (&acc)[kCols / 2], int row0,
                                            int row_end, int n_block, int t) {
+  if constexpr (kCols == 2 * kScaleCols) {
+    if (a.epilogue == GemmEpilogue::kSiluMulE4m3) {
+      store_tile_silu_e4m3<kCols>(a, acc, row0, row_end, n_block, t);
+      return;
+    }
+  }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = row0 + 8 * half;
@@ -154,7 +235,7 @@ __device__ __forceinline__ bool locate_tile(const GroupedGemmArgs& a, int tile, 
   return n_block < w.n_padded;
 }
 
-// part (+)= x · wᵀ over one k32 step, n = kCols.
+// part (+)= x · wᵀ over one k32 step, n = 128 or 192.
 template <bool kAccumulate>
 __device__ __forceinline__ void wgmma_e4m3(float (&part)[64], uint64_t desc_x, uint64_t desc_w) {
   wgmma_m64n128k32_e4m3<kAccumulate>(part, desc_x, desc_w);
@@ -164,14 +245,18 @@ __device__ __forceinline__ void wgmma_e4m3(float (&part)[96], uint64_t desc_x, u
   wgmma_m64n192k32_e4m3<kAccumulate>(part, desc_x, desc_w);
 }
 
-// A math warpgroup's products of one stage: part = its 64 x rows (at x_offset in the stage) ·
-// the stage's kCols weight rowsᵀ over the stage's 128 columns, committed as one group.
+// A math warpgroup's products `product` of one stage: part = its 64 x rows (at x_offset in the
+// stage) · the stage's weight rows [product kProductCols, + kProductCols)ᵀ over the stage's 128
+// columns, committed as one group.
 template <int kCols>
-__device__ __forceinline__ void issue_stage_products(float (&part)[kCols / 2], uint32_t stage_addr, int x_offset) {
-  fence_shared_for_wgmma();  // the copies landed through the generic proxy
+__device__ __forceinline__ void issue_stage_products(float (&part)[Tiles<kCols>::kProductCols / 2],
+                                                     uint32_t stage_addr, int x_offset, int product) {
+  using T = Tiles<kCols>;
+  if (product == 0) fence_shared_for_wgmma();  // the copies landed through the generic proxy
   wgmma_fence();
   const uint64_t desc_x = wgmma_descriptor_sw128(stage_addr + x_offset);
-  const uint64_t desc_w = wgmma_descriptor_sw128(stage_addr + Tiles<kCols>::kWeightOffset);
+  const uint64_t desc_w =
+      wgmma_descriptor_sw128(stage_addr + T::kWeightOffset + product * T::kProductCols * kStageK);
   // A 32-byte k-step advances a descriptor's address field (bytes / 16) by 2.
   wgmma_e4m3<false>(part, desc_x, desc_w);
 #pragma unroll
@@ -179,28 +264,44 @@ __device__ __forceinline__ void issue_stage_products(float (&part)[kCols / 2], u
   wgmma_commit();
 }
 
-// Adds a finished stage's sums, scaled by its x rows' (scale_row, + 8) and weight rows' scales,
-// to acc, after marking the stage empty for this warp (the scales are read first).
+// The scales of a stage's products `product` as a math thread needs them: its x rows'
+// (scale_row, + 8) and the weight's per 16 of those products' rows. Read one product group at a
+// time: a 256-row tile's sums leave no room for all 16 weight scales beside them.
 template <int kCols>
-__device__ __forceinline__ void add_scaled_stage(float (&acc)[kCols / 2], const float (&part)[kCols / 2],
-                                                 const unsigned char* stage, int scale_row, uint32_t empty,
-                                                 bool has_rows) {
+struct ProductScales {
+  static constexpr int kWeightScales = Tiles<kCols>::kProductCols / kScaleRows;
+  float x0, x1;
+  float w[kWeightScales];
+};
+template <int kCols>
+__device__ __forceinline__ ProductScales<kCols> read_product_scales(const unsigned char* stage, int scale_row,
+                                                                    int product) {
   using T = Tiles<kCols>;
+  using P = ProductScales<kCols>;
+  P sc;
   const float* x_scales = reinterpret_cast<const float*>(stage + T::kXScaleOffset) + scale_row;
-  const float xs0 = x_scales[0], xs1 = x_scales[8];
-  float ws[T::kWeightScales];
+  sc.x0 = x_scales[0];
+  sc.x1 = x_scales[8];
+  const float* w_scales = reinterpret_cast<const float*>(stage + T::kWeightScaleOffset) + product * P::kWeightScales;
 #pragma unroll
-  for (int i = 0; i < T::kWeightScales; ++i) ws[i] = reinterpret_cast<const float*>(stage + T::kWeightScaleOffset)[i];
-  __syncwarp();
-  if (threadIdx.x % 32 == 0) mbarrier_arrive(empty);  // this warp is done with the stage
-  if (!has_rows) return;
+  for (int i = 0; i < P::kWeightScales; ++i) sc.w[i] = w_scales[i];
+  return sc;
+}
+
+// Adds products `product`'s finished sums, scaled, to their columns of acc.
+template <int kCols>
+__device__ __forceinline__ void add_scaled_products(float (&acc)[kCols / 2],
+                                                    const float (&part)[Tiles<kCols>::kProductCols / 2],
+                                                    const ProductScales<kCols>& sc, int product) {
+  constexpr int kSteps = Tiles<kCols>::kProductCols / 8;  // 8-column steps of one product group
 #pragma unroll
-  for (int j = 0; j < kCols / 8; ++j) {
-    const float s0 = xs0 * ws[j / 2], s1 = xs1 * ws[j / 2];
-    acc[4 * j + 0] += part[4 * j + 0] * s0;
-    acc[4 * j + 1] += part[4 * j + 1] * s0;
-    acc[4 * j + 2] += part[4 * j + 2] * s1;
-    acc[4 * j + 3] += part[4 * j + 3] * s1;
+  for (int j = 0; j < kSteps; ++j) {
+    const int jt = product * kSteps + j;  // the step within the tile
+    const float s0 = sc.x0 * sc.w[j / 2], s1 = sc.x1 * sc.w[j / 2];
+    acc[4 * jt + 0] += part[4 * j + 0] * s0;
+    acc[4 * jt + 1] += part[4 * j + 1] * s0;
+    acc[4 * jt + 2] += part[4 * j + 2] * s1;
+    acc[4 * jt + 3] += part[4 * j + 3] * s1;
   }
 }
 
@@ -236,13 +337,24 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_prefill_kernel(Groupe
       int row_begin, row_end, n_block;
       if (!locate_tile<kCols>(a, tile, n_tiles, w, row_begin, row_end, n_block)) continue;
       const int num_stages = w.k_padded / kStageK;
-      using XPieces = ExpertPassPieces<kCopyThreads, kRows, kPiecesPerRow, uint8_t>;
-      const XPieces x(a.xq, a, row_begin, row_end - row_begin);
+      // This thread's x pieces: rows row0 + kRowStep j of the row-block, the first x_pieces of
+      // them routed rows, as offsets into a.xq (32 bits, checked at launch: the 256-row tiles'
+      // copying path has registers for no more).
+      constexpr int kXPieces = kRows / kRowStep;
+      const int x_pieces = (row_end - row_begin - row0 + kRowStep - 1) / kRowStep;
+      uint32_t x_offset[kXPieces];
+#pragma unroll
+      for (int j = 0; j < kXPieces; ++j) {
+        const int r = row_begin + row0 + kRowStep * j;
+        const int64_t row = j >= x_pieces ? 0 : a.src_rows != nullptr ? a.src_rows[r] : r;
+        x_offset[j] = static_cast<uint32_t>(row * a.ldx + piece * 16);
+      }
       const bool x_scale_valid = row_begin + p < row_end;
       const int64_t x_scale_row =
           !x_scale_valid ? 0 : a.src_rows != nullptr ? a.src_rows[row_begin + p] : row_begin + p;
       const float* x_scale_src = a.x_scales + x_scale_row;
       const int weight_rows = min(kCols, w.n_padded - n_block);
+      const int w_pieces = (weight_rows - row0 + kRowStep - 1) / kRowStep;  // this thread's weight rows
       const uint8_t* w_src = static_cast<const uint8_t*>(w.data) +
                              static_cast<int64_t>(n_block + min(row0, weight_rows - 1)) * w.k_padded + piece * 16;
       const bool w_scale_valid = p < kWeightScales && p * kScaleRows < weight_rows;
@@ -254,14 +366,15 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_prefill_kernel(Groupe
         unsigned char* stage = smem + slot * kStageBytes;
         const int64_t k0 = static_cast<int64_t>(s) * kStageK;
 #pragma unroll
-        for (int j = 0; j < XPieces::kPerThread; ++j)
-          cp_async16(stage + swizzled_piece_offset(row0 + kRowStep * j, piece), x.src[j] + k0, x.valid[j]);
+        for (int j = 0; j < kXPieces; ++j)
+          cp_async16(stage + swizzled_piece_offset(row0 + kRowStep * j, piece), a.xq + x_offset[j] + k0,
+                     j < x_pieces);
+        const uint8_t* w_stage = w_src + k0;
 #pragma unroll
         for (int j = 0; j < kCols / kRowStep; ++j) {
-          const int r = row0 + kRowStep * j;
-          const bool valid = r < weight_rows;
-          cp_async16(stage + T::kWeightOffset + swizzled_piece_offset(r, piece),
-                     w_src + (valid ? static_cast<int64_t>(kRowStep * j) * w.k_padded : 0) + k0, valid);
+          const bool valid = j < w_pieces;
+          cp_async16(stage + T::kWeightOffset + swizzled_piece_offset(row0 + kRowStep * j, piece),
+                     w_stage + (valid ? kRowStep * j * w.k_padded : 0), valid);
         }
         cp_async4(stage + T::kXScaleOffset + 4 * p, x_scale_src + s * a.x_scale_rows, x_scale_valid);
         if (p < kWeightScales) cp_async4(stage + T::kWeightScaleOffset + 4 * p, w_scale_src + s, w_scale_valid);
@@ -289,13 +402,21 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_prefill_kernel(Groupe
     for (int s = 0; s < num_stages; ++s, ++it) {
       const int slot = it % kStages;
       mbarrier_wait(full_bar + 8 * slot, (it / kStages) & 1);
-      float part[kCols / 2];
-      if (has_rows) {
-        issue_stage_products<kCols>(part, smem_addr + slot * kStageBytes, x_offset);
-        wgmma_wait_all();
-        wgmma_fence_registers(part);
+#pragma unroll
+      for (int product = 0; product < T::kProducts; ++product) {
+        float part[T::kProductCols / 2];
+        if (has_rows) {
+          issue_stage_products<kCols>(part, smem_addr + slot * kStageBytes, x_offset, product);
+          wgmma_wait_all();
+          wgmma_fence_registers(part);
+        }
+        const ProductScales<kCols> scales = read_product_scales<kCols>(smem + slot * kStageBytes, scale_row, product);
+        if (product == T::kProducts - 1) {  // the stage's products are done and its scales read
+          __syncwarp();
+          if (lane == 0) mbarrier_arrive(empty_bar + 8 * slot);
+        }
+        if (has_rows) add_scaled_products<kCols>(acc, part, scales, product);
       }
-      add_scaled_stage<kCols>(acc, part, smem + slot * kStageBytes, scale_row, empty_bar + 8 * slot, has_rows);
     }
     if (has_rows) store_tile<kCols>(a, acc, row_begin + scale_row, row_end, n_block, t);
   }
@@ -321,9 +442,16 @@ void launch_expert_gemm_prefill(const GroupedGemmArgs& args, int max_n_padded, i
   DS_CHECK(args.groups != nullptr && args.k_splits == 1 && args.weights_fp8 && args.xq != nullptr &&
            args.x_scales != nullptr && args.ldx % 16 == 0 && args.rows_per_block == kExpertBlockWideRows);
   DS_CHECK(args.ldy % 2 == 0);  // paired stores
+  DS_CHECK_MSG(args.x_scale_rows * args.ldx <= UINT32_MAX,
+               "prefill expert blocks: " << args.x_scale_rows << " e4m3 rows of " << args.ldx << " bytes");
   if (max_n_padded == 0 || max_row_blocks == 0) return;
-  DS_CHECK(args.prefill_weight_rows == 192 || args.prefill_weight_rows == 128);
-  if (args.prefill_weight_rows == 192) launch_tiles<192>(args, max_n_padded, max_row_blocks, stream);
+  DS_CHECK(args.prefill_weight_rows == 256 || args.prefill_weight_rows == 192 || args.prefill_weight_rows == 128);
+  DS_CHECK_MSG(args.epilogue != GemmEpilogue::kSiluMulE4m3 ||
+                   (args.prefill_weight_rows == 256 && args.n_out % kScaleCols == 0 && args.ldy % 16 == 0 &&
+                    args.y_scales != nullptr && args.y_scale_rows > 0),
+               "prefill expert blocks: e4m3 SiLU·up rows need 256-row tiles and whole scale tiles");
+  if (args.prefill_weight_rows == 256) launch_tiles<256>(args, max_n_padded, max_row_blocks, stream);
+  else if (args.prefill_weight_rows == 192) launch_tiles<192>(args, max_n_padded, max_row_blocks, stream);
   else launch_tiles<128>(args, max_n_padded, max_row_blocks, stream);
 }
 

@@ -384,6 +384,47 @@ TEST_F(CudaFp8GemmTest, PrefillExpertBlocksTakePrefillSizedLayers) {
   }
 }
 
+// Tiles of 256 weight rows run each stage's products in two halves, and their gate/up tiles
+// write the down product's e4m3 rows and scales themselves. Each output's sums run in the same
+// order as in 192-row tiles, and the SiLU·up values are rounded to bf16 before their tile is
+// quantised, as the quantising pass reads them: the layer's outputs carry the same bits with
+// either tile and either way of making the e4m3 rows. Inputs scaled by 1e-14 give SiLU·up tiles
+// whose scale is below 2^-90, where the tiles divide by it instead of using its reciprocal.
+TEST_F(CudaFp8GemmTest, PrefillExpertTilesOf256RowsGiveTheSameBits) {
+  auto tiles_192 = make_backend_with_env("cuda", "DSINFER_MOE_PREFILL_WEIGHT_ROWS", "192");
+  auto tiles_256 = make_backend_with_env("cuda", "DSINFER_MOE_PREFILL_WEIGHT_ROWS", "256");
+  setenv("DSINFER_MOE_PREFILL_SILU_E4M3", "0", 1);
+  auto tiles_256_pass = make_backend_with_env("cuda", "DSINFER_MOE_PREFILL_WEIGHT_ROWS", "256");
+  unsetenv("DSINFER_MOE_PREFILL_SILU_E4M3");
+  // Gate/up of one and of three tiles; a down product whose second tile holds 128 weight rows;
+  // row-blocks whose second math warpgroup has no rows.
+  for (const Fp8MoeCase& c : {Fp8MoeCase{8, 2, 600, 256, 128, false}, Fp8MoeCase{8, 2, 520, 384, 384, false},
+                              Fp8MoeCase{16, 4, 300, 256, 128, true}}) {
+    SCOPED_TRACE(c.num_tokens);
+    std::vector<Fp8Weight> gate_up, down;
+    make_fp8_experts(c, 500, gate_up, down);
+    for (const float x_scale : {1.0f, 1e-14f}) {
+      SCOPED_TRACE(x_scale);
+      auto x = random_values(c.num_tokens * c.hidden, 74);
+      for (float& v : x) v *= x_scale;
+      MoeRouting routing, routing_256, routing_256_pass;
+      const auto want_bits = run_fp8_moe(*tiles_192, c, gate_up, down, x, routing);
+      const auto got = run_fp8_moe(*tiles_256, c, gate_up, down, x, routing_256);
+      const auto got_pass = run_fp8_moe(*tiles_256_pass, c, gate_up, down, x, routing_256_pass);
+      ASSERT_EQ(routing_256.expert_ids, routing.expert_ids);
+      ASSERT_EQ(routing_256_pass.expert_ids, routing.expert_ids);
+      EXPECT_LT(rms_relative_error(got, fp8_moe_reference(c, gate_up, down, x, routing)), 1e-2);
+      size_t differing = 0, differing_pass = 0;
+      for (size_t i = 0; i < want_bits.size(); ++i) {
+        differing += got[i] != want_bits[i];
+        differing_pass += got_pass[i] != want_bits[i];
+      }
+      EXPECT_EQ(differing, 0u) << "of " << want_bits.size();
+      EXPECT_EQ(differing_pass, 0u) << "of " << want_bits.size();
+    }
+  }
+}
+
 // The FP8 fixture with every product of two rows or more through cuBLASLt, so that prefill's
 // e4m3 projections all quantise their activations. The reference runs fp32 activations, and on
 // this random model one e4m3 step can flip an expert choice, so logits are not compared; the
