@@ -76,7 +76,13 @@ struct Tiles {
   static constexpr int kStageBytes = (kWeightScaleOffset + kWeightScales * 4 + 1023) / 1024 * 1024;
   static constexpr int kStages = kCols == 128 ? 6 : kCols == 192 ? 5 : 4;
   static constexpr int kBarrierOffset = kStages * kStageBytes;  // full[kStages], then empty[kStages]
-  static constexpr int kBytes = kBarrierOffset + 2 * kStages * 8 + 1024;  // and the slack to align the start
+  // 256-row gate/up tiles stage their e4m3 rows here (kStagingPitch bytes a row, 16 more than
+  // a row's 128 so that the eight rows a warp writes at once fall in different banks), then
+  // write them out in 16-byte pieces.
+  static constexpr int kStagingPitch = kScaleCols + 16;
+  static constexpr int kStagingOffset = (kBarrierOffset + 2 * kStages * 8 + 127) / 128 * 128;
+  static constexpr int kStagingBytes = kCols == 2 * kScaleCols ? kRows * kStagingPitch : 0;
+  static constexpr int kBytes = kStagingOffset + kStagingBytes + 1024;  // and the slack to align the start
   static_assert(kBytes <= 227 * 1024, "one block fits on an SM");
   static_assert(kCols % kRowStep == 0 && kCols % kGemmTileRows == 0, "whole copy rounds and gate/up tiles");
   // At 192 columns a math thread's sums and a stage's products take 192 registers, at 256 (sums
@@ -119,13 +125,20 @@ __device__ __forceinline__ void store_row(const GroupedGemmArgs& a, const float 
 // the bits launch_quantize_rows_e4m3 makes of the bf16 rows. The four lanes t of a row hold its
 // 128 outputs between them; every lane takes part in the shuffles, rows past row_end are not
 // written.
+// staging: the math warpgroup's kGroupRows rows in shared memory (Tiles::kStagingPitch apart);
+// local_row0: row0's row there; group_row0: the warpgroup's first routed row; m: the warpgroup.
 template <int kCols>
 __device__ __forceinline__ void store_tile_silu_e4m3(const GroupedGemmArgs& a, const float (&acc)[kCols / 2],
-                                                     int row0, int row_end, int n_block, int t) {
+                                                     int row0, int row_end, int n_block, int t,
+                                                     unsigned char* staging, int local_row0, int group_row0,
+                                                     int m) {
   static_assert(kCols == 2 * kScaleCols, "a tile's outputs are one scale tile");
   constexpr int kQuads = kCols / kGemmTileRows;  // 32-row gate/up tiles
+  constexpr int kPitch = Tiles<kCols>::kStagingPitch;
   const int out_col0 = n_block / 2;
   if (out_col0 >= a.n_out) return;  // uniform over the block
+  // The warpgroup's stores of its previous tile have read the staging rows.
+  asm volatile("bar.sync %0, 128;" ::"r"(1 + m) : "memory");
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = row0 + 8 * half;
@@ -147,7 +160,7 @@ __device__ __forceinline__ void store_tile_silu_e4m3(const GroupedGemmArgs& a, c
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
     if (row >= row_end) continue;
     const float scale = e4m3_block_scale(amax);
-    uint8_t* y = static_cast<uint8_t*>(a.y) + static_cast<int64_t>(row) * a.ldy + out_col0;
+    unsigned char* y = staging + (local_row0 + 8 * half) * kPitch;
     const auto store_codes = [&](auto divide) {
 #pragma unroll
       for (int q = 0; q < kQuads; ++q)
@@ -174,6 +187,17 @@ __device__ __forceinline__ void store_tile_silu_e4m3(const GroupedGemmArgs& a, c
     }
     if (t == 0) a.y_scales[static_cast<int64_t>(out_col0 / kScaleCols) * a.y_scale_rows + row] = scale;
   }
+  asm volatile("bar.sync %0, 128;" ::"r"(1 + m) : "memory");
+  // The warpgroup's rows in 16-byte pieces, eight threads to a row.
+  const int thread = threadIdx.x % 128;
+#pragma unroll
+  for (int i = 0; i < kGroupRows * (kScaleCols / 16) / 128; ++i) {
+    const int piece = thread + 128 * i, local_row = piece / 8, col = piece % 8 * 16;
+    if (group_row0 + local_row >= row_end) continue;
+    const uint4 bytes = *reinterpret_cast<const uint4*>(staging + local_row * kPitch + col);
+    *reinterpret_cast<uint4*>(static_cast<uint8_t*>(a.y) + static_cast<int64_t>(group_row0 + local_row) * a.ldy +
+                              out_col0 + col) = bytes;
+  }
 }
 
 // A math thread's outputs of a tile: routed rows `row` and row + 8 (those below row_end) ×
@@ -181,12 +205,6 @@ __device__ __forceinline__ void store_tile_silu_e4m3(const GroupedGemmArgs& a, c
 template <int kCols>
 __device__ __forceinline__ void store_tile(const GroupedGemmArgs& a, const float (&acc)[kCols / 2], int row0,
                                            int row_end, int n_block, int t) {
-  if constexpr (kCols == 2 * kScaleCols) {
-    if (a.epilogue == GemmEpilogue::kSiluMulE4m3) {
-      store_tile_silu_e4m3<kCols>(a, acc, row0, row_end, n_block, t);
-      return;
-    }
-  }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = row0 + 8 * half;
@@ -418,7 +436,16 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_prefill_kernel(Groupe
         if (has_rows) add_scaled_products<kCols>(acc, part, scales, product);
       }
     }
-    if (has_rows) store_tile<kCols>(a, acc, row_begin + scale_row, row_end, n_block, t);
+    if (!has_rows) continue;
+    if constexpr (kCols == 2 * kScaleCols) {
+      if (a.epilogue == GemmEpilogue::kSiluMulE4m3) {
+        store_tile_silu_e4m3<kCols>(a, acc, row_begin + scale_row, row_end, n_block, t,
+                                    smem + T::kStagingOffset + m * kGroupRows * T::kStagingPitch,
+                                    scale_row - m * kGroupRows, row_begin + m * kGroupRows, m);
+        continue;
+      }
+    }
+    store_tile<kCols>(a, acc, row_begin + scale_row, row_end, n_block, t);
   }
 }
 
