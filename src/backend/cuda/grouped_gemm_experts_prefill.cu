@@ -30,7 +30,8 @@
 // since the gate/up interleaving (16 gate rows, then the 16 up rows of a 32-row tile) puts a gate
 // column and its up column in the same thread's accumulators. A 256-row gate/up tile's 128
 // outputs are one 128-column scale tile of the down product's e4m3 activations, so it writes
-// those directly (its four lanes of a row find the row's largest magnitude with two shuffles).
+// those directly (its four lanes of a row find the row's largest magnitude with two shuffles),
+// through rows in shared memory that leave in 16-byte pieces.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
