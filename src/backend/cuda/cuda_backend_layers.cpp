@@ -2,6 +2,7 @@
 // grouped GEMM.
 #include <algorithm>
 #include <climits>
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <utility>
@@ -152,9 +153,14 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
       std::min<int64_t>(INT32_MAX / kChunkRows,
                         round_up((num_entries + kChunkRows - 1) / kChunkRows + num_experts, kChunkBatchStep)));
   // Prefill-sized layers of e4m3 experts with e4m3 activations take the prefill expert blocks,
-  // whose row-blocks hold kExpertBlockWideRows rows, unless another form is asked for.
+  // whose row-blocks hold kExpertBlockWideRows rows, unless another form is asked for. Those
+  // address their e4m3 rows with 32-bit offsets: a step with more than 4 GiB of them in one
+  // product (about 500,000 tokens on V2-Lite, 260,000 on V3) takes the chunked products instead.
+  const bool rows_addressable =
+      std::max(round_up(num_tokens, kLibraryFp8RowMultiple) * k_p,
+               round_up(num_entries, kLibraryFp8RowMultiple) * inter_p) <= int64_t{UINT32_MAX};
   const bool prefill_blocks =
-      prefill_sized && fp8_expert_activations_for(w) &&
+      prefill_sized && rows_addressable && fp8_expert_activations_for(w) &&
       (prefill_experts_ == PrefillExperts::kAuto || prefill_experts_ == PrefillExperts::kGrouped);
   const bool chunked = prefill_sized && !prefill_blocks &&
                        (prefill_experts_ == PrefillExperts::kAuto || prefill_experts_ == PrefillExperts::kChunked) &&
