@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Prefill A/B comparison in one GPU call: `dsinfer bench --prefill-only` for each variant in
+turn, several rounds, one markdown row per run and each variant's median.
+
+Under the GPU's power limit a prefill pass runs at whatever clock the driver allows, and that
+moves its rate by a few percent from one call to the next; variants are only comparable within
+one call, run alternately. Each row therefore also carries the prefill's mean SM clock and its
+share of the sustained GEMM rate the same bench measured.
+
+Usage (from the repository root, on the GPU machine):
+  tools/prefill_ab.py [--rounds N] [--timeout S] [--args "BENCH ARGS"] VARIANT...
+A VARIANT is NAME=BINARY[,ENV=VALUE...], e.g.
+  base=.devcarry/a/dsinfer  new=.devcarry/b/dsinfer  off=.devcarry/b/dsinfer,DSINFER_MOE_PREFILL_PAIRS=0
+"""
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+DEFAULT_ARGS = ("--backend cuda --dummy-weights --model bench/configs/v2_lite --prompt-len 4096 "
+                "--batch-sizes 4 --prefill-only --prefill-reps 3 --fp8")
+
+
+def parse_variant(spec):
+    name, sep, rest = spec.partition("=")
+    if not sep or not name or not rest:
+        raise ValueError(f"variant {spec!r}: expected NAME=BINARY[,ENV=VALUE...]")
+    binary, *settings = rest.split(",")
+    env = {}
+    for setting in settings:
+        key, sep, value = setting.partition("=")
+        if not sep or not key:
+            raise ValueError(f"variant {spec!r}: {setting!r} is not ENV=VALUE")
+        env[key] = value
+    return name, binary, env
+
+
+def parse_bench(text):
+    """The first prefill row of a bench's output: tok/s, share of the best-group ceiling, share
+    of the sustained rate and the prefill's mean SM clock (None where the bench printed none)."""
+    row = re.search(r"^\| (\d+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+)% \|", text, re.M)
+    if row is None:
+        return None
+    batch = row.group(1)
+    sustained = re.search(r"sustained GEMM rate .*?prefill at batch " + batch + r": ([\d.]+)% of it", text)
+    clock = re.search(r"SM clock \(NVML.*?prefill at batch " + batch + r" (\d+) MHz mean", text)
+    return {
+        "tok_s": float(row.group(2)),
+        "share": float(row.group(4)),
+        "sustained_share": float(sustained.group(1)) if sustained else None,
+        "clock_mhz": int(clock.group(1)) if clock else None,
+    }
+
+
+def run_once(binary, env, bench_args, timeout_s):
+    """(result or None, note)."""
+    try:
+        done = subprocess.run([binary, "bench", *bench_args.split()], env={**os.environ, **env},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return None, f"timed out after {timeout_s} s"
+    except OSError as e:
+        return None, f"cannot run: {e.strerror}"
+    if done.returncode != 0:
+        return None, f"exit status {done.returncode}"
+    result = parse_bench(done.stdout)
+    return (result, "") if result else (None, "no prefill row in its output")
+
+
+def fmt(value, suffix=""):
+    return "—" if value is None else f"{value}{suffix}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("variants", nargs="+", metavar="VARIANT")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=60.0, help="seconds per bench run")
+    ap.add_argument("--args", default=DEFAULT_ARGS, help="the bench's arguments")
+    opts = ap.parse_args()
+    try:
+        variants = [parse_variant(v) for v in opts.variants]
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if opts.rounds < 1:
+        print("error: --rounds must be at least 1", file=sys.stderr)
+        return 2
+
+    print("| variant | round | tok/s | of best group | of sustained | prefill clock |")
+    print("|---|---:|---:|---:|---:|---:|")
+    rates = {name: [] for name, _, _ in variants}
+    for rnd in range(1, opts.rounds + 1):
+        for name, binary, env in variants:
+            result, note = run_once(binary, env, opts.args, opts.timeout)
+            if result is None:
+                print(f"| {name} | {rnd} | {note} | | | |", flush=True)
+                continue
+            rates[name].append(result["tok_s"])
+            print(f"| {name} | {rnd} | {result['tok_s']:,.0f} | {result['share']}% | "
+                  f"{fmt(result['sustained_share'], '%')} | {fmt(result['clock_mhz'], ' MHz')} |", flush=True)
+    print()
+    print("| variant | median tok/s | runs |")
+    print("|---|---:|---:|")
+    for name, _, _ in variants:
+        got = rates[name]
+        median = f"{statistics.median(got):,.0f}" if got else "—"
+        print(f"| {name} | {median} | {len(got)} of {opts.rounds} |")
+    return 0 if all(rates.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
