@@ -606,14 +606,20 @@ void CudaBackend::gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w
   }
 }
 
+namespace {
+// The rows cuBLASLt's product of `rows` rows by g writes: e4m3 products write whole groups of
+// kLibraryFp8RowMultiple.
+int64_t library_rows(const GemmWeight& g, int64_t rows) {
+  return g.scales != nullptr ? round_up(rows, kLibraryFp8RowMultiple) : rows;
+}
+}  // namespace
+
 Tensor CudaBackend::library_gate_up(const Tensor& x_bf16, int64_t rows, const GemmWeight& g) {
   // gate and up in bf16 where cuBLASLt writes them so (half the bytes of fp32 to write and read
   // back); SiLU·up rounds to bf16 after them anyway.
-  const bool fp8 = g.scales != nullptr;
   const bool gate_up_bf16 = library_gate_up_bf16(g, rows);
-  const int64_t rows_out = fp8 ? round_up(rows, kLibraryFp8RowMultiple) : rows;
-  Tensor gate_up = alloc_->cached({rows_out, g.n_padded}, gate_up_bf16 ? DType::kBF16 : DType::kF32);
-  if (gate_up_bf16 && fp8) {
+  Tensor gate_up = alloc_->cached({library_rows(g, rows), g.n_padded}, gate_up_bf16 ? DType::kBF16 : DType::kF32);
+  if (gate_up_bf16 && g.scales != nullptr) {
     DS_CHECK(library_product_fp8(x_bf16, rows, g, gate_up.data, /*out_bf16=*/true));
   } else {
     library_product_native(x_bf16, rows, g, gate_up.data);
@@ -623,9 +629,8 @@ Tensor CudaBackend::library_gate_up(const Tensor& x_bf16, int64_t rows, const Ge
 
 void CudaBackend::library_product_into(int64_t rows, const GemmWeight& g, float* y, int64_t ldy, int64_t n_out,
                                        const std::function<void(float*)>& product) {
-  const bool fp8 = g.scales != nullptr;
-  const int64_t rows_out = fp8 ? round_up(rows, kLibraryFp8RowMultiple) : rows;
-  const uintptr_t alignment = fp8 ? LtMatmul::kFp8AlignmentBytes : LtMatmul::kMinAlignmentBytes;
+  const int64_t rows_out = library_rows(g, rows);
+  const uintptr_t alignment = g.scales != nullptr ? LtMatmul::kFp8AlignmentBytes : LtMatmul::kMinAlignmentBytes;
   if (ldy == g.n_padded && rows_out == rows && reinterpret_cast<uintptr_t>(y) % alignment == 0) {
     product(y);
     return;
@@ -696,7 +701,7 @@ bool CudaBackend::library_product_fp8(const Tensor& x_bf16, int64_t rows, const 
   return true;
 }
 
-void CudaBackend::library_product_fp8_rows(QuantisedRows x, const GemmWeight& w, const LibraryScales& lib, void* out,
+void CudaBackend::library_product_fp8_rows(const QuantisedRows& x, const GemmWeight& w, const LibraryScales& lib, void* out,
                                            bool out_bf16) {
   matmul_->fp8(static_cast<const uint8_t*>(w.data), lib.scales, scale_mode(lib.blocks_128x128), x.q.as<uint8_t>(),
                x.scales.as<float>(), out, x.q.dim(0), w.n_padded, w.k_padded, out_bf16);

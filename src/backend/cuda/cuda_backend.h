@@ -125,11 +125,11 @@ class CudaBackend final : public Backend {
   // Whether a library gate/up product of `rows` rows writes bf16: bf16 weights always; e4m3 ones
   // where cuBLASLt has a block-scaled product writing bf16 (fp8_gate_up_bf16_).
   bool library_gate_up_bf16(const GemmWeight& w, int64_t rows);
-  // cuBLASLt's gate/up product of a gated MLP for SiLU·up to read: [rows rounded up as
-  // library_product rounds them, n_padded], bf16 where library_gate_up_bf16, else fp32.
+  // cuBLASLt's gate/up product of a gated MLP for SiLU·up to read: [library_rows, n_padded],
+  // bf16 where library_gate_up_bf16, else fp32.
   Tensor library_gate_up(const Tensor& x_bf16, int64_t rows, const GemmWeight& g);
-  // Runs `product`, which writes cuBLASLt's fp32 rows of g [rows rounded up as library_product
-  // rounds them, n_padded], so that the first `rows` land in y [rows, ldy] (n_out columns):
+  // Runs `product`, which writes cuBLASLt's fp32 rows of g [library_rows, n_padded], so that the
+  // first `rows` land in y [rows, ldy] (n_out columns):
   // straight there where the layouts agree, else through a buffer.
   void library_product_into(int64_t rows, const GemmWeight& g, float* y, int64_t ldy, int64_t n_out,
                             const std::function<void(float*)>& product);
@@ -333,7 +333,7 @@ class CudaBackend final : public Backend {
   const LibraryScales* library_fp8_scales(const GemmWeight& w, int64_t rows, bool out_bf16);
   // cuBLASLt's block-scaled product of rows already in e4m3 (all of x's padded rows) by w, whose
   // library scales are lib, into out [x's padded rows, n_padded] (fp32, or bf16 with out_bf16).
-  void library_product_fp8_rows(QuantisedRows x, const GemmWeight& w, const LibraryScales& lib, void* out,
+  void library_product_fp8_rows(const QuantisedRows& x, const GemmWeight& w, const LibraryScales& lib, void* out,
                                 bool out_bf16);
   std::unique_ptr<StepBuffers> step_;
   std::unique_ptr<Recordings> recordings_;

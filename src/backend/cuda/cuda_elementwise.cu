@@ -20,9 +20,6 @@ constexpr int kThreads = 256;
 
 int num_blocks_for(int64_t n) { return static_cast<int>((n + kThreads - 1) / kThreads); }
 
-// The value a bf16 store of v keeps (round to nearest even).
-__device__ __forceinline__ float round_to_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
-
 // The block's sum of its threads' values (every thread gets it); warp_sums holds 32 floats.
 __device__ float block_sum(float sum, float* warp_sums) {
   for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
@@ -245,13 +242,6 @@ __global__ void f32_to_bf16_padded_kernel(const float* x, int64_t rows, int64_t 
   *reinterpret_cast<uint4*>(y + r * ldy + c0) = pack_bf16x8(v);
 }
 
-// SiLU(g) · u for outputs rounded to bf16: the fast exponential and division (a few instructions
-// where expf and an IEEE division take dozens) err by a few fp32 ulps, far below bf16's step.
-// With the exact forms the one-pass e4m3 SiLU·up below, which also divides by each tile's scale,
-// was bound by instructions: 2.2 TB/s, 103 µs for 16,384 rows × 2,816 on an H200; 86 µs with
-// these.
-__device__ __forceinline__ float silu_times(float g, float u) { return __fdividef(g, 1.0f + __expf(-g)) * u; }
-
 // Eight outputs per thread (inter_padded a multiple of 16): outputs j..j+7 of a group of 16
 // have their gates at weight rows 32 (j / 16) + j % 16 onward and their ups 16 rows further,
 // so each side is one contiguous run of 8.
@@ -299,7 +289,7 @@ __global__ void __launch_bounds__(kQuantizeThreads)
     float act[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j)  // rounded to bf16, as the rows the two-pass form writes
-      act[j] = __bfloat162float(__float2bfloat16_rn(silu_times(g[i][j], u[i][j])));
+      act[j] = round_to_bf16(silu_times(g[i][j], u[i][j]));
     store_e4m3_row(at, i, act, inter_padded, rows_padded, q, scales);
   }
 }

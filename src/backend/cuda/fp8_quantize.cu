@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/bf16_store.cuh"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/fp8_quantize.cuh"
 #include "backend/cuda/kernel_launch.cuh"
@@ -20,7 +21,7 @@ __device__ __forceinline__ void load_row_values(const __nv_bfloat16* p, float (&
 __device__ __forceinline__ void load_row_values(const float* p, float (&v)[8]) {
   load8(p, v);
 #pragma unroll
-  for (int i = 0; i < 8; ++i) v[i] = __bfloat162float(__float2bfloat16_rn(v[i]));
+  for (int i = 0; i < 8; ++i) v[i] = round_to_bf16(v[i]);
 }
 
 template <typename T>

@@ -37,6 +37,7 @@
 
 #include <algorithm>
 
+#include "backend/cuda/bf16_store.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/grouped_gemm.cuh"
 #include "backend/cuda/kernel_launch.cuh"
@@ -127,12 +128,12 @@ __device__ __forceinline__ void store_row(const GroupedGemmArgs& a, const float 
 // 128 outputs between them; every lane takes part in the shuffles, rows past row_end are not
 // written.
 // staging: the math warpgroup's kGroupRows rows in shared memory (Tiles::kStagingPitch apart);
-// local_row0: row0's row there; group_row0: the warpgroup's first routed row; m: the warpgroup.
+// group_row0: the warpgroup's first routed row (row0 is row row0 - group_row0 of staging); m:
+// the warpgroup.
 template <int kCols>
 __device__ __forceinline__ void store_tile_silu_e4m3(const GroupedGemmArgs& a, const float (&acc)[kCols / 2],
                                                      int row0, int row_end, int n_block, int t,
-                                                     unsigned char* staging, int local_row0, int group_row0,
-                                                     int m) {
+                                                     unsigned char* staging, int group_row0, int m) {
   static_assert(kCols == 2 * kScaleCols, "a tile's outputs are one scale tile");
   constexpr int kQuads = kCols / kGemmTileRows;  // 32-row gate/up tiles
   constexpr int kPitch = Tiles<kCols>::kStagingPitch;
@@ -153,7 +154,7 @@ __device__ __forceinline__ void store_tile_silu_e4m3(const GroupedGemmArgs& a, c
         for (int e = 0; e < 2; ++e) {
           const int jg = 4 * q + jj, ju = jg + 2;
           const float gate = acc[4 * jg + 2 * half + e], up = acc[4 * ju + 2 * half + e];
-          const float v = __bfloat162float(__float2bfloat16_rn(__fdividef(gate, 1.0f + __expf(-gate)) * up));
+          const float v = round_to_bf16(silu_times(gate, up));
           out[q][jj][e] = v;
           amax = fmaxf(amax, fabsf(v));
         }
@@ -161,7 +162,7 @@ __device__ __forceinline__ void store_tile_silu_e4m3(const GroupedGemmArgs& a, c
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
     if (row >= row_end) continue;
     const float scale = e4m3_block_scale(amax);
-    unsigned char* y = staging + (local_row0 + 8 * half) * kPitch;
+    unsigned char* y = staging + (row - group_row0) * kPitch;
     const auto store_codes = [&](auto divide) {
 #pragma unroll
       for (int q = 0; q < kQuads; ++q)
@@ -225,12 +226,7 @@ __device__ __forceinline__ void store_tile(const GroupedGemmArgs& a, const float
           const int col = n_block / 2 + kGemmGateUpHalf * q + 8 * jj + 2 * t;
           float out[2];
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float gate = acc[4 * jg + 2 * half + e], up = acc[4 * ju + 2 * half + e];
-            // The fast exponential and division: the result is rounded to bf16 (8 bits), and the
-            // exact forms' slow paths made this epilogue a fifth of a math warp's time.
-            out[e] = __fdividef(gate, 1.0f + __expf(-gate)) * up;
-          }
+          for (int e = 0; e < 2; ++e) out[e] = silu_times(acc[4 * jg + 2 * half + e], acc[4 * ju + 2 * half + e]);
           if (col + 1 < a.n_out) {
             store_pair(y + col, out[0], out[1]);
           } else if (col < a.n_out) {
@@ -442,7 +438,7 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_prefill_kernel(Groupe
       if (a.epilogue == GemmEpilogue::kSiluMulE4m3) {
         store_tile_silu_e4m3<kCols>(a, acc, row_begin + scale_row, row_end, n_block, t,
                                     smem + T::kStagingOffset + m * kGroupRows * T::kStagingPitch,
-                                    scale_row - m * kGroupRows, row_begin + m * kGroupRows, m);
+                                    row_begin + m * kGroupRows, m);
         continue;
       }
     }
