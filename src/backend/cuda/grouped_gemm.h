@@ -96,6 +96,9 @@ struct GroupedGemmArgs {
   int64_t x_scale_rows = 0;
   int pass_rows = 0;  // routed rows per pass there: 32 or 64, or 0 to choose by the rows per expert
   int prefill_weight_rows = 256;  // weight rows per tile in the prefill expert blocks: 256, 192 or 128
+  // kStoreBf16 from the prefill expert blocks' 256-row tiles through shared memory in 16-byte
+  // pieces instead of a thread's own 4-byte pairs.
+  bool staged_bf16_stores = false;
   GemmEpilogue epilogue = GemmEpilogue::kStoreF32;
   void* y = nullptr;
   int64_t ldy = 0;

@@ -202,6 +202,47 @@ __device__ __forceinline__ void store_tile_silu_e4m3(const GroupedGemmArgs& a, c
   }
 }
 
+// kStoreBf16 rows of a 256-row tile through the same staging rows, a quarter of the tile's
+// columns (64 bf16, 128 bytes a row) at a time: each thread's pairs land in shared memory (a
+// warp's eight rows in different banks, as for the e4m3 codes), then the warpgroup stores
+// whole 16-byte pieces. Arguments as for store_tile_silu_e4m3.
+template <int kCols>
+__device__ __forceinline__ void store_tile_bf16_staged(const GroupedGemmArgs& a, const float (&acc)[kCols / 2],
+                                                       int row_end, int n_block, int t, unsigned char* staging,
+                                                       int local_row0, int group_row0, int m) {
+  static_assert(kCols == 2 * kScaleCols, "four rounds of 64 columns");
+  constexpr int kPitch = Tiles<kCols>::kStagingPitch;
+  constexpr int kRoundCols = 64;                // bf16 columns a round: 128 bytes of a staging row
+  constexpr int kRoundSteps = kRoundCols / 8;   // a thread's 8-column steps j in a round
+  const int thread = threadIdx.x % 128;
+#pragma unroll
+  for (int round = 0; round < kCols / kRoundCols; ++round) {
+    const int col0 = n_block + round * kRoundCols;
+    if (col0 >= a.n_out) break;  // uniform over the block
+    // The warpgroup's stores of the previous round (or tile) have read the staging rows.
+    asm volatile("bar.sync %0, 128;" ::"r"(1 + m) : "memory");
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      unsigned char* row = staging + (local_row0 + 8 * half) * kPitch;
+#pragma unroll
+      for (int jj = 0; jj < kRoundSteps; ++jj) {
+        const int j = round * kRoundSteps + jj;
+        *reinterpret_cast<__nv_bfloat162*>(row + 2 * (8 * jj + 2 * t)) =
+            __floats2bfloat162_rn(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+      }
+    }
+    asm volatile("bar.sync %0, 128;" ::"r"(1 + m) : "memory");
+#pragma unroll
+    for (int i = 0; i < kGroupRows * 8 / 128; ++i) {
+      const int piece = thread + 128 * i, local_row = piece / 8, col = col0 + piece % 8 * 8;
+      // n_out and ldy are multiples of 8 (checked at launch): a piece is in or out whole.
+      if (group_row0 + local_row >= row_end || col >= a.n_out) continue;
+      *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(a.y) + static_cast<int64_t>(group_row0 + local_row) * a.ldy +
+                                col) = *reinterpret_cast<const uint4*>(staging + local_row * kPitch + (piece % 8) * 16);
+    }
+  }
+}
+
 // A math thread's outputs of a tile: routed rows `row` and row + 8 (those below row_end) ×
 // weight rows n_block + 8 j + 2 t (+ 1), from acc as the kernel lays it out.
 template <int kCols>
@@ -441,6 +482,12 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_prefill_kernel(Groupe
                                     row_begin + m * kGroupRows, m);
         continue;
       }
+      if (a.epilogue == GemmEpilogue::kStoreBf16 && a.staged_bf16_stores) {
+        store_tile_bf16_staged<kCols>(a, acc, row_end, n_block, t,
+                                      smem + T::kStagingOffset + m * kGroupRows * T::kStagingPitch,
+                                      scale_row - m * kGroupRows, row_begin + m * kGroupRows, m);
+        continue;
+      }
     }
     store_tile<kCols>(a, acc, row_begin + scale_row, row_end, n_block, t);
   }
@@ -474,6 +521,9 @@ void launch_expert_gemm_prefill(const GroupedGemmArgs& args, int max_n_padded, i
                    (args.prefill_weight_rows == 256 && args.n_out % kScaleCols == 0 && args.ldy % 16 == 0 &&
                     args.y_scales != nullptr && args.y_scale_rows > 0),
                "prefill expert blocks: e4m3 SiLU·up rows need 256-row tiles and whole scale tiles");
+  DS_CHECK_MSG(!args.staged_bf16_stores || args.epilogue != GemmEpilogue::kStoreBf16 ||
+                   (args.n_out % 8 == 0 && args.ldy % 8 == 0),
+               "prefill expert blocks: staged bf16 rows need whole 16-byte pieces");
   if (args.prefill_weight_rows == 256) launch_tiles<256>(args, max_n_padded, max_row_blocks, stream);
   else if (args.prefill_weight_rows == 192) launch_tiles<192>(args, max_n_padded, max_row_blocks, stream);
   else launch_tiles<128>(args, max_n_padded, max_row_blocks, stream);
