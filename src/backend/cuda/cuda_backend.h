@@ -295,8 +295,9 @@ class CudaBackend final : public Backend {
   // With 256-row tiles the gate/up blocks write the down product's e4m3 rows
   // (DSINFER_MOE_PREFILL_SILU_E4M3=0: bf16 rows, then the quantising pass; same bits).
   bool prefill_expert_silu_e4m3_ = true;
-  // Their down product's bf16 rows through shared memory (DSINFER_MOE_PREFILL_STAGED_BF16=1).
-  bool prefill_expert_staged_bf16_ = false;
+  // Their down product's bf16 rows go out through shared memory in 16-byte pieces
+  // (DSINFER_MOE_PREFILL_STAGED_BF16=0: each thread's own 4-byte pairs; same bits).
+  bool prefill_expert_staged_bf16_ = true;
   // In steps whose FP8 products take cuBLASLt's block-scaled product, the norms write the e4m3
   // rows those products read (DSINFER_NORM_E4M3=0: the first product quantises them).
   bool norm_writes_e4m3_ = true;

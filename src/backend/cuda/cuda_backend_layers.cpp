@@ -380,7 +380,7 @@ Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, c
   // Row-blocks of kExpertBlockWideRows rows are the prefill expert blocks' (e4m3 activations).
   const bool out_bf16 = rows_per_block == kExpertBlockWideRows && prefill_expert_outputs_bf16_;
   if (out_bf16) down.epilogue = GemmEpilogue::kStoreBf16;
-  down.staged_bf16_stores = prefill_expert_staged_bf16_;
+  down.staged_bf16_stores = prefill_expert_staged_bf16_ && hidden % 8 == 0;  // whole 16-byte pieces
   Tensor expert_out = alloc_->cached({num_entries, hidden}, out_bf16 ? DType::kBF16 : DType::kF32);
   down.y = expert_out.data;
   down.ldy = hidden;
