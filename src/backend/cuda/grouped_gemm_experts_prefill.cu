@@ -237,8 +237,9 @@ __device__ __forceinline__ void store_tile_bf16_staged(const GroupedGemmArgs& a,
       const int piece = thread + 128 * i, local_row = piece / 8, col = col0 + piece % 8 * 8;
       // n_out and ldy are multiples of 8 (checked at launch): a piece is in or out whole.
       if (group_row0 + local_row >= row_end || col >= a.n_out) continue;
-      *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(a.y) + static_cast<int64_t>(group_row0 + local_row) * a.ldy +
-                                col) = *reinterpret_cast<const uint4*>(staging + local_row * kPitch + (piece % 8) * 16);
+      __nv_bfloat16* y = static_cast<__nv_bfloat16*>(a.y) + static_cast<int64_t>(group_row0 + local_row) * a.ldy;
+      const uint4 bytes = *reinterpret_cast<const uint4*>(staging + local_row * kPitch + piece % 8 * 16);
+      *reinterpret_cast<uint4*>(y + col) = bytes;
     }
   }
 }

@@ -63,8 +63,10 @@ Fp8Weight make_fp8_weight(int64_t n, int64_t k, int64_t block_rows, uint32_t see
   for (size_t i = 0; i < w.scales.size(); ++i) w.scales[i] = 1e-3f * (1.0f + static_cast<float>((i * 7) % 5));
   const auto real = random_values(n * k, seed, 0.2f);
   for (int64_t r = 0; r < n; ++r)
-    for (int64_t c = 0; c < k; ++c)
-      w.codes[r * k + c] = f32_to_fp8e4m3(real[r * k + c] / (w.scales[(r / block_rows) * col_blocks + c / kTile] * 100.0f));
+    for (int64_t c = 0; c < k; ++c) {
+      const float scale = w.scales[(r / block_rows) * col_blocks + c / kTile];
+      w.codes[r * k + c] = f32_to_fp8e4m3(real[r * k + c] / (scale * 100.0f));
+    }
   return w;
 }
 
