@@ -121,6 +121,10 @@ __device__ __forceinline__ void store_row(const GroupedGemmArgs& a, const float 
   }
 }
 
+// Math warpgroup m's own barrier (named barrier 1 + m, its 128 threads): orders their staging
+// rows' writes against the reads that store them.
+__device__ __forceinline__ void warpgroup_sync(int m) { asm volatile("bar.sync %0, 128;" ::"r"(1 + m) : "memory"); }
+
 // SiLU(gate)·up of a 256-row tile, whose 128 outputs are one 128-column scale tile of the down
 // product's activations, written as those activations (kSiluMulE4m3): each value rounded to bf16
 // as the bf16 epilogue stores it, then the row's tile in e4m3 under its largest magnitude / 448,
@@ -140,7 +144,7 @@ __device__ __forceinline__ void store_tile_silu_e4m3(const GroupedGemmArgs& a, c
   const int out_col0 = n_block / 2;
   if (out_col0 >= a.n_out) return;  // uniform over the block
   // The warpgroup's stores of its previous tile have read the staging rows.
-  asm volatile("bar.sync %0, 128;" ::"r"(1 + m) : "memory");
+  warpgroup_sync(m);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = row0 + 8 * half;
@@ -189,7 +193,7 @@ __device__ __forceinline__ void store_tile_silu_e4m3(const GroupedGemmArgs& a, c
     }
     if (t == 0) a.y_scales[static_cast<int64_t>(out_col0 / kScaleCols) * a.y_scale_rows + row] = scale;
   }
-  asm volatile("bar.sync %0, 128;" ::"r"(1 + m) : "memory");
+  warpgroup_sync(m);
   // The warpgroup's rows in 16-byte pieces, eight threads to a row.
   const int thread = threadIdx.x % 128;
 #pragma unroll
@@ -220,7 +224,7 @@ __device__ __forceinline__ void store_tile_bf16_staged(const GroupedGemmArgs& a,
     const int col0 = n_block + round * kRoundCols;
     if (col0 >= a.n_out) break;  // uniform over the block
     // The warpgroup's stores of the previous round (or tile) have read the staging rows.
-    asm volatile("bar.sync %0, 128;" ::"r"(1 + m) : "memory");
+    warpgroup_sync(m);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       unsigned char* row = staging + (local_row0 + 8 * half) * kPitch;
@@ -231,7 +235,7 @@ __device__ __forceinline__ void store_tile_bf16_staged(const GroupedGemmArgs& a,
             __floats2bfloat162_rn(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
       }
     }
-    asm volatile("bar.sync %0, 128;" ::"r"(1 + m) : "memory");
+    warpgroup_sync(m);
 #pragma unroll
     for (int i = 0; i < kGroupRows * 8 / 128; ++i) {
       const int piece = thread + 128 * i, local_row = piece / 8, col = col0 + piece % 8 * 8;
