@@ -90,7 +90,8 @@ CudaBackend::CudaBackend() {
   DS_CUDA_CHECK(cudaEventCreateWithFlags(&step_->copied, cudaEventDisableTiming));
   tile_counters_ = alloc_->persistent({kGemmMaxTileCounters}, DType::kI32);
   DS_CUDA_CHECK(cudaMemsetAsync(tile_counters_.data, 0, tile_counters_.num_bytes(), stream_));
-  batch_invariant_ = env_is("DSINFER_BATCH_INVARIANT", "1");
+  f32_products_ = env_is("DSINFER_CUDA_PRECISION", "fp32");
+  batch_invariant_ = f32_products_ || env_is("DSINFER_BATCH_INVARIANT", "1");
   graphs_enabled_ = !env_is("DSINFER_CUDA_GRAPHS", "0");
   fused_prefill_attention_ = !env_is("DSINFER_MLA_FLASH", "0");
   warpgroup_flash_attention_ = !env_is("DSINFER_MLA_FLASH_WGMMA", "0");
@@ -396,9 +397,13 @@ void CudaBackend::to_host(const Tensor& t, float* dst) {
   synchronize();
 }
 
-LinearWeight CudaBackend::make_linear(const HostTensor& w) { return pack_weight(w, false); }
+LinearWeight CudaBackend::make_linear(const HostTensor& w) {
+  return f32_products_ ? f32_weight(w, false) : pack_weight(w, false);
+}
 
-LinearWeight CudaBackend::make_gate_up(const HostTensor& w) { return pack_weight(w, true); }
+LinearWeight CudaBackend::make_gate_up(const HostTensor& w) {
+  return f32_products_ ? f32_weight(w, true) : pack_weight(w, true);
+}
 
 LinearWeight CudaBackend::pack_weight(const HostTensor& w, bool gate_up) {
   DS_CHECK(w.shape.size() == 2);
@@ -508,7 +513,8 @@ Tensor CudaBackend::to_bf16_padded(const Tensor& x, int64_t k_padded) {
 
 CudaBackend::Bf16Rows CudaBackend::start_normed_copy(const Tensor& out) {
   forget_normed_copy();
-  if (out.dtype != DType::kF32 || out.shape.size() != 2 || out.dim(0) == 0) return {};
+  // fp32 products read the fp32 rows themselves.
+  if (f32_products_ || out.dtype != DType::kF32 || out.shape.size() != 2 || out.dim(0) == 0) return {};
   normed_copy_.of = out.data;
   normed_copy_.keep = out.storage;
   normed_copy_.shape = out.shape;
@@ -717,7 +723,8 @@ void CudaBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   check_linear(x, w, out);
   const int64_t m = x.dim(0);
   if (m == 0) return;
-  if (!linear_f32_e4m3(x, w, out)) linear_bf16(to_bf16_padded(x, w.weight.dim(1)), m, w, out);
+  if (f32_products_) product_f32(x.as<float>(), m, x.dim(1), w, out.as<float>(), out.dim(1));
+  else if (!linear_f32_e4m3(x, w, out)) linear_bf16(to_bf16_padded(x, w.weight.dim(1)), m, w, out);
   forget_normed_copy_if_written(out);
 }
 
@@ -748,6 +755,11 @@ void CudaBackend::linear_bf16(const Tensor& x_bf16, int64_t rows, const LinearWe
 void CudaBackend::linear_pair(const Tensor& x, const LinearWeight& w1, Tensor& out1, const LinearWeight& w2,
                               Tensor& out2) {
   // Both weights take x's width, so they pad k alike (whole 128-column tiles).
+  if (f32_products_) {
+    linear(x, w1, out1);
+    linear(x, w2, out2);
+    return;
+  }
   check_linear(x, w1, out1);
   check_linear(x, w2, out2);
   DS_CHECK(w1.weight.dim(1) == w2.weight.dim(1));
@@ -795,6 +807,10 @@ void CudaBackend::gated_mlp(const Tensor& x, const LinearWeight& gate_up, const 
   DS_CHECK(x.dim(1) == gate_up.in_features && out.dim(1) == down.out_features);
   const int64_t m = x.dim(0);
   if (m == 0) return;
+  if (f32_products_) {
+    gated_mlp_f32(x, gate_up, down, out.as<float>(), out.dim(1));
+    return;
+  }
   Tensor xb = to_bf16_padded(x, gate_up.weight.dim(1));
   gated_mlp_bf16(xb, m, gate_up, down, out.as<float>(), out.dim(1));
   forget_normed_copy_if_written(out);

@@ -11,7 +11,8 @@
 //   activations quantised per 1x128 tile on the fly, or DSINFER_CUDA_FP8_GEMM=0: widened to
 //   bf16 for the call), unless batch invariance is asked for
 //   (DSINFER_BATCH_INVARIANT=1), which keeps every product and attention on summation orders
-//   that do not depend on the batch.
+//   that do not depend on the batch. DSINFER_CUDA_PRECISION=fp32 keeps weights and products in
+//   fp32 instead, on those same batch-invariant forms (gemm_f32.h).
 // - MoE runs without the host: the router kernel writes the expert of every entry, a planning
 //   kernel groups the entries by expert, and the grouped GEMM (or, for prefill-sized layers,
 //   cuBLASLt products batched through pointer arrays) reads that layout.
@@ -54,7 +55,8 @@ class CudaBackend final : public Backend {
   CudaBackend();
   ~CudaBackend() override;
   std::string name() const override { return "cuda"; }
-  bool wants_raw_fp8() const override { return true; }
+  // The fp32 precision mode widens FP8 weights to their real values instead.
+  bool wants_raw_fp8() const override { return !f32_products_; }
 
   Tensor empty(const std::vector<int64_t>& shape, DType dtype) override;
   Tensor from_host(const HostTensor& host) override;
@@ -96,6 +98,7 @@ class CudaBackend final : public Backend {
 
   void synchronize();
   bool batch_invariant() const { return batch_invariant_; }
+  bool f32_products() const { return f32_products_; }
 
  private:
   struct StepBuffers;  // the step's token layout, host (pinned) and device
@@ -214,6 +217,22 @@ class CudaBackend final : public Backend {
   bool gated_mlp_e4m3(const Tensor& x_bf16, int64_t rows, const LinearWeight& gate_up, const LinearWeight& down,
                       float* out, int64_t ldo);
 
+  // The fp32 precision mode (cuda_backend_f32.cpp, gemm_f32.h): weights [out, in] in fp32 as
+  // the checkpoint's values widen (gate/up pairs gate rows first, unpacked), and products that
+  // read the fp32 activations as they are.
+  LinearWeight f32_weight(const HostTensor& w, bool gate_up);
+  // Device table of the experts' fp32 weights, [gate_up of each expert | down of each expert].
+  void prepare_f32(MoeWeights& w);
+  // y [rows, ldy] = x [rows, ldx] · wᵀ.
+  void product_f32(const float* x, int64_t rows, int64_t ldx, const LinearWeight& w, float* y, int64_t ldy);
+  // out [rows, ldo] = down(silu(gate(x)) · up(x)) for x [rows, gate_up.in_features].
+  void gated_mlp_f32(const Tensor& x, const LinearWeight& gate_up, const LinearWeight& down, float* out,
+                     int64_t ldo);
+  // The routed experts over the routing's plan (row-blocks of kGemmF32RowsPerBlock rows):
+  // their rows [num_entries, hidden] in fp32.
+  Tensor moe_experts_f32(const MoeWeights& w, const Tensor& x, const int32_t* row_offsets,
+                         const int32_t* block_offsets, const int32_t* src_rows, int64_t num_entries);
+
   // MLA attention (cuda_backend_mla.cpp) in the absorbed form for the tokens of `view`
   // (token_seq: their sequences, on the host), and in the expanded form for one sequence's
   // chunk of new tokens, the last of its context_len positions, whose keys and values
@@ -245,6 +264,10 @@ class CudaBackend final : public Backend {
   CUevent_st* join_event_ = nullptr;
   int num_sms_ = 132;
   bool batch_invariant_ = false;
+  // DSINFER_CUDA_PRECISION=fp32: weights and products in fp32 (f32_weight), and the forms of
+  // attention and routing that batch invariance takes, which are fp32 too (batch_invariant_
+  // set with it). The model's results then follow the fp32 reference to its rounding.
+  bool f32_products_ = false;
   bool graphs_enabled_ = true;
   bool recording_ = false;
   bool library_fp8_ = true;  // many-row e4m3 products in FP8 (DSINFER_CUDA_FP8_GEMM=0: weights widened to bf16)

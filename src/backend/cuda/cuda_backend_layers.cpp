@@ -12,6 +12,7 @@
 #include "backend/cuda/cuda_backend_state.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_allocator.h"
+#include "backend/cuda/gemm_f32.h"
 #include "backend/cuda/lt_matmul.h"
 
 namespace dsinfer::cuda {
@@ -105,6 +106,10 @@ void CudaBackend::prepare(MoeWeights& w) {
   const int num_experts = w.num_experts;
   DS_CHECK(static_cast<int>(w.expert_gate_up.size()) == num_experts &&
            static_cast<int>(w.expert_down.size()) == num_experts && num_experts > 0);
+  if (f32_products_) {
+    prepare_f32(w);
+    return;
+  }
   std::vector<GemmWeight> table;
   for (const LinearWeight& gu : w.expert_gate_up) {
     DS_CHECK_MSG(gu.packed_gate_up, "MoE expert gate/up weights must come from make_gate_up");
@@ -146,7 +151,8 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
   const LinearWeight& down0 = w.expert_down[0];
   const int64_t k_p = gu0.weight.dim(1), inter_p = gu0.weight.dim(0) / 2;
   DS_CHECK(down0.weight.dim(1) == inter_p && down0.out_features == hidden && gu0.in_features == hidden);
-  Tensor xb = to_bf16_padded(x, k_p);
+  // fp32 products read x itself.
+  const Tensor xb = f32_products_ ? Tensor{} : to_bf16_padded(x, k_p);
   const bool prefill_sized =
       !batch_invariant_ && !recording_ && num_entries >= kPrefillRowsPerExpert * num_experts;
   const int num_chunks = static_cast<int>(
@@ -167,7 +173,9 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
                        chunked_experts_ready(w, num_chunks);
   const bool host_planned =
       prefill_sized && !chunked && !prefill_blocks && prefill_experts_ != PrefillExperts::kGrouped;
-  const int grouped_rows_per_block = prefill_blocks ? kExpertBlockWideRows : kGemmRowsPerBlock;
+  const int grouped_rows_per_block = prefill_blocks  ? kExpertBlockWideRows
+                                     : f32_products_ ? kGemmF32RowsPerBlock
+                                                     : kGemmRowsPerBlock;
 
   // The shared experts depend on x alone. In a small step the routing before the routed experts
   // is a chain of short kernels that leave the memory idle, so the shared experts run with it:
@@ -186,7 +194,7 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
                                  num_tokens <= kMoeRoutePlanMaxTokens && num_tokens <= kRouterKernelMaxTokens &&
                                  few_row_gemm_takes(num_tokens);
   const bool shared_alongside = w.has_shared && !shared_in_routing && shared_experts_alongside_ && !host_planned &&
-                                own_gemm_takes(gemm_weight_of(w.shared_gate_up), num_tokens) &&
+                                !f32_products_ && own_gemm_takes(gemm_weight_of(w.shared_gate_up), num_tokens) &&
                                 own_gemm_takes(gemm_weight_of(w.shared_down), num_tokens);
   if (shared_in_routing) shared_act = alloc_->cached({num_tokens, shared_inter_p}, DType::kBF16);
   std::optional<ForkedStreams> forked;
@@ -245,12 +253,16 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
     combine_rows = chunk_slot_rows.as<int32_t>();
   } else if (host_planned) {
     expert_out = moe_experts_host_planned(w, xb, row_offsets, src_rows, num_entries);
+  } else if (f32_products_) {
+    expert_out = moe_experts_f32(w, x, row_offsets, block_offsets, src_rows, num_entries);
   } else {
     expert_out =
         moe_experts_grouped(w, xb, row_offsets, block_offsets, src_rows, num_entries, grouped_rows_per_block);
   }
 
   if (forked) forked->join();
+  else if (w.has_shared && f32_products_)
+    gated_mlp_f32(x, w.shared_gate_up, w.shared_down, shared.as<float>(), hidden);
   else if (w.has_shared && !shared_in_routing)
     gated_mlp_bf16(xb, num_tokens, w.shared_gate_up, w.shared_down, shared.as<float>(), hidden);
   launch_moe_combine(expert_out.data, expert_out.dtype == DType::kBF16, expert_out.dim(1), combine_rows,

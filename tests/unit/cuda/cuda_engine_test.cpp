@@ -1,5 +1,5 @@
 // The engine on the CUDA backend: a request's greedy tokens are the same alone or among 63
-// others (batch-invariant mode), decode steps replayed from recordings give the tokens that
+// others (batch-invariant mode, and the fp32 precision mode), decode steps replayed from recordings give the tokens that
 // eager steps give, and scheduling one step ahead (token choices kept on the device) gives the
 // tokens of scheduling after each step.
 #include <gtest/gtest.h>
@@ -56,8 +56,10 @@ class CudaEngineTest : public ::testing::Test {
   }
 };
 
-TEST_F(CudaEngineTest, GreedyTokensAloneAndInBatchOf64Match) {
-  ScopedEnv invariant("DSINFER_BATCH_INVARIANT", "1");
+// Four requests' greedy tokens alone and among 63 others, in a mode that the environment
+// variable `name` = `value` turns on.
+void expect_alone_as_in_batch_of_64(const char* name, const char* value) {
+  ScopedEnv mode(name, value);
   auto requests = random_requests(64, 7);
   for (auto& r : requests) r.sampling.max_tokens = 24;
   std::vector<Completion> together;
@@ -75,6 +77,15 @@ TEST_F(CudaEngineTest, GreedyTokensAloneAndInBatchOf64Match) {
     num_distinct += together[i].token_ids != together[0].token_ids;
   }
   EXPECT_GE(num_distinct, 2) << "the requests should not all produce the same tokens";
+}
+
+TEST_F(CudaEngineTest, GreedyTokensAloneAndInBatchOf64Match) {
+  expect_alone_as_in_batch_of_64("DSINFER_BATCH_INVARIANT", "1");
+}
+
+// The fp32 precision mode takes the batch-invariant forms too.
+TEST_F(CudaEngineTest, Fp32PrecisionModeGivesTheSameTokensAloneAndInBatchOf64) {
+  expect_alone_as_in_batch_of_64("DSINFER_CUDA_PRECISION", "fp32");
 }
 
 TEST_F(CudaEngineTest, RecordedDecodeStepsMatchEagerSteps) {

@@ -265,6 +265,21 @@ TEST_F(CudaMoeTest, SkewedRoutingRunsExpertsOverManyRowBlocks) {
   run_case(g, 100, 32, 256, 128, /*fp8=*/true, /*tolerance=*/8e-2);  // e4m3 activations
 }
 
+// The fp32 precision mode: weights widened to fp32 (e4m3 ones by their block scales) and every
+// product in fp32, so the layer follows the CPU's fp32 layer to the order of its sums, about
+// 1e-6 of the output's scale where the default's bf16 activations leave about 1e-3. Decode- and
+// prefill-sized steps, shapes that are not whole tiles (hidden 80, inter 24), an expert over
+// two row-blocks (100 rows to each of four experts) and e4m3 experts.
+TEST_F(CudaMoeTest, Fp32PrecisionModeMatchesCpuToFp32Rounding) {
+  gpu_ = make_backend_with_env("cuda", "DSINFER_CUDA_PRECISION", "fp32");
+  const GateSpec g{8, 2, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, true, 1.0f, true};
+  run_case(g, 1, 41, 80, 24, /*fp8=*/false, /*tolerance=*/1e-5);
+  run_case(g, 300, 42, 80, 24, /*fp8=*/false, /*tolerance=*/1e-5);
+  run_case(g, 90, 43, 256, 128, /*fp8=*/true, /*tolerance=*/1e-5);
+  const GateSpec skewed{64, 4, 1, 1, GateScoring::kSigmoid, GateTopk::kNoauxTc, true, 1.0f, true, 4};
+  run_case(skewed, 100, 44, 80, 96, /*fp8=*/false, /*tolerance=*/1e-5);
+}
+
 TEST_F(CudaMoeTest, GroupLimitedGreedySoftmax) {
   const GateSpec g{16, 4, 4, 2, GateScoring::kSoftmax, GateTopk::kGroupLimitedGreedy, true, 16.0f, false};
   run_case(g, 3, 3);

@@ -1,0 +1,105 @@
+// fp32 products on CUDA cores (gemm_f32.h): a thread block owns a tile of 64 rows of x by 64
+// weight rows, brought through shared memory 16 columns of k at a time; each thread keeps a
+// 4 x 4 grid of sums (rows ty + 16i, outputs tx + 16j, so that a warp's shared-memory reads
+// fall in distinct banks or broadcast) and adds one product per k in order.
+#include <algorithm>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gemm_f32.h"
+#include "backend/cuda/kernel_launch.cuh"
+
+namespace dsinfer::cuda {
+namespace {
+
+constexpr int kTileRows = kGemmF32RowsPerBlock;
+constexpr int kTileOutputs = 64;
+constexpr int kTileK = 16;
+constexpr int kThreads = 256;
+constexpr int kSide = 16;                      // threads along each side of the tile
+constexpr int kPerThread = kTileRows / kSide;  // 4 rows x 4 outputs a thread
+constexpr int kLoadsPerThread = kTileRows * kTileK / kThreads;
+static_assert(kTileRows == kTileOutputs && kSide * kSide == kThreads && kTileK == kSide);
+
+__global__ void __launch_bounds__(kThreads) gemm_f32_kernel(GemmF32Args a, int64_t block_base) {
+  __shared__ float xs[kTileK][kTileRows + 1];     // transposed: xs[kk][row]
+  __shared__ float ws[kTileK][kTileOutputs + 1];  // ws[kk][output]
+  await_previous_kernels();
+  const int64_t block = block_base + blockIdx.y;
+  const float* weight = a.weight;
+  int64_t row_begin = block * kTileRows, row_end = min(a.dense_rows, row_begin + kTileRows);
+  if (weight == nullptr) {
+    if (block >= a.block_offsets[a.num_groups]) return;
+    int group = 0;  // the last group whose first row-block is at or before this one
+    for (int lo = 0, hi = a.num_groups - 1; lo <= hi;) {
+      const int mid = (lo + hi) / 2;
+      if (a.block_offsets[mid] <= block) group = mid, lo = mid + 1;
+      else hi = mid - 1;
+    }
+    weight = a.groups[group];
+    row_begin = a.row_offsets[group] + (block - a.block_offsets[group]) * kTileRows;
+    row_end = min(int64_t{a.row_offsets[group + 1]}, row_begin + kTileRows);
+  }
+  if (row_begin >= row_end) return;
+  const int n0 = blockIdx.x * kTileOutputs;
+  const int tx = threadIdx.x % kSide, ty = threadIdx.x / kSide;
+
+  // The tile elements this thread loads: row (or output) ty + kSide * q, column tx of the slab.
+  const float* x_rows[kLoadsPerThread];
+  const float* w_rows[kLoadsPerThread];
+  for (int q = 0; q < kLoadsPerThread; ++q) {
+    const int64_t row = row_begin + ty + kSide * q;
+    x_rows[q] = row < row_end ? a.x + (a.src_rows != nullptr ? a.src_rows[row] : row) * a.ldx : nullptr;
+    const int output = n0 + ty + kSide * q;
+    w_rows[q] = output < a.n ? weight + int64_t{output} * a.k : nullptr;
+  }
+  float sums[kPerThread][kPerThread] = {};
+  for (int k0 = 0; k0 < a.k; k0 += kTileK) {
+    const int k = k0 + tx;
+    for (int q = 0; q < kLoadsPerThread; ++q) {
+      xs[tx][ty + kSide * q] = x_rows[q] != nullptr && k < a.k ? x_rows[q][k] : 0.0f;
+      ws[tx][ty + kSide * q] = w_rows[q] != nullptr && k < a.k ? w_rows[q][k] : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kTileK; ++kk) {
+      float xv[kPerThread], wv[kPerThread];
+#pragma unroll
+      for (int i = 0; i < kPerThread; ++i) {
+        xv[i] = xs[kk][ty + kSide * i];
+        wv[i] = ws[kk][tx + kSide * i];
+      }
+#pragma unroll
+      for (int i = 0; i < kPerThread; ++i)
+#pragma unroll
+        for (int j = 0; j < kPerThread; ++j) sums[i][j] = fmaf(xv[i], wv[j], sums[i][j]);
+    }
+    __syncthreads();
+  }
+  for (int i = 0; i < kPerThread; ++i) {
+    const int64_t row = row_begin + ty + kSide * i;
+    if (row >= row_end) break;
+    for (int j = 0; j < kPerThread; ++j) {
+      const int output = n0 + tx + kSide * j;
+      if (output < a.n) a.y[row * a.ldy + output] = sums[i][j];
+    }
+  }
+}
+
+}  // namespace
+
+void launch_gemm_f32(const GemmF32Args& args, int64_t max_row_blocks, Stream stream) {
+  DS_CHECK((args.weight != nullptr) != (args.groups != nullptr));
+  DS_CHECK(args.n > 0 && args.k > 0 && args.ldx >= args.k && args.ldy >= args.n);
+  DS_CHECK(args.weight != nullptr ||
+           (args.row_offsets != nullptr && args.block_offsets != nullptr && args.num_groups > 0));
+  if (max_row_blocks <= 0) return;
+  constexpr int64_t kMaxGridY = 65535;
+  const unsigned output_tiles = static_cast<unsigned>((args.n + kTileOutputs - 1) / kTileOutputs);
+  for (int64_t base = 0; base < max_row_blocks; base += kMaxGridY) {
+    const dim3 grid(output_tiles, static_cast<unsigned>(std::min(kMaxGridY, max_row_blocks - base)));
+    launch_kernel(gemm_f32_kernel, grid, kThreads, 0, stream, args, base);
+    DS_CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace dsinfer::cuda
