@@ -114,6 +114,7 @@ CudaBackend::CudaBackend() {
   if (env_is("DSINFER_MOE_PREFILL_WEIGHT_ROWS", "256")) prefill_expert_weight_rows_ = 256;
   prefill_expert_silu_e4m3_ = !env_is("DSINFER_MOE_PREFILL_SILU_E4M3", "0");
   prefill_expert_staged_bf16_ = !env_is("DSINFER_MOE_PREFILL_STAGED_BF16", "0");
+  prefill_expert_tma_weights_ = !env_is("DSINFER_MOE_PREFILL_TMA_WEIGHTS", "0");
   if (env_is("DSINFER_MOE_FP8_PASS_ROWS", "32")) fp8_expert_pass_rows_ = 32;
   if (env_is("DSINFER_MOE_FP8_PASS_ROWS", "64")) fp8_expert_pass_rows_ = 64;
   library_fp8_ = !env_is("DSINFER_CUDA_FP8_GEMM", "0");

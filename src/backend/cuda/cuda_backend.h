@@ -27,6 +27,8 @@
 //   (moe_experts_host_planned).
 #pragma once
 
+#include <cuda.h>
+
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -189,6 +191,9 @@ class CudaBackend final : public Backend {
   QuantisedRows quantise_rows_for(const Tensor& x_bf16, int64_t rows, int64_t k, GroupedGemmArgs& args);
   // args reads q as its e4m3 activations.
   void take_quantised_rows(const QuantisedRows& q, GroupedGemmArgs& args) const;
+  // The layer's tensor maps of its e4m3 expert weights ([gate_up | down], made by prepare), or
+  // null.
+  const CUtensorMap* expert_weight_maps(const MoeWeights& w) const;
   Tensor moe_experts_host_planned(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
                                   const int32_t* src_rows, int64_t num_entries);
   bool chunked_experts_ready(const MoeWeights& w, int num_chunks);
@@ -321,6 +326,10 @@ class CudaBackend final : public Backend {
   // Their down product's bf16 rows go out through shared memory in 16-byte pieces
   // (DSINFER_MOE_PREFILL_STAGED_BF16=0: each thread's own 4-byte pairs; same bits).
   bool prefill_expert_staged_bf16_ = true;
+  // Their 256-row tiles' weight rows come by TMA, two boxes a stage that one thread requests,
+  // instead of 16-byte cp.async pieces from every copying thread
+  // (DSINFER_MOE_PREFILL_TMA_WEIGHTS=0: cp.async; same bits).
+  bool prefill_expert_tma_weights_ = true;
   // In steps whose FP8 products take cuBLASLt's block-scaled product, the norms write the e4m3
   // rows those products read (DSINFER_NORM_E4M3=0: the first product quantises them).
   bool norm_writes_e4m3_ = true;

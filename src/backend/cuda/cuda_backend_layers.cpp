@@ -14,6 +14,7 @@
 #include "backend/cuda/device_allocator.h"
 #include "backend/cuda/gemm_f32.h"
 #include "backend/cuda/lt_matmul.h"
+#include "backend/cuda/tensor_map.h"
 
 namespace dsinfer::cuda {
 namespace {
@@ -101,6 +102,14 @@ class SwappedStreams {
 };
 }  // namespace
 
+namespace {
+// Where a layer's expert tensor maps start in MoeWeights::derived: after the table, 128-byte
+// aligned (a tensor map in device memory needs 64).
+size_t expert_maps_offset(int num_experts) {
+  return (2 * static_cast<size_t>(num_experts) * sizeof(GemmWeight) + 127) / 128 * 128;
+}
+}  // namespace
+
 // Device descriptors of a layer's expert weights, [gate_up of each expert | down of each expert].
 void CudaBackend::prepare(MoeWeights& w) {
   const int num_experts = w.num_experts;
@@ -124,10 +133,36 @@ void CudaBackend::prepare(MoeWeights& w) {
                      (table[num_experts + e].scales == nullptr) == (table[num_experts].scales == nullptr),
                  "MoE experts of one layer must share shapes and dtype");
   }
-  const size_t bytes = table.size() * sizeof(GemmWeight);
+  // e4m3 experts also get a tensor map per weight, after the table, for the prefill expert
+  // blocks' weight rows by TMA (GroupedGemmArgs::weight_maps): boxes of 128 rows × 128 bytes.
+  std::vector<CUtensorMap> maps;
+  if (table[0].scales != nullptr && table[0].k_padded % kLibraryFp8TileColumns == 0 &&
+      table[num_experts].k_padded % kLibraryFp8TileColumns == 0) {
+    try {
+      for (const GemmWeight& g : table)
+        maps.push_back(encode_tensor_map(TensorMap2d{g.data, CU_TENSOR_MAP_DATA_TYPE_UINT8,
+                                                     static_cast<uint64_t>(g.k_padded),
+                                                     static_cast<uint64_t>(g.n_padded),
+                                                     static_cast<uint64_t>(g.k_padded), 128, 128, true}));
+    } catch (const Error&) {
+      maps.clear();  // a driver without tensor maps: the blocks copy their weight rows by cp.async
+    }
+  }
+  const size_t table_bytes = expert_maps_offset(num_experts);
+  const size_t bytes = table_bytes + maps.size() * sizeof(CUtensorMap);
   w.derived = alloc_->persistent_bytes(bytes);
-  DS_CUDA_CHECK(cudaMemcpyAsync(w.derived.data, table.data(), bytes, cudaMemcpyHostToDevice, stream_));
+  DS_CUDA_CHECK(cudaMemcpyAsync(w.derived.data, table.data(), table.size() * sizeof(GemmWeight),
+                                cudaMemcpyHostToDevice, stream_));
+  if (!maps.empty())
+    DS_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(w.derived.data) + table_bytes, maps.data(),
+                                  maps.size() * sizeof(CUtensorMap), cudaMemcpyHostToDevice, stream_));
   synchronize();
+}
+
+const CUtensorMap* CudaBackend::expert_weight_maps(const MoeWeights& w) const {
+  const size_t offset = expert_maps_offset(w.num_experts);
+  if (w.derived.num_bytes() < offset + 2 * w.num_experts * sizeof(CUtensorMap)) return nullptr;
+  return reinterpret_cast<const CUtensorMap*>(static_cast<const uint8_t*>(w.derived.data) + offset);
 }
 
 void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRouting* routing) {
@@ -359,6 +394,11 @@ Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, c
   const bool act_e4m3 = fp8_activations && rows_per_block == kExpertBlockWideRows &&
                         up.prefill_weight_rows == 256 && prefill_expert_silu_e4m3_;
   Tensor act;
+  // Their weight rows by TMA where the layer has tensor maps (DSINFER_MOE_PREFILL_TMA_WEIGHTS=0:
+  // cp.async).
+  const CUtensorMap* weight_maps = expert_weight_maps(w);
+  up.tma_weights = act_e4m3 && prefill_expert_tma_weights_ && weight_maps != nullptr;
+  up.weight_maps = up.tma_weights ? weight_maps : nullptr;
   if (act_e4m3) {
     act_q = new_quantised_rows(round_up(num_entries, kLibraryFp8RowMultiple), inter_p);
     up.epilogue = GemmEpilogue::kSiluMulE4m3;
@@ -379,6 +419,7 @@ Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, c
   down.x = act_e4m3 ? nullptr : act.as<uint16_t>();
   down.y_scales = nullptr;
   down.y_scale_rows = 0;
+  down.weight_maps = up.tma_weights ? weight_maps + num_experts : nullptr;
   down.ldx = inter_p;
   down.src_rows = nullptr;
   down.groups = gate_up_table + num_experts;

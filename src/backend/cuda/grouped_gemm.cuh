@@ -38,9 +38,10 @@ constexpr int kScaleCols = 128;  // e4m3 scale block width along k
 // The weight and the output rows [row_begin, row_end) of row-block `block` of a grouped call
 // (at most a.rows_per_block rows of one group); false for a block past the last group's.
 __device__ __forceinline__ bool grouped_row_block(const GroupedGemmArgs& a, int block, GemmWeight& w, int& row_begin,
-                                                  int& row_end) {
+                                                  int& row_end, int* group_out = nullptr) {
   if (block >= a.block_offsets[a.num_groups]) return false;
   const int group = group_of_block(a, block);
+  if (group_out != nullptr) *group_out = group;
   w = a.groups[group];
   row_begin = a.row_offsets[group] + (block - a.block_offsets[group]) * a.rows_per_block;
   row_end = min(row_begin + a.rows_per_block, a.row_offsets[group + 1]);
@@ -57,8 +58,8 @@ __device__ __forceinline__ bool grouped_row_block(const GroupedGemmArgs& a, int 
 constexpr int kWarpSearchLoads = 9;
 constexpr int kWarpSearchGroups = kWarpSearchLoads * 32 - 1;
 __device__ __forceinline__ bool grouped_row_block_warp(const GroupedGemmArgs& a, int block, GemmWeight& w,
-                                                       int& row_begin, int& row_end) {
-  if (a.num_groups > kWarpSearchGroups) return grouped_row_block(a, block, w, row_begin, row_end);
+                                                       int& row_begin, int& row_end, int* group_out = nullptr) {
+  if (a.num_groups > kWarpSearchGroups) return grouped_row_block(a, block, w, row_begin, row_end, group_out);
   const int lane = threadIdx.x % 32;
   int32_t offsets[kWarpSearchLoads];
 #pragma unroll
@@ -78,6 +79,7 @@ __device__ __forceinline__ bool grouped_row_block_warp(const GroupedGemmArgs& a,
   }
   if (past_end) return false;
   const int group = num_started - 1;
+  if (group_out != nullptr) *group_out = group;
   w = a.groups[group];
   row_begin = __ldcg(a.row_offsets + group) + (block - __ldcg(a.block_offsets + group)) * a.rows_per_block;
   row_end = min(row_begin + a.rows_per_block, __ldcg(a.row_offsets + group + 1));

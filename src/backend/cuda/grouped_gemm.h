@@ -99,6 +99,11 @@ struct GroupedGemmArgs {
   // kStoreBf16 from the prefill expert blocks' 256-row tiles through shared memory in 16-byte
   // pieces instead of a thread's own 4-byte pairs.
   bool staged_bf16_stores = false;
+  // The prefill expert blocks' 256-row tiles copy their weight rows by TMA from weight_maps, a
+  // CUtensorMap per group (e4m3 [n_padded, k_padded], boxes of 128 rows × 128 bytes in the
+  // 128-byte swizzle; 64-byte aligned in device memory), instead of by cp.async.
+  bool tma_weights = false;
+  const void* weight_maps = nullptr;
   GemmEpilogue epilogue = GemmEpilogue::kStoreF32;
   void* y = nullptr;
   int64_t ldy = 0;

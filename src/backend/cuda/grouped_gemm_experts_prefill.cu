@@ -43,6 +43,7 @@
 #include "backend/cuda/kernel_launch.cuh"
 #include "backend/cuda/mbarrier.cuh"
 #include "backend/cuda/tensor_core.cuh"
+#include "backend/cuda/tensor_map.h"
 #include "backend/cuda/wgmma.cuh"
 #include "core/dtype.h"
 
@@ -290,8 +291,8 @@ __device__ __forceinline__ void store_tile(const GroupedGemmArgs& a, const float
 // warp wait at each tile's start).
 template <int kCols>
 __device__ __forceinline__ bool locate_tile(const GroupedGemmArgs& a, int tile, int n_tiles, GemmWeight& w,
-                                            int& row_begin, int& row_end, int& n_block) {
-  if (!grouped_row_block_warp(a, tile / n_tiles, w, row_begin, row_end)) return false;
+                                            int& row_begin, int& row_end, int& n_block, int* group = nullptr) {
+  if (!grouped_row_block_warp(a, tile / n_tiles, w, row_begin, row_end, group)) return false;
   n_block = tile % n_tiles * kCols;
   return n_block < w.n_padded;
 }
@@ -369,7 +370,10 @@ __device__ __forceinline__ void add_scaled_products(float (&acc)[kCols / 2],
 // Persistent: a block per SM takes tiles blockIdx.x, + gridDim.x, …, so that the copies of a
 // block's next tile run during its last stages' products and its stores. Both roles walk the
 // same tiles and count the same stages (`it`), which sets each stage's slot and phase.
-template <int kCols>
+// kTmaWeights (256-row tiles): the weight rows arrive by TMA, two boxes of 128 rows × 128 bytes
+// a stage from the expert's tensor map (GroupedGemmArgs::tma_weights), counted in bytes on the
+// stage's full barrier; the gathered x rows and the scales stay on cp.async.
+template <int kCols, bool kTmaWeights = false>
 __global__ void __launch_bounds__(kThreads, 1) expert_gemm_prefill_kernel(GroupedGemmArgs a, int n_tiles) {
   using T = Tiles<kCols>;
   constexpr int kStages = T::kStages, kStageBytes = T::kStageBytes, kWeightScales = T::kWeightScales;
@@ -380,7 +384,8 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_prefill_kernel(Groupe
   const uint32_t full_bar = smem_addr + T::kBarrierOffset, empty_bar = full_bar + kStages * 8;
   if (threadIdx.x == 0) {
     for (int i = 0; i < kStages; ++i) {
-      mbarrier_init(full_bar + 8 * i, kCopyThreads);
+      // The copies, and with TMA weights the arrival that expects their bytes.
+      mbarrier_init(full_bar + 8 * i, kCopyThreads + (kTmaWeights ? 1 : 0));
       mbarrier_init(empty_bar + 8 * i, kMathGroups * 4);  // a warp's lane 0 each
     }
   }
@@ -395,8 +400,8 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_prefill_kernel(Groupe
     uint32_t it = 0;
     for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
       GemmWeight w;
-      int row_begin, row_end, n_block;
-      if (!locate_tile<kCols>(a, tile, n_tiles, w, row_begin, row_end, n_block)) continue;
+      int row_begin, row_end, n_block, group;
+      if (!locate_tile<kCols>(a, tile, n_tiles, w, row_begin, row_end, n_block, &group)) continue;
       const int num_stages = w.k_padded / kStageK;
       // This thread's x pieces: rows row0 + kRowStep j of the row-block, the first x_pieces of
       // them routed rows, as offsets into a.xq (32 bits, checked at launch: the 256-row tiles'
@@ -430,12 +435,25 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_prefill_kernel(Groupe
         for (int j = 0; j < kXPieces; ++j)
           cp_async16(stage + swizzled_piece_offset(row0 + kRowStep * j, piece), a.xq + x_offset[j] + k0,
                      j < x_pieces);
-        const uint8_t* w_stage = w_src + k0;
+        if constexpr (kTmaWeights) {
+          if (p == 0) {
+            // Rows past the weight's n_padded land as zeros and count as bytes all the same.
+            constexpr uint32_t kBoxRows = kCols / 2, kBoxBytes = kBoxRows * kStageK;
+            const uint32_t full = full_bar + 8 * slot, stage_addr = smem_addr + slot * kStageBytes;
+            mbarrier_arrive_expect_bytes(full, 2 * kBoxBytes);
+            const CUtensorMap* map = static_cast<const CUtensorMap*>(a.weight_maps) + group;
+            for (int box = 0; box < 2; ++box)
+              tma_load_2d(stage_addr + T::kWeightOffset + box * kBoxBytes, map, static_cast<int>(k0),
+                          n_block + box * static_cast<int>(kBoxRows), full);
+          }
+        } else {
+          const uint8_t* w_stage = w_src + k0;
 #pragma unroll
-        for (int j = 0; j < kCols / kRowStep; ++j) {
-          const bool valid = j < w_pieces;
-          cp_async16(stage + T::kWeightOffset + swizzled_piece_offset(row0 + kRowStep * j, piece),
-                     w_stage + (valid ? kRowStep * j * w.k_padded : 0), valid);
+          for (int j = 0; j < kCols / kRowStep; ++j) {
+            const bool valid = j < w_pieces;
+            cp_async16(stage + T::kWeightOffset + swizzled_piece_offset(row0 + kRowStep * j, piece),
+                       w_stage + (valid ? kRowStep * j * w.k_padded : 0), valid);
+          }
         }
         cp_async4(stage + T::kXScaleOffset + 4 * p, x_scale_src + s * a.x_scale_rows, x_scale_valid);
         if (p < kWeightScales) cp_async4(stage + T::kWeightScaleOffset + 4 * p, w_scale_src + s, w_scale_valid);
@@ -507,6 +525,16 @@ void launch_tiles(const GroupedGemmArgs& args, int max_n_padded, int max_row_blo
   const int64_t max_tiles = static_cast<int64_t>(n_tiles) * max_row_blocks;
   DS_CHECK_MSG(max_tiles <= INT32_MAX, "prefill expert blocks: " << max_tiles << " tiles");
   const int blocks = static_cast<int>(std::min<int64_t>(device_multiprocessors(), max_tiles));
+  if constexpr (kCols == 256) {
+    if (args.tma_weights) {
+      DS_CHECK_MSG(args.weight_maps != nullptr, "prefill expert blocks: TMA weights need a tensor map per weight");
+      allow_shared_bytes<expert_gemm_prefill_kernel<kCols, true>>(Tiles<kCols>::kBytes);
+      launch_kernel(expert_gemm_prefill_kernel<kCols, true>, dim3(blocks), kThreads, Tiles<kCols>::kBytes, stream,
+                    args, n_tiles);
+      DS_CUDA_CHECK_LAUNCH();
+      return;
+    }
+  }
   allow_shared_bytes<expert_gemm_prefill_kernel<kCols>>(Tiles<kCols>::kBytes);
   launch_kernel(expert_gemm_prefill_kernel<kCols>, dim3(blocks), kThreads, Tiles<kCols>::kBytes, stream, args,
                 n_tiles);
