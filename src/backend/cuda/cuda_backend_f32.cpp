@@ -55,12 +55,21 @@ void CudaBackend::product_f32(const float* x, int64_t rows, int64_t ldx, const L
   a.x = x;
   a.ldx = ldx;
   a.weight = w.weight.as<float>();
-  a.dense_rows = rows;
+  a.rows = rows;
   a.n = static_cast<int>(w.out_features);
   a.k = static_cast<int>(w.in_features);
   a.y = y;
   a.ldy = ldy;
-  launch_gemm_f32(a, (rows + kGemmF32RowsPerBlock - 1) / kGemmF32RowsPerBlock, stream_);
+  launch_f32(a, (rows + kGemmF32RowsPerBlock - 1) / kGemmF32RowsPerBlock);
+}
+
+void CudaBackend::launch_f32(GemmF32Args& args, int64_t max_row_blocks) {
+  Tensor partials;
+  if (const int64_t floats = gemm_f32_workspace_floats(args, max_row_blocks); floats > 0) {
+    partials = alloc_->cached({floats}, DType::kF32);
+    args.partials = partials.as<float>();
+  }
+  launch_gemm_f32(args, max_row_blocks, stream_);
 }
 
 void CudaBackend::gated_mlp_f32(const Tensor& x, const LinearWeight& gate_up, const LinearWeight& down, float* out,
@@ -92,6 +101,7 @@ Tensor CudaBackend::moe_experts_f32(const MoeWeights& w, const Tensor& x, const 
   GemmF32Args up;
   up.x = x.as<float>();
   up.ldx = x.dim(1);
+  up.rows = num_entries;
   up.src_rows = src_rows;
   up.groups = table;
   up.row_offsets = row_offsets;
@@ -101,9 +111,10 @@ Tensor CudaBackend::moe_experts_f32(const MoeWeights& w, const Tensor& x, const 
   up.k = static_cast<int>(gu0.in_features);
   up.y = gate_up.as<float>();
   up.ldy = 2 * inter;
-  launch_gemm_f32(up, max_blocks, stream_);
+  launch_f32(up, max_blocks);
   launch_silu_mul(gate_up.as<float>(), num_entries, inter, act.as<float>(), stream_);
   GemmF32Args down = up;
+  down.partials = nullptr;
   down.x = act.as<float>();
   down.ldx = inter;
   down.src_rows = nullptr;
@@ -112,7 +123,7 @@ Tensor CudaBackend::moe_experts_f32(const MoeWeights& w, const Tensor& x, const 
   down.k = static_cast<int>(inter);
   down.y = expert_out.as<float>();
   down.ldy = hidden;
-  launch_gemm_f32(down, max_blocks, stream_);
+  launch_f32(down, max_blocks);
   return expert_out;
 }
 

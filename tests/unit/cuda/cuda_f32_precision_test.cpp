@@ -42,10 +42,11 @@ std::vector<float> linear_on(Backend& be, const HostTensor& w, const std::vector
 
 TEST_F(CudaF32PrecisionTest, LinearMatchesCpuAtShapesThatAreNotWholeTiles) {
   // Rows over one and several 64-row blocks, outputs and inputs that are not whole 64-output
-  // tiles or 16-column slabs.
+  // tiles or 16-column slabs; chunks of k in blocks of their own (few tiles) and one after
+  // another in each block (1,100 x 1,000: 288 tiles).
   struct Shape { int64_t m, n, k; };
   for (Shape s : {Shape{1, 64, 64}, Shape{7, 200, 97}, Shape{65, 576, 2048}, Shape{130, 1000, 384},
-                  Shape{5, 3, 24}}) {
+                  Shape{5, 3, 24}, Shape{1100, 1000, 300}}) {
     const auto w = random_values(s.n * s.k, 11, 1.0f / std::sqrt(static_cast<float>(s.k)));
     const auto x = random_values(s.m * s.k, 12);
     const HostTensor h{DType::kF32, {s.n, s.k}, w.data()};
@@ -99,13 +100,15 @@ TEST_F(CudaF32PrecisionTest, GatedMlpAndLinearPairMatchCpu) {
   EXPECT_LT(relative_error(pair[1][1], pair[0][1]), kFp32Tolerance);
 }
 
+// A row alone runs k's chunks in blocks of their own (9 tiles), 2,000 rows (288 tiles) run
+// them one after another in each block: the same additions, the same bits.
 TEST_F(CudaF32PrecisionTest, RowsGiveTheSameBitsAloneAndInAnyBatch) {
   const int64_t n = 576, k = 2048;
   const auto w = random_values(n * k, 41, 1.0f / std::sqrt(static_cast<float>(k)));
-  const auto x = random_values(300 * k, 42);
+  const auto x = random_values(2000 * k, 42);
   const HostTensor h{DType::kF32, {n, k}, w.data()};
   const auto alone = linear_on(*gpu_, h, {x.begin(), x.begin() + k}, 1);
-  for (int64_t rows : {2, 7, 64, 65, 300}) {
+  for (int64_t rows : {2, 7, 64, 65, 300, 2000}) {
     const auto many = linear_on(*gpu_, h, {x.begin(), x.begin() + rows * k}, rows);
     EXPECT_TRUE(std::equal(alone.begin(), alone.end(), many.begin())) << rows << " rows";
   }

@@ -269,12 +269,14 @@ TEST_F(CudaMoeTest, SkewedRoutingRunsExpertsOverManyRowBlocks) {
 // product in fp32, so the layer follows the CPU's fp32 layer to the order of its sums, about
 // 1e-6 of the output's scale where the default's bf16 activations leave about 1e-3. Decode- and
 // prefill-sized steps, shapes that are not whole tiles (hidden 80, inter 24), an expert over
-// two row-blocks (100 rows to each of four experts) and e4m3 experts.
+// two row-blocks (100 rows to each of four experts), e4m3 experts, and a step of 2,200 tokens
+// whose products have enough tiles to sum k's chunks within each block (gemm_f32.h).
 TEST_F(CudaMoeTest, Fp32PrecisionModeMatchesCpuToFp32Rounding) {
   gpu_ = make_backend_with_env("cuda", "DSINFER_CUDA_PRECISION", "fp32");
   const GateSpec g{8, 2, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, true, 1.0f, true};
   run_case(g, 1, 41, 80, 24, /*fp8=*/false, /*tolerance=*/1e-5);
   run_case(g, 300, 42, 80, 24, /*fp8=*/false, /*tolerance=*/1e-5);
+  run_case(g, 2200, 45, 256, 128, /*fp8=*/false, /*tolerance=*/1e-5);
   run_case(g, 90, 43, 256, 128, /*fp8=*/true, /*tolerance=*/1e-5);
   const GateSpec skewed{64, 4, 1, 1, GateScoring::kSigmoid, GateTopk::kNoauxTc, true, 1.0f, true, 4};
   run_case(skewed, 100, 44, 80, 96, /*fp8=*/false, /*tolerance=*/1e-5);
