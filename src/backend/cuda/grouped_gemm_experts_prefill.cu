@@ -126,6 +126,21 @@ __device__ __forceinline__ void store_row(const GroupedGemmArgs& a, const float 
 // rows' writes against the reads that store them.
 __device__ __forceinline__ void warpgroup_sync(int m) { asm volatile("bar.sync %0, 128;" ::"r"(1 + m) : "memory"); }
 
+// The math warpgroup's kGroupRows staging rows (128 bytes each, `pitch` apart) to memory in
+// 16-byte pieces, eight threads to a row: staging row r to dst + (group_row0 + r) * ld_bytes.
+// Rows at or past row_end, and pieces at or past row_pieces of a row's eight, are not written.
+__device__ __forceinline__ void store_staged_rows(const unsigned char* staging, int pitch, unsigned char* dst,
+                                                  int64_t ld_bytes, int group_row0, int row_end, int row_pieces) {
+  const int thread = threadIdx.x % 128;
+#pragma unroll
+  for (int i = 0; i < kGroupRows * 8 / 128; ++i) {
+    const int piece = thread + 128 * i, local_row = piece / 8, row_piece = piece % 8;
+    if (group_row0 + local_row >= row_end || row_piece >= row_pieces) continue;
+    const uint4 bytes = *reinterpret_cast<const uint4*>(staging + local_row * pitch + 16 * row_piece);
+    *reinterpret_cast<uint4*>(dst + static_cast<int64_t>(group_row0 + local_row) * ld_bytes + 16 * row_piece) = bytes;
+  }
+}
+
 // SiLU(gate)·up of a 256-row tile, whose 128 outputs are one 128-column scale tile of the down
 // product's activations, written as those activations (kSiluMulE4m3): each value rounded to bf16
 // as the bf16 epilogue stores it, then the row's tile in e4m3 under its largest magnitude / 448,
@@ -195,16 +210,8 @@ __device__ __forceinline__ void store_tile_silu_e4m3(const GroupedGemmArgs& a, c
     if (t == 0) a.y_scales[static_cast<int64_t>(out_col0 / kScaleCols) * a.y_scale_rows + row] = scale;
   }
   warpgroup_sync(m);
-  // The warpgroup's rows in 16-byte pieces, eight threads to a row.
-  const int thread = threadIdx.x % 128;
-#pragma unroll
-  for (int i = 0; i < kGroupRows * (kScaleCols / 16) / 128; ++i) {
-    const int piece = thread + 128 * i, local_row = piece / 8, col = piece % 8 * 16;
-    if (group_row0 + local_row >= row_end) continue;
-    const uint4 bytes = *reinterpret_cast<const uint4*>(staging + local_row * kPitch + col);
-    *reinterpret_cast<uint4*>(static_cast<uint8_t*>(a.y) + static_cast<int64_t>(group_row0 + local_row) * a.ldy +
-                              out_col0 + col) = bytes;
-  }
+  static_assert(kScaleCols == 128, "a staging row holds one tile's 128 e4m3 codes");
+  store_staged_rows(staging, kPitch, static_cast<unsigned char*>(a.y) + out_col0, a.ldy, group_row0, row_end, 8);
 }
 
 // kStoreBf16 rows of a 256-row tile through the same staging rows, a quarter of the tile's
@@ -219,7 +226,6 @@ __device__ __forceinline__ void store_tile_bf16_staged(const GroupedGemmArgs& a,
   constexpr int kPitch = Tiles<kCols>::kStagingPitch;
   constexpr int kRoundCols = 64;                // bf16 columns a round: 128 bytes of a staging row
   constexpr int kRoundSteps = kRoundCols / 8;   // a thread's 8-column steps j in a round
-  const int thread = threadIdx.x % 128;
 #pragma unroll
   for (int round = 0; round < kCols / kRoundCols; ++round) {
     const int col0 = n_block + round * kRoundCols;
@@ -237,15 +243,9 @@ __device__ __forceinline__ void store_tile_bf16_staged(const GroupedGemmArgs& a,
       }
     }
     warpgroup_sync(m);
-#pragma unroll
-    for (int i = 0; i < kGroupRows * 8 / 128; ++i) {
-      const int piece = thread + 128 * i, local_row = piece / 8, col = col0 + piece % 8 * 8;
-      // n_out and ldy are multiples of 8 (checked at launch): a piece is in or out whole.
-      if (group_row0 + local_row >= row_end || col >= a.n_out) continue;
-      __nv_bfloat16* y = static_cast<__nv_bfloat16*>(a.y) + static_cast<int64_t>(group_row0 + local_row) * a.ldy;
-      const uint4 bytes = *reinterpret_cast<const uint4*>(staging + local_row * kPitch + piece % 8 * 16);
-      *reinterpret_cast<uint4*>(y + col) = bytes;
-    }
+    // n_out and ldy are multiples of 8 (checked at launch): a piece of 8 columns is in or out whole.
+    store_staged_rows(staging, kPitch, reinterpret_cast<unsigned char*>(static_cast<__nv_bfloat16*>(a.y) + col0),
+                      2 * a.ldy, group_row0, row_end, min(8, (a.n_out - col0) / 8));
   }
 }
 
