@@ -27,6 +27,10 @@ void add_engine_options(CLI::App& app, EngineOptions& o) {
                  "latent cache entries: fp32, or fp8 (e4m3 latent with a scale per 128 columns, bf16 rope; 3.5x "
                  "the tokens in the same memory)")
       ->check(CLI::IsMember({"fp32", "fp8"}));
+  app.add_option("--precision", o.precision,
+                 "products' operands: default (cuda: bf16, FP8 activations for FP8 weights in prefill), or fp32 "
+                 "(cuda: fp32 weights and products, for checking at reference precision; cpu: always fp32)")
+      ->check(CLI::IsMember({"default", "fp32"}));
   app.add_option("--num-kv-blocks", o.config.num_kv_blocks, "KV blocks (overrides --kv-cache-mb)")->check(CLI::Range(0, 1 << 24));
   app.add_option("--block-size", o.config.block_size_tokens, "tokens per KV block")->check(CLI::Range(1, 4096));
   app.add_option("--max-model-len", o.config.max_model_len, "longest prompt + output (default: the model's)")
@@ -56,6 +60,7 @@ EngineConfig finish_engine_options(EngineOptions& o) {
   if (o.config.model_dir.empty()) o.config.model_dir = default_model_dir();
   o.config.kv_cache_bytes = o.kv_cache_mb << 20;
   parse_kv_cache_format(o.kv_cache_dtype, &o.config.kv_cache_format);  // the validator accepted it
+  parse_precision(o.precision, &o.config.precision);                  // and this one
   kv::KvTierOptions& t = o.config.kv_tiers;
   t.store_enabled = !o.no_kv_store && (o.kv_store_by_default || !o.kv_store_dir.empty());
   t.store_directory = o.kv_store_dir;

@@ -11,6 +11,7 @@ struct EngineOptions {
   EngineConfig config;
   int64_t kv_cache_mb = 1024;
   std::string kv_cache_dtype = "fp32";
+  std::string precision = "default";
   // KV tiers. The block store is on when --kv-store is given, or by default where a
   // subcommand sets kv_store_by_default (serve), unless --no-kv-store.
   bool kv_store_by_default = false;

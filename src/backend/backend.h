@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backend/latent_cache_format.h"
+#include "backend/precision.h"
 #include "backend/tensor.h"
 #include "backend/token_choice.h"
 #include "dsinfer/engine_types.h"
@@ -219,8 +220,9 @@ class Backend {
   uint64_t next_ticket_ = 1;
 };
 
-// "cpu" or "cuda"; throws dsinfer::Error for an unknown or unavailable backend.
-std::unique_ptr<Backend> make_backend(const std::string& name);
+// "cpu" or "cuda"; throws dsinfer::Error for an unknown or unavailable backend. The CPU backend
+// is fp32 whatever the precision asked for.
+std::unique_ptr<Backend> make_backend(const std::string& name, Precision precision = Precision::kDefault);
 bool cuda_backend_available();
 // Device-to-device copy bandwidth (bytes read + written per second) of the named backend's
 // device, measured now; 0 for backends without a device of their own (cpu).

@@ -19,13 +19,14 @@ bool cuda_backend_available() {
 #endif
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& name) {
+std::unique_ptr<Backend> make_backend(const std::string& name, Precision precision) {
   if (name == "cpu") return std::make_unique<CpuBackend>();
   if (name == "cuda") {
 #ifdef DSINFER_HAVE_CUDA
-    if (cuda::device_count() > 0) return cuda::make_cuda_backend();
+    if (cuda::device_count() > 0) return cuda::make_cuda_backend(precision);
     throw Error(StatusCode::kUnavailable, "backend 'cuda': no CUDA device is visible");
 #else
+    (void)precision;
     throw Error(StatusCode::kUnavailable, "backend 'cuda': this build has no CUDA backend (nvcc was not found)");
 #endif
   }

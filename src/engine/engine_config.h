@@ -5,6 +5,7 @@
 #include <string>
 
 #include "backend/latent_cache_format.h"
+#include "backend/precision.h"
 #include "kv/kv_tier_options.h"
 
 namespace dsinfer {
@@ -12,6 +13,7 @@ namespace dsinfer {
 struct EngineConfig {
   std::string model_dir;
   std::string backend = "cpu";
+  Precision precision = Precision::kDefault;  // kFp32: the CUDA backend's fp32 precision mode
   bool dummy_weights = false;       // random weights of the config's shapes (benchmarks)
   bool dummy_fp8 = false;           // with dummy_weights: the layers' projections in FP8, as V3 ships them
   int block_size_tokens = 64;

@@ -39,7 +39,7 @@ Status check_context_length(size_t num_prompt_tokens, int max_tokens, int max_mo
 }
 
 EngineCore::EngineCore(const EngineConfig& config) : config_(config) {
-  backend_ = make_backend(config_.backend);
+  backend_ = make_backend(config_.backend, config_.precision);
   ModelConfig mc = ModelConfig::load(config_.model_dir);
   max_model_len_ = config_.max_model_len > 0 ? std::min(config_.max_model_len, mc.max_position_embeddings)
                                              : mc.max_position_embeddings;

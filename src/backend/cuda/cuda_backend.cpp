@@ -66,7 +66,7 @@ bool env_is(const char* name, const char* value) {
 }
 }  // namespace
 
-CudaBackend::CudaBackend() {
+CudaBackend::CudaBackend(Precision precision) {
   DS_CUDA_CHECK(cudaSetDevice(0));
   // The main stream at the highest priority: where work forks onto the side stream (shared
   // experts beside the routing), the main stream's kernels are the step's critical path.
@@ -90,7 +90,7 @@ CudaBackend::CudaBackend() {
   DS_CUDA_CHECK(cudaEventCreateWithFlags(&step_->copied, cudaEventDisableTiming));
   tile_counters_ = alloc_->persistent({kGemmMaxTileCounters}, DType::kI32);
   DS_CUDA_CHECK(cudaMemsetAsync(tile_counters_.data, 0, tile_counters_.num_bytes(), stream_));
-  f32_products_ = env_is("DSINFER_CUDA_PRECISION", "fp32");
+  f32_products_ = precision == Precision::kFp32 || env_is("DSINFER_CUDA_PRECISION", "fp32");
   batch_invariant_ = f32_products_ || env_is("DSINFER_BATCH_INVARIANT", "1");
   graphs_enabled_ = !env_is("DSINFER_CUDA_GRAPHS", "0");
   fused_prefill_attention_ = !env_is("DSINFER_MLA_FLASH", "0");
@@ -891,7 +891,7 @@ int device_count() {
   return n;
 }
 
-std::unique_ptr<Backend> make_cuda_backend() {
+std::unique_ptr<Backend> make_cuda_backend(Precision precision) {
   // The kernels are compiled for sm_90a alone (src/CMakeLists.txt): Hopper's warpgroup products
   // and FP8 forms, code that runs on compute capability 9.0 and nowhere else. Another device is
   // refused here, with its name, rather than at the first launch.
@@ -905,7 +905,7 @@ std::unique_ptr<Backend> make_cuda_backend() {
                                           "(Hopper: H100, H200, H800, H20); device 0 is " +
                                               std::string(prop.name) + ", compute capability " +
                                               std::to_string(prop.major) + "." + std::to_string(prop.minor));
-  return std::make_unique<CudaBackend>();
+  return std::make_unique<CudaBackend>(precision);
 }
 
 double measure_copy_bandwidth_bytes_per_s() {

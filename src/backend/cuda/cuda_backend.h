@@ -55,7 +55,7 @@ GemmWeight gemm_weight_of(const LinearWeight& w);
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend();
+  explicit CudaBackend(Precision precision = Precision::kDefault);
   ~CudaBackend() override;
   std::string name() const override { return "cuda"; }
   // The fp32 precision mode widens FP8 weights to their real values instead.
@@ -272,7 +272,7 @@ class CudaBackend final : public Backend {
   CUevent_st* join_event_ = nullptr;
   int num_sms_ = 132;
   bool batch_invariant_ = false;
-  // DSINFER_CUDA_PRECISION=fp32: weights and products in fp32 (f32_weight), and the forms of
+  // Precision::kFp32 or DSINFER_CUDA_PRECISION=fp32: weights and products in fp32 (f32_weight), and the forms of
   // attention and routing that batch invariance takes, which are fp32 too (batch_invariant_
   // set with it). The model's results then follow the fp32 reference to its rounding.
   bool f32_products_ = false;

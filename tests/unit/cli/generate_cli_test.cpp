@@ -4,6 +4,7 @@
 #include "json_lines.h"
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -74,6 +75,30 @@ TEST(GenerateCli, Fp8LatentCacheOption) {
   const auto bad = run("generate --model " + fixture("tiny_v3") + " --prompt-ids 1,2 --kv-cache-dtype int4");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.out.find("kv-cache-dtype"), std::string::npos) << bad.out;
+}
+
+// --precision fp32 is accepted (the CPU backend is fp32 either way: the reference's tokens), and
+// an unknown precision is refused before anything loads.
+TEST(GenerateCli, PrecisionOption) {
+  const auto ref = reference("tiny_v3");
+  const auto& p = ref["prompts"][2];
+  const auto r = run("generate --model " + fixture("tiny_v3") + " --prompt-ids " +
+                     join_ids(p["prompt_ids"].get<std::vector<int>>()) +
+                     " --temperature 0 --ignore-eos --max-tokens 8 --precision fp32");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto lines = json_lines(r.out);
+  ASSERT_EQ(lines.size(), 1u) << r.out;
+  const auto ours = lines[0]["token_ids"].get<std::vector<int>>();
+  const auto theirs = p["greedy_ids"].get<std::vector<int>>();
+  const auto margins = p["greedy_margins"].get<std::vector<double>>();
+  ASSERT_EQ(ours.size(), 8u);
+  const size_t first_miss = std::mismatch(ours.begin(), ours.end(), theirs.begin()).first - ours.begin();
+  if (first_miss < ours.size()) {
+    EXPECT_LE(margins[first_miss], 1e-3) << "token " << first_miss << " departs from a confident reference token";
+  }
+  const auto bad = run("generate --model " + fixture("tiny_v3") + " --prompt-ids 1,2 --precision fp16");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.out.find("precision"), std::string::npos) << bad.out;
 }
 
 TEST(GenerateCli, JsonlInputKeepsOrderAndPerLineParameters) {

@@ -79,7 +79,7 @@ TEST_P(CudaGoldenModelTest, TeacherForcedTop1AgreesWithReference) {
 TEST_P(CudaGoldenModelTest, Fp32PrecisionModeFollowsTheReference) {
   const std::string& fixture = GetParam();
   const std::string dir = testing_cuda::source_dir() + "/tests/data/" + fixture;
-  auto backend = testing_cuda::make_backend_with_env("cuda", "DSINFER_CUDA_PRECISION", "fp32");
+  auto backend = make_backend("cuda", Precision::kFp32);
   auto model = load_deepseek_model(dir, *backend, 0, false);
   const testing::TeacherForcedAgreement a = testing::teacher_forced_agreement(*model, dir, 1e-3);
   std::cout << fixture << " (fp32 mode): top-1 agreement " << a.num_agree << "/" << a.num_steps
