@@ -808,12 +808,8 @@ void CudaBackend::gated_mlp(const Tensor& x, const LinearWeight& gate_up, const 
   DS_CHECK(x.dim(1) == gate_up.in_features && out.dim(1) == down.out_features);
   const int64_t m = x.dim(0);
   if (m == 0) return;
-  if (f32_products_) {
-    gated_mlp_f32(x, gate_up, down, out.as<float>(), out.dim(1));
-    return;
-  }
-  Tensor xb = to_bf16_padded(x, gate_up.weight.dim(1));
-  gated_mlp_bf16(xb, m, gate_up, down, out.as<float>(), out.dim(1));
+  if (f32_products_) gated_mlp_f32(x, gate_up, down, out.as<float>(), out.dim(1));
+  else gated_mlp_bf16(to_bf16_padded(x, gate_up.weight.dim(1)), m, gate_up, down, out.as<float>(), out.dim(1));
   forget_normed_copy_if_written(out);
 }
 

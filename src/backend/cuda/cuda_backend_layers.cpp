@@ -100,9 +100,7 @@ class SwappedStreams {
   Stream& a_;
   Stream& b_;
 };
-}  // namespace
 
-namespace {
 // Where a layer's expert tensor maps start in MoeWeights::derived: after the table, 128-byte
 // aligned (a tensor map in device memory needs 64).
 size_t expert_maps_offset(int num_experts) {

@@ -1,7 +1,7 @@
 // The engine on the CUDA backend: a request's greedy tokens are the same alone or among 63
-// others (batch-invariant mode, and the fp32 precision mode), decode steps replayed from recordings give the tokens that
-// eager steps give, and scheduling one step ahead (token choices kept on the device) gives the
-// tokens of scheduling after each step.
+// others (batch-invariant mode, and the fp32 precision mode), decode steps replayed from
+// recordings give the tokens that eager steps give, and scheduling one step ahead (token choices
+// kept on the device) gives the tokens of scheduling after each step.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
