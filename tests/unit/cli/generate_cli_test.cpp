@@ -59,14 +59,18 @@ TEST(GenerateCli, ReproducesReferenceTokens) {
   }
 }
 
+// Eight greedy tokens of tiny_v3's third reference prompt, with `options`.
+RunResult generate_eight_tokens(const nlohmann::json& prompt, const std::string& options) {
+  return run("generate --model " + fixture("tiny_v3") + " --prompt-ids " +
+             join_ids(prompt["prompt_ids"].get<std::vector<int>>()) + " --temperature 0 --ignore-eos --max-tokens 8 " +
+             options);
+}
+
 // --kv-cache-dtype fp8 runs the engine over the FP8 latent cache (logged), and an unknown
 // format is refused before anything loads.
 TEST(GenerateCli, Fp8LatentCacheOption) {
   const auto ref = reference("tiny_v3");
-  const auto& p = ref["prompts"][2];
-  const auto r = run("generate --model " + fixture("tiny_v3") + " --prompt-ids " +
-                     join_ids(p["prompt_ids"].get<std::vector<int>>()) +
-                     " --temperature 0 --ignore-eos --max-tokens 8 --kv-cache-dtype fp8");
+  const auto r = generate_eight_tokens(ref["prompts"][2], "--kv-cache-dtype fp8");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("tokens (fp8)"), std::string::npos) << r.out;
   const auto lines = json_lines(r.out);
@@ -82,9 +86,7 @@ TEST(GenerateCli, Fp8LatentCacheOption) {
 TEST(GenerateCli, PrecisionOption) {
   const auto ref = reference("tiny_v3");
   const auto& p = ref["prompts"][2];
-  const auto r = run("generate --model " + fixture("tiny_v3") + " --prompt-ids " +
-                     join_ids(p["prompt_ids"].get<std::vector<int>>()) +
-                     " --temperature 0 --ignore-eos --max-tokens 8 --precision fp32");
+  const auto r = generate_eight_tokens(p, "--precision fp32");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const auto lines = json_lines(r.out);
   ASSERT_EQ(lines.size(), 1u) << r.out;
