@@ -104,6 +104,22 @@ TEST(BenchCli, PrefillOnlyPrintsFlopRateAndRatioToTheGemmCeiling) {
   EXPECT_NE(read_file(results).find("GEMM ceiling"), std::string::npos);
 }
 
+// --precision fp32 says so in the report's header (its floor counts the default path's bytes);
+// an unknown precision is refused before anything runs.
+TEST(BenchCli, PrecisionIsReportedAndCheckedUpFront) {
+  const auto r = run_dsinfer("bench --backend cpu --model " + tiny_v3() +
+                             " --batch-sizes 1 --prompt-len 8 --prefill-only --precision fp32");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("\n- precision: fp32"), std::string::npos) << r.out;
+  const auto plain =
+      run_dsinfer("bench --backend cpu --model " + tiny_v3() + " --batch-sizes 1 --prompt-len 8 --prefill-only");
+  ASSERT_EQ(plain.exit_code, 0) << plain.out;
+  EXPECT_EQ(plain.out.find("- precision:"), std::string::npos) << plain.out;
+  const auto bad = run_dsinfer("bench --backend cpu --model " + tiny_v3() + " --precision bf8");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.out.find("precision"), std::string::npos) << bad.out;
+}
+
 TEST(BenchCli, PrefillAndDecodeTableKeepsTheBandwidthColumns) {
   const auto r = run_dsinfer("bench --backend cpu --model " + tiny_v3() +
                              " --batch-sizes 2 --prompt-len 8 --decode-steps 2");
