@@ -1,7 +1,6 @@
 // The CUDA backend's fp32 precision mode (DSINFER_CUDA_PRECISION=fp32): weights as the
 // checkpoint's values widen to fp32, and every product in fp32 through gemm_f32.h. Attention,
 // norms, the router and the combine take the batch-invariant forms, which are fp32 already.
-#include <algorithm>
 #include <climits>
 #include <vector>
 
@@ -9,6 +8,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_allocator.h"
 #include "backend/cuda/gemm_f32.h"
+#include "backend/cuda/grouped_gemm.h"
 #include "core/status.h"
 
 namespace dsinfer::cuda {
@@ -91,10 +91,7 @@ Tensor CudaBackend::moe_experts_f32(const MoeWeights& w, const Tensor& x, const 
   const LinearWeight& down0 = w.expert_down[0];
   const int64_t inter = gu0.out_features / 2, hidden = down0.out_features;
   DS_CHECK(down0.in_features == inter && gu0.in_features == x.dim(1));
-  // At most one row-block per kGemmF32RowsPerBlock rows plus a partial one per expert, and
-  // never more than the entries (no row-block is empty).
-  const int64_t max_blocks =
-      std::min(num_entries, (num_entries + kGemmF32RowsPerBlock - 1) / kGemmF32RowsPerBlock + w.num_experts);
+  const int64_t max_blocks = grouped_max_row_blocks(num_entries, kGemmF32RowsPerBlock, w.num_experts);
   Tensor gate_up = alloc_->cached({num_entries, 2 * inter}, DType::kF32);
   Tensor act = alloc_->cached({num_entries, inter}, DType::kF32);
   Tensor expert_out = alloc_->cached({num_entries, hidden}, DType::kF32);

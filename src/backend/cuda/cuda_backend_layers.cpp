@@ -349,12 +349,9 @@ Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, c
   const LinearWeight& gu0 = w.expert_gate_up[0];
   const LinearWeight& down0 = w.expert_down[0];
   const int64_t k_p = gu0.weight.dim(1), inter_p = gu0.weight.dim(0) / 2, hidden = down0.out_features;
-  // Row-blocks: at most one per rows_per_block rows plus a partial one per expert, and every
-  // row-block holds a routed row, so never more than the routed entries. The second bound is the
-  // tighter one in a decode step of few tokens: at batch 1 it launches 6 row-blocks instead of
-  // 65 (V2-Lite), so the grid holds no blocks that would only find their expert empty.
-  const int max_blocks = static_cast<int>(
-      std::min(num_entries, (num_entries + rows_per_block - 1) / rows_per_block + num_experts));
+  // In a decode step of few tokens the bound by the routed entries is the tighter one: at batch 1
+  // the grid holds 6 row-blocks instead of 65 (V2-Lite), none that would only find its expert empty.
+  const int max_blocks = static_cast<int>(grouped_max_row_blocks(num_entries, rows_per_block, num_experts));
   const int rows_hint = static_cast<int>((num_entries + num_experts - 1) / num_experts);
   // Experts with enough rows take the 128-row expert blocks (e4m3 ones unless
   // DSINFER_MOE_FP8_EXPERT_BLOCKS=0); batch-invariant steps keep one kind of block at every

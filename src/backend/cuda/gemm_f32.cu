@@ -6,6 +6,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm_f32.h"
+#include "backend/cuda/grouped_gemm.cuh"
 #include "backend/cuda/kernel_launch.cuh"
 
 namespace dsinfer::cuda {
@@ -41,12 +42,7 @@ __global__ void __launch_bounds__(kThreads) gemm_f32_kernel(GemmF32Args a, int64
   int64_t row_begin = block * kTileRows, row_end = min(a.rows, row_begin + kTileRows);
   if (weight == nullptr) {
     if (block >= a.block_offsets[a.num_groups]) return;
-    int group = 0;  // the last group whose first row-block is at or before this one
-    for (int lo = 0, hi = a.num_groups - 1; lo <= hi;) {
-      const int mid = (lo + hi) / 2;
-      if (a.block_offsets[mid] <= block) group = mid, lo = mid + 1;
-      else hi = mid - 1;
-    }
+    const int group = owner_of(a.block_offsets, a.num_groups, static_cast<int>(block));
     weight = a.groups[group];
     row_begin = a.row_offsets[group] + (block - a.block_offsets[group]) * kTileRows;
     row_end = min(int64_t{a.row_offsets[group + 1]}, row_begin + kTileRows);

@@ -126,9 +126,16 @@ int gemm_k_splits(int n_padded, int k_padded);
 // tile_counters must hold this many ints for a launch (zeroed once).
 constexpr int kGemmMaxTileCounters = 1 << 16;
 
+// An upper bound of the row-blocks of a grouped call of `rows` rows over num_groups groups in
+// row-blocks of rows_per_block: one per rows_per_block rows plus a partial one per group, and no
+// more than the rows, since no row-block is empty.
+inline int64_t grouped_max_row_blocks(int64_t rows, int rows_per_block, int num_groups) {
+  const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block + num_groups;
+  return blocks < rows ? blocks : rows;
+}
+
 // max_n_padded: the largest n_padded of any group; max_row_blocks: an upper bound of the number
-// of row-blocks (dense: ceil(dense_rows / 64); grouped: min(total_rows, total_rows / 64 +
-// num_groups), since no row-block is empty);
+// of row-blocks (dense: ceil(dense_rows / 64); grouped: grouped_max_row_blocks);
 // rows_hint: typical rows per group, which picks the fragment count (never the result).
 void launch_grouped_gemm(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks, int rows_hint,
                          Stream stream);

@@ -519,6 +519,14 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_prefill_kernel(Groupe
 }  // namespace
 
 namespace {
+template <int kCols, bool kTmaWeights>
+void launch_blocks(const GroupedGemmArgs& args, int blocks, int n_tiles, Stream stream) {
+  constexpr auto kernel = expert_gemm_prefill_kernel<kCols, kTmaWeights>;
+  allow_shared_bytes<kernel>(Tiles<kCols>::kBytes);
+  launch_kernel(kernel, dim3(blocks), kThreads, Tiles<kCols>::kBytes, stream, args, n_tiles);
+  DS_CUDA_CHECK_LAUNCH();
+}
+
 template <int kCols>
 void launch_tiles(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks, Stream stream) {
   const int n_tiles = (max_n_padded + kCols - 1) / kCols;
@@ -528,17 +536,11 @@ void launch_tiles(const GroupedGemmArgs& args, int max_n_padded, int max_row_blo
   if constexpr (kCols == 256) {
     if (args.tma_weights) {
       DS_CHECK_MSG(args.weight_maps != nullptr, "prefill expert blocks: TMA weights need a tensor map per weight");
-      allow_shared_bytes<expert_gemm_prefill_kernel<kCols, true>>(Tiles<kCols>::kBytes);
-      launch_kernel(expert_gemm_prefill_kernel<kCols, true>, dim3(blocks), kThreads, Tiles<kCols>::kBytes, stream,
-                    args, n_tiles);
-      DS_CUDA_CHECK_LAUNCH();
+      launch_blocks<kCols, true>(args, blocks, n_tiles, stream);
       return;
     }
   }
-  allow_shared_bytes<expert_gemm_prefill_kernel<kCols>>(Tiles<kCols>::kBytes);
-  launch_kernel(expert_gemm_prefill_kernel<kCols>, dim3(blocks), kThreads, Tiles<kCols>::kBytes, stream, args,
-                n_tiles);
-  DS_CUDA_CHECK_LAUNCH();
+  launch_blocks<kCols, false>(args, blocks, n_tiles, stream);
 }
 }  // namespace
 
