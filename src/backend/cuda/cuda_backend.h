@@ -230,7 +230,7 @@ class CudaBackend final : public Backend {
   // Device table of the experts' fp32 weights, [gate_up of each expert | down of each expert].
   void prepare_f32(MoeWeights& w);
   // launch_gemm_f32 with the workspace its partial sums need, if any.
-  void launch_f32(GemmF32Args& args, int64_t max_row_blocks);
+  void launch_f32(GemmF32Args args, int64_t max_row_blocks);
   // y [rows, ldy] = x [rows, ldx] · wᵀ.
   void product_f32(const float* x, int64_t rows, int64_t ldx, const LinearWeight& w, float* y, int64_t ldy);
   // out [rows, ldo] = down(silu(gate(x)) · up(x)) for x [rows, gate_up.in_features].

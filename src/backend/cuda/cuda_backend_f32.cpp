@@ -27,20 +27,19 @@ LinearWeight CudaBackend::f32_weight(const HostTensor& w, bool gate_up) {
 }
 
 void CudaBackend::prepare_f32(MoeWeights& w) {
+  const LinearWeight& gu0 = w.expert_gate_up[0];
+  const LinearWeight& down0 = w.expert_down[0];
   std::vector<const float*> table;
   for (const LinearWeight& gu : w.expert_gate_up) {
     DS_CHECK_MSG(gu.packed_gate_up, "MoE expert gate/up weights must come from make_gate_up");
+    DS_CHECK_MSG(gu.weight.dtype == DType::kF32 && gu.weight.shape == gu0.weight.shape,
+                 "MoE experts of one layer must share shapes and dtype");
     table.push_back(gu.weight.as<float>());
   }
-  for (const LinearWeight& d : w.expert_down) table.push_back(d.weight.as<float>());
-  const LinearWeight& gu0 = w.expert_gate_up[0];
-  const LinearWeight& down0 = w.expert_down[0];
-  for (int e = 0; e < w.num_experts; ++e) {
-    const LinearWeight& gu = w.expert_gate_up[e];
-    const LinearWeight& d = w.expert_down[e];
-    DS_CHECK_MSG(gu.weight.dtype == DType::kF32 && d.weight.dtype == DType::kF32 &&
-                     gu.weight.shape == gu0.weight.shape && d.weight.shape == down0.weight.shape,
+  for (const LinearWeight& d : w.expert_down) {
+    DS_CHECK_MSG(d.weight.dtype == DType::kF32 && d.weight.shape == down0.weight.shape,
                  "MoE experts of one layer must share shapes and dtype");
+    table.push_back(d.weight.as<float>());
   }
   const size_t bytes = table.size() * sizeof(const float*);
   w.derived = alloc_->persistent_bytes(bytes);
@@ -63,7 +62,7 @@ void CudaBackend::product_f32(const float* x, int64_t rows, int64_t ldx, const L
   launch_f32(a, (rows + kGemmF32RowsPerBlock - 1) / kGemmF32RowsPerBlock);
 }
 
-void CudaBackend::launch_f32(GemmF32Args& args, int64_t max_row_blocks) {
+void CudaBackend::launch_f32(GemmF32Args args, int64_t max_row_blocks) {
   Tensor partials;
   if (const int64_t floats = gemm_f32_workspace_floats(args, max_row_blocks); floats > 0) {
     partials = alloc_->cached({floats}, DType::kF32);
@@ -111,7 +110,6 @@ Tensor CudaBackend::moe_experts_f32(const MoeWeights& w, const Tensor& x, const 
   launch_f32(up, max_blocks);
   launch_silu_mul(gate_up.as<float>(), num_entries, inter, act.as<float>(), stream_);
   GemmF32Args down = up;
-  down.partials = nullptr;
   down.x = act.as<float>();
   down.ldx = inter;
   down.src_rows = nullptr;
