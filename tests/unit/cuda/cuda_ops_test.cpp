@@ -362,16 +362,19 @@ TEST_F(CudaOpsTest, FewRowProductsMatchCpuAndTheTensorCoreKernel) {
     // one bf16 step.
     EXPECT_LT(relative_error(y[1], y[2]), 1e-3) << m << " rows, gated MLP";
   }
-  {
-    constexpr int64_t n = 160, k = 1152;
-    const Fp8BlockScaledWeight weight(n, k, 71, 5, 19);
+  // e4m3: K of one phase (72 pieces of 16 columns) and of three (288 pieces, so threads take
+  // pieces in several 128-column scale blocks); each piece's sums take the scale of its rows'
+  // 16-row group and its 128 columns.
+  struct Fp8Shape { int64_t n, k; uint32_t seed; };
+  for (Fp8Shape s : {Fp8Shape{160, 1152, 71}, Fp8Shape{96, 4608, 73}}) {
+    const Fp8BlockScaledWeight weight(s.n, s.k, s.seed, 5, 19);
     const HostTensor h = weight.host();
-    for (int64_t m : {2, 4}) {
-      const auto x = bf16_exact_values(m * k, 72);
+    for (int64_t m : {1, 2, 4}) {
+      const auto x = bf16_exact_values(m * s.k, 72);
       std::vector<float> y[3];
       for (int i = 0; i < 3; ++i) y[i] = linear_on(*bes[i], h, x, m);
-      EXPECT_LT(relative_error(y[1], y[0]), 2e-5) << m << " rows, e4m3";
-      EXPECT_LT(relative_error(y[1], y[2]), 2e-5) << m << " rows, e4m3";
+      EXPECT_LT(relative_error(y[1], y[0]), 2e-5) << m << "x" << s.n << "x" << s.k << ", e4m3";
+      EXPECT_LT(relative_error(y[1], y[2]), 2e-5) << m << "x" << s.n << "x" << s.k << ", e4m3";
     }
   }
 }
