@@ -11,6 +11,9 @@ Usage (from the repository root, on the GPU machine):
   tools/prefill_ab.py [--rounds N] [--timeout S] [--args "BENCH ARGS"] VARIANT...
 A VARIANT is NAME=BINARY[,ENV=VALUE...], e.g.
   base=.devcarry/a/dsinfer  new=.devcarry/b/dsinfer  off=.devcarry/b/dsinfer,DSINFER_MOE_PREFILL_PAIRS=0
+
+With --decode the runs are decode benches instead (by default batches 1 and 2 at 1k context; add
+--fp8 through --args), tabled by batch: decode tok/s and share of the copy bandwidth.
 """
 import argparse
 import os
@@ -21,6 +24,8 @@ import sys
 
 DEFAULT_ARGS = ("--backend cuda --dummy-weights --model bench/configs/v2_lite --prompt-len 4096 "
                 "--batch-sizes 4 --prefill-only --prefill-reps 3 --fp8")
+DEFAULT_DECODE_ARGS = ("--backend cuda --dummy-weights --model bench/configs/v2_lite --prompt-len 1024 "
+                       "--decode-steps 16 --batch-sizes 1,2")
 
 
 def parse_variant(spec):
@@ -54,7 +59,16 @@ def parse_bench(text):
     }
 
 
-def run_once(binary, env, bench_args, timeout_s):
+def parse_decode(text):
+    """Every batch row's decode rate: [{batch, tok_s, copy_share}], or None without one."""
+    rows = re.findall(r"^\| (\d+) \| [\d.]+ \| [\d.]+ \| [\d.]+% \| ([\d.]+) \| [\d.]+ \| [\d.]+ \| "
+                      r"[\d.]+ \| (\d+)% \|", text, re.M)
+    if not rows:
+        return None
+    return [{"batch": int(b), "tok_s": float(rate), "copy_share": int(share)} for b, rate, share in rows]
+
+
+def run_once(binary, env, bench_args, timeout_s, parse=parse_bench, rows_named="prefill row"):
     """(result or None, note)."""
     try:
         done = subprocess.run([binary, "bench", *bench_args.split()], env={**os.environ, **env},
@@ -65,8 +79,8 @@ def run_once(binary, env, bench_args, timeout_s):
         return None, f"cannot run: {e.strerror}"
     if done.returncode != 0:
         return None, f"exit status {done.returncode}"
-    result = parse_bench(done.stdout)
-    return (result, "") if result else (None, "no prefill row in its output")
+    result = parse(done.stdout)
+    return (result, "") if result else (None, f"no {rows_named} in its output")
 
 
 def fmt(value, suffix=""):
@@ -78,8 +92,11 @@ def main():
     ap.add_argument("variants", nargs="+", metavar="VARIANT")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per bench run")
-    ap.add_argument("--args", default=DEFAULT_ARGS, help="the bench's arguments")
+    ap.add_argument("--args", default=None, help="the bench's arguments")
+    ap.add_argument("--decode", action="store_true", help="compare decode rates per batch")
     opts = ap.parse_args()
+    if opts.args is None:
+        opts.args = DEFAULT_DECODE_ARGS if opts.decode else DEFAULT_ARGS
     try:
         variants = [parse_variant(v) for v in opts.variants]
     except ValueError as e:
@@ -89,6 +106,8 @@ def main():
         print("error: --rounds must be at least 1", file=sys.stderr)
         return 2
 
+    if opts.decode:
+        return compare_decode(variants, opts)
     print("| variant | round | tok/s | of best group | of sustained | prefill clock |")
     print("|---|---:|---:|---:|---:|---:|")
     rates = {name: [] for name, _, _ in variants}
@@ -108,6 +127,33 @@ def main():
         got = rates[name]
         median = f"{statistics.median(got):,.0f}" if got else "—"
         print(f"| {name} | {median} | {len(got)} of {opts.rounds} |")
+    return 0 if all(rates.values()) else 1
+
+
+def compare_decode(variants, opts):
+    print("| variant | round | batch | decode tok/s | of copy bw |")
+    print("|---|---:|---:|---:|---:|")
+    rates = {name: {} for name, _, _ in variants}
+    batches = []
+    for rnd in range(1, opts.rounds + 1):
+        for name, binary, env in variants:
+            rows, note = run_once(binary, env, opts.args, opts.timeout, parse_decode, "decode rows")
+            if rows is None:
+                print(f"| {name} | {rnd} | {note} | | |", flush=True)
+                continue
+            for row in rows:
+                if row["batch"] not in batches:
+                    batches.append(row["batch"])
+                rates[name].setdefault(row["batch"], []).append(row["tok_s"])
+                print(f"| {name} | {rnd} | {row['batch']} | {row['tok_s']:,.1f} | {row['copy_share']}% |", flush=True)
+    print()
+    print("| variant | batch | median tok/s | runs |")
+    print("|---|---:|---:|---:|")
+    for name, _, _ in variants:
+        for batch in batches:
+            got = rates[name].get(batch, [])
+            median = f"{statistics.median(got):,.1f}" if got else "—"
+            print(f"| {name} | {batch} | {median} | {len(got)} of {opts.rounds} |")
     return 0 if all(rates.values()) else 1
 
 

@@ -55,5 +55,23 @@ TEST(PrefillAbTest, AMalformedVariantIsRefusedBeforeAnyRun) {
   EXPECT_EQ(r.out.find("| base | 1"), std::string::npos) << r.out;
 }
 
+TEST(PrefillAbTest, DecodeModeTablesEachBatchAndItsMedians) {
+  const auto r = run_tool("prefill_ab.py", "--decode --rounds 2 base=" + kFake + ",FAKE_DECODE=1 new=" + kFake +
+                                               ",FAKE_DECODE=1,FAKE_DECODE_RATE=500.5 prefill=" + kFake);
+  EXPECT_EQ(r.exit_code, 1) << r.out;  // the prefill bench has no decode rows
+  const std::string base1 = "| base | 1 | 1 | 429.1 | 28% |";
+  const std::string new1 = "| new | 1 | 1 | 500.5 | 28% |";
+  ASSERT_NE(r.out.find(base1), std::string::npos) << r.out;
+  ASSERT_NE(r.out.find(new1), std::string::npos) << r.out;
+  EXPECT_LT(r.out.find(base1), r.out.find("| base | 1 | 2 | 578.7 | 28% |"));
+  EXPECT_LT(r.out.find(base1), r.out.find(new1));
+  EXPECT_NE(r.out.find("| new | 2 | 1 | 500.5 | 28% |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("| prefill | 1 | no decode rows in its output |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("| base | 1 | 429.1 | 2 of 2 |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("| new | 1 | 500.5 | 2 of 2 |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("| new | 2 | 578.7 | 2 of 2 |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("| prefill | 1 | — | 0 of 2 |"), std::string::npos) << r.out;
+}
+
 }  // namespace
 }  // namespace dsinfer
