@@ -709,8 +709,8 @@ bool CudaBackend::library_product_fp8(const Tensor& x_bf16, int64_t rows, const 
   return true;
 }
 
-void CudaBackend::library_product_fp8_rows(const QuantisedRows& x, const GemmWeight& w, const LibraryScales& lib, void* out,
-                                           bool out_bf16) {
+void CudaBackend::library_product_fp8_rows(const QuantisedRows& x, const GemmWeight& w, const LibraryScales& lib,
+                                           void* out, bool out_bf16) {
   matmul_->fp8(static_cast<const uint8_t*>(w.data), lib.scales, scale_mode(lib.blocks_128x128), x.q.as<uint8_t>(),
                x.scales.as<float>(), out, x.q.dim(0), w.n_padded, w.k_padded, out_bf16);
 }

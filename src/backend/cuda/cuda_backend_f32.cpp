@@ -31,7 +31,6 @@ void CudaBackend::prepare_f32(MoeWeights& w) {
   const LinearWeight& down0 = w.expert_down[0];
   std::vector<const float*> table;
   for (const LinearWeight& gu : w.expert_gate_up) {
-    DS_CHECK_MSG(gu.packed_gate_up, "MoE expert gate/up weights must come from make_gate_up");
     DS_CHECK_MSG(gu.weight.dtype == DType::kF32 && gu.weight.shape == gu0.weight.shape,
                  "MoE experts of one layer must share shapes and dtype");
     table.push_back(gu.weight.as<float>());

@@ -113,15 +113,14 @@ void CudaBackend::prepare(MoeWeights& w) {
   const int num_experts = w.num_experts;
   DS_CHECK(static_cast<int>(w.expert_gate_up.size()) == num_experts &&
            static_cast<int>(w.expert_down.size()) == num_experts && num_experts > 0);
+  for (const LinearWeight& gu : w.expert_gate_up)
+    DS_CHECK_MSG(gu.packed_gate_up, "MoE expert gate/up weights must come from make_gate_up");
   if (f32_products_) {
     prepare_f32(w);
     return;
   }
   std::vector<GemmWeight> table;
-  for (const LinearWeight& gu : w.expert_gate_up) {
-    DS_CHECK_MSG(gu.packed_gate_up, "MoE expert gate/up weights must come from make_gate_up");
-    table.push_back(gemm_weight_of(gu));
-  }
+  for (const LinearWeight& gu : w.expert_gate_up) table.push_back(gemm_weight_of(gu));
   for (const LinearWeight& d : w.expert_down) table.push_back(gemm_weight_of(d));
   for (int e = 1; e < num_experts; ++e) {
     DS_CHECK_MSG(table[e].n_padded == table[0].n_padded && table[e].k_padded == table[0].k_padded &&

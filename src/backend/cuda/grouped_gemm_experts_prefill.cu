@@ -217,7 +217,8 @@ __device__ __forceinline__ void store_tile_silu_e4m3(const GroupedGemmArgs& a, c
 // kStoreBf16 rows of a 256-row tile through the same staging rows, a quarter of the tile's
 // columns (64 bf16, 128 bytes a row) at a time: each thread's pairs land in shared memory (a
 // warp's eight rows in different banks, as for the e4m3 codes), then the warpgroup stores
-// whole 16-byte pieces. Arguments as for store_tile_silu_e4m3.
+// whole 16-byte pieces. local_row0: the thread's first routed row in staging; the other
+// arguments as for store_tile_silu_e4m3.
 template <int kCols>
 __device__ __forceinline__ void store_tile_bf16_staged(const GroupedGemmArgs& a, const float (&acc)[kCols / 2],
                                                        int row_end, int n_block, int t, unsigned char* staging,
@@ -516,9 +517,6 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_prefill_kernel(Groupe
   }
 }
 
-}  // namespace
-
-namespace {
 template <int kCols, bool kTmaWeights>
 void launch_blocks(const GroupedGemmArgs& args, int blocks, int n_tiles, Stream stream) {
   constexpr auto kernel = expert_gemm_prefill_kernel<kCols, kTmaWeights>;
