@@ -94,8 +94,13 @@ struct Tiles {
   static constexpr bool kMoveRegisters = kCols > 128;
 };
 // setmaxnreg's counts where registers move: the launch gives each of the 384 threads 168, and
-// 128 × (168 - 72) = 256 × (216 - 168); the copying path spills below 72.
-constexpr int kCopyRegisters = 72, kMathRegisters = 216;
+// 128 × (168 - 72) = 256 × (216 - 168); the copying path spills below 72 where it copies the
+// weight rows itself. With TMA weights it needs 40, and 128 × (168 - 40) = 256 × (232 - 168): at
+// 216 the math path of a 256-row tile spilled a value it reloaded every stage.
+template <bool kTmaWeights>
+constexpr int kCopyRegisters = kTmaWeights ? 40 : 72;
+template <bool kTmaWeights>
+constexpr int kMathRegisters = kTmaWeights ? 232 : 216;
 
 // One output pair (y 8-byte or 4-byte aligned), or a last single output, in fp32 or bf16.
 __device__ __forceinline__ void store_pair(float* y, float v0, float v1) { *reinterpret_cast<float2*>(y) = {v0, v1}; }
@@ -394,7 +399,7 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_prefill_kernel(Groupe
   const int num_tiles = a.block_offsets[a.num_groups] * n_tiles;
 
   if (threadIdx.x < kCopyThreads) {
-    if constexpr (T::kMoveRegisters) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kCopyRegisters));
+    if constexpr (T::kMoveRegisters) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kCopyRegisters<kTmaWeights>));
     // Copy thread p: 16-byte piece p % 8 of x rows and weight rows p / 8 + 16 j; the scale of x
     // row p; for p < 8, the scale of weight rows 16 p .. 16 p + 15.
     const int p = threadIdx.x, piece = p % kPiecesPerRow, row0 = p / kPiecesPerRow;
@@ -465,7 +470,7 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_prefill_kernel(Groupe
     return;
   }
 
-  if constexpr (T::kMoveRegisters) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kMathRegisters));
+  if constexpr (T::kMoveRegisters) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kMathRegisters<kTmaWeights>));
   // Math warpgroup m: routed rows 64 m + 16 warp + g (+ 8) of each row-block.
   const int m = (threadIdx.x - kCopyThreads) / 128, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
