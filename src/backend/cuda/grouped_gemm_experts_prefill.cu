@@ -399,7 +399,8 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_prefill_kernel(Groupe
   const int num_tiles = a.block_offsets[a.num_groups] * n_tiles;
 
   if (threadIdx.x < kCopyThreads) {
-    if constexpr (T::kMoveRegisters) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kCopyRegisters<kTmaWeights>));
+    if constexpr (T::kMoveRegisters)
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kCopyRegisters<kTmaWeights>));
     // Copy thread p: 16-byte piece p % 8 of x rows and weight rows p / 8 + 16 j; the scale of x
     // row p; for p < 8, the scale of weight rows 16 p .. 16 p + 15.
     const int p = threadIdx.x, piece = p % kPiecesPerRow, row0 = p / kPiecesPerRow;
@@ -470,7 +471,8 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_prefill_kernel(Groupe
     return;
   }
 
-  if constexpr (T::kMoveRegisters) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kMathRegisters<kTmaWeights>));
+  if constexpr (T::kMoveRegisters)
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kMathRegisters<kTmaWeights>));
   // Math warpgroup m: routed rows 64 m + 16 warp + g (+ 8) of each row-block.
   const int m = (threadIdx.x - kCopyThreads) / 128, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
