@@ -27,18 +27,13 @@ LinearWeight CudaBackend::f32_weight(const HostTensor& w, bool gate_up) {
 }
 
 void CudaBackend::prepare_f32(MoeWeights& w) {
-  const LinearWeight& gu0 = w.expert_gate_up[0];
-  const LinearWeight& down0 = w.expert_down[0];
   std::vector<const float*> table;
-  for (const LinearWeight& gu : w.expert_gate_up) {
-    DS_CHECK_MSG(gu.weight.dtype == DType::kF32 && gu.weight.shape == gu0.weight.shape,
-                 "MoE experts of one layer must share shapes and dtype");
-    table.push_back(gu.weight.as<float>());
-  }
-  for (const LinearWeight& d : w.expert_down) {
-    DS_CHECK_MSG(d.weight.dtype == DType::kF32 && d.weight.shape == down0.weight.shape,
-                 "MoE experts of one layer must share shapes and dtype");
-    table.push_back(d.weight.as<float>());
+  for (const std::vector<LinearWeight>* weights : {&w.expert_gate_up, &w.expert_down}) {
+    for (const LinearWeight& lw : *weights) {
+      DS_CHECK_MSG(lw.weight.dtype == DType::kF32 && lw.weight.shape == weights->front().weight.shape,
+                   "MoE experts of one layer must share shapes and dtype");
+      table.push_back(lw.weight.as<float>());
+    }
   }
   const size_t bytes = table.size() * sizeof(const float*);
   w.derived = alloc_->persistent_bytes(bytes);
