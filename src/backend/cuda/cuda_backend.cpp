@@ -115,6 +115,7 @@ CudaBackend::CudaBackend(Precision precision) {
   prefill_expert_silu_e4m3_ = !env_is("DSINFER_MOE_PREFILL_SILU_E4M3", "0");
   prefill_expert_staged_bf16_ = !env_is("DSINFER_MOE_PREFILL_STAGED_BF16", "0");
   prefill_expert_tma_weights_ = !env_is("DSINFER_MOE_PREFILL_TMA_WEIGHTS", "0");
+  prefill_expert_tma_rows_ = !env_is("DSINFER_MOE_PREFILL_TMA_ROWS", "0");
   if (env_is("DSINFER_MOE_FP8_PASS_ROWS", "32")) fp8_expert_pass_rows_ = 32;
   if (env_is("DSINFER_MOE_FP8_PASS_ROWS", "64")) fp8_expert_pass_rows_ = 64;
   library_fp8_ = !env_is("DSINFER_CUDA_FP8_GEMM", "0");

@@ -333,6 +333,11 @@ class CudaBackend final : public Backend {
   // instead of 16-byte cp.async pieces from every copying thread
   // (DSINFER_MOE_PREFILL_TMA_WEIGHTS=0: cp.async; same bits).
   bool prefill_expert_tma_weights_ = true;
+  // With TMA weights, the down product's e4m3 rows (contiguous per row-block) come as one TMA
+  // box a stage too (DSINFER_MOE_PREFILL_TMA_ROWS=0: cp.async pieces; same bits). The gate/up
+  // product's rows, gathered by src_rows, stay on cp.async: gathered by a pass first for the
+  // same boxes, the pass cost more than the boxes saved.
+  bool prefill_expert_tma_rows_ = true;
   // In steps whose FP8 products take cuBLASLt's block-scaled product, the norms write the e4m3
   // rows those products read (DSINFER_NORM_E4M3=0: the first product quantises them).
   bool norm_writes_e4m3_ = true;

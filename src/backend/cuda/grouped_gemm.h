@@ -104,6 +104,10 @@ struct GroupedGemmArgs {
   // 128-byte swizzle; 64-byte aligned in device memory), instead of by cp.async.
   bool tma_weights = false;
   const void* weight_maps = nullptr;
+  // With tma_weights and without src_rows (each row-block's rows contiguous in xq): the rows by
+  // TMA too, one box of the row-block's 128 rows a stage, instead of every copying thread's
+  // 16-byte cp.async pieces.
+  bool tma_rows = false;
   GemmEpilogue epilogue = GemmEpilogue::kStoreF32;
   void* y = nullptr;
   int64_t ldy = 0;

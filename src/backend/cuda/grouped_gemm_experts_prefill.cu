@@ -316,11 +316,13 @@ __device__ __forceinline__ void wgmma_e4m3(float (&part)[96], uint64_t desc_x, u
 // A math warpgroup's products `product` of one stage: part = its 64 x rows (at x_offset in the
 // stage) · the stage's weight rows [product kProductCols, + kProductCols)ᵀ over the stage's 128
 // columns, committed as one group.
-template <int kCols>
+// kFence: the stage's x rows landed through cp.async (the generic proxy), which the products
+// (the async proxy) read only after a proxy fence; rows copied by TMA need none.
+template <int kCols, bool kFence = true>
 __device__ __forceinline__ void issue_stage_products(float (&part)[Tiles<kCols>::kProductCols / 2],
                                                      uint32_t stage_addr, int x_offset, int product) {
   using T = Tiles<kCols>;
-  if (product == 0) fence_shared_for_wgmma();  // the copies landed through the generic proxy
+  if (kFence && product == 0) fence_shared_for_wgmma();
   wgmma_fence();
   const uint64_t desc_x = wgmma_descriptor_sw128(stage_addr + x_offset);
   const uint64_t desc_w =
@@ -379,8 +381,14 @@ __device__ __forceinline__ void add_scaled_products(float (&acc)[kCols / 2],
 // kTmaWeights (256-row tiles): the weight rows arrive by TMA, two boxes of 128 rows × 128 bytes
 // a stage from the expert's tensor map (GroupedGemmArgs::tma_weights), counted in bytes on the
 // stage's full barrier; the gathered x rows and the scales stay on cp.async.
-template <int kCols, bool kTmaWeights = false>
-__global__ void __launch_bounds__(kThreads, 1) expert_gemm_prefill_kernel(GroupedGemmArgs a, int n_tiles) {
+// kTmaRows (with kTmaWeights; a.tma_rows): the row-block's x rows are contiguous in a.xq, and
+// arrive as one more box of 128 rows × 128 bytes a stage from x_map. Rows past the row-block's
+// end are the next expert's (or zeros past xq's end): their products are never stored. The
+// products then read only what the async proxy wrote, so the math warps skip the proxy fence.
+template <int kCols, bool kTmaWeights = false, bool kTmaRows = false>
+__global__ void __launch_bounds__(kThreads, 1)
+    expert_gemm_prefill_kernel(GroupedGemmArgs a, int n_tiles, const __grid_constant__ CUtensorMap x_map) {
+  static_assert(kTmaWeights || !kTmaRows, "rows by TMA go with weights by TMA");
   using T = Tiles<kCols>;
   constexpr int kStages = T::kStages, kStageBytes = T::kStageBytes, kWeightScales = T::kWeightScales;
   await_previous_kernels();
@@ -438,16 +446,19 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_prefill_kernel(Groupe
         if (it >= kStages) mbarrier_wait(empty_bar + 8 * slot, (it / kStages - 1) & 1);
         unsigned char* stage = smem + slot * kStageBytes;
         const int64_t k0 = static_cast<int64_t>(s) * kStageK;
+        if constexpr (!kTmaRows) {
 #pragma unroll
-        for (int j = 0; j < kXPieces; ++j)
-          cp_async16(stage + swizzled_piece_offset(row0 + kRowStep * j, piece), a.xq + x_offset[j] + k0,
-                     j < x_pieces);
+          for (int j = 0; j < kXPieces; ++j)
+            cp_async16(stage + swizzled_piece_offset(row0 + kRowStep * j, piece), a.xq + x_offset[j] + k0,
+                       j < x_pieces);
+        }
         if constexpr (kTmaWeights) {
           if (p == 0) {
             // Rows past the weight's n_padded land as zeros and count as bytes all the same.
-            constexpr uint32_t kBoxRows = kCols / 2, kBoxBytes = kBoxRows * kStageK;
+            constexpr uint32_t kBoxRows = kCols / 2, kBoxBytes = kBoxRows * kStageK, kRowBoxBytes = kRows * kStageK;
             const uint32_t full = full_bar + 8 * slot, stage_addr = smem_addr + slot * kStageBytes;
-            mbarrier_arrive_expect_bytes(full, 2 * kBoxBytes);
+            mbarrier_arrive_expect_bytes(full, 2 * kBoxBytes + (kTmaRows ? kRowBoxBytes : 0));
+            if constexpr (kTmaRows) tma_load_2d(stage_addr, &x_map, static_cast<int>(k0), row_begin, full);
             const CUtensorMap* map = static_cast<const CUtensorMap*>(a.weight_maps) + group;
             for (int box = 0; box < 2; ++box)
               tma_load_2d(stage_addr + T::kWeightOffset + box * kBoxBytes, map, static_cast<int>(k0),
@@ -493,7 +504,7 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_prefill_kernel(Groupe
       for (int product = 0; product < T::kProducts; ++product) {
         float part[T::kProductCols / 2];
         if (has_rows) {
-          issue_stage_products<kCols>(part, smem_addr + slot * kStageBytes, x_offset, product);
+          issue_stage_products<kCols, !kTmaRows>(part, smem_addr + slot * kStageBytes, x_offset, product);
           wgmma_wait_all();
           wgmma_fence_registers(part);
         }
@@ -524,12 +535,21 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_prefill_kernel(Groupe
   }
 }
 
-template <int kCols, bool kTmaWeights>
-void launch_blocks(const GroupedGemmArgs& args, int blocks, int n_tiles, Stream stream) {
-  constexpr auto kernel = expert_gemm_prefill_kernel<kCols, kTmaWeights>;
+template <int kCols, bool kTmaWeights, bool kTmaRows = false>
+void launch_blocks(const GroupedGemmArgs& args, int blocks, int n_tiles, Stream stream,
+                   const CUtensorMap& x_map = CUtensorMap{}) {
+  constexpr auto kernel = expert_gemm_prefill_kernel<kCols, kTmaWeights, kTmaRows>;
   allow_shared_bytes<kernel>(Tiles<kCols>::kBytes);
-  launch_kernel(kernel, dim3(blocks), kThreads, Tiles<kCols>::kBytes, stream, args, n_tiles);
+  launch_kernel(kernel, dim3(blocks), kThreads, Tiles<kCols>::kBytes, stream, args, n_tiles, x_map);
   DS_CUDA_CHECK_LAUNCH();
+}
+
+// The e4m3 rows (a.xq, x_scale_rows rows of ldx bytes) as a tensor map of boxes of a row-block's
+// rows × one stage's 128 bytes, in the products' 128-byte swizzle.
+CUtensorMap row_block_map(const GroupedGemmArgs& args) {
+  return encode_tensor_map(TensorMap2d{args.xq, CU_TENSOR_MAP_DATA_TYPE_UINT8, static_cast<uint64_t>(args.ldx),
+                                       static_cast<uint64_t>(args.x_scale_rows), static_cast<uint64_t>(args.ldx),
+                                       kStageK, kRows, true});
 }
 
 template <int kCols>
@@ -541,7 +561,8 @@ void launch_tiles(const GroupedGemmArgs& args, int max_n_padded, int max_row_blo
   if constexpr (kCols == 256) {
     if (args.tma_weights) {
       DS_CHECK_MSG(args.weight_maps != nullptr, "prefill expert blocks: TMA weights need a tensor map per weight");
-      launch_blocks<kCols, true>(args, blocks, n_tiles, stream);
+      if (args.tma_rows) launch_blocks<kCols, true, true>(args, blocks, n_tiles, stream, row_block_map(args));
+      else launch_blocks<kCols, true>(args, blocks, n_tiles, stream);
       return;
     }
   }
@@ -561,6 +582,8 @@ void launch_expert_gemm_prefill(const GroupedGemmArgs& args, int max_n_padded, i
                    (args.prefill_weight_rows == 256 && args.n_out % kScaleCols == 0 && args.ldy % 16 == 0 &&
                     args.y_scales != nullptr && args.y_scale_rows > 0),
                "prefill expert blocks: e4m3 SiLU·up rows need 256-row tiles and whole scale tiles");
+  DS_CHECK_MSG(!args.tma_rows || (args.tma_weights && args.src_rows == nullptr && args.prefill_weight_rows == 256),
+               "prefill expert blocks: rows by TMA need contiguous row-blocks and 256-row tiles with TMA weights");
   DS_CHECK_MSG(!args.staged_bf16_stores || args.epilogue != GemmEpilogue::kStoreBf16 ||
                    (args.n_out % 8 == 0 && args.ldy % 8 == 0),
                "prefill expert blocks: staged bf16 rows need whole 16-byte pieces");

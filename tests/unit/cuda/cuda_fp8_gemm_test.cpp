@@ -392,13 +392,15 @@ TEST_F(CudaFp8GemmTest, PrefillExpertBlocksTakePrefillSizedLayers) {
 // quantised, as the quantising pass reads them: the layer's outputs carry the same bits with
 // either tile and either way of making the e4m3 rows. Inputs scaled by 1e-14 give SiLU·up tiles
 // whose scale is below 2^-90, where the tiles divide by it instead of using its reciprocal.
-// The down product's bf16 rows through shared memory or as each thread's pairs, and the weight
-// rows by TMA or by cp.async: the same bits.
+// The down product's bf16 rows through shared memory or as each thread's pairs, the weight
+// rows by TMA or by cp.async, and the down product's e4m3 rows by TMA boxes of a row-block or by
+// cp.async: the same bits.
 TEST_F(CudaFp8GemmTest, PrefillExpertTilesOf256RowsGiveTheSameBits) {
   auto tiles_192 = make_backend_with_env("cuda", "DSINFER_MOE_PREFILL_WEIGHT_ROWS", "192");
   auto tiles_256 = make_backend_with_env("cuda", "DSINFER_MOE_PREFILL_WEIGHT_ROWS", "256");
   auto unstaged_bf16 = make_backend_with_env("cuda", "DSINFER_MOE_PREFILL_STAGED_BF16", "0");
   auto cp_async_weights = make_backend_with_env("cuda", "DSINFER_MOE_PREFILL_TMA_WEIGHTS", "0");
+  auto cp_async_rows = make_backend_with_env("cuda", "DSINFER_MOE_PREFILL_TMA_ROWS", "0");
   setenv("DSINFER_MOE_PREFILL_SILU_E4M3", "0", 1);
   auto tiles_256_pass = make_backend_with_env("cuda", "DSINFER_MOE_PREFILL_WEIGHT_ROWS", "256");
   unsetenv("DSINFER_MOE_PREFILL_SILU_E4M3");
@@ -413,18 +415,21 @@ TEST_F(CudaFp8GemmTest, PrefillExpertTilesOf256RowsGiveTheSameBits) {
       SCOPED_TRACE(x_scale);
       auto x = random_values(c.num_tokens * c.hidden, 74);
       for (float& v : x) v *= x_scale;
-      MoeRouting routing, routing_256, routing_256_pass, routing_unstaged, routing_cp_async;
+      MoeRouting routing, routing_256, routing_256_pass, routing_unstaged, routing_cp_async, routing_cp_async_rows;
       const auto want_bits = run_fp8_moe(*tiles_192, c, gate_up, down, x, routing);
       const auto got = run_fp8_moe(*tiles_256, c, gate_up, down, x, routing_256);
       const auto got_pass = run_fp8_moe(*tiles_256_pass, c, gate_up, down, x, routing_256_pass);
       const auto got_unstaged = run_fp8_moe(*unstaged_bf16, c, gate_up, down, x, routing_unstaged);
       const auto got_cp_async = run_fp8_moe(*cp_async_weights, c, gate_up, down, x, routing_cp_async);
+      const auto got_cp_async_rows = run_fp8_moe(*cp_async_rows, c, gate_up, down, x, routing_cp_async_rows);
       ASSERT_EQ(routing_256.expert_ids, routing.expert_ids);
       ASSERT_EQ(routing_256_pass.expert_ids, routing.expert_ids);
       ASSERT_EQ(routing_unstaged.expert_ids, routing.expert_ids);
       EXPECT_EQ(got_unstaged, got);
       ASSERT_EQ(routing_cp_async.expert_ids, routing.expert_ids);
       EXPECT_EQ(got_cp_async, got);
+      ASSERT_EQ(routing_cp_async_rows.expert_ids, routing.expert_ids);
+      EXPECT_EQ(got_cp_async_rows, got);
       EXPECT_LT(rms_relative_error(got, fp8_moe_reference(c, gate_up, down, x, routing)), 1e-2);
       size_t differing = 0, differing_pass = 0;
       for (size_t i = 0; i < want_bits.size(); ++i) {
