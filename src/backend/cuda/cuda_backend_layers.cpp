@@ -416,7 +416,7 @@ Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, c
   down.weight_maps = up.tma_weights ? weight_maps + num_experts : nullptr;
   down.ldx = inter_p;
   down.src_rows = nullptr;
-  down.tma_rows = up.tma_weights && prefill_expert_tma_rows_;
+  down.tma_rows = down.tma_weights && prefill_expert_tma_rows_;  // its rows are contiguous per row-block
   down.groups = gate_up_table + num_experts;
   // The gate/up product, the launch before, waited for the routing and planning.
   down.layout_before_wait = true;

@@ -12,7 +12,9 @@
 //   per SM takes tile after tile;
 // - the first warpgroup only copies: per stage (128 columns of k, one scale block) the row-block's
 //   128 e4m3 x rows, the tile's weight rows and their scales, through cp.async into the 128-byte
-//   swizzle the products read; its copies' completion marks the stage full (an mbarrier);
+//   swizzle the products read (256-row tiles: the weight rows by TMA, and the down product's x
+//   rows, contiguous per row-block, too); its copies' completion marks the stage full (an
+//   mbarrier);
 // - two math warpgroups of 64 routed rows each wait for a full stage, run an m64n192 product
 //   (or m64n128; two of them one after the other for a 256-row tile) over its 128 columns, mark
 //   it empty for the copier, add the sums, scaled by the x rows' and the weight rows' scales, to
