@@ -12,6 +12,12 @@ void Backend::add_rms_norm(Tensor& x, const Tensor& y, const Tensor& w, float ep
   rms_norm(x, w, eps, out);
 }
 
+void Backend::moe_add_rms_norm(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRouting* routing,
+                               Tensor& residual, const Tensor& norm_w, float eps, Tensor& normed) {
+  moe(x, w, out, routing);
+  add_rms_norm(residual, out, norm_w, eps, normed);
+}
+
 void Backend::linear_pair(const Tensor& x, const LinearWeight& w1, Tensor& out1, const LinearWeight& w2,
                           Tensor& out2) {
   linear(x, w1, out1);

@@ -164,6 +164,12 @@ class Backend {
   virtual void gather_rows(const Tensor& x, std::span<const int32_t> rows, Tensor& out) = 0;
   virtual void mla_attention(const MlaAttentionArgs& args) = 0;
   virtual void moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRouting* routing) = 0;
+  // A MoE layer and the residual step after it: moe(x, w, out, routing), then
+  // add_rms_norm(residual, out, norm_w, eps, normed). out is scratch: a backend that makes the
+  // layer's output where the norm adds it may leave it unwritten. normed may be x. The default
+  // runs the two.
+  virtual void moe_add_rms_norm(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRouting* routing,
+                                Tensor& residual, const Tensor& norm_w, float eps, Tensor& normed);
   // Called once a layer's attention or MoE weights are complete, before any forward: a backend
   // may derive data of its own from them into `derived`.
   virtual void prepare(MlaWeights& w) { (void)w; }

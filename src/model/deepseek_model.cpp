@@ -188,12 +188,15 @@ ForwardOutput DeepseekModel::run_layers(const ForwardBatch& batch, KvCaches& cac
     attention(l, h, batch, caches.layers[i], caches.block_size, y);
     backend_.add_rms_norm(x, y, l.post_attn_norm, eps, h);
     MoeRouting routing;
-    mlp(l, h, y, record_routing && l.is_moe ? &routing : nullptr);
-    if (record_routing && l.is_moe) result.routing.push_back(std::move(routing));
-    if (i + 1 < num_layers)
-      backend_.add_rms_norm(x, y, weights_.layers[i + 1].input_norm, eps, h);
-    else
-      backend_.add(x, y);
+    MoeRouting* recorded = record_routing && l.is_moe ? &routing : nullptr;
+    if (i + 1 < num_layers && l.is_moe) {
+      backend_.moe_add_rms_norm(h, l.moe, y, recorded, x, weights_.layers[i + 1].input_norm, eps, h);
+    } else {
+      mlp(l, h, y, recorded);
+      if (i + 1 < num_layers) backend_.add_rms_norm(x, y, weights_.layers[i + 1].input_norm, eps, h);
+      else backend_.add(x, y);
+    }
+    if (recorded != nullptr) result.routing.push_back(std::move(routing));
   }
   const int64_t num_out = batch.logits_indices.size();
   if (num_out == 0) return result;

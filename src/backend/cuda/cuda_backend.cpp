@@ -98,6 +98,8 @@ CudaBackend::CudaBackend(Precision precision) {
   cache_write_beside_ = !env_is("DSINFER_MLA_CACHE_WRITE_BESIDE", "0");
   shared_experts_alongside_ = !env_is("DSINFER_MOE_SIDE_STREAM", "0");
   shared_experts_in_routing_ = shared_experts_alongside_ && !env_is("DSINFER_MOE_SHARED_IN_ROUTING", "0");
+  if (env_is("DSINFER_MOE_COMBINE_IN_NORM", "0")) combine_in_norm_min_rows_ = INT64_MAX;
+  if (env_is("DSINFER_MOE_COMBINE_IN_NORM", "1")) combine_in_norm_min_rows_ = 1;
   if (env_is("DSINFER_MOE_PREFILL_EXPERTS", "chunked")) prefill_experts_ = PrefillExperts::kChunked;
   if (env_is("DSINFER_MOE_PREFILL_EXPERTS", "host")) prefill_experts_ = PrefillExperts::kHostPlanned;
   if (env_is("DSINFER_MOE_PREFILL_EXPERTS", "grouped")) prefill_experts_ = PrefillExperts::kGrouped;

@@ -164,8 +164,50 @@ const CUtensorMap* CudaBackend::expert_weight_maps(const MoeWeights& w) const {
 
 void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRouting* routing) {
   const int64_t num_tokens = x.dim(0), hidden = x.dim(1);
-  const int top_k = w.top_k, num_experts = w.num_experts;
   if (num_tokens == 0) return;
+  DS_CHECK(out.dim(0) == num_tokens && out.dim(1) == hidden);
+  const MoeOutputs m = moe_until_combine(x, w);
+  const MoeCombineRows& c = m.combine;
+  launch_moe_combine(c.expert_out, c.expert_out_bf16, c.ld_expert, c.slot_row, c.weights, c.shared, num_tokens,
+                     c.top_k, hidden, out.as<float>(), stream_);
+  copy_routing(m, routing);
+  forget_normed_copy_if_written(out);
+}
+
+void CudaBackend::moe_add_rms_norm(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRouting* routing,
+                                   Tensor& residual, const Tensor& norm_w, float eps, Tensor& normed) {
+  if (x.dim(0) < combine_in_norm_min_rows_) {
+    Backend::moe_add_rms_norm(x, w, out, routing, residual, norm_w, eps, normed);
+    return;
+  }
+  const int64_t num_tokens = x.dim(0), hidden = x.dim(1);
+  if (num_tokens == 0) return;
+  DS_CHECK(out.dim(0) == num_tokens && out.dim(1) == hidden && residual.num_elements() == out.num_elements() &&
+           normed.num_elements() == out.num_elements() && norm_w.num_elements() == hidden);
+  const MoeOutputs m = moe_until_combine(x, w);
+  // After the layer's launches: its products read x's copy, which normed may overwrite.
+  const Bf16Rows copy = start_normed_copy(normed);
+  launch_moe_combine_add_rms_norm(residual.as<float>(), m.combine, out.as<float>(), norm_w.as<float>(), eps, num_tokens,
+                                  hidden, normed.as<float>(), copy.data, copy.ld, normed_e4m3_rows(num_tokens),
+                                  stream_);
+  copy_routing(m, routing);
+}
+
+void CudaBackend::copy_routing(const MoeOutputs& m, MoeRouting* routing) {
+  if (routing == nullptr) return;
+  const int64_t num_entries = m.ids.num_elements();
+  routing->expert_ids.resize(num_entries);
+  routing->weights.resize(num_entries);
+  DS_CUDA_CHECK(
+      cudaMemcpyAsync(routing->expert_ids.data(), m.ids.data, num_entries * 4, cudaMemcpyDeviceToHost, stream_));
+  DS_CUDA_CHECK(
+      cudaMemcpyAsync(routing->weights.data(), m.weights.data, num_entries * 4, cudaMemcpyDeviceToHost, stream_));
+  synchronize();
+}
+
+CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const MoeWeights& w) {
+  const int64_t num_tokens = x.dim(0), hidden = x.dim(1);
+  const int top_k = w.top_k, num_experts = w.num_experts;
   const int64_t num_entries = num_tokens * top_k;
   DS_CHECK_MSG(num_entries <= INT32_MAX / 2, "MoE: " << num_entries << " routed entries in one step");
   MoeRouteParams params{num_experts,
@@ -297,20 +339,18 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
     gated_mlp_f32(x, w.shared_gate_up, w.shared_down, shared.as<float>(), hidden);
   else if (w.has_shared && !shared_in_routing)
     gated_mlp_bf16(xb, num_tokens, w.shared_gate_up, w.shared_down, shared.as<float>(), hidden);
-  launch_moe_combine(expert_out.data, expert_out.dtype == DType::kBF16, expert_out.dim(1), combine_rows,
-                     d_weights.as<float>(), shared.empty() ? nullptr : shared.as<float>(), num_tokens, top_k, hidden,
-                     out.as<float>(), stream_);
-
-  if (routing != nullptr) {
-    routing->expert_ids.resize(num_entries);
-    routing->weights.resize(num_entries);
-    DS_CUDA_CHECK(cudaMemcpyAsync(routing->expert_ids.data(), d_ids.data, num_entries * 4, cudaMemcpyDeviceToHost,
-                                  stream_));
-    DS_CUDA_CHECK(cudaMemcpyAsync(routing->weights.data(), d_weights.data, num_entries * 4, cudaMemcpyDeviceToHost,
-                                  stream_));
-    synchronize();
-  }
-  forget_normed_copy_if_written(out);
+  MoeOutputs m;
+  m.combine = MoeCombineRows{expert_out.data,
+                             expert_out.dtype == DType::kBF16,
+                             expert_out.dim(1),
+                             combine_rows,
+                             d_weights.as<float>(),
+                             shared.empty() ? nullptr : shared.as<float>(),
+                             top_k};
+  m.keep = {std::move(expert_out), std::move(plan), std::move(chunk_slot_rows), std::move(shared)};
+  m.ids = std::move(d_ids);
+  m.weights = std::move(d_weights);
+  return m;
 }
 
 CudaBackend::QuantisedRows CudaBackend::quantise_rows_for(const Tensor& x_bf16, int64_t rows, int64_t k,

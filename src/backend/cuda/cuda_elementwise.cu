@@ -70,13 +70,67 @@ __device__ void zero_e4m3_row(const NormBf16Copy& copy, int n) {
   for (int t = threadIdx.x; t < n / 128; t += kThreads) copy.q_scales[t * copy.rows_padded + row] = 1.0f;
 }
 
-// One block per row: x += y first when kAddFirst (x updated in memory), then out = the row's
-// RMS norm, its mean square in fp32 through a block reduction. x and out may alias: every
-// thread holds its elements in registers before it writes them.
-template <bool kAddFirst, int kVec4>
-__global__ void __launch_bounds__(kThreads) rms_norm_registers_kernel(float* x, const float* y, const float* w,
+// What the register norm adds to x before it normalises: nothing, a row of y, or a MoE layer's
+// output made from its rows (CombineAddend). add(row, i, v) adds the addend's columns 4i..4i+3
+// of the row to v.
+struct NoAddend {
+  static constexpr bool kAdds = false;
+  __device__ void add(int64_t, int, float4&) const {}
+};
+
+struct RowAddend {
+  static constexpr bool kAdds = true;
+  const float* y;
+  int64_t n;
+  __device__ void add(int64_t row, int i, float4& v) const {
+    const float4 a = reinterpret_cast<const float4*>(y + row * n)[i];
+    v = make_float4(v.x + a.x, v.y + a.y, v.z + a.z, v.w + a.w);
+  }
+};
+
+// The row launch_moe_combine would write (cuda_moe.cu's combine_kernel: the same operations in
+// the same order, so the same bits), made where the norm reads it instead of written and read
+// back: sum_k weights[k] * expert_out[slot_row[k]] in slot order, then + shared.
+template <typename T>
+struct CombineAddend {
+  static constexpr bool kAdds = true;
+  MoeCombineRows moe;
+  int64_t n;
+  __device__ void add(int64_t row, int i, float4& v) const {
+    const T* expert_out = static_cast<const T*>(moe.expert_out);
+    float weight[kMoeCombineInNormMaxTopK];
+    const T* slot[kMoeCombineInNormMaxTopK];
+#pragma unroll
+    for (int k = 0; k < kMoeCombineInNormMaxTopK; ++k) {
+      if (k >= moe.top_k) break;
+      weight[k] = moe.weights[row * moe.top_k + k];
+      slot[k] = expert_out + static_cast<int64_t>(moe.slot_row[row * moe.top_k + k]) * moe.ld_expert;
+    }
+    float acc[4] = {}, e[4];
+#pragma unroll
+    for (int k = 0; k < kMoeCombineInNormMaxTopK; ++k) {
+      if (k >= moe.top_k) break;
+      load4(slot[k] + 4 * i, e);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[j] += weight[k] * e[j];
+    }
+    if (moe.shared != nullptr) {
+      load4(moe.shared + row * n + 4 * i, e);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[j] += e[j];
+    }
+    v = make_float4(v.x + acc[0], v.y + acc[1], v.z + acc[2], v.w + acc[3]);
+  }
+};
+
+// One block per row: x += the addend first where it adds one (x updated in memory), then out =
+// the row's RMS norm, its mean square in fp32 through a block reduction. x and out may alias:
+// every thread holds its elements in registers before it writes them.
+template <typename Addend, int kVec4>
+__global__ void __launch_bounds__(kThreads) rms_norm_registers_kernel(float* x, Addend addend, const float* w,
                                                                       float eps, int n, float* out,
                                                                       NormBf16Copy copy) {
+  constexpr bool kAddFirst = Addend::kAdds;
   await_previous_kernels();
   if (copy.q != nullptr && blockIdx.x >= copy.rows) {  // the whole block alike
     zero_e4m3_row(copy, n);
@@ -85,7 +139,6 @@ __global__ void __launch_bounds__(kThreads) rms_norm_registers_kernel(float* x, 
   __shared__ float warp_sums[32];
   const int64_t base = blockIdx.x * static_cast<int64_t>(n);
   float4* row = reinterpret_cast<float4*>(x + base);
-  const float4* add_row = reinterpret_cast<const float4*>(kAddFirst ? y + base : nullptr);
   const float4* w4 = reinterpret_cast<const float4*>(w);
   float4* dst = reinterpret_cast<float4*>(out + base);
   const int n4 = n / 4;
@@ -96,10 +149,7 @@ __global__ void __launch_bounds__(kThreads) rms_norm_registers_kernel(float* x, 
     if (i < n4) {
       v[j] = row[i];
       wv[j] = __ldg(w4 + i);
-      if constexpr (kAddFirst) {
-        const float4 a = add_row[i];
-        v[j] = make_float4(v[j].x + a.x, v[j].y + a.y, v[j].z + a.z, v[j].w + a.w);
-      }
+      addend.add(blockIdx.x, i, v[j]);
     }
   }
   float sum = 0.0f;
@@ -385,12 +435,17 @@ void launch_argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, S
 }
 
 namespace {
-// Either norm, from registers where the row fits them, else in loops (then the e4m3 rows, if
-// asked for, by the quantising pass over the bf16 ones).
-template <bool kAddFirst>
-void launch_norm(float* x, const float* y, const float* w, float eps, int64_t rows, int64_t n, float* out,
-                 uint16_t* out_bf16, int64_t ld_bf16, const E4m3Rows& e4m3, Stream stream) {
-  if (rows == 0) return;
+// The register form's kernel for rows of n with this addend: the fewest float4 a thread that
+// hold the row.
+template <typename Addend>
+auto registers_kernel_for(int64_t n) {
+  const int64_t vec4_per_thread = (n / 4 + kThreads - 1) / kThreads;
+  return vec4_per_thread <= 2   ? rms_norm_registers_kernel<Addend, 2>
+         : vec4_per_thread <= 4 ? rms_norm_registers_kernel<Addend, 4>
+                                : rms_norm_registers_kernel<Addend, kNormVec4PerThread>;
+}
+
+NormBf16Copy bf16_copy_of(int64_t rows, int64_t n, uint16_t* out_bf16, int64_t ld_bf16, const E4m3Rows& e4m3) {
   NormBf16Copy copy;
   if (out_bf16 != nullptr) {
     DS_CHECK_MSG(ld_bf16 % 8 == 0 && ld_bf16 >= n && reinterpret_cast<uintptr_t>(out_bf16) % 16 == 0,
@@ -400,26 +455,43 @@ void launch_norm(float* x, const float* y, const float* w, float eps, int64_t ro
   if (e4m3.q != nullptr)
     DS_CHECK_MSG(out_bf16 != nullptr && ld_bf16 == n && n % 128 == 0 && e4m3.rows_padded >= rows,
                  "rms_norm: e4m3 rows need the bf16 ones, " << n << " columns in whole 128-column tiles");
-  if (norm_fits_registers(x, y, w, out, n)) {
-    unsigned num_blocks = static_cast<unsigned>(rows);
-    if (e4m3.q != nullptr) {
-      copy.q = e4m3.q;
-      copy.q_scales = e4m3.scales;
-      copy.rows = rows;
-      copy.rows_padded = e4m3.rows_padded;
-      num_blocks = static_cast<unsigned>(e4m3.rows_padded);
-    }
-    const int64_t vec4_per_thread = (n / 4 + kThreads - 1) / kThreads;
-    const auto kernel = vec4_per_thread <= 2   ? rms_norm_registers_kernel<kAddFirst, 2>
-                        : vec4_per_thread <= 4 ? rms_norm_registers_kernel<kAddFirst, 4>
-                                               : rms_norm_registers_kernel<kAddFirst, kNormVec4PerThread>;
-    launch_kernel(kernel, num_blocks, kThreads, 0, stream, x, y, w, eps, static_cast<int>(n), out, copy);
-  } else {
-    launch_kernel(rms_norm_loop_kernel<kAddFirst>, static_cast<unsigned>(rows), kThreads, 0, stream, x, y, w, eps, n,
-                  out, copy);
+  return copy;
+}
+
+// The register form with this addend (the row must fit: norm_fits_registers), the e4m3 rows
+// written by the norm itself where asked for.
+template <typename Addend>
+void launch_norm_registers(float* x, const Addend& addend, const float* w, float eps, int64_t rows, int64_t n,
+                           float* out, NormBf16Copy copy, const E4m3Rows& e4m3, Stream stream) {
+  unsigned num_blocks = static_cast<unsigned>(rows);
+  if (e4m3.q != nullptr) {
+    copy.q = e4m3.q;
+    copy.q_scales = e4m3.scales;
+    copy.rows = rows;
+    copy.rows_padded = e4m3.rows_padded;
+    num_blocks = static_cast<unsigned>(e4m3.rows_padded);
   }
+  launch_kernel(registers_kernel_for<Addend>(n), num_blocks, kThreads, 0, stream, x, addend, w, eps,
+                static_cast<int>(n), out, copy);
   DS_CUDA_CHECK_LAUNCH();
-  if (e4m3.q != nullptr && copy.q == nullptr)
+}
+
+// Either norm, from registers where the row fits them, else in loops (then the e4m3 rows, if
+// asked for, by the quantising pass over the bf16 ones).
+template <bool kAddFirst>
+void launch_norm(float* x, const float* y, const float* w, float eps, int64_t rows, int64_t n, float* out,
+                 uint16_t* out_bf16, int64_t ld_bf16, const E4m3Rows& e4m3, Stream stream) {
+  if (rows == 0) return;
+  const NormBf16Copy copy = bf16_copy_of(rows, n, out_bf16, ld_bf16, e4m3);
+  if (norm_fits_registers(x, y, w, out, n)) {
+    if constexpr (kAddFirst) launch_norm_registers(x, RowAddend{y, n}, w, eps, rows, n, out, copy, e4m3, stream);
+    else launch_norm_registers(x, NoAddend{}, w, eps, rows, n, out, copy, e4m3, stream);
+    return;
+  }
+  launch_kernel(rms_norm_loop_kernel<kAddFirst>, static_cast<unsigned>(rows), kThreads, 0, stream, x, y, w, eps, n,
+                out, copy);
+  DS_CUDA_CHECK_LAUNCH();
+  if (e4m3.q != nullptr)
     launch_quantize_rows_e4m3(out_bf16, rows, n, e4m3.rows_padded, e4m3.q, e4m3.scales, stream);
 }
 }  // namespace
@@ -433,6 +505,28 @@ void launch_rms_norm(const float* x, const float* w, float eps, int64_t rows, in
 void launch_add_rms_norm(float* x, const float* y, const float* w, float eps, int64_t rows, int64_t n, float* out,
                          uint16_t* out_bf16, int64_t ld_bf16, const E4m3Rows& e4m3, Stream stream) {
   launch_norm<true>(x, y, w, eps, rows, n, out, out_bf16, ld_bf16, e4m3, stream);
+}
+
+void launch_moe_combine_add_rms_norm(float* x, const MoeCombineRows& moe, float* combined, const float* w, float eps,
+                                     int64_t rows, int64_t n, float* out, uint16_t* out_bf16, int64_t ld_bf16,
+                                     const E4m3Rows& e4m3, Stream stream) {
+  if (rows == 0) return;
+  const size_t elem_bytes = moe.expert_out_bf16 ? 2 : 4;
+  const auto aligned = [](const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
+  const bool fused = moe.top_k <= kMoeCombineInNormMaxTopK && moe.ld_expert % 4 == 0 &&
+                     aligned(moe.expert_out, 4 * elem_bytes) && (moe.shared == nullptr || aligned(moe.shared, 16)) &&
+                     norm_fits_registers(x, nullptr, w, out, n);
+  if (!fused) {
+    launch_moe_combine(moe.expert_out, moe.expert_out_bf16, moe.ld_expert, moe.slot_row, moe.weights, moe.shared,
+                       rows, moe.top_k, n, combined, stream);
+    launch_add_rms_norm(x, combined, w, eps, rows, n, out, out_bf16, ld_bf16, e4m3, stream);
+    return;
+  }
+  const NormBf16Copy copy = bf16_copy_of(rows, n, out_bf16, ld_bf16, e4m3);
+  if (moe.expert_out_bf16)
+    launch_norm_registers(x, CombineAddend<__nv_bfloat16>{moe, n}, w, eps, rows, n, out, copy, e4m3, stream);
+  else
+    launch_norm_registers(x, CombineAddend<float>{moe, n}, w, eps, rows, n, out, copy, e4m3, stream);
 }
 
 void launch_add(float* x, const float* y, int64_t n, Stream stream) {

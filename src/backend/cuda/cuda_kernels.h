@@ -35,6 +35,28 @@ void launch_add(float* x, const float* y, int64_t n, Stream stream);
 // as there.
 void launch_add_rms_norm(float* x, const float* y, const float* w, float eps, int64_t rows, int64_t n, float* out,
                          uint16_t* out_bf16, int64_t ld_bf16, const E4m3Rows& e4m3, Stream stream);
+// A MoE layer's routed rows and what launch_moe_combine makes of them (see there): expert_out
+// [T * top_k, ld_expert] fp32, or bf16 where expert_out_bf16; slot_row and weights
+// [T * top_k]; shared fp32 [T, hidden] or null.
+struct MoeCombineRows {
+  const void* expert_out = nullptr;
+  bool expert_out_bf16 = false;
+  int64_t ld_expert = 0;
+  const int32_t* slot_row = nullptr;
+  const float* weights = nullptr;
+  const float* shared = nullptr;
+  int top_k = 0;
+};
+// Routed entries per token up to which the norm below makes the combined rows itself.
+constexpr int kMoeCombineInNormMaxTopK = 8;
+// launch_moe_combine into `combined`, then launch_add_rms_norm(x, combined, ...), with the same
+// bits; where the norm's row fits its register form and top_k <= kMoeCombineInNormMaxTopK, in
+// one pass that makes each combined row where it adds it, without writing `combined` (a step
+// of few tokens then has one kernel fewer in its chain, and a prefill writes and reads back
+// one fp32 row fewer per token).
+void launch_moe_combine_add_rms_norm(float* x, const MoeCombineRows& moe, float* combined, const float* w, float eps,
+                                     int64_t rows, int64_t n, float* out, uint16_t* out_bf16, int64_t ld_bf16,
+                                     const E4m3Rows& e4m3, Stream stream);
 void launch_silu_mul(const float* gate_up, int64_t rows, int64_t inter, float* out, Stream stream);
 void launch_concat_cols(const float* a, const float* b, int64_t rows, int64_t na, int64_t nb, float* out,
                         Stream stream);

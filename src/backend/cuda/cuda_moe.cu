@@ -11,6 +11,7 @@
 #include "backend/cuda/grouped_gemm.cuh"
 #include "backend/cuda/kernel_launch.cuh"
 #include "backend/cuda/moe_routing.cuh"
+#include "backend/cuda/vector_load.cuh"
 
 namespace dsinfer::cuda {
 namespace {
@@ -111,17 +112,9 @@ __global__ void __launch_bounds__(kPlanThreads) plan_fill_kernel(const int32_t* 
 }
 
 __device__ void load_values(const float* p, float (&v)[1]) { v[0] = *p; }
-__device__ void load_values(const float* p, float (&v)[4]) {
-  const float4 a = *reinterpret_cast<const float4*>(p);
-  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
-}
+__device__ void load_values(const float* p, float (&v)[4]) { load4(p, v); }
 __device__ void load_values(const __nv_bfloat16* p, float (&v)[1]) { v[0] = __bfloat162float(*p); }
-__device__ void load_values(const __nv_bfloat16* p, float (&v)[4]) {
-  const uint2 raw = *reinterpret_cast<const uint2*>(p);
-  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
-  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
-  v[0] = lo.x, v[1] = lo.y, v[2] = hi.x, v[3] = hi.y;
-}
+__device__ void load_values(const __nv_bfloat16* p, float (&v)[4]) { load4(p, v); }
 
 // kWidth consecutive columns per thread (hidden and ld_expert multiples of kWidth, buffers
 // aligned to kWidth elements); each column's sum runs in slot order, as the scalar version's.

@@ -179,6 +179,67 @@ TEST_F(CudaMoeTest, SharedExpertsInOrBesideTheRoutingGiveTheSameBits) {
   }
 }
 
+TEST_F(CudaMoeTest, CombineMadeInTheNormGivesTheSameBits) {
+  // moe_add_rms_norm: with DSINFER_MOE_COMBINE_IN_NORM=1 the norm makes the layer's combined rows
+  // where it adds them; with =0 the combine writes them and the norm reads them back; by
+  // default the first in steps of 512 tokens or more. All give the same bits: the residual, the
+  // normed rows and the routing. The fused form leaves the scratch rows as they were; rows the
+  // norm's register form does not hold (hidden 90) and more than eight routed entries a token
+  // take the two kernels, and write them.
+  auto always = make_backend_with_env("cuda", "DSINFER_MOE_COMBINE_IN_NORM", "1");
+  auto apart = make_backend_with_env("cuda", "DSINFER_MOE_COMBINE_IN_NORM", "0");
+  struct Case {
+    GateSpec g;
+    int64_t num_tokens, hidden, inter;
+    bool fp8, fusable;
+  };
+  const GateSpec six{64, 6, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, false, 1.0f, true};
+  const GateSpec four{16, 4, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, true, 1.0f, true};
+  const GateSpec ten{16, 10, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, true, 1.0f, false};
+  const Case cases[] = {
+      {six, 1, 256, 96, false, true},    {six, 2, 256, 96, false, true},    {four, 33, 2304, 96, false, true},
+      {four, 300, 256, 64, false, true}, {four, 600, 256, 64, false, true}, {four, 301, 256, 128, true, true},
+      {four, 520, 256, 128, true, true}, {four, 2, 256, 128, true, true},   {four, 5, 90, 64, false, false},
+      {ten, 3, 256, 64, false, false},   {ten, 512, 256, 64, false, false},
+  };
+  constexpr float kUnwritten = 7.0f;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(testing::Message() << c.num_tokens << " tokens, hidden " << c.hidden << ", top-" << c.g.top_k
+                                    << ", fp8 " << c.fp8);
+    const auto x = random_values(c.num_tokens * c.hidden, 60 + static_cast<uint32_t>(c.num_tokens));
+    const auto residual = random_values(c.num_tokens * c.hidden, 61 + static_cast<uint32_t>(c.num_tokens), 3.0f);
+    const auto norm_w = random_values(c.hidden, 62, 1.0f);
+    Backend* bes[3] = {apart.get(), always.get(), gpu_.get()};
+    std::vector<float> res_out[3], normed[3], scratch[3];
+    MoeRouting routing[3];
+    for (int b = 0; b < 3; ++b) {
+      MoeWeights w = build(*bes[b], c.g, c.hidden, c.inter, 63, c.fp8);
+      Tensor tx = upload(*bes[b], {c.num_tokens, c.hidden}, x);
+      Tensor tres = upload(*bes[b], {c.num_tokens, c.hidden}, residual);
+      Tensor tw = upload(*bes[b], {c.hidden}, norm_w);
+      Tensor tout = upload(*bes[b], {c.num_tokens, c.hidden}, std::vector<float>(c.num_tokens * c.hidden, kUnwritten));
+      // normed is x itself, as in the model: the layer reads x before the norm writes it.
+      bes[b]->moe_add_rms_norm(tx, w, tout, &routing[b], tres, tw, 1e-6f, tx);
+      res_out[b] = download(*bes[b], tres);
+      normed[b] = download(*bes[b], tx);
+      scratch[b] = download(*bes[b], tout);
+    }
+    EXPECT_NE(res_out[0], residual);
+    const bool unwritten[3] = {false, c.fusable, c.fusable && c.num_tokens >= 512};
+    for (int b = 1; b < 3; ++b) {
+      SCOPED_TRACE(b);
+      EXPECT_EQ(res_out[b], res_out[0]);
+      EXPECT_EQ(normed[b], normed[0]);
+      EXPECT_EQ(routing[b].expert_ids, routing[0].expert_ids);
+      EXPECT_EQ(routing[b].weights, routing[0].weights);
+      if (unwritten[b])
+        EXPECT_TRUE(std::all_of(scratch[b].begin(), scratch[b].end(), [](float v) { return v == kUnwritten; }));
+      else
+        EXPECT_EQ(scratch[b], scratch[0]);
+    }
+  }
+}
+
 TEST_F(CudaMoeTest, PaddedShapesAndManyRowsPerExpert) {
   // hidden 80 and inter 24 are not whole GEMM tiles; 300 tokens over 8 experts give several
   // row blocks per expert, and the shared expert's 300 rows take the cuBLASLt path.
