@@ -167,9 +167,7 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
   if (num_tokens == 0) return;
   DS_CHECK(out.dim(0) == num_tokens && out.dim(1) == hidden);
   const MoeOutputs m = moe_until_combine(x, w);
-  const MoeCombineRows& c = m.combine;
-  launch_moe_combine(c.expert_out, c.expert_out_bf16, c.ld_expert, c.slot_row, c.weights, c.shared, num_tokens,
-                     c.top_k, hidden, out.as<float>(), stream_);
+  launch_moe_combine(m.combine, num_tokens, hidden, out.as<float>(), stream_);
   copy_routing(m, routing);
   forget_normed_copy_if_written(out);
 }
@@ -180,8 +178,8 @@ void CudaBackend::moe_add_rms_norm(const Tensor& x, const MoeWeights& w, Tensor&
     Backend::moe_add_rms_norm(x, w, out, routing, residual, norm_w, eps, normed);
     return;
   }
+  // A step without tokens took the two kernels above: every bound is at least one row.
   const int64_t num_tokens = x.dim(0), hidden = x.dim(1);
-  if (num_tokens == 0) return;
   DS_CHECK(out.dim(0) == num_tokens && out.dim(1) == hidden && residual.num_elements() == out.num_elements() &&
            normed.num_elements() == out.num_elements() && norm_w.num_elements() == hidden);
   const MoeOutputs m = moe_until_combine(x, w);

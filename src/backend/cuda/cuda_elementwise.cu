@@ -511,14 +511,10 @@ void launch_moe_combine_add_rms_norm(float* x, const MoeCombineRows& moe, float*
                                      int64_t rows, int64_t n, float* out, uint16_t* out_bf16, int64_t ld_bf16,
                                      const E4m3Rows& e4m3, Stream stream) {
   if (rows == 0) return;
-  const size_t elem_bytes = moe.expert_out_bf16 ? 2 : 4;
-  const auto aligned = [](const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
-  const bool fused = moe.top_k <= kMoeCombineInNormMaxTopK && moe.ld_expert % 4 == 0 &&
-                     aligned(moe.expert_out, 4 * elem_bytes) && (moe.shared == nullptr || aligned(moe.shared, 16)) &&
+  const bool fused = moe.top_k <= kMoeCombineInNormMaxTopK && moe_combine_rows_in_fours(moe, n) &&
                      norm_fits_registers(x, nullptr, w, out, n);
   if (!fused) {
-    launch_moe_combine(moe.expert_out, moe.expert_out_bf16, moe.ld_expert, moe.slot_row, moe.weights, moe.shared,
-                       rows, moe.top_k, n, combined, stream);
+    launch_moe_combine(moe, rows, n, combined, stream);
     launch_add_rms_norm(x, combined, w, eps, rows, n, out, out_bf16, ld_bf16, e4m3, stream);
     return;
   }

@@ -35,9 +35,9 @@ void launch_add(float* x, const float* y, int64_t n, Stream stream);
 // as there.
 void launch_add_rms_norm(float* x, const float* y, const float* w, float eps, int64_t rows, int64_t n, float* out,
                          uint16_t* out_bf16, int64_t ld_bf16, const E4m3Rows& e4m3, Stream stream);
-// A MoE layer's routed rows and what launch_moe_combine makes of them (see there): expert_out
-// [T * top_k, ld_expert] fp32, or bf16 where expert_out_bf16; slot_row and weights
-// [T * top_k]; shared fp32 [T, hidden] or null.
+// A MoE layer's routed rows and what its combine reads besides: expert_out [T * top_k,
+// ld_expert] fp32, or bf16 where expert_out_bf16; slot_row (each entry's row of expert_out) and
+// weights [T * top_k]; shared fp32 [T, hidden] or null.
 struct MoeCombineRows {
   const void* expert_out = nullptr;
   bool expert_out_bf16 = false;
@@ -47,6 +47,12 @@ struct MoeCombineRows {
   const float* shared = nullptr;
   int top_k = 0;
 };
+// Whether the routed and shared rows can be read four columns at a time (16-byte fp32 or 8-byte
+// bf16 pieces) for rows of `hidden`.
+bool moe_combine_rows_in_fours(const MoeCombineRows& moe, int64_t hidden);
+// out fp32 [T, hidden]: out[t] = sum_k weights[t, k] * expert_out[slot_row[t * top_k + k]] in
+// slot order, + shared[t] where shared is not null.
+void launch_moe_combine(const MoeCombineRows& moe, int64_t num_tokens, int64_t hidden, float* out, Stream stream);
 // Routed entries per token up to which the norm below makes the combined rows itself.
 constexpr int kMoeCombineInNormMaxTopK = 8;
 // launch_moe_combine into `combined`, then launch_add_rms_norm(x, combined, ...), with the same
@@ -308,11 +314,5 @@ struct MoeChunkLayout {
   int32_t* chunk_slot_rows = nullptr;  // [num_entries]
 };
 void launch_moe_chunk_layout(const MoeChunkLayout& layout, Stream stream);
-// out[t] = sum_k weights[t, k] * expert_out[slot_row[t * top_k + k]] in slot order, + shared[t]
-// when shared is not null. expert_out [T * top_k, ld_expert] holds fp32, or bf16 where
-// expert_out_bf16; shared and out are fp32 [T, hidden].
-void launch_moe_combine(const void* expert_out, bool expert_out_bf16, int64_t ld_expert, const int32_t* slot_row,
-                        const float* weights, const float* shared, int64_t num_tokens, int top_k, int64_t hidden,
-                        float* out, Stream stream);
 
 }  // namespace dsinfer::cuda

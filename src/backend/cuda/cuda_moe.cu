@@ -248,26 +248,28 @@ int64_t moe_plan_workspace_ints(int num_entries, int num_experts) {
 }
 
 
-void launch_moe_combine(const void* expert_out, bool expert_out_bf16, int64_t ld_expert, const int32_t* slot_row,
-                        const float* weights, const float* shared, int64_t num_tokens, int top_k, int64_t hidden,
-                        float* out, Stream stream) {
-  const size_t elem_bytes = expert_out_bf16 ? 2 : 4;
+bool moe_combine_rows_in_fours(const MoeCombineRows& moe, int64_t hidden) {
+  const size_t elem_bytes = moe.expert_out_bf16 ? 2 : 4;
   const auto aligned = [](const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
-  const bool vectors = hidden % 4 == 0 && ld_expert % 4 == 0 && aligned(expert_out, 4 * elem_bytes) &&
-                       aligned(out, 16) && (shared == nullptr || aligned(shared, 16));
+  return hidden % 4 == 0 && moe.ld_expert % 4 == 0 && aligned(moe.expert_out, 4 * elem_bytes) &&
+         (moe.shared == nullptr || aligned(moe.shared, 16));
+}
+
+void launch_moe_combine(const MoeCombineRows& moe, int64_t num_tokens, int64_t hidden, float* out, Stream stream) {
+  const bool vectors = moe_combine_rows_in_fours(moe, hidden) && reinterpret_cast<uintptr_t>(out) % 16 == 0;
   const int width = vectors ? 4 : 1;
   const int64_t n = num_tokens * (hidden / width);
   if (n == 0) return;
   const unsigned blocks = static_cast<unsigned>((n + 255) / 256);
   auto launch = [&](auto* typed_out) {
     using T = std::remove_const_t<std::remove_pointer_t<decltype(typed_out)>>;
-    launch_kernel(vectors ? combine_kernel<T, 4> : combine_kernel<T, 1>, blocks, 256, 0, stream, typed_out, ld_expert,
-                  slot_row, weights, shared, num_tokens, top_k, hidden, out);
+    launch_kernel(vectors ? combine_kernel<T, 4> : combine_kernel<T, 1>, blocks, 256, 0, stream, typed_out,
+                  moe.ld_expert, moe.slot_row, moe.weights, moe.shared, num_tokens, moe.top_k, hidden, out);
   };
-  if (expert_out_bf16)
-    launch(static_cast<const __nv_bfloat16*>(expert_out));
+  if (moe.expert_out_bf16)
+    launch(static_cast<const __nv_bfloat16*>(moe.expert_out));
   else
-    launch(static_cast<const float*>(expert_out));
+    launch(static_cast<const float*>(moe.expert_out));
   DS_CUDA_CHECK_LAUNCH();
 }
 
