@@ -10,31 +10,35 @@
 // in registers (for a dense weight, from before the kernel waits for the ones before it),
 // multiplies each with the matching x pieces as it arrives, and the block adds its threads' sums
 // through warp shuffles and shared memory. No partial sum leaves the block, and the order of an
-// output's sums depends on K alone.
+// output's sums depends on K alone. e4m3 weights may take a tensor-core form of the same blocks
+// instead (few_row_mma.cuh, GroupedGemmArgs::few_row_mma; few_row_form.cuh picks and sizes).
 #include <algorithm>
 
 #include "backend/cuda/cuda_check.h"
-#include "backend/cuda/few_row_gemm.cuh"
+#include "backend/cuda/few_row_form.cuh"
 #include "backend/cuda/kernel_launch.cuh"
 
 namespace dsinfer::cuda {
 namespace {
 
-template <int kTokens, bool kFp8>
-__global__ void __launch_bounds__(few_row::kThreads) few_row_gemm_kernel(GroupedGemmArgs a, int quads_per_block) {
-  few_row::gemm_block<kTokens, kFp8>(a, quads_per_block, blockIdx.x, blockIdx.y);
+template <typename Form>
+__global__ void __launch_bounds__(few_row::kThreads) few_row_gemm_kernel(GroupedGemmArgs a, int units_per_block) {
+  Form::run(a, units_per_block, blockIdx.x, blockIdx.y);
 }
 
-template <int kTokens, bool kFp8>
+template <typename Form>
 void launch_with(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks, Stream stream) {
-  constexpr auto kernel = few_row_gemm_kernel<kTokens, kFp8>;
-  // One wave of resident blocks (few_row::quads_per_block). Even the LM head (25,600 quads)
+  constexpr auto kernel = few_row_gemm_kernel<Form>;
+  // One wave of resident blocks (few_row::units_per_block). Even the LM head (25,600 quads)
   // keeps one wave: in blocks of one quad it took 97.5 µs instead of 112.6 under Nsight
   // Compute, yet recorded steps were 2% slower at batch 1 and 2.
-  const int num_quads = max_n_padded / few_row::kQuadRows;
-  const int quads_per_block = few_row::quads_per_block(num_quads, max_row_blocks, few_row::resident_blocks<kernel>());
-  const dim3 grid((num_quads + quads_per_block - 1) / quads_per_block, max_row_blocks);
-  launch_kernel(kernel, grid, few_row::kThreads, 0, stream, args, quads_per_block);
+  const size_t shared_bytes = Form::shared_bytes(args);
+  few_row::allow_form_shared_bytes<Form, kernel>();
+  const int num_units = max_n_padded / Form::kUnitRows;
+  const int units_per_block = few_row::units_per_block(
+      num_units, max_row_blocks, few_row::resident_blocks<kernel>(shared_bytes), Form::kMaxUnitsPerBlock);
+  const dim3 grid((num_units + units_per_block - 1) / units_per_block, max_row_blocks);
+  launch_kernel(kernel, grid, few_row::kThreads, shared_bytes, stream, args, units_per_block);
   DS_CUDA_CHECK_LAUNCH();
 }
 
@@ -45,8 +49,8 @@ void launch_few_row_gemm(const GroupedGemmArgs& args, int max_n_padded, int max_
   DS_CHECK(max_n_padded % kGemmTileRows == 0 && args.ldx % 8 == 0 && args.k_splits == 1);
   if (max_n_padded == 0 || max_row_blocks <= 0) return;
   DS_CHECK_MSG(max_row_blocks <= 65535, "few-row GEMM: " << max_row_blocks << " row blocks is beyond the grid");
-  few_row::with_block_form(max_rows_per_block, args.weights_fp8, [&](auto tokens, auto fp8) {
-    launch_with<decltype(tokens)::value, decltype(fp8)::value>(args, max_n_padded, max_row_blocks, stream);
+  few_row::with_block_form(args, max_rows_per_block, [&](auto form) {
+    launch_with<decltype(form)>(args, max_n_padded, max_row_blocks, stream);
   });
 }
 

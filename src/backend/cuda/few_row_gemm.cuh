@@ -5,11 +5,8 @@
 
 #include <cuda_bf16.h>
 
-#include <algorithm>
 #include <cstdint>
-#include <type_traits>
 
-#include "backend/cuda/cuda_check.h"
 #include "backend/cuda/grouped_gemm.cuh"
 #include "backend/cuda/kernel_launch.cuh"
 
@@ -234,40 +231,6 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
     }
     __syncthreads();  // the next pass reuses warp_sums
   }
-}
-
-// Blocks of a kernel of kThreads threads that fit on the GPU at once.
-template <auto Kernel>
-int resident_blocks() {
-  static const int blocks = [] {
-    int per_sm = 0;
-    DS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, kThreads, 0));
-    return std::max(1, device_multiprocessors() * per_sm);
-  }();
-  return blocks;
-}
-
-// Quads per block that make a product of num_quads quads per row-block, over num_row_blocks
-// row-blocks, one wave of `capacity` resident blocks (so that no block waits for another to
-// finish, and each block's lookups and sums are shared by several quads), within the bound of
-// the block's sums.
-inline int quads_per_block(int num_quads, int num_row_blocks, int64_t capacity) {
-  const int64_t work = static_cast<int64_t>(num_quads) * num_row_blocks;
-  return static_cast<int>(std::clamp<int64_t>((work + capacity - 1) / capacity, 1, kMaxQuadsPerBlock));
-}
-
-// Calls f(std::integral_constant<int, kTokens>, std::bool_constant<kFp8>) with the rows a
-// block handles together for row-blocks of up to max_rows_per_block rows (1, 2 or 4; they never
-// change the result) and the weight type: the template arguments of gemm_block.
-template <typename F>
-void with_block_form(int max_rows_per_block, bool fp8, F&& f) {
-  const auto with_type = [&](auto tokens) {
-    if (fp8) f(tokens, std::true_type{});
-    else f(tokens, std::false_type{});
-  };
-  if (max_rows_per_block <= 1) with_type(std::integral_constant<int, 1>{});
-  else if (max_rows_per_block <= 2) with_type(std::integral_constant<int, 2>{});
-  else with_type(std::integral_constant<int, 4>{});
 }
 
 }  // namespace dsinfer::cuda::few_row

@@ -83,6 +83,9 @@ struct GroupedGemmArgs {
   GemmWeight dense;
   int dense_rows = 0;
   bool weights_fp8 = false;  // every weight of the call is e4m3 (else bf16)
+  // The few-row kernel takes e4m3 weights on f16 tensor-core products (few_row_mma.cuh) instead
+  // of CUDA cores: another order of the sums, the same exact products.
+  bool few_row_mma = false;
   // Grouped form: 128-row expert blocks, which keep about three times the bytes in flight and
   // read x a quarter as often; worth it from a few rows per expert up. Their sums run in another
   // order than the 32-row blocks'.
@@ -159,9 +162,10 @@ void launch_expert_gemm_fp8_activations(const GroupedGemmArgs& args, int max_n_p
 void launch_expert_gemm_prefill(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks, Stream stream);
 
 // Products of at most a few rows per row-block (decode at batch 1 to 4) on CUDA cores
-// (few_row_gemm.cu): a block takes weight rows four at a time over their whole K, so no partial
-// sum leaves it, and the order of an output's sums depends on K alone (another order than the
-// tensor-core kernels'). Takes the same arguments, with k_splits 1; max_rows_per_block bounds the rows of a
+// (few_row_gemm.cu), or for e4m3 weights with few_row_mma on f16 tensor-core products
+// (few_row_mma.cuh): a block takes weight rows four at a time (32 on tensor cores) over their
+// whole K, so no partial sum leaves it, and the order of an output's sums depends on K alone
+// (another order than the tensor-core kernels'). Takes the same arguments, with k_splits 1; max_rows_per_block bounds the rows of a
 // row-block (dense: the rows; grouped: the rows of the largest group) and only picks how many
 // are handled together.
 constexpr int kFewRowGemmMaxRows = 4;

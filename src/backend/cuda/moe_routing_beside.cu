@@ -12,7 +12,7 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_check.h"
-#include "backend/cuda/few_row_gemm.cuh"
+#include "backend/cuda/few_row_form.cuh"
 #include "backend/cuda/grouped_gemm.h"
 #include "backend/cuda/kernel_launch.cuh"
 #include "backend/cuda/moe_routing.cuh"
@@ -24,33 +24,36 @@ static_assert(moe::kLogitWarps * 32 == few_row::kThreads && kMoeRoutePlanMaxToke
               "the jobs that share a launch run on blocks of one size");
 
 // Blocks [0, tokens x expert blocks): the router logits; the rest: the product's.
-template <int kTokens, bool kFp8>
+template <typename Form>
 __global__ void __launch_bounds__(few_row::kThreads)
-    router_logits_beside_kernel(moe::RouterLogitsJob logits, GroupedGemmArgs product, int quads_per_block) {
+    router_logits_beside_kernel(moe::RouterLogitsJob logits, GroupedGemmArgs product, int units_per_block) {
   const int expert_blocks = logits.expert_blocks();
   const int logit_blocks = static_cast<int>(logits.num_tokens) * expert_blocks;
   const int b = static_cast<int>(blockIdx.x);
   if (b < logit_blocks) moe::router_logits_block(logits, b / expert_blocks, b % expert_blocks);
-  else few_row::gemm_block<kTokens, kFp8>(product, quads_per_block, b - logit_blocks, 0);
+  else Form::run(product, units_per_block, b - logit_blocks, 0);
 }
 
 // Block 0: the routing and planning; the rest: the product's.
-template <int kTokens, bool kFp8>
+template <typename Form>
 __global__ void __launch_bounds__(few_row::kThreads)
-    route_plan_beside_kernel(moe::RoutePlanJob plan, GroupedGemmArgs product, int quads_per_block) {
+    route_plan_beside_kernel(moe::RoutePlanJob plan, GroupedGemmArgs product, int units_per_block) {
   if (blockIdx.x == 0) moe::route_plan_block(plan);
-  else few_row::gemm_block<kTokens, kFp8>(product, quads_per_block, static_cast<int>(blockIdx.x) - 1, 0);
+  else Form::run(product, units_per_block, static_cast<int>(blockIdx.x) - 1, 0);
 }
 
 // job_blocks of the job, then the product's blocks, sized as few_row_gemm.cu sizes them for one
 // wave of what the job leaves of the GPU.
-template <auto Kernel, typename Job>
+template <auto Kernel, typename Form, typename Job>
 void launch_one(const Job& job, int job_blocks, const GroupedGemmArgs& product, Stream stream) {
-  const int num_quads = product.dense.n_padded / few_row::kQuadRows;
-  const int64_t capacity = std::max<int64_t>(1, few_row::resident_blocks<Kernel>() - job_blocks);
-  const int quads_per_block = few_row::quads_per_block(num_quads, 1, capacity);
-  const int product_blocks = (num_quads + quads_per_block - 1) / quads_per_block;
-  launch_kernel(Kernel, job_blocks + product_blocks, few_row::kThreads, 0, stream, job, product, quads_per_block);
+  const size_t shared_bytes = Form::shared_bytes(product);
+  few_row::allow_form_shared_bytes<Form, Kernel>();
+  const int num_units = product.dense.n_padded / Form::kUnitRows;
+  const int64_t capacity = std::max<int64_t>(1, few_row::resident_blocks<Kernel>(shared_bytes) - job_blocks);
+  const int units_per_block = few_row::units_per_block(num_units, 1, capacity, Form::kMaxUnitsPerBlock);
+  const int product_blocks = (num_units + units_per_block - 1) / units_per_block;
+  launch_kernel(Kernel, job_blocks + product_blocks, few_row::kThreads, shared_bytes, stream, job, product,
+                units_per_block);
   DS_CUDA_CHECK_LAUNCH();
 }
 
@@ -69,9 +72,9 @@ void launch_router_logits_beside(const float* x, const float* gate, int64_t num_
   check_product_beside(product);
   const moe::RouterLogitsJob job{x, gate, hidden, num_experts, logits, num_tokens};
   const int job_blocks = static_cast<int>(num_tokens) * job.expert_blocks();
-  few_row::with_block_form(product.dense_rows, product.weights_fp8, [&](auto tokens, auto fp8) {
-    launch_one<router_logits_beside_kernel<decltype(tokens)::value, decltype(fp8)::value>>(job, job_blocks, product,
-                                                                                           stream);
+  few_row::with_block_form(product, product.dense_rows, [&](auto form) {
+    using Form = decltype(form);
+    launch_one<router_logits_beside_kernel<Form>, Form>(job, job_blocks, product, stream);
   });
 }
 
@@ -84,8 +87,9 @@ void launch_moe_route_and_plan_beside(const float* logits, int64_t num_tokens, c
   check_product_beside(product);
   const moe::RoutePlanJob job{logits, static_cast<int>(num_tokens), p, bias, expert_ids, weights, rows_per_block,
                               row_offsets, block_offsets, src_rows, slot_rows};
-  few_row::with_block_form(product.dense_rows, product.weights_fp8, [&](auto tokens, auto fp8) {
-    launch_one<route_plan_beside_kernel<decltype(tokens)::value, decltype(fp8)::value>>(job, 1, product, stream);
+  few_row::with_block_form(product, product.dense_rows, [&](auto form) {
+    using Form = decltype(form);
+    launch_one<route_plan_beside_kernel<Form>, Form>(job, 1, product, stream);
   });
 }
 

@@ -144,6 +144,12 @@ TEST_F(CudaMoeTest, FewTokensShareExpertsInTheFewRowKernel) {
   gpu_ = make_backend_with_env("cuda", "DSINFER_CUDA_FEW_ROW_GEMM_MAX_ROWS", "4");
   const GateSpec g{4, 2, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, true, 1.0f, true};
   for (int64_t num_tokens : {2, 3, 4}) run_case(g, num_tokens, 80 + static_cast<uint32_t>(num_tokens));
+  // e4m3 experts: on tensor cores (the default) and on CUDA cores (DSINFER_FEW_ROW_MMA=0), grouped
+  // gate/up and down products of one to four rows an expert.
+  for (int64_t num_tokens : {1, 3, 4}) run_case(g, num_tokens, 90 + static_cast<uint32_t>(num_tokens), 256, 128, true);
+  setenv("DSINFER_FEW_ROW_MMA", "0", 1);
+  gpu_ = make_backend_with_env("cuda", "DSINFER_CUDA_FEW_ROW_GEMM_MAX_ROWS", "4");
+  unsetenv("DSINFER_FEW_ROW_MMA");
   run_case(g, 4, 90, 256, 128, /*fp8=*/true);
 }
 
@@ -176,6 +182,33 @@ TEST_F(CudaMoeTest, SharedExpertsInOrBesideTheRoutingGiveTheSameBits) {
       EXPECT_EQ(out[0], out[2]) << num_tokens << " tokens, fp8 " << fp8;
       EXPECT_GT(*std::max_element(out[0].begin(), out[0].end()), 0.0f);
     }
+  }
+}
+
+TEST_F(CudaMoeTest, SharedExpertsOnTensorCoresInOrBesideTheRoutingGiveTheSameBits) {
+  // With DSINFER_FEW_ROW_MMA=all the shared experts' e4m3 products take the few-row kernel's
+  // tensor-core form too, in the routing's launches or (DSINFER_MOE_SHARED_IN_ROUTING=0) alone
+  // beside them: the same bits, and the CPU's result. At two tokens the shared down product's x
+  // rows (2 × 6,144 f16) and the routing's own shared memory pass the 48 KB a launch gets by
+  // default.
+  setenv("DSINFER_FEW_ROW_MMA", "all", 1);
+  gpu_ = make_backend("cuda");
+  auto beside = make_backend_with_env("cuda", "DSINFER_MOE_SHARED_IN_ROUTING", "0");
+  unsetenv("DSINFER_FEW_ROW_MMA");
+  const GateSpec g{16, 4, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, true, 1.0f, true};
+  const int64_t hidden = 256, inter = 3072;
+  for (int64_t num_tokens : {1, 2}) {
+    const auto x = random_values(num_tokens * hidden, 140 + static_cast<uint32_t>(num_tokens));
+    Backend* bes[3] = {cpu_.get(), gpu_.get(), beside.get()};
+    std::vector<float> out[3];
+    for (int b = 0; b < 3; ++b) {
+      MoeWeights w = build(*bes[b], g, hidden, inter, 141, /*fp8=*/true);
+      Tensor tx = upload(*bes[b], {num_tokens, hidden}, x), tout = bes[b]->empty({num_tokens, hidden}, DType::kF32);
+      bes[b]->moe(tx, w, tout, nullptr);
+      out[b] = download(*bes[b], tout);
+    }
+    EXPECT_EQ(out[1], out[2]) << num_tokens << " tokens";
+    EXPECT_LT(relative_error(out[1], out[0]), 2e-2) << num_tokens << " tokens";
   }
 }
 

@@ -364,19 +364,68 @@ TEST_F(CudaOpsTest, FewRowProductsMatchCpuAndTheTensorCoreKernel) {
   }
   // e4m3: K of one phase (72 pieces of 16 columns) and of three (288 pieces, so threads take
   // pieces in several 128-column scale blocks); each piece's sums take the scale of its rows'
-  // 16-row group and its 128 columns.
+  // 16-row group and its 128 columns. Both forms of the few-row kernel: the CUDA-core one (dense
+  // products' default) and the tensor-core one (DSINFER_FEW_ROW_MMA=all), the latter also at a K
+  // of one and a half 64-column chunks (two of four warps without a chunk, two lanes' pieces
+  // past K).
+  setenv("DSINFER_CUDA_FEW_ROW_GEMM_MAX_ROWS", "4", 1);
+  auto few_rows_mma = make_backend_with_env("cuda", "DSINFER_FEW_ROW_MMA", "all");
+  unsetenv("DSINFER_CUDA_FEW_ROW_GEMM_MAX_ROWS");
   struct Fp8Shape { int64_t n, k; uint32_t seed; };
-  for (Fp8Shape s : {Fp8Shape{160, 1152, 71}, Fp8Shape{96, 4608, 73}}) {
+  for (Fp8Shape s : {Fp8Shape{160, 1152, 71}, Fp8Shape{96, 4608, 73}, Fp8Shape{64, 96, 75}}) {
     const Fp8BlockScaledWeight weight(s.n, s.k, s.seed, 5, 19);
     const HostTensor h = weight.host();
-    for (int64_t m : {1, 2, 4}) {
+    for (int64_t m : {1, 2, 3, 4}) {
       const auto x = bf16_exact_values(m * s.k, 72);
       std::vector<float> y[3];
       for (int i = 0; i < 3; ++i) y[i] = linear_on(*bes[i], h, x, m);
+      const auto y_mma = linear_on(*few_rows_mma, h, x, m);
       EXPECT_LT(relative_error(y[1], y[0]), 2e-5) << m << "x" << s.n << "x" << s.k << ", e4m3";
       EXPECT_LT(relative_error(y[1], y[2]), 2e-5) << m << "x" << s.n << "x" << s.k << ", e4m3";
+      EXPECT_LT(relative_error(y_mma, y[0]), 2e-5) << m << "x" << s.n << "x" << s.k << ", e4m3 on tensor cores";
+      // A row's outputs do not depend on the rows beside it.
+      const auto first = linear_on(*few_rows_mma, h, {x.begin(), x.begin() + s.k}, 1);
+      EXPECT_TRUE(std::equal(first.begin(), first.end(), y_mma.begin())) << m << " rows";
     }
   }
+}
+
+// The tensor-core form of the few-row kernel carries x in f16, each row scaled by a power of two
+// so that its largest magnitude lies in [2^14, 2^15): rows far beyond f16's range (1e9) or below
+// its normal numbers (1e-12), beside an ordinary row, each give the CPU's sums to fp32 rounding;
+// a row with a few values a million times its others keeps the small ones' contribution, and an
+// all-zero row gives zeros.
+TEST_F(CudaOpsTest, FewRowTensorCoreFormKeepsEveryRowsRange) {
+  setenv("DSINFER_CUDA_FEW_ROW_GEMM_MAX_ROWS", "4", 1);
+  auto few_rows = make_backend_with_env("cuda", "DSINFER_FEW_ROW_MMA", "all");
+  unsetenv("DSINFER_CUDA_FEW_ROW_GEMM_MAX_ROWS");
+  const int64_t n = 96, k = 1152;
+  const Fp8BlockScaledWeight weight(n, k, 81, 5, 19);
+  const HostTensor h = weight.host();
+  for (float row_scale : {1e9f, 1e-12f}) {
+    auto x = bf16_exact_values(2 * k, 82);
+    for (int64_t c = 0; c < k; ++c) x[c] = bf16_to_f32(f32_to_bf16(x[c] * row_scale));
+    const auto got = linear_on(*few_rows, h, x, 2), want = linear_on(*cpu_, h, x, 2);
+    for (int64_t r = 0; r < 2; ++r) {
+      const std::vector<float> got_row(got.begin() + r * n, got.begin() + (r + 1) * n);
+      const std::vector<float> want_row(want.begin() + r * n, want.begin() + (r + 1) * n);
+      EXPECT_LT(relative_error(got_row, want_row), 2e-5) << "row " << r << ", scale " << row_scale;
+    }
+  }
+  // Row 0: three values of 2^20 among values of about 1, whose own products are some 1e-5 of
+  // the result: compared with those three alone, the result must move by them.
+  const float peak = 1048576.0f;  // 2^20, a bf16 value
+  auto x = bf16_exact_values(2 * k, 83);
+  for (int64_t c : {5, 500, 1000}) x[c] = peak;
+  std::fill(x.begin() + k, x.end(), 0.0f);
+  std::vector<float> peaks(k, 0.0f);
+  for (int64_t c : {5, 500, 1000}) peaks[c] = peak;
+  const auto got = linear_on(*few_rows, h, x, 2), want = linear_on(*cpu_, h, x, 2);
+  const auto peaks_only = linear_on(*cpu_, h, peaks, 1);
+  const std::vector<float> got_row(got.begin(), got.begin() + n), want_row(want.begin(), want.begin() + n);
+  EXPECT_LT(relative_error(got_row, want_row), 2e-6);
+  EXPECT_GT(relative_error(peaks_only, want_row), 1e-6) << "the small values must count";
+  EXPECT_TRUE(std::all_of(got.begin() + n, got.end(), [](float v) { return v == 0.0f; })) << "an all-zero row";
 }
 
 // The GEMM's summation order of a row does not depend on the other rows: a row computed alone

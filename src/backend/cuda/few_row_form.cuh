@@ -1,0 +1,85 @@
+// The forms of the few-row product's blocks and how a launch sizes them: the CUDA-core form
+// (few_row_gemm.cuh; bf16 or e4m3 weights, a block takes quads of weight rows) and the
+// tensor-core form of e4m3 weights (few_row_mma.cuh; a block takes 32-row tiles and keeps its x
+// rows in shared memory). few_row_gemm.cu and moe_routing_beside.cu launch either.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <type_traits>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/few_row_gemm.cuh"
+#include "backend/cuda/few_row_mma.cuh"
+
+namespace dsinfer::cuda::few_row {
+
+// A block form: kTokens rows a pass, e4m3 or bf16 weights, tensor cores or CUDA cores. A block
+// takes up to kMaxUnitsPerBlock consecutive units of kUnitRows weight rows.
+template <int kTokens, bool kFp8, bool kMma>
+struct Form {
+  static_assert(!kMma || kFp8, "the tensor-core form takes e4m3 weights");
+  static constexpr bool kTensorCores = kMma;
+  static constexpr int kUnitRows = kMma ? kGemmTileRows : kQuadRows;
+  static constexpr int kMaxUnitsPerBlock = kMma ? kMmaMaxTilesPerBlock : kMaxQuadsPerBlock;
+  static size_t shared_bytes(const GroupedGemmArgs& a) { return kMma ? mma_shared_bytes<kTokens>(a.ldx) : 0; }
+  __device__ static void run(const GroupedGemmArgs& a, int units_per_block, int block_x, int row_block) {
+    if constexpr (kMma) gemm_block_mma<kTokens>(a, units_per_block, block_x, row_block);
+    else gemm_block<kTokens, kFp8>(a, units_per_block, block_x, row_block);
+  }
+};
+
+// Blocks of a kernel of kThreads threads with shared_bytes of dynamic shared memory that fit on
+// the GPU at once (the last size asked for is remembered; callers of one kernel mostly ask for
+// one size).
+template <auto Kernel>
+int resident_blocks(size_t shared_bytes) {
+  static std::atomic<uint64_t> last{0};  // shared_bytes << 32 | blocks; blocks 0: none yet
+  const uint64_t seen = last.load(std::memory_order_relaxed);
+  if ((seen & 0xffffffffu) != 0 && seen >> 32 == shared_bytes) return static_cast<int>(seen & 0xffffffffu);
+  int per_sm = 0;
+  DS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, kThreads, shared_bytes));
+  const int blocks = std::max(1, device_multiprocessors() * per_sm);
+  last.store(static_cast<uint64_t>(shared_bytes) << 32 | static_cast<uint32_t>(blocks), std::memory_order_relaxed);
+  return blocks;
+}
+
+// Units per block that make a product of num_units units per row-block, over num_row_blocks
+// row-blocks, one wave of `capacity` resident blocks (so that no block waits for another to
+// finish, and each block's lookups and sums are shared by several units), within the bound of the
+// block's sums.
+inline int units_per_block(int num_units, int num_row_blocks, int64_t capacity, int max_units_per_block) {
+  const int64_t work = static_cast<int64_t>(num_units) * num_row_blocks;
+  return static_cast<int>(std::clamp<int64_t>((work + capacity - 1) / capacity, 1, max_units_per_block));
+}
+
+// Bound of the tensor-core form's x rows in shared memory (beyond it the CUDA-core form runs).
+constexpr size_t kMmaMaxSharedBytes = 40 * 1024;
+
+// A kernel running the tensor-core form may take up to kMmaMaxSharedBytes of x rows beside its
+// own static shared memory (the routing's, in moe_routing_beside.cu), past the 48 KB a launch
+// gets by default.
+template <typename Form, auto Kernel>
+void allow_form_shared_bytes() {
+  if constexpr (Form::kTensorCores) allow_shared_bytes<Kernel>(kMmaMaxSharedBytes);
+}
+
+// Calls f(Form<kTokens, kFp8, kMma>{}) with the rows a block handles together for row-blocks of
+// up to max_rows_per_block rows (1, 2 or 4; they never change the result), the weight type, and
+// the tensor-core form where a.few_row_mma asks for it for e4m3 weights and their x rows fit.
+template <typename F>
+void with_block_form(const GroupedGemmArgs& a, int max_rows_per_block, F&& f) {
+  const auto with_type = [&](auto tokens) {
+    constexpr int kTokens = decltype(tokens)::value;
+    if (a.weights_fp8 && a.few_row_mma && mma_shared_bytes<kTokens>(a.ldx) <= kMmaMaxSharedBytes)
+      f(Form<kTokens, true, true>{});
+    else if (a.weights_fp8) f(Form<kTokens, true, false>{});
+    else f(Form<kTokens, false, false>{});
+  };
+  if (max_rows_per_block <= 1) with_type(std::integral_constant<int, 1>{});
+  else if (max_rows_per_block <= 2) with_type(std::integral_constant<int, 2>{});
+  else with_type(std::integral_constant<int, 4>{});
+}
+
+}  // namespace dsinfer::cuda::few_row
