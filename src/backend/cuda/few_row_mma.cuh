@@ -24,6 +24,7 @@
 #include <cuda_fp16.h>
 
 #include "backend/cuda/few_row_gemm.cuh"
+#include "backend/cuda/tensor_core.cuh"
 
 namespace dsinfer::cuda::few_row {
 
@@ -36,15 +37,6 @@ constexpr int kMmaMaxTokens = 8;       // x rows of one mma fragment
 template <int kTokens>
 constexpr size_t mma_shared_bytes(int64_t ldx) {
   return static_cast<size_t>(kTokens) * static_cast<size_t>(ldx) * 2;
-}
-
-// c [16x8 fp32] += a [16x16 f16] · b [16x8 f16], fragments as mma_bf16_16x8x16's (tensor_core.cuh).
-__device__ __forceinline__ void mma_f16_16x8x16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // The four e4m3 of a word as two f16 pairs, exactly: lo holds bytes 0 and 1, hi bytes 2 and 3

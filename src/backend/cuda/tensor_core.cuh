@@ -1,5 +1,5 @@
 // Device helpers shared by the tensor-core kernels: asynchronous global→shared copies
-// (cp.async), shared-memory fragment loads (ldmatrix), the bf16 and TF32 tensor-core products
+// (cp.async), shared-memory fragment loads (ldmatrix), the bf16, f16 and TF32 tensor-core products
 // (mma.sync) and the online-softmax step of a row. Header-only: each kernel file inlines what
 // it uses.
 #pragma once
@@ -68,6 +68,15 @@ __device__ __forceinline__ void ldmatrix_x4_trans(const void* row, uint32_t (&r)
 __device__ __forceinline__ void mma_bf16_16x8x16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The same product of f16 operands (the few-row kernel's e4m3 weights, converted exactly).
+__device__ __forceinline__ void mma_f16_16x8x16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
