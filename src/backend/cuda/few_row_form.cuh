@@ -15,18 +15,27 @@
 
 namespace dsinfer::cuda::few_row {
 
+// Bound of the tensor-core form's x rows in shared memory (beyond it the CUDA-core form runs).
+constexpr size_t kMmaMaxSharedBytes = 40 * 1024;
+
 // A block form: kTokens rows a pass, e4m3 or bf16 weights, tensor cores or CUDA cores. A block
 // takes up to kMaxUnitsPerBlock consecutive units of kUnitRows weight rows.
 template <int kTokens, bool kFp8, bool kMma>
 struct Form {
   static_assert(!kMma || kFp8, "the tensor-core form takes e4m3 weights");
-  static constexpr bool kTensorCores = kMma;
   static constexpr int kUnitRows = kMma ? kGemmTileRows : kQuadRows;
   static constexpr int kMaxUnitsPerBlock = kMma ? kMmaMaxTilesPerBlock : kMaxQuadsPerBlock;
   static size_t shared_bytes(const GroupedGemmArgs& a) { return kMma ? mma_shared_bytes<kTokens>(a.ldx) : 0; }
   __device__ static void run(const GroupedGemmArgs& a, int units_per_block, int block_x, int row_block) {
     if constexpr (kMma) gemm_block_mma<kTokens>(a, units_per_block, block_x, row_block);
     else gemm_block<kTokens, kFp8>(a, units_per_block, block_x, row_block);
+  }
+  // A Kernel running the tensor-core form may take up to kMmaMaxSharedBytes of x rows beside its
+  // own static shared memory (the routing's, in moe_routing_beside.cu), past the 48 KB a launch
+  // gets by default.
+  template <auto Kernel>
+  static void allow_shared_memory() {
+    if constexpr (kMma) allow_shared_bytes<Kernel>(kMmaMaxSharedBytes);
   }
 };
 
@@ -52,17 +61,6 @@ int resident_blocks(size_t shared_bytes) {
 inline int units_per_block(int num_units, int num_row_blocks, int64_t capacity, int max_units_per_block) {
   const int64_t work = static_cast<int64_t>(num_units) * num_row_blocks;
   return static_cast<int>(std::clamp<int64_t>((work + capacity - 1) / capacity, 1, max_units_per_block));
-}
-
-// Bound of the tensor-core form's x rows in shared memory (beyond it the CUDA-core form runs).
-constexpr size_t kMmaMaxSharedBytes = 40 * 1024;
-
-// A kernel running the tensor-core form may take up to kMmaMaxSharedBytes of x rows beside its
-// own static shared memory (the routing's, in moe_routing_beside.cu), past the 48 KB a launch
-// gets by default.
-template <typename Form, auto Kernel>
-void allow_form_shared_bytes() {
-  if constexpr (Form::kTensorCores) allow_shared_bytes<Kernel>(kMmaMaxSharedBytes);
 }
 
 // Calls f(Form<kTokens, kFp8, kMma>{}) with the rows a block handles together for row-blocks of

@@ -33,7 +33,7 @@ void launch_with(const GroupedGemmArgs& args, int max_n_padded, int max_row_bloc
   // keeps one wave: in blocks of one quad it took 97.5 µs instead of 112.6 under Nsight
   // Compute, yet recorded steps were 2% slower at batch 1 and 2.
   const size_t shared_bytes = Form::shared_bytes(args);
-  few_row::allow_form_shared_bytes<Form, kernel>();
+  Form::template allow_shared_memory<kernel>();
   const int num_units = max_n_padded / Form::kUnitRows;
   const int units_per_block = few_row::units_per_block(
       num_units, max_row_blocks, few_row::resident_blocks<kernel>(shared_bytes), Form::kMaxUnitsPerBlock);

@@ -50,8 +50,8 @@ __device__ __forceinline__ void e4m3x4_to_f16x2x2(uint32_t word, uint32_t& lo, u
 // A block's weight and rows (a row-block of a grouped product, or the dense product's rows). A
 // dense weight's are known at once, and a grouped layout that the kernels before the previous
 // one wrote may be read before the wait too (located: the block may request its first weight
-// pieces before the wait); other grouped layouts only after it. gemm_block has the same steps
-// inline.
+// pieces before the wait); other grouped layouts only after it. gemm_block keeps the same steps
+// inline: on this helper its machine code moved (two registers more in one form).
 struct BlockRows {
   GemmWeight w;
   int row_begin = 0, row_end = 0;
@@ -146,7 +146,7 @@ __device__ __forceinline__ void gemm_block_mma(const GroupedGemmArgs& a, int til
   const bool gate_up = a.epilogue == GemmEpilogue::kSiluMulBf16;
   const int first_tile = block_x * tiles_per_block;
   struct Walk {
-    int num_tiles = 0, warp_chunks = 0, num_steps = 0;
+    int num_tiles = 0, warp_chunks = 0, num_steps = 0, scale_cols = 0;
   };
   auto walk_of = [&](const GemmWeight& w) {
     Walk k;
@@ -154,6 +154,7 @@ __device__ __forceinline__ void gemm_block_mma(const GroupedGemmArgs& a, int til
     const int num_chunks = (w.k_padded + kMmaChunkCols - 1) / kMmaChunkCols;
     k.warp_chunks = warp < num_chunks ? (num_chunks - warp + kWarps - 1) / kWarps : 0;
     k.num_steps = k.num_tiles * k.warp_chunks;
+    k.scale_cols = (w.k_padded + kScaleCols - 1) / kScaleCols;
     return k;
   };
   // Step s: the warp's chunk s % warp_chunks of tile s / warp_chunks.
@@ -174,9 +175,8 @@ __device__ __forceinline__ void gemm_block_mma(const GroupedGemmArgs& a, int til
       for (int r = 0; r < 4; ++r)
         dst.rows[r] = load_weight_piece(data + static_cast<int64_t>(tile * kGemmTileRows + g + 8 * r) * w.k_padded);
     }
-    const int scale_cols = (w.k_padded + kScaleCols - 1) / kScaleCols;
 #pragma unroll
-    for (int gi = 0; gi < 2; ++gi) dst.scales[gi] = w.scales[(2 * tile + gi) * scale_cols + chunk0 / kScaleCols];
+    for (int gi = 0; gi < 2; ++gi) dst.scales[gi] = w.scales[(2 * tile + gi) * k.scale_cols + chunk0 / kScaleCols];
   };
   BlockRows rows = block_rows_before_wait(a, row_block);
   const bool requested = rows.requested();

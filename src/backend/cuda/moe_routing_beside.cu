@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(few_row::kThreads)
 template <auto Kernel, typename Form, typename Job>
 void launch_one(const Job& job, int job_blocks, const GroupedGemmArgs& product, Stream stream) {
   const size_t shared_bytes = Form::shared_bytes(product);
-  few_row::allow_form_shared_bytes<Form, Kernel>();
+  Form::template allow_shared_memory<Kernel>();
   const int num_units = product.dense.n_padded / Form::kUnitRows;
   const int64_t capacity = std::max<int64_t>(1, few_row::resident_blocks<Kernel>(shared_bytes) - job_blocks);
   const int units_per_block = few_row::units_per_block(num_units, 1, capacity, Form::kMaxUnitsPerBlock);
