@@ -80,6 +80,7 @@ CudaBackend::CudaBackend(Precision precision) {
   int64_t tune_max_rows = 0;
   if (const char* rows = std::getenv("DSINFER_CUBLASLT_TUNE_MAX_ROWS")) tune_max_rows = std::max(0, std::atoi(rows));
   matmul_ = std::make_unique<LtMatmul>(stream_, tune_max_rows);
+  side_matmul_ = std::make_unique<LtMatmul>(side_stream_, tune_max_rows);
   step_ = std::make_unique<StepBuffers>();
   recordings_ = std::make_unique<Recordings>();
   choices_ = std::make_unique<Choices>();
@@ -98,6 +99,10 @@ CudaBackend::CudaBackend(Precision precision) {
   cache_write_beside_ = !env_is("DSINFER_MLA_CACHE_WRITE_BESIDE", "0");
   shared_experts_alongside_ = !env_is("DSINFER_MOE_SIDE_STREAM", "0");
   shared_experts_in_routing_ = shared_experts_alongside_ && !env_is("DSINFER_MOE_SHARED_IN_ROUTING", "0");
+  if (!shared_experts_alongside_ || env_is("DSINFER_MOE_SHARED_BESIDE_LIBRARY", "0"))
+    shared_beside_library_max_tokens_ = 0;
+  else if (env_is("DSINFER_MOE_SHARED_BESIDE_LIBRARY", "1"))
+    shared_beside_library_max_tokens_ = INT64_MAX;
   if (env_is("DSINFER_MOE_COMBINE_IN_NORM", "0")) combine_in_norm_min_rows_ = INT64_MAX;
   if (env_is("DSINFER_MOE_COMBINE_IN_NORM", "1")) combine_in_norm_min_rows_ = 1;
   if (env_is("DSINFER_MOE_PREFILL_EXPERTS", "chunked")) prefill_experts_ = PrefillExperts::kChunked;
@@ -144,6 +149,7 @@ CudaBackend::~CudaBackend() {
   step_.reset();
   matmul_.reset();
   cudaStreamSynchronize(side_stream_);
+  side_matmul_.reset();
   cudaEventDestroy(fork_event_);
   cudaEventDestroy(join_event_);
   cudaStreamDestroy(side_stream_);
@@ -681,13 +687,17 @@ CudaBackend::QuantisedRows CudaBackend::quantise_rows(const Tensor& x_bf16, int6
   NormedCopy& copy = normed_copy_;
   const bool of_copy = copy.of != nullptr && x_bf16.data == copy.bf16.data;
   const Tensor& kept = copy.quantised.q;
-  if (of_copy && copy.quantised_on == stream_ && copy.quantised_rows == rows && !kept.empty() &&
-      kept.dim(0) == rows_padded && kept.dim(1) == k)
+  // Rows quantised on the main stream before a fork are ready for its side stream too (while
+  // launches go to the side, side_stream_ is the main stream).
+  const bool ready_here = copy.quantised_on == stream_ || (queuing_on_side_ && copy.quantised_on == side_stream_);
+  if (of_copy && ready_here && copy.quantised_rows == rows && !kept.empty() && kept.dim(0) == rows_padded &&
+      kept.dim(1) == k)
     return copy.quantised;
   QuantisedRows q = new_quantised_rows(rows_padded, k);
   launch_quantize_rows_e4m3(x_bf16.as<uint16_t>(), rows, k, rows_padded, q.q.as<uint8_t>(), q.scales.as<float>(),
                             stream_);
-  if (of_copy) keep_quantised(q, rows);
+  // The main stream's launches would not wait for rows the side stream makes.
+  if (of_copy && !queuing_on_side_) keep_quantised(q, rows);
   return q;
 }
 

@@ -88,19 +88,6 @@ class ForkedStreams {
   bool joined_ = false;
 };
 
-// Swaps two stream handles for its lifetime: launches that read the first go to the second.
-class SwappedStreams {
- public:
-  SwappedStreams(Stream& a, Stream& b) : a_(a), b_(b) { std::swap(a_, b_); }
-  SwappedStreams(const SwappedStreams&) = delete;
-  SwappedStreams& operator=(const SwappedStreams&) = delete;
-  ~SwappedStreams() { std::swap(a_, b_); }
-
- private:
-  Stream& a_;
-  Stream& b_;
-};
-
 // Where a layer's expert tensor maps start in MoeWeights::derived: after the table, 128-byte
 // aligned (a tensor map in device memory needs 64).
 size_t expert_maps_offset(int num_experts) {
@@ -203,6 +190,21 @@ void CudaBackend::copy_routing(const MoeOutputs& m, MoeRouting* routing) {
   synchronize();
 }
 
+void CudaBackend::queue_on_side(const std::function<void()>& launches) {
+  DS_CHECK_MSG(!queuing_on_side_, "queue_on_side: already queuing on the side stream");
+  const auto swap = [this] {
+    std::swap(stream_, side_stream_);
+    std::swap(matmul_, side_matmul_);
+    queuing_on_side_ = !queuing_on_side_;
+  };
+  swap();
+  struct SwapBack {
+    const decltype(swap)& back;
+    ~SwapBack() { back(); }
+  } swap_back{swap};
+  launches();
+}
+
 CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const MoeWeights& w) {
   const int64_t num_tokens = x.dim(0), hidden = x.dim(1);
   const int top_k = w.top_k, num_experts = w.num_experts;
@@ -254,7 +256,10 @@ CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const Mo
   // - in a step of a few tokens, in the routing's own launches (gate/up in the router logits',
   //   down in the routing and planning's), where both of their products take the few-row kernel;
   // - else beside it on the side stream, joined before the combine, where both take the own
-  //   kernel (cuBLASLt's handle is bound to the main stream);
+  //   kernel;
+  // - in a step of up to a few hundred tokens whose shared products both take cuBLASLt, on the
+  //   side stream too, with the side's own cuBLASLt handle: the main stream's kernels come first
+  //   (it has the higher priority), the side's fill the SMs they leave idle;
   // - else after the routed experts.
   Tensor shared, shared_act;
   const int64_t shared_inter_p = w.has_shared ? w.shared_gate_up.weight.dim(0) / 2 : 0;
@@ -268,12 +273,15 @@ CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const Mo
   const bool shared_alongside = w.has_shared && !shared_in_routing && shared_experts_alongside_ && !host_planned &&
                                 !f32_products_ && own_gemm_takes(gemm_weight_of(w.shared_gate_up), num_tokens) &&
                                 own_gemm_takes(gemm_weight_of(w.shared_down), num_tokens);
+  const bool shared_beside_library =
+      w.has_shared && !shared_in_routing && !shared_alongside && num_tokens <= shared_beside_library_max_tokens_ &&
+      !host_planned && !f32_products_ && library_gemm_takes(gemm_weight_of(w.shared_gate_up), num_tokens) &&
+      library_gemm_takes(gemm_weight_of(w.shared_down), num_tokens);
   if (shared_in_routing) shared_act = alloc_->cached({num_tokens, shared_inter_p}, DType::kBF16);
   std::optional<ForkedStreams> forked;
-  if (shared_alongside) {
+  if (shared_alongside || shared_beside_library) {
     forked.emplace(stream_, side_stream_, fork_event_, join_event_, *alloc_);
-    const SwappedStreams on_side(stream_, side_stream_);
-    gated_mlp_bf16(xb, num_tokens, w.shared_gate_up, w.shared_down, shared.as<float>(), hidden);
+    queue_on_side([&] { gated_mlp_bf16(xb, num_tokens, w.shared_gate_up, w.shared_down, shared.as<float>(), hidden); });
   }
 
   Tensor d_ids = alloc_->cached({num_entries}, DType::kI32);

@@ -212,6 +212,48 @@ TEST_F(CudaMoeTest, SharedExpertsOnTensorCoresInOrBesideTheRoutingGiveTheSameBit
   }
 }
 
+TEST_F(CudaMoeTest, LibrarySharedExpertsBesideTheRoutedOnesGiveTheSameBits) {
+  // Steps of up to 128 tokens whose shared products take cuBLASLt run them on the side stream,
+  // with its own cuBLASLt handle, beside the routing and the routed experts; larger ones after
+  // the routed experts (DSINFER_MOE_SHARED_BESIDE_LIBRARY=0: always after, =1: always beside).
+  // All three give the same bits, and the CPU's result. bf16 and e4m3 experts, mid- and
+  // prefill-sized steps; the e4m3 layers' x comes from a norm that writes its rows in e4m3 too,
+  // which the side stream's gate/up product reads where the main stream made them before the fork.
+  auto after = make_backend_with_env("cuda", "DSINFER_MOE_SHARED_BESIDE_LIBRARY", "0");
+  auto beside = make_backend_with_env("cuda", "DSINFER_MOE_SHARED_BESIDE_LIBRARY", "1");
+  const GateSpec g{16, 4, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, true, 1.0f, true};
+  struct Case {
+    int64_t num_tokens, hidden, inter;
+    bool fp8;
+  };
+  for (const Case& c : {Case{1100, 128, 64, false}, Case{40, 256, 96, false}, Case{301, 256, 128, true},
+                        Case{1100, 256, 128, true}, Case{48, 256, 128, true}}) {
+    SCOPED_TRACE(testing::Message() << c.num_tokens << " tokens, fp8 " << c.fp8);
+    const auto x = random_values(c.num_tokens * c.hidden, 150 + static_cast<uint32_t>(c.num_tokens));
+    const auto residual = random_values(c.num_tokens * c.hidden, 151, 3.0f);
+    const auto norm_w = random_values(c.hidden, 152, 1.0f);
+    Backend* bes[4] = {cpu_.get(), gpu_.get(), after.get(), beside.get()};
+    std::vector<float> out[4];
+    MoeRouting routing[4];
+    for (int b = 0; b < 4; ++b) {
+      MoeWeights w = build(*bes[b], g, c.hidden, c.inter, 153, c.fp8);
+      Tensor tres = upload(*bes[b], {c.num_tokens, c.hidden}, residual);
+      Tensor tx = upload(*bes[b], {c.num_tokens, c.hidden}, x), tw = upload(*bes[b], {c.hidden}, norm_w);
+      Tensor normed = bes[b]->empty({c.num_tokens, c.hidden}, DType::kF32);
+      Tensor tout = bes[b]->empty({c.num_tokens, c.hidden}, DType::kF32);
+      bes[b]->add_rms_norm(tres, tx, tw, 1e-6f, normed);
+      bes[b]->moe(normed, w, tout, &routing[b]);
+      out[b] = download(*bes[b], tout);
+    }
+    for (int b = 2; b < 4; ++b) {
+      SCOPED_TRACE(b);
+      EXPECT_EQ(routing[b].expert_ids, routing[1].expert_ids);
+      EXPECT_EQ(out[b], out[1]);
+    }
+    EXPECT_LT(relative_error(out[1], out[0]), c.fp8 ? 8e-2 : 2e-2);
+  }
+}
+
 TEST_F(CudaMoeTest, CombineMadeInTheNormGivesTheSameBits) {
   // moe_add_rms_norm: with DSINFER_MOE_COMBINE_IN_NORM=1 the norm makes the layer's combined rows
   // where it adds them; with =0 the combine writes them and the norm reads them back; by
