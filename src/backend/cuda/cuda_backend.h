@@ -281,9 +281,9 @@ class CudaBackend final : public Backend {
   const int32_t* device_ints(std::span<const int32_t> host, Tensor& uploaded);
 
   Stream stream_ = nullptr;
-  // MoE steps of up to a few hundred tokens run their shared experts on side_stream_, beside the
-  // routing and the routed experts on stream_ (see moe_until_combine); the events fork and join
-  // the two.
+  // MoE steps of up to shared_beside_library_max_tokens_ tokens run their shared experts on
+  // side_stream_, beside the routing and the routed experts on stream_ (see moe_until_combine);
+  // the events fork and join the two.
   Stream side_stream_ = nullptr;
   // Set while launches are queued on the side stream of a fork (stream_ and side_stream_
   // swapped): work queued on the main stream before the fork is done before them.

@@ -257,9 +257,10 @@ CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const Mo
   //   down in the routing and planning's), where both of their products take the few-row kernel;
   // - else beside it on the side stream, joined before the combine, where both take the own
   //   kernel;
-  // - in a step of up to a few hundred tokens whose shared products both take cuBLASLt, on the
-  //   side stream too, with the side's own cuBLASLt handle: the main stream's kernels come first
-  //   (it has the higher priority), the side's fill the SMs they leave idle;
+  // - in a step of up to shared_beside_library_max_tokens_ tokens (128) whose shared products
+  //   both take cuBLASLt, on the side stream too, with the side's own cuBLASLt handle: the main
+  //   stream's kernels come first (it has the higher priority), the side's fill the SMs they
+  //   leave idle;
   // - else after the routed experts.
   Tensor shared, shared_act;
   const int64_t shared_inter_p = w.has_shared ? w.shared_gate_up.weight.dim(0) / 2 : 0;
