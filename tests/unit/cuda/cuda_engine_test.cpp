@@ -1,7 +1,8 @@
 // The engine on the CUDA backend: a request's greedy tokens are the same alone or among 63
 // others (batch-invariant mode, and the fp32 precision mode), decode steps replayed from
-// recordings give the tokens that eager steps give, and scheduling one step ahead (token choices
-// kept on the device) gives the tokens of scheduling after each step.
+// recordings give the tokens that eager steps give, the shared experts beside or after the
+// routed ones give the same tokens, and scheduling one step ahead (token choices kept on the
+// device) gives the tokens of scheduling after each step.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -107,6 +108,36 @@ TEST_F(CudaEngineTest, RecordedDecodeStepsMatchEagerSteps) {
     ASSERT_TRUE(recorded[i].status.ok());
     EXPECT_EQ(recorded[i].token_ids, eager[i].token_ids) << "request " << i;
     EXPECT_EQ(recorded[i].token_ids.size(), static_cast<size_t>(requests[i].sampling.max_tokens));
+  }
+}
+
+// Decode steps of 33 to 128 rows run the shared experts' cuBLASLt products on the side stream,
+// beside the routed experts (DSINFER_MOE_SHARED_BESIDE_LIBRARY=0: after them, on the main
+// stream). Eager, and recorded into graphs and replayed, both give the same tokens, in the
+// default (not batch-invariant) mode.
+TEST_F(CudaEngineTest, SharedExpertsBesideTheRoutedOnesGiveTheSameTokensEagerAndRecorded) {
+  auto requests = random_requests(48, 13);
+  for (auto& r : requests) r.sampling.max_tokens = 24;
+  constexpr int kRuns = 3;  // the third replays recordings (see RecordedDecodeStepsMatchEagerSteps)
+  std::vector<Completion> beside[kRuns], after[kRuns];
+  {
+    LLM llm(cuda_config());
+    for (int run = 0; run < kRuns; ++run) beside[run] = llm.generate(requests);
+  }
+  {
+    ScopedEnv serial("DSINFER_MOE_SHARED_BESIDE_LIBRARY", "0");
+    LLM llm(cuda_config());
+    for (int run = 0; run < kRuns; ++run) after[run] = llm.generate(requests);
+  }
+  for (int run = 0; run < kRuns; ++run) {
+    int num_distinct = 0;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      ASSERT_TRUE(beside[run][i].status.ok() && after[run][i].status.ok());
+      ASSERT_EQ(beside[run][i].token_ids.size(), 24u);
+      EXPECT_EQ(beside[run][i].token_ids, after[run][i].token_ids) << "run " << run << ", request " << i;
+      num_distinct += beside[run][i].token_ids != beside[run][0].token_ids;
+    }
+    EXPECT_GE(num_distinct, 2) << "the requests should not all produce the same tokens";
   }
 }
 
