@@ -271,16 +271,17 @@ CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const Mo
   const bool shared_in_routing = w.has_shared && shared_experts_in_routing_ && !host_planned && !chunked &&
                                  num_tokens <= kMoeRoutePlanMaxTokens && num_tokens <= kRouterKernelMaxTokens &&
                                  few_row_gemm_takes(num_tokens);
-  const bool shared_alongside = w.has_shared && !shared_in_routing && shared_experts_alongside_ && !host_planned &&
-                                !f32_products_ && own_gemm_takes(gemm_weight_of(w.shared_gate_up), num_tokens) &&
-                                own_gemm_takes(gemm_weight_of(w.shared_down), num_tokens);
-  const bool shared_beside_library =
-      w.has_shared && !shared_in_routing && !shared_alongside && num_tokens <= shared_beside_library_max_tokens_ &&
-      !host_planned && !f32_products_ && library_gemm_takes(gemm_weight_of(w.shared_gate_up), num_tokens) &&
-      library_gemm_takes(gemm_weight_of(w.shared_down), num_tokens);
+  const bool shared_on_side = w.has_shared && !shared_in_routing && shared_experts_alongside_ && !host_planned &&
+                              !f32_products_ && [&] {
+                                const GemmWeight gu = gemm_weight_of(w.shared_gate_up);
+                                const GemmWeight down = gemm_weight_of(w.shared_down);
+                                if (own_gemm_takes(gu, num_tokens) && own_gemm_takes(down, num_tokens)) return true;
+                                return num_tokens <= shared_beside_library_max_tokens_ &&
+                                       library_gemm_takes(gu, num_tokens) && library_gemm_takes(down, num_tokens);
+                              }();
   if (shared_in_routing) shared_act = alloc_->cached({num_tokens, shared_inter_p}, DType::kBF16);
   std::optional<ForkedStreams> forked;
-  if (shared_alongside || shared_beside_library) {
+  if (shared_on_side) {
     forked.emplace(stream_, side_stream_, fork_event_, join_event_, *alloc_);
     queue_on_side([&] { gated_mlp_bf16(xb, num_tokens, w.shared_gate_up, w.shared_down, shared.as<float>(), hidden); });
   }
