@@ -42,6 +42,20 @@ struct LinearWeight {
   bool packed_gate_up = false;
 };
 
+// A linear weight of random values, for benchmarks without files (--dummy-weights). Each source
+// tensor [out_features, in_features] holds scale · normal_value(seed, i) (core/random_normal.h)
+// at element i; a gate/up weight stacks two, gate rows first, as make_gate_up takes them. fp8:
+// those values in e4m3 with one scale per 128 × 128 block (its largest magnitude / 448), as an
+// FP8 checkpoint stores them.
+struct RandomLinearSpec {
+  int64_t out_features = 0;  // rows of each source tensor
+  int64_t in_features = 0;
+  uint64_t seeds[2] = {0, 0};  // the tensor's stream; for gate/up the gate's, then the up's
+  float scale = 1.0f;
+  bool gate_up = false;
+  bool fp8 = false;  // gate/up: out_features a multiple of 128
+};
+
 // MLA projections of one layer that attention needs in absorbed form.
 struct MlaWeights {
   int num_heads = 0;
@@ -146,6 +160,13 @@ class Backend {
   // gate and up projections stacked [2 * inter, in], gate rows first; the result feeds
   // gated_mlp and MoeWeights only (a backend may reorder rows for a fused SiLU·mul).
   virtual LinearWeight make_gate_up(const HostTensor& w) { return make_linear(w); }
+  // The weight RandomLinearSpec describes, made where the backend keeps it (the device fills it,
+  // sparing the host the drawing, packing and copying of a model's values); nothing where the
+  // backend has no such path, and the caller draws the values on the host.
+  virtual std::optional<LinearWeight> make_random_linear(const RandomLinearSpec& spec) {
+    (void)spec;
+    return std::nullopt;
+  }
 
   virtual void embedding(const Tensor& table, std::span<const TokenId> ids, Tensor& out) = 0;
   virtual void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) = 0;

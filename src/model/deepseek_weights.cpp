@@ -11,6 +11,7 @@
 
 #include "core/check.h"
 #include "core/dtype.h"
+#include "core/random_normal.h"
 #include "core/shape.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
@@ -76,16 +77,30 @@ struct RawFp8 {
 // Returns the raw form when the named tensor is FP8 and the backend wants it, else nothing.
 using RawFp8Fn = std::function<std::optional<RawFp8>(const std::string& name, const std::vector<int64_t>& shape)>;
 
+// A linear weight made by the backend without host values (random weights on the device): for
+// the named tensor [rows, cols], or for a gate/up pair (up_name non-null, each [rows, cols]).
+// Returns nothing where the backend or the tensor has no such path.
+using BackendLinearFn = std::function<std::optional<LinearWeight>(const std::string& name, const std::string* up_name,
+                                                                  int64_t rows, int64_t cols)>;
+
 class WeightBuilder {
  public:
-  WeightBuilder(const ModelConfig& config, Backend& backend, FetchFn fetch, RawFp8Fn raw_fp8 = nullptr)
-      : c_(config), be_(backend), fetch_(std::move(fetch)), raw_fp8_(std::move(raw_fp8)) {}
+  WeightBuilder(const ModelConfig& config, Backend& backend, FetchFn fetch, RawFp8Fn raw_fp8 = nullptr,
+                BackendLinearFn backend_linear = nullptr)
+      : c_(config),
+        be_(backend),
+        fetch_(std::move(fetch)),
+        raw_fp8_(std::move(raw_fp8)),
+        backend_linear_(std::move(backend_linear)) {}
 
   Tensor vec(const std::string& name, int64_t n) { return host({n}, fetch(name, {n})); }
   Tensor mat(const std::string& name, int64_t rows, int64_t cols) {
     return host({rows, cols}, fetch(name, {rows, cols}));
   }
   LinearWeight linear(const std::string& name, int64_t out, int64_t in) {
+    if (backend_linear_) {
+      if (auto made = backend_linear_(name, nullptr, out, in)) return std::move(*made);
+    }
     if (raw_fp8_) {
       if (auto raw = raw_fp8_(name, {out, in})) return fp8_linear(*raw, out, in);
     }
@@ -95,6 +110,10 @@ class WeightBuilder {
   }
   // gate and up stacked into one [2 * inter, in] weight, gate rows first.
   LinearWeight gate_up(const std::string& prefix, int64_t inter, int64_t in) {
+    if (backend_linear_) {
+      const std::string up_name = prefix + "up_proj.weight";
+      if (auto made = backend_linear_(prefix + "gate_proj.weight", &up_name, inter, in)) return std::move(*made);
+    }
     // Raw FP8 halves stack cleanly only when the gate's rows fill whole scale blocks.
     if (raw_fp8_ && inter % c_.fp8.block_rows == 0) {
       auto gate = raw_fp8_(prefix + "gate_proj.weight", {inter, in});
@@ -229,6 +248,7 @@ class WeightBuilder {
   Backend& be_;
   FetchFn fetch_;
   RawFp8Fn raw_fp8_;
+  BackendLinearFn backend_linear_;
 };
 
 }  // namespace
@@ -265,29 +285,6 @@ ModelWeights load_model_weights(const ModelConfig& config, const Checkpoint& ckp
   return builder.model([&](const std::string& name) { return ckpt.has(name); });
 }
 
-namespace {
-
-// Word `index` of stream `seed`: splitmix64 (a Weyl sequence through its finaliser), which can
-// start at any index.
-uint64_t draw_bits(uint64_t seed, uint64_t index) {
-  uint64_t z = seed + (index + 1) * 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-// Two independent standard normal values from one 64-bit word: Box-Muller on two 24-bit
-// uniforms, the first in (0, 1] so that its logarithm is finite.
-std::pair<float, float> normal_pair(uint64_t bits) {
-  constexpr float kTwoPi = 6.28318530717958647692f;
-  const float u1 = static_cast<float>((bits >> 40) + 1) * 0x1p-24f;
-  const float u2 = static_cast<float>((bits >> 16) & 0xFFFFFFu) * 0x1p-24f;
-  const float radius = std::sqrt(-2.0f * std::log(u1));
-  return {radius * std::cos(kTwoPi * u2), radius * std::sin(kTwoPi * u2)};
-}
-
-}  // namespace
-
 ModelWeights make_random_weights(const ModelConfig& model_config, Backend& backend, uint64_t seed, bool fp8_linears) {
   ModelConfig config = model_config;
   if (fp8_linears) config.fp8 = Fp8Quantization{true, 128, 128};
@@ -312,9 +309,9 @@ ModelWeights make_random_weights(const ModelConfig& model_config, Backend& backe
     auto fill_pairs = [&](int64_t task_begin, int64_t task_end) {
       const int64_t pair_end = std::min(num_pairs, task_end * kPairsPerTask);
       for (int64_t j = task_begin * kPairsPerTask; j < pair_end; ++j) {
-        const auto [a, b] = normal_pair(draw_bits(base_seed, static_cast<uint64_t>(j)));
-        v[2 * j] = shaped(a);
-        if (2 * j + 1 < n) v[2 * j + 1] = shaped(b);
+        const NormalPair pair = normal_pair(random_word(base_seed, static_cast<uint64_t>(j)));
+        v[2 * j] = shaped(pair.first);
+        if (2 * j + 1 < n) v[2 * j + 1] = shaped(pair.second);
       }
     };
     const int64_t num_tasks = (num_pairs + kPairsPerTask - 1) / kPairsPerTask;
@@ -323,13 +320,14 @@ ModelWeights make_random_weights(const ModelConfig& model_config, Backend& backe
   };
   // FP8 as DeepSeek-V3 ships it: the projection matrices of the layers in e4m3 with one scale
   // per 128x128 block (amax / 448); embeddings, norms, router and LM head stay wide.
+  const auto fp8_projection = [](const std::string& name) {
+    return name.rfind("model.layers.", 0) == 0 && name.size() > 12 &&
+           name.compare(name.size() - 12, 12, "_proj.weight") == 0 && name.find("kv_b_proj") == std::string::npos;
+  };
   RawFp8Fn raw_fp8;
   if (fp8_linears && backend.wants_raw_fp8()) {
     raw_fp8 = [&](const std::string& name, const std::vector<int64_t>& shape) -> std::optional<RawFp8> {
-      const bool projection = name.rfind("model.layers.", 0) == 0 && name.size() > 12 &&
-                              name.compare(name.size() - 12, 12, "_proj.weight") == 0 &&
-                              name.find("kv_b_proj") == std::string::npos;
-      if (!projection || shape.size() != 2) return std::nullopt;
+      if (!fp8_projection(name) || shape.size() != 2) return std::nullopt;
       const HostValues v = fetch_values(fetch, name, shape);
       const int64_t rows = shape[0], cols = shape[1], rb = (rows + 127) / 128, cb = (cols + 127) / 128;
       RawFp8 raw;
@@ -352,7 +350,25 @@ ModelWeights make_random_weights(const ModelConfig& model_config, Backend& backe
       return raw;
     };
   }
-  WeightBuilder builder(config, backend, fetch, raw_fp8);
+  // Linear weights made on the device where the backend can: the values above, up to the last
+  // bits of the device's logarithm, sine and cosine, without drawing, packing and copying them
+  // here (most of a model's time to load).
+  BackendLinearFn backend_linear = [&](const std::string& name, const std::string* up_name, int64_t rows,
+                                       int64_t cols) -> std::optional<LinearWeight> {
+    if (name.find("norm") != std::string::npos || name.find("bias") != std::string::npos) return std::nullopt;
+    RandomLinearSpec spec;
+    spec.out_features = rows;
+    spec.in_features = cols;
+    spec.seeds[0] = seed ^ std::hash<std::string>{}(name);
+    if (up_name != nullptr) spec.seeds[1] = seed ^ std::hash<std::string>{}(*up_name);
+    spec.scale = name.find("embed_tokens") != std::string::npos ? 1.0f : 1.0f / std::sqrt(static_cast<float>(cols));
+    spec.gate_up = up_name != nullptr;
+    // As the raw FP8 form above: gate and up stack in e4m3 when the gate fills whole blocks.
+    spec.fp8 = raw_fp8 != nullptr && fp8_projection(name) &&
+               (up_name == nullptr || (fp8_projection(*up_name) && rows % config.fp8.block_rows == 0));
+    return backend.make_random_linear(spec);
+  };
+  WeightBuilder builder(config, backend, fetch, raw_fp8, backend_linear);
   return builder.model([](const std::string& name) { return true; });
 }
 

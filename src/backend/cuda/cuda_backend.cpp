@@ -19,6 +19,8 @@
 #include "backend/cuda/grouped_gemm.h"
 #include "backend/cuda/kernel_timeline.h"
 #include "backend/cuda/lt_matmul.h"
+#include "backend/cuda/packed_weight.h"
+#include "backend/cuda/random_weights.h"
 #include "backend/cuda/step_gaps.h"
 #include "core/logging.h"
 #include "core/shape.h"
@@ -97,6 +99,7 @@ CudaBackend::CudaBackend(Precision precision) {
   fused_prefill_attention_ = !env_is("DSINFER_MLA_FLASH", "0");
   warpgroup_flash_attention_ = !env_is("DSINFER_MLA_FLASH_WGMMA", "0");
   cache_write_beside_ = !env_is("DSINFER_MLA_CACHE_WRITE_BESIDE", "0");
+  device_random_weights_ = !env_is("DSINFER_DEVICE_RANDOM_WEIGHTS", "0");
   shared_experts_alongside_ = !env_is("DSINFER_MOE_SIDE_STREAM", "0");
   shared_experts_in_routing_ = shared_experts_alongside_ && !env_is("DSINFER_MOE_SHARED_IN_ROUTING", "0");
   if (!shared_experts_alongside_ || env_is("DSINFER_MOE_SHARED_BESIDE_LIBRARY", "0"))
@@ -421,49 +424,27 @@ LinearWeight CudaBackend::pack_weight(const HostTensor& w, bool gate_up) {
   DS_CHECK(w.shape.size() == 2);
   const int64_t rows = w.shape[0], cols = w.shape[1];
   DS_CHECK_MSG(!gate_up || rows % 2 == 0, "gate/up weight with an odd row count " << rows);
-  const int64_t inter = rows / 2;
   // e4m3 stays e4m3 when its scale blocks cover whole 16-row groups of the packed layout.
-  const bool fp8 = w.dtype == DType::kF8E4M3 && w.scale_inv != nullptr && w.block_rows % 16 == 0 &&
-                   w.block_cols == 128 && (!gate_up || inter % 16 == 0);
-  // Whole 128-column tiles (the block-scaled FP8 product works in them), for every dtype alike
-  // so that a gate/up's output width is its down projection's input width.
-  const int64_t k_p = round_up(cols, kLibraryFp8TileColumns);
-  const int64_t n_p = gate_up ? 2 * round_up(inter, kLibraryFp8TileColumns) : round_up(rows, kGemmTileRows);
-  DS_CHECK_MSG(n_p <= INT32_MAX && k_p <= INT32_MAX, "weight [" << rows << ", " << cols << "] too large");
-  // Source row of packed row r (-1: zero padding).
-  auto source_row = [&](int64_t r) -> int64_t {
-    if (!gate_up) return r < rows ? r : -1;
-    const int64_t tile = r / kGemmTileRows, within = r % kGemmTileRows;
-    const int64_t j = tile * kGemmGateUpHalf + within % kGemmGateUpHalf;
-    if (j >= inter) return -1;
-    return within < kGemmGateUpHalf ? j : inter + j;
-  };
-  const int64_t elem_bytes = fp8 ? 1 : 2;
-  const size_t data_bytes = packed_data_bytes(n_p, k_p, elem_bytes);
-  const int64_t scale_cols = k_p / 128;
-  const size_t scale_bytes = fp8 ? static_cast<size_t>(round_up(n_p / 16 * scale_cols * 4, 256)) : 0;
-  // cuBLASLt's copy of the scales (LibraryScales): 128x128 blocks when the packed rows keep the
-  // checkpoint's blocks, else one per packed row and tile.
-  const bool library_blocks = !gate_up && w.block_rows == 128;
-  const int64_t library_block_cols = round_up(scale_cols, 4);
-  const int64_t library_scale_count =
-      !fp8 ? 0 : library_blocks ? (n_p + 127) / 128 * library_block_cols : scale_cols * n_p;
-  std::vector<uint8_t> image(data_bytes + scale_bytes + library_scale_count * sizeof(float), 0);
+  const bool fp8 = w.dtype == DType::kF8E4M3 && w.scale_inv != nullptr && w.block_rows % kPackedScaleRows == 0 &&
+                   w.block_cols == 128 && (!gate_up || (rows / 2) % kPackedScaleRows == 0);
+  const PackedWeightLayout layout(rows, cols, gate_up, fp8, w.block_rows);
+  const int64_t n_p = layout.n_padded, k_p = layout.k_padded, scale_cols = layout.scale_cols;
+  std::vector<uint8_t> image(layout.total_bytes(), 0);
   if (fp8) {
     const uint8_t* src = static_cast<const uint8_t*>(w.data);
     const int64_t col_blocks = (cols + 127) / 128;  // == scale_cols
     auto scale_of = [&](int64_t source, int64_t cb) {
       return source >= 0 ? w.scale_inv[(source / w.block_rows) * col_blocks + cb] : 1.0f;
     };
-    float* scales = reinterpret_cast<float*>(image.data() + data_bytes);
-    float* library = reinterpret_cast<float*>(image.data() + data_bytes + scale_bytes);
+    float* scales = reinterpret_cast<float*>(image.data() + layout.data_bytes);
+    float* library = reinterpret_cast<float*>(image.data() + layout.data_bytes + layout.scale_bytes);
     for (int64_t r = 0; r < n_p; ++r) {
-      const int64_t s = source_row(r);
+      const int64_t s = layout.source_row(r);
       if (s >= 0) std::memcpy(image.data() + r * k_p, src + s * cols, cols);
       for (int64_t cb = 0; cb < scale_cols; ++cb) {
-        if (r % 16 == 0) scales[(r / 16) * scale_cols + cb] = scale_of(s, cb);
-        if (!library_blocks) library[cb * n_p + r] = scale_of(s, cb);
-        else if (r % 128 == 0) library[(r / 128) * library_block_cols + cb] = scale_of(s, cb);
+        if (r % kPackedScaleRows == 0) scales[(r / kPackedScaleRows) * scale_cols + cb] = scale_of(s, cb);
+        if (!layout.library_blocks) library[cb * n_p + r] = scale_of(s, cb);
+        else if (r % 128 == 0) library[(r / 128) * layout.library_block_cols + cb] = scale_of(s, cb);
       }
     }
   } else {
@@ -477,7 +458,7 @@ LinearWeight CudaBackend::pack_weight(const HostTensor& w, bool gate_up) {
     // Round to bf16 on the host (all threads) so that only 2 bytes per weight cross PCIe.
     global_thread_pool().parallel_for(n_p, [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) {
-        const int64_t s = source_row(r);
+        const int64_t s = layout.source_row(r);
         if (s < 0) continue;
         for (int64_t c = 0; c < cols; ++c) dst[r * k_p + c] = f32_to_bf16(src[s * cols + c]);
       }
@@ -486,17 +467,41 @@ LinearWeight CudaBackend::pack_weight(const HostTensor& w, bool gate_up) {
   Tensor storage = alloc_->persistent_bytes(image.size());
   DS_CUDA_CHECK(cudaMemcpyAsync(storage.data, image.data(), image.size(), cudaMemcpyHostToDevice, stream_));
   synchronize();  // the host image goes out of scope
+  return packed_linear(storage, layout);
+}
+
+std::optional<LinearWeight> CudaBackend::make_random_linear(const RandomLinearSpec& spec) {
+  if (!device_random_weights_ || f32_products_) return std::nullopt;
+  DS_CHECK_MSG(spec.out_features > 0 && spec.in_features > 0,
+               "random weight [" << spec.out_features << ", " << spec.in_features << "]");
+  // An e4m3 source has 128 × 128 blocks (as make_linear keeps a checkpoint's FP8 weight); a
+  // gate/up pair in e4m3 stacks halves of whole blocks.
+  constexpr int kSourceBlockRows = 128;
+  DS_CHECK_MSG(!spec.fp8 || !spec.gate_up || spec.out_features % kSourceBlockRows == 0,
+               "random e4m3 gate/up weight of " << spec.out_features << " rows a half");
+  const int64_t rows = spec.gate_up ? 2 * spec.out_features : spec.out_features;
+  const PackedWeightLayout layout(rows, spec.in_features, spec.gate_up, spec.fp8, kSourceBlockRows);
+  Tensor storage = alloc_->persistent_bytes(layout.total_bytes());
+  Tensor block_scales;
+  if (spec.fp8) block_scales = alloc_->cached({(rows + 127) / 128 * layout.scale_cols}, DType::kF32);
+  launch_random_packed_weight(layout, spec.seeds[0], spec.seeds[1], spec.scale, storage.data,
+                              spec.fp8 ? block_scales.as<float>() : nullptr, stream_);
+  return packed_linear(storage, layout);
+}
+
+LinearWeight CudaBackend::packed_linear(const Tensor& storage, const PackedWeightLayout& layout) {
   LinearWeight lw;
-  lw.out_features = rows;
-  lw.in_features = cols;
+  lw.out_features = layout.rows;
+  lw.in_features = layout.cols;
   lw.weight = storage;
-  lw.weight.shape = {n_p, k_p};
-  lw.weight.dtype = fp8 ? DType::kF8E4M3 : DType::kBF16;
-  lw.packed_gate_up = gate_up;
-  if (fp8) {
+  lw.weight.shape = {layout.n_padded, layout.k_padded};
+  lw.weight.dtype = layout.fp8 ? DType::kF8E4M3 : DType::kBF16;
+  lw.packed_gate_up = layout.gate_up;
+  if (layout.fp8) {
     fp8_library_scales_[storage.data] = {
-        reinterpret_cast<const float*>(static_cast<const char*>(storage.data) + data_bytes + scale_bytes),
-        library_blocks};
+        reinterpret_cast<const float*>(static_cast<const char*>(storage.data) + layout.data_bytes +
+                                       layout.scale_bytes),
+        layout.library_blocks};
   }
   return lw;
 }

@@ -48,6 +48,7 @@ namespace dsinfer::cuda {
 class DeviceAllocator;
 class KernelTimeline;
 class LtMatmul;
+struct PackedWeightLayout;
 class StepGapTracker;
 
 // The kernel's view of a weight made by CudaBackend::make_linear / make_gate_up.
@@ -83,6 +84,7 @@ class CudaBackend final : public Backend {
   void moe_add_rms_norm(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRouting* routing, Tensor& residual,
                         const Tensor& norm_w, float eps, Tensor& normed) override;
   LinearWeight make_gate_up(const HostTensor& w) override;
+  std::optional<LinearWeight> make_random_linear(const RandomLinearSpec& spec) override;
   void prepare(MlaWeights& w) override;
   void prepare(MoeWeights& w) override;
   void gated_mlp(const Tensor& x, const LinearWeight& gate_up, const LinearWeight& down, Tensor& out) override;
@@ -118,6 +120,8 @@ class CudaBackend final : public Backend {
   Tensor view_rows(const Tensor& t, int64_t row_begin, int64_t num_rows) const;
   // Packs w [rows, cols] for the GEMM; gate_up: rows are gate then up, interleaved per tile.
   LinearWeight pack_weight(const HostTensor& w, bool gate_up);
+  // The LinearWeight of a packed weight filled at `storage` (packed_weight.h).
+  LinearWeight packed_linear(const Tensor& storage, const PackedWeightLayout& layout);
   // The own kernels' arguments for the product of rows of x_bf16 by w, epilogue into y [rows, ldy].
   GroupedGemmArgs dense_product(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, GemmEpilogue epilogue,
                                 void* y, int64_t ldy, int64_t n_out) const;
@@ -376,6 +380,9 @@ class CudaBackend final : public Backend {
   // Steps of a few tokens write the attention's cache entries in the W_UK product's launch
   // (DSINFER_MLA_CACHE_WRITE_BESIDE=0: in a launch of their own before it; same results).
   bool cache_write_beside_ = true;
+  // make_random_linear fills weights on the device (DSINFER_DEVICE_RANDOM_WEIGHTS=0: it declines,
+  // and the caller draws them on the host).
+  bool device_random_weights_ = true;
   bool fused_prefill_attention_ = true;  // expanded prefill in one kernel (DSINFER_MLA_FLASH=0: cuBLASLt products)
   // That kernel on warpgroup products for 192 / 128 heads (DSINFER_MLA_FLASH_WGMMA=0: mma.sync).
   bool warpgroup_flash_attention_ = true;

@@ -1,0 +1,19 @@
+// Random linear weights filled on the device (Backend::make_random_linear; random_weights.cu).
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/packed_weight.h"
+
+namespace dsinfer::cuda {
+
+// Fills the packed weight at `storage` (layout.total_bytes(), packed_weight.h): source element
+// i of tensor t (the gate's and the up's for gate/up, each [layout.inter, cols]; else one
+// [rows, cols]) is scale · normal_value(seeds[t], i). e4m3 layouts quantise the values per
+// 128 × 128 source block by its largest magnitude; block_scales (fp32, ceil(rows / 128) ×
+// scale_cols, e4m3 only) holds those scales between the kernels.
+void launch_random_packed_weight(const PackedWeightLayout& layout, uint64_t first_seed, uint64_t second_seed,
+                                 float scale, void* storage, float* block_scales, Stream stream);
+
+}  // namespace dsinfer::cuda
