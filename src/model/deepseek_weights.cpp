@@ -285,23 +285,42 @@ ModelWeights load_model_weights(const ModelConfig& config, const Checkpoint& ckp
   return builder.model([&](const std::string& name) { return ckpt.has(name); });
 }
 
+namespace {
+
+// How a random tensor's standard normal draws z become its values: norms 1 + 0.1 z, biases
+// 0.05 |z|, anything else scale · z (scaled_values_scale).
+enum class RandomValues { kNorm, kBias, kScaled };
+
+RandomValues random_values_of(const std::string& name) {
+  if (name.find("norm") != std::string::npos) return RandomValues::kNorm;
+  if (name.find("bias") != std::string::npos) return RandomValues::kBias;
+  return RandomValues::kScaled;
+}
+
+// Embeddings N(0, 1), matrices N(0, 1 / in), other vectors N(0, 0.01).
+float scaled_values_scale(const std::string& name, const std::vector<int64_t>& shape) {
+  if (name.find("embed_tokens") != std::string::npos) return 1.0f;
+  return shape.size() == 2 ? 1.0f / std::sqrt(static_cast<float>(shape[1])) : 0.1f;
+}
+
+}  // namespace
+
 ModelWeights make_random_weights(const ModelConfig& model_config, Backend& backend, uint64_t seed, bool fp8_linears) {
   ModelConfig config = model_config;
   if (fp8_linears) config.fp8 = Fp8Quantization{true, 128, 128};
+  // Each tensor draws from a stream of its own.
+  const auto seed_of = [seed](const std::string& name) { return seed ^ std::hash<std::string>{}(name); };
   FetchFn fetch = [&](const std::string& name, const std::vector<int64_t>& shape, float* v) {
     // Each tensor's values depend only on its name and the seed: value pair j comes from one
     // counter-based draw, so the tensor fills in parallel in any split (a full-size model has
     // ~1e10 values, most in expert matrices of a few million).
-    const uint64_t base_seed = seed ^ std::hash<std::string>{}(name);
+    const uint64_t base_seed = seed_of(name);
     const int64_t n = num_elements(shape);
-    const bool is_norm = name.find("norm") != std::string::npos;
-    const bool is_bias = name.find("bias") != std::string::npos;
-    const bool is_embed = name.find("embed_tokens") != std::string::npos;
-    const float scale = shape.size() == 2 ? 1.0f / std::sqrt(static_cast<float>(shape[1])) : 0.1f;
+    const RandomValues kind = random_values_of(name);
+    const float scale = scaled_values_scale(name, shape);
     auto shaped = [&](float z) {
-      if (is_norm) return 1.0f + 0.1f * z;
-      if (is_bias) return 0.05f * std::abs(z);
-      if (is_embed) return z;
+      if (kind == RandomValues::kNorm) return 1.0f + 0.1f * z;
+      if (kind == RandomValues::kBias) return 0.05f * std::abs(z);
       return scale * z;
     };
     constexpr int64_t kPairsPerTask = int64_t{1} << 15;
@@ -355,13 +374,13 @@ ModelWeights make_random_weights(const ModelConfig& model_config, Backend& backe
   // here (most of a model's time to load).
   BackendLinearFn backend_linear = [&](const std::string& name, const std::string* up_name, int64_t rows,
                                        int64_t cols) -> std::optional<LinearWeight> {
-    if (name.find("norm") != std::string::npos || name.find("bias") != std::string::npos) return std::nullopt;
+    if (random_values_of(name) != RandomValues::kScaled) return std::nullopt;
     RandomLinearSpec spec;
     spec.out_features = rows;
     spec.in_features = cols;
-    spec.seeds[0] = seed ^ std::hash<std::string>{}(name);
-    if (up_name != nullptr) spec.seeds[1] = seed ^ std::hash<std::string>{}(*up_name);
-    spec.scale = name.find("embed_tokens") != std::string::npos ? 1.0f : 1.0f / std::sqrt(static_cast<float>(cols));
+    spec.seeds[0] = seed_of(name);
+    if (up_name != nullptr) spec.seeds[1] = seed_of(*up_name);
+    spec.scale = scaled_values_scale(name, {rows, cols});
     spec.gate_up = up_name != nullptr;
     // As the raw FP8 form above: gate and up stack in e4m3 when the gate fills whole blocks.
     spec.fp8 = raw_fp8 != nullptr && fp8_projection(name) &&
