@@ -423,7 +423,6 @@ LinearWeight CudaBackend::make_gate_up(const HostTensor& w) {
 LinearWeight CudaBackend::pack_weight(const HostTensor& w, bool gate_up) {
   DS_CHECK(w.shape.size() == 2);
   const int64_t rows = w.shape[0], cols = w.shape[1];
-  DS_CHECK_MSG(!gate_up || rows % 2 == 0, "gate/up weight with an odd row count " << rows);
   // e4m3 stays e4m3 when its scale blocks cover whole 16-row groups of the packed layout.
   const bool fp8 = w.dtype == DType::kF8E4M3 && w.scale_inv != nullptr && w.block_rows % kPackedScaleRows == 0 &&
                    w.block_cols == 128 && (!gate_up || (rows / 2) % kPackedScaleRows == 0);

@@ -10,9 +10,8 @@ int64_t round_up_to(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 PackedWeightLayout::PackedWeightLayout(int64_t source_rows, int64_t source_cols, bool is_gate_up, bool is_fp8,
                                        int source_block_rows)
-    : rows(source_rows), cols(source_cols), inter(source_rows / 2), gate_up(is_gate_up), fp8(is_fp8) {
+    : rows(source_rows), cols(source_cols), inter(is_gate_up ? source_rows / 2 : 0), gate_up(is_gate_up), fp8(is_fp8) {
   DS_CHECK_MSG(!gate_up || rows % 2 == 0, "gate/up weight with an odd row count " << rows);
-  if (!gate_up) inter = 0;
   // Whole 128-column tiles (the block-scaled FP8 product works in them), for every dtype alike
   // so that a gate/up's output width is its down projection's input width.
   k_padded = round_up_to(cols, kLibraryFp8TileColumns);
