@@ -1,0 +1,231 @@
+// What a launch boundary costs in a chain of dependent kernels, against the same steps inside one
+// persistent kernel. A batch-1 decode layer is a chain of about thirteen kernels, each waiting
+// for the one before (docs/cuda.md, "Overlapped launches"); whether one persistent kernel a
+// layer would be faster depends on this cost.
+//
+// Each step has the dependency shape of a norm before a product: every block reads the whole
+// vector the step before wrote (2,048 floats), reduces it, and writes its own slice of the next
+// vector. Chains of --steps such steps are recorded as one CUDA graph and replayed:
+//  - launches: a kernel per step, either as programmatic dependents (the backend's launches:
+//    each block waits, then lets the next kernel's blocks be scheduled) or in plain stream
+//    order; with one block an SM (room for the next kernel's blocks beside) or with as many
+//    blocks as fit (none);
+//  - persistent: one kernel of one block an SM, its steps apart by a grid-wide barrier (an
+//    arrival counter in global memory).
+// Prints µs per step and each form's ratio to the persistent one.
+//
+// Usage: bench_launch_chain [--steps N] [--replays N] [--append RESULTS.md]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernel_launch.cuh"
+
+namespace {
+
+using dsinfer::cuda::await_previous_kernels;
+
+constexpr int kThreads = 128;
+constexpr int kWidth = 2048;  // floats a step reads and writes
+
+// One step of block `block` of `num_blocks`: the sum of squares of the whole input, then this
+// block's slice of the output, normalised by it. The input comes from L2 (another block, or the
+// kernel before, wrote it).
+__device__ void step(const float* in, float* out, int block, int num_blocks) {
+  __shared__ float warp_sums[kThreads / 32];
+  float sum = 0.0f;
+  for (int i = threadIdx.x; i < kWidth; i += kThreads) {
+    const float v = __ldcg(in + i);
+    sum = fmaf(v, v, sum);
+  }
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
+  __syncthreads();
+  float total = 0.0f;
+  for (int w = 0; w < kThreads / 32; ++w) total += warp_sums[w];
+  const float inv = rsqrtf(total / kWidth + 1e-6f);
+  const int slice = (kWidth + num_blocks - 1) / num_blocks;
+  for (int i = block * slice + threadIdx.x; i < min(kWidth, (block + 1) * slice); i += kThreads)
+    __stcg(out + i, __ldcg(in + i) * inv);
+  __syncthreads();  // warp_sums is reused by the next step
+}
+
+__global__ void __launch_bounds__(kThreads) step_kernel(const float* in, float* out) {
+  await_previous_kernels();
+  step(in, out, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
+}
+
+// Every block arrives once per step; a block leaves the barrier once all have arrived.
+__device__ void grid_barrier(unsigned* arrived, unsigned target) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(arrived, 1u);
+    unsigned seen = 0;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(arrived) : "memory");
+    } while (seen < target);
+  }
+  __syncthreads();
+}
+
+__global__ void __launch_bounds__(kThreads) persistent_kernel(float* a, float* b, int num_steps, unsigned* arrived) {
+  for (int k = 0; k < num_steps; ++k) {
+    step(k % 2 == 0 ? a : b, k % 2 == 0 ? b : a, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
+    grid_barrier(arrived, static_cast<unsigned>(k + 1) * gridDim.x);
+  }
+}
+
+void launch_step(int blocks, bool dependent, cudaStream_t stream, const float* in, float* out) {
+  cudaLaunchAttribute overlap;
+  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(kThreads);
+  config.stream = stream;
+  config.attrs = &overlap;
+  config.numAttrs = dependent ? 1 : 0;
+  DS_CUDA_CHECK(cudaLaunchKernelEx(&config, step_kernel, in, out));
+}
+
+struct Form {
+  std::string name;
+  int blocks = 0;
+  bool persistent = false, dependent = false;
+  double us_per_step = 0;
+};
+
+// µs per step of `form`: its chain of num_steps steps recorded once, replayed num_replays times
+// after a few untimed replays.
+double time_form(const Form& form, int num_steps, int num_replays, float* a, float* b, unsigned* arrived,
+                 cudaStream_t stream) {
+  cudaGraph_t graph;
+  DS_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  if (form.persistent) {
+    DS_CUDA_CHECK(cudaMemsetAsync(arrived, 0, sizeof(unsigned), stream));
+    persistent_kernel<<<form.blocks, kThreads, 0, stream>>>(a, b, num_steps, arrived);
+    DS_CUDA_CHECK(cudaGetLastError());
+  } else {
+    for (int k = 0; k < num_steps; ++k)
+      launch_step(form.blocks, form.dependent, stream, k % 2 == 0 ? a : b, k % 2 == 0 ? b : a);
+  }
+  DS_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  DS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < 5; ++i) DS_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  cudaEvent_t start, stop;
+  DS_CUDA_CHECK(cudaEventCreate(&start));
+  DS_CUDA_CHECK(cudaEventCreate(&stop));
+  DS_CUDA_CHECK(cudaEventRecord(start, stream));
+  for (int i = 0; i < num_replays; ++i) DS_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  DS_CUDA_CHECK(cudaEventRecord(stop, stream));
+  DS_CUDA_CHECK(cudaEventSynchronize(stop));
+  float ms = 0;
+  DS_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  DS_CUDA_CHECK(cudaEventDestroy(start));
+  DS_CUDA_CHECK(cudaEventDestroy(stop));
+  DS_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  DS_CUDA_CHECK(cudaGraphDestroy(graph));
+  return 1e3 * ms / (static_cast<double>(num_steps) * num_replays);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int num_steps = 130, num_replays = 200;
+  std::string append_path;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next_int = [&](int& v) {
+      if (i + 1 < argc) v = std::max(1, std::atoi(argv[++i]));
+    };
+    if (a == "--steps") next_int(num_steps);
+    else if (a == "--replays") next_int(num_replays);
+    else if (a == "--append" && i + 1 < argc) append_path = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: %s [--steps N] [--replays N] [--append FILE]\n", argv[0]);
+      return 2;
+    }
+  }
+  int device_count = 0;
+  if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
+    std::fprintf(stderr, "bench_launch_chain: no CUDA device\n");
+    return 1;
+  }
+  cudaDeviceProp prop;
+  DS_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  int per_sm = 0;
+  DS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, step_kernel, kThreads, 0));
+  const int sms = prop.multiProcessorCount;
+  float *a = nullptr, *b = nullptr;
+  unsigned* arrived = nullptr;
+  DS_CUDA_CHECK(cudaMalloc(&a, kWidth * sizeof(float)));
+  DS_CUDA_CHECK(cudaMalloc(&b, kWidth * sizeof(float)));
+  DS_CUDA_CHECK(cudaMalloc(&arrived, sizeof(unsigned)));
+  // A vector of RMS 3: every step brings it to 1, so a chain that ran leaves RMS 1.
+  const std::vector<float> threes(kWidth, 3.0f);
+  DS_CUDA_CHECK(cudaMemcpy(a, threes.data(), kWidth * sizeof(float), cudaMemcpyHostToDevice));
+  cudaStream_t stream;
+  DS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+  std::vector<Form> forms = {
+      {"persistent kernel, grid-wide barrier between steps", sms, true, false},
+      {"a kernel a step, programmatic dependents, one block an SM", sms, false, true},
+      {"a kernel a step, programmatic dependents, every resident block", sms * per_sm, false, true},
+      {"a kernel a step, stream order, one block an SM", sms, false, false},
+      {"a kernel a step, stream order, every resident block", sms * per_sm, false, false},
+  };
+  for (Form& f : forms) f.us_per_step = time_form(f, num_steps, num_replays, a, b, arrived, stream);
+  // The chains must have computed: the vector normalised again and again has RMS 1. Step k
+  // writes b when k is even, a when it is odd.
+  std::vector<float> out(kWidth);
+  DS_CUDA_CHECK(cudaMemcpy(out.data(), num_steps % 2 == 0 ? a : b, kWidth * sizeof(float), cudaMemcpyDeviceToHost));
+  double mean_square = 0;
+  for (float v : out) mean_square += static_cast<double>(v) * v;
+  mean_square /= kWidth;
+  if (std::abs(mean_square - 1.0) > 1e-3) {
+    std::fprintf(stderr, "bench_launch_chain: the chain's output has mean square %g, not 1\n", mean_square);
+    return 1;
+  }
+
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof(date), "%Y-%m-%d", std::gmtime(&now));
+  std::ostringstream text;
+  text << "\n## Launch boundaries in a chain of dependent kernels (" << date << ")\n\n"
+       << "Machine: " << prop.name << " (" << sms << " SMs). Command: `build-gpu/bench_launch_chain";
+  for (int i = 1; i < argc; ++i) text << " " << argv[i];
+  text << "`\n\n" << num_steps << " steps a chain, each reading a " << kWidth
+       << "-float vector whole and writing a slice of the next, recorded as one graph and replayed " << num_replays
+       << " times; " << kThreads << " threads a block, " << per_sm << " blocks an SM resident at most.\n\n"
+       << "| form | blocks | µs per step | ratio to the persistent kernel |\n|---|---:|---:|---:|\n";
+  char line[256];
+  for (const Form& f : forms) {
+    std::snprintf(line, sizeof(line), "| %s | %d | %.2f | %.2f |\n", f.name.c_str(), f.blocks, f.us_per_step,
+                  f.us_per_step / forms[0].us_per_step);
+    text << line;
+  }
+  std::fputs(text.str().c_str(), stdout);
+  if (!append_path.empty()) {
+    const bool exists = std::filesystem::exists(append_path);
+    std::ofstream f(append_path, std::ios::app);
+    if (!exists) f << "# dsinfer benchmark results\n";
+    f << text.str();
+  }
+  DS_CUDA_CHECK(cudaStreamDestroy(stream));
+  DS_CUDA_CHECK(cudaFree(a));
+  DS_CUDA_CHECK(cudaFree(b));
+  DS_CUDA_CHECK(cudaFree(arrived));
+  return 0;
+}
