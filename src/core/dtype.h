@@ -7,6 +7,8 @@
 #include <string>
 #include <string_view>
 
+#include "core/host_device.h"
+
 namespace dsinfer {
 
 enum class DType { kF32, kF16, kBF16, kF8E4M3, kI64, kI32, kI16, kI8, kU8, kBool, kF64 };
@@ -43,10 +45,7 @@ uint8_t f32_to_fp8e4m3(float f);
 // The scale that maps a block of values whose largest magnitude is amax onto e4m3's whole range
 // (DeepSeek's weights, activations and FP8 latent cache alike): amax / 448, and 1 for an
 // all-zero block, whose codes are zeros either way. Host and device code share it.
-#if defined(__CUDACC__)
-__host__ __device__
-#endif
-inline float e4m3_block_scale(float amax) {
+DS_HOST_DEVICE inline float e4m3_block_scale(float amax) {
   return amax > 0.0f ? amax / 448.0f : 1.0f;
 }
 

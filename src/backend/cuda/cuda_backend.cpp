@@ -473,16 +473,11 @@ std::optional<LinearWeight> CudaBackend::make_random_linear(const RandomLinearSp
   if (!device_random_weights_ || f32_products_) return std::nullopt;
   DS_CHECK_MSG(spec.out_features > 0 && spec.in_features > 0,
                "random weight [" << spec.out_features << ", " << spec.in_features << "]");
-  // An e4m3 source has 128 × 128 blocks (as make_linear keeps a checkpoint's FP8 weight); a
-  // gate/up pair in e4m3 stacks halves of whole blocks.
-  constexpr int kSourceBlockRows = 128;
-  DS_CHECK_MSG(!spec.fp8 || !spec.gate_up || spec.out_features % kSourceBlockRows == 0,
-               "random e4m3 gate/up weight of " << spec.out_features << " rows a half");
   const int64_t rows = spec.gate_up ? 2 * spec.out_features : spec.out_features;
-  const PackedWeightLayout layout(rows, spec.in_features, spec.gate_up, spec.fp8, kSourceBlockRows);
+  const PackedWeightLayout layout(rows, spec.in_features, spec.gate_up, spec.fp8, kRandomWeightBlockEdge);
   Tensor storage = alloc_->persistent_bytes(layout.total_bytes());
   Tensor block_scales;
-  if (spec.fp8) block_scales = alloc_->cached({(rows + 127) / 128 * layout.scale_cols}, DType::kF32);
+  if (spec.fp8) block_scales = alloc_->cached({random_weight_block_scales(layout)}, DType::kF32);
   launch_random_packed_weight(layout, spec.seeds[0], spec.seeds[1], spec.scale, storage.data,
                               spec.fp8 ? block_scales.as<float>() : nullptr, stream_);
   return packed_linear(storage, layout);

@@ -14,7 +14,7 @@ namespace dsinfer::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kBlockEdge = 128;  // FP8 source blocks: 128 × 128
+constexpr int kBlockEdge = kRandomWeightBlockEdge;
 
 struct Source {
   PackedWeightLayout layout;

@@ -8,11 +8,21 @@
 
 namespace dsinfer::cuda {
 
+// Rows and columns of the source blocks an e4m3 random weight is quantised in (as an FP8
+// checkpoint stores its weights).
+constexpr int kRandomWeightBlockEdge = 128;
+
+// Floats of launch_random_packed_weight's block_scales for an e4m3 layout.
+inline int64_t random_weight_block_scales(const PackedWeightLayout& layout) {
+  return (layout.rows + kRandomWeightBlockEdge - 1) / kRandomWeightBlockEdge * layout.scale_cols;
+}
+
 // Fills the packed weight at `storage` (layout.total_bytes(), packed_weight.h): source element
 // i of tensor t (the gate's and the up's for gate/up, each [layout.inter, cols]; else one
 // [rows, cols]) is scale · normal_value(seeds[t], i). e4m3 layouts quantise the values per
-// 128 × 128 source block by its largest magnitude; block_scales (fp32, ceil(rows / 128) ×
-// scale_cols, e4m3 only) holds those scales between the kernels.
+// 128 × 128 source block by its largest magnitude; block_scales (fp32,
+// random_weight_block_scales floats, e4m3 only) holds those scales between the kernels; a
+// gate/up pair in e4m3 stacks halves of whole blocks.
 void launch_random_packed_weight(const PackedWeightLayout& layout, uint64_t first_seed, uint64_t second_seed,
                                  float scale, void* storage, float* block_scales, Stream stream);
 
