@@ -271,12 +271,20 @@ class CudaBackend final : public Backend {
   bool mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView& view, std::span<const int32_t> token_seq,
                     const float* q, float* out, Bf16Rows out_bf16, const MlaCacheWrite* cache_write = nullptr);
   void mla_expanded(const MlaAttentionArgs& args, const MlaBatchView& view, int first_token, int num_tokens,
-                    int context_len, const uint16_t* kv);
+                    int context_len, const uint16_t* kv, const uint16_t* latent);
   // The keys and values of the expanded form for several sequences' contexts (context_lens[i]
   // positions, the block table at table_offsets[i] of the step's tables) in one up-projection:
-  // bf16 [sum of context_lens, heads * head_width], sequence i's rows after those of 0..i-1.
-  Tensor mla_expanded_keys_values(const MlaAttentionArgs& args, const MlaBatchView& view,
-                                  std::span<const int> context_lens, std::span<const int32_t> table_offsets);
+  // kv bf16 [sum of context_lens, heads * head_width] from the gathered latent rows bf16 [sum of
+  // context_lens, ld_latent], sequence i's rows after those of 0..i-1 in both.
+  struct ExpandedKeysValues {
+    Tensor kv, latent;
+  };
+  ExpandedKeysValues mla_expanded_keys_values(const MlaAttentionArgs& args, const MlaBatchView& view,
+                                              std::span<const int> context_lens,
+                                              std::span<const int32_t> table_offsets);
+  // Whether the expanded form's keys take their rope columns from the latent rows (the fused
+  // kernel's warpgroup form) instead of from each head's up-projected rows.
+  bool expanded_rope_shared(const MlaWeights& w) const;
 
   // The device copy of a field of the current step's batch, or null for other host data.
   const int32_t* step_ints(const void* host_field) const;

@@ -46,23 +46,34 @@ constexpr int64_t kExpandedMaxKvBytes = int64_t{4} << 30;
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 // Widths of the expanded form, padded to 16 columns (whole MMA steps for the fused kernel;
-// every cuBLASLt operand starts on 16 bytes). Per head the up-projection writes
-// [k_nope | k_rope | pad | v | pad]: the keys' rope part is the cache's own rotated k_rope,
-// copied through identity rows of the projection.
+// every cuBLASLt operand starts on 16 bytes). The keys' rope part is the cache's own rotated
+// k_rope, one for all heads. Per head the up-projection writes
+// - with rope_shared (the fused kernel's warpgroup form, which reads the rope columns from the
+//   latent rows): [k_nope | v | pad], from the latent's kv_lora_rank columns;
+// - else [k_nope | k_rope | pad | v | pad], the rope copied through identity rows of the
+//   projection, from all ld_latent columns.
 struct ExpandedLayout {
-  int64_t qk_padded, v_padded, head_width, ld_latent;
-  explicit ExpandedLayout(const MlaWeights& w)
-      : qk_padded(round_up(w.qk_nope_head_dim + w.qk_rope_head_dim, 16)),
+  bool rope_shared;
+  int64_t qk_padded, v_padded;
+  int64_t key_cols;    // a head's key columns in the up-projected rows (where its v starts)
+  int64_t head_width;  // a head's columns in the up-projected rows
+  int64_t ld_latent;   // the gathered latent rows' width (bf16 [positions, lora + rope])
+  int64_t up_k;        // the up-projection's depth, and its weight rows' width
+  ExpandedLayout(const MlaWeights& w, bool rope_shared)
+      : rope_shared(rope_shared),
+        qk_padded(round_up(w.qk_nope_head_dim + w.qk_rope_head_dim, 16)),
         v_padded(round_up(w.v_head_dim, 16)),
-        head_width(qk_padded + v_padded),
-        ld_latent(round_up(w.kv_lora_rank + w.qk_rope_head_dim, 8)) {}
+        key_cols(rope_shared ? w.qk_nope_head_dim : qk_padded),
+        head_width(key_cols + v_padded),
+        ld_latent(round_up(w.kv_lora_rank + w.qk_rope_head_dim, 8)),
+        up_k(rope_shared ? w.kv_lora_rank : ld_latent) {}
   // The fp32 output rows [T, heads * v] must start on 16 bytes per head.
   static bool supported(const MlaWeights& w) { return w.v_head_dim % 4 == 0; }
 };
 
 // MlaWeights::derived on this backend: W_UV transposed per head (fp32 [heads, lora, v], for the
 // absorbed output projection), then the expanded up-projection (bf16 [heads * head_width,
-// ld_latent]) at this byte offset.
+// up_k]) at this byte offset.
 size_t expanded_weight_offset_bytes(const MlaWeights& w) {
   return static_cast<size_t>(round_up(static_cast<int64_t>(w.num_heads) * w.kv_lora_rank * w.v_head_dim * 4, 256));
 }
@@ -89,6 +100,14 @@ struct ExpandedChunk {
 
 }  // namespace
 
+// The fused kernel's warpgroup form takes DeepSeek's head widths, with the keys' rope columns
+// read from the latent rows.
+bool CudaBackend::expanded_rope_shared(const MlaWeights& w) const {
+  return fused_prefill_attention_ && warpgroup_flash_attention_ &&
+         flash_attention_wgmma_supported(w.qk_nope_head_dim, w.qk_rope_head_dim,
+                                         static_cast<int>(round_up(w.v_head_dim, 16)));
+}
+
 // See ExpandedLayout and expanded_weight_offset_bytes for the layout of `derived`.
 void CudaBackend::prepare(MlaWeights& w) {
   const int64_t heads = w.num_heads, vdim = w.v_head_dim, lora = w.kv_lora_rank, nope = w.qk_nope_head_dim;
@@ -99,17 +118,19 @@ void CudaBackend::prepare(MlaWeights& w) {
   for (int64_t h = 0; h < heads; ++h)
     for (int64_t v = 0; v < vdim; ++v)
       for (int64_t l = 0; l < lora; ++l) uv_t[(h * lora + l) * vdim + v] = uv[(h * vdim + v) * lora + l];
-  const ExpandedLayout layout(w);
-  std::vector<uint16_t> up(heads * layout.head_width * layout.ld_latent, 0);
+  const ExpandedLayout layout(w, expanded_rope_shared(w));
+  const int64_t ld_up = layout.up_k;
+  std::vector<uint16_t> up(heads * layout.head_width * ld_up, 0);
   const uint16_t one = f32_to_bf16(1.0f);
   for (int64_t h = 0; h < heads; ++h) {
-    uint16_t* rows = up.data() + h * layout.head_width * layout.ld_latent;
+    uint16_t* rows = up.data() + h * layout.head_width * ld_up;
     for (int64_t r = 0; r < nope; ++r)
-      for (int64_t l = 0; l < lora; ++l) rows[r * layout.ld_latent + l] = f32_to_bf16(uk[(h * nope + r) * lora + l]);
-    for (int64_t r = 0; r < rope; ++r) rows[(nope + r) * layout.ld_latent + lora + r] = one;
+      for (int64_t l = 0; l < lora; ++l) rows[r * ld_up + l] = f32_to_bf16(uk[(h * nope + r) * lora + l]);
+    if (!layout.rope_shared)
+      for (int64_t r = 0; r < rope; ++r) rows[(nope + r) * ld_up + lora + r] = one;
     for (int64_t v = 0; v < vdim; ++v)
       for (int64_t l = 0; l < lora; ++l)
-        rows[(layout.qk_padded + v) * layout.ld_latent + l] = f32_to_bf16(uv[(h * vdim + v) * lora + l]);
+        rows[(layout.key_cols + v) * ld_up + l] = f32_to_bf16(uv[(h * vdim + v) * lora + l]);
   }
   const size_t offset = expanded_weight_offset_bytes(w);
   w.derived = alloc_->persistent_bytes(offset + up.size() * sizeof(uint16_t));
@@ -164,7 +185,7 @@ void CudaBackend::mla_attention(const MlaAttentionArgs& args) {
   // Long prefill chunks go to the expanded form, unless the batch must be invariant (that form's
   // summation order depends on the chunk) or is being recorded (its plan is made on the host).
   std::vector<ExpandedChunk> chunks;
-  const ExpandedLayout layout(w);
+  const ExpandedLayout layout(w, expanded_rope_shared(w));
   if (!batch_invariant_ && !recording_ && ExpandedLayout::supported(w)) {
     std::vector<int32_t> table_offsets(batch.block_tables.size());
     for (size_t s = 1; s < table_offsets.size(); ++s)
@@ -213,12 +234,14 @@ void CudaBackend::mla_attention(const MlaAttentionArgs& args) {
       table_offsets.push_back(chunks[end].table_offset);
       ++end;
     }
-    const Tensor kv = mla_expanded_keys_values(args, view, context_lens, table_offsets);
-    const uint16_t* chunk_kv = kv.as<uint16_t>();
+    const ExpandedKeysValues kv = mla_expanded_keys_values(args, view, context_lens, table_offsets);
+    const uint16_t* chunk_kv = kv.kv.as<uint16_t>();
+    const uint16_t* chunk_latent = kv.latent.as<uint16_t>();
     for (size_t i = begin; i < end; ++i) {
       const ExpandedChunk& c = chunks[i];
-      mla_expanded(args, view, c.first_token, c.num_tokens, c.context_len, chunk_kv);
+      mla_expanded(args, view, c.first_token, c.num_tokens, c.context_len, chunk_kv, chunk_latent);
       chunk_kv += c.context_len * kv_width;
+      chunk_latent += c.context_len * layout.ld_latent;
       std::fill(expanded.begin() + c.first_token, expanded.begin() + c.first_token + c.num_tokens, 1);
     }
     begin = end;
@@ -316,11 +339,12 @@ bool CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView&
 }
 
 // latent = each context's cache entries (bf16, one after another), kv = latent · W_upᵀ.
-Tensor CudaBackend::mla_expanded_keys_values(const MlaAttentionArgs& args, const MlaBatchView& view,
-                                             std::span<const int> context_lens,
-                                             std::span<const int32_t> table_offsets) {
+CudaBackend::ExpandedKeysValues CudaBackend::mla_expanded_keys_values(const MlaAttentionArgs& args,
+                                                                      const MlaBatchView& view,
+                                                                      std::span<const int> context_lens,
+                                                                      std::span<const int32_t> table_offsets) {
   const MlaWeights& w = *args.weights;
-  const ExpandedLayout layout(w);
+  const ExpandedLayout layout(w, expanded_rope_shared(w));
   const MlaDims dims = mla_dims(w, args.block_size, args.cache->format);
   int64_t num_rows = 0;
   for (int n : context_lens) num_rows += n;
@@ -336,23 +360,24 @@ Tensor CudaBackend::mla_expanded_keys_values(const MlaAttentionArgs& args, const
   LtMatmul::Strided up;
   up.m = num_rows;
   up.n = kv_width;
-  up.k = layout.ld_latent;
+  up.k = layout.up_k;
   up.y_bf16 = true;
-  up.ld_x = up.ld_w = layout.ld_latent;
+  up.ld_x = layout.ld_latent;
+  up.ld_w = layout.up_k;
   up.ld_y = kv_width;
   const auto* w_up =
       reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(w.derived.data) + expanded_weight_offset_bytes(w));
   matmul_->bf16_strided(up, latent.as<uint16_t>(), w_up, kv.data);
-  return kv;
+  return {kv, latent};
 }
 
 // One sequence's chunk of new tokens [first_token, first_token + num_tokens), the last tokens of
-// its context_len positions, whose keys and values are at kv: per block of query rows,
-// scores = Q · Kᵀ per head, causal softmax, out rows = P · V per head.
+// its context_len positions, whose keys and values are at kv and latent rows at latent: per block
+// of query rows, scores = Q · Kᵀ per head, causal softmax, out rows = P · V per head.
 void CudaBackend::mla_expanded(const MlaAttentionArgs& args, const MlaBatchView& view, int first_token,
-                               int num_tokens, int context_len, const uint16_t* kv) {
+                               int num_tokens, int context_len, const uint16_t* kv, const uint16_t* latent) {
   const MlaWeights& w = *args.weights;
-  const ExpandedLayout layout(w);
+  const ExpandedLayout layout(w, expanded_rope_shared(w));
   const int heads = w.num_heads, vdim = w.v_head_dim;
   const int first_pos = context_len - num_tokens;
   const MlaDims dims = mla_dims(w, args.block_size, args.cache->format);
@@ -368,12 +393,13 @@ void CudaBackend::mla_expanded(const MlaAttentionArgs& args, const MlaBatchView&
   float* out = args.out->as<float>() + int64_t{first_token} * heads * vdim;
   if (fused_prefill_attention_ && flash_attention_supported(static_cast<int>(layout.qk_padded),
                                                             static_cast<int>(layout.v_padded))) {
-    launch_expanded_flash_attention(queries.as<uint16_t>(), kv, heads,
-                                    static_cast<int>(layout.qk_padded), static_cast<int>(layout.v_padded), vdim,
-                                    num_tokens, first_pos, context_len, args.softmax_scale, out,
-                                    int64_t{heads} * vdim, warpgroup_flash_attention_, stream_);
+    launch_expanded_flash_attention(queries.as<uint16_t>(), kv, layout.rope_shared ? latent + w.kv_lora_rank : nullptr,
+                                    layout.ld_latent, heads, static_cast<int>(layout.qk_padded),
+                                    static_cast<int>(layout.v_padded), vdim, num_tokens, first_pos, context_len,
+                                    args.softmax_scale, out, int64_t{heads} * vdim, stream_);
     return;
   }
+  DS_CHECK(!layout.rope_shared);  // the layout of the fused kernel's warpgroup form only
   // Otherwise per-head products through cuBLASLt, with the scores and probabilities in memory.
   const int64_t max_ld = round_up(context_len, 8);
   const int rows_per_block = static_cast<int>(std::clamp<int64_t>(kExpandedScoreElements / (heads * max_ld), 16,
@@ -411,7 +437,7 @@ void CudaBackend::mla_expanded(const MlaAttentionArgs& args, const MlaBatchView&
     pv.stride_w = layout.head_width;
     pv.ld_y = int64_t{heads} * vdim;
     pv.stride_y = vdim;
-    matmul_->bf16_strided(pv, probs.as<uint16_t>(), kv + layout.qk_padded, out + int64_t{i0} * heads * vdim);
+    matmul_->bf16_strided(pv, probs.as<uint16_t>(), kv + layout.key_cols, out + int64_t{i0} * heads * vdim);
   }
 }
 

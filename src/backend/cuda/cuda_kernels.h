@@ -234,17 +234,21 @@ void launch_gather_rows_bf16(const uint16_t* x, const int32_t* rows, int64_t num
                              Stream stream);
 // Fused causal attention of one chunk in the expanded form, one head per grid column:
 // out[i, h, :v_dim] (rows ld_out floats apart) = softmax(scale · q_i·k_j, j <= first_pos + i,
-// j < num_keys) · v_j, for queries bf16 [num_queries, heads, qk_padded] and keys/values bf16
-// [num_keys, heads, qk_padded + v_padded] (k then v per head). Scores and probabilities stay
-// in registers (bf16 products, fp32 softmax and sums). Compiled for the head widths that
-// flash_attention_supported accepts (mla_flash.cu); with warpgroup_products, 192 / 128 runs on
-// Hopper's warpgroup products (mla_flash_wgmma.cu), else everything on mma.sync. Both tensors
-// start at 16-byte boundaries (the kernels copy 16-byte pieces, or TMA boxes).
+// j < num_keys) · v_j, for queries bf16 [num_queries, heads, qk_padded]. Scores and
+// probabilities stay in registers (bf16 products, fp32 softmax and sums). Keys and values:
+// - with shared_rope (flash_attention_wgmma_supported head widths, on Hopper's warpgroup
+//   products, mla_flash_wgmma.cu): bf16 [num_keys, heads, nope + v_padded] (k_nope then v per
+//   head), and the keys' rope part, which MLA shares between heads, bf16 [num_keys, rope] with
+//   rows ld_rope elements apart;
+// - without: bf16 [num_keys, heads, qk_padded + v_padded] (k then v per head), on mma.sync, for
+//   the head widths that flash_attention_supported accepts (mla_flash.cu).
+// Every tensor starts at a 16-byte boundary (the kernels copy 16-byte pieces, or TMA boxes).
 bool flash_attention_supported(int qk_padded, int v_padded);
-void launch_expanded_flash_attention(const uint16_t* queries, const uint16_t* kv, int num_heads, int qk_padded,
-                                     int v_padded, int v_dim, int num_queries, int first_pos, int num_keys,
-                                     float softmax_scale, float* out, int64_t ld_out, bool warpgroup_products,
-                                     Stream stream);
+bool flash_attention_wgmma_supported(int qk_nope, int qk_rope, int v_padded);
+void launch_expanded_flash_attention(const uint16_t* queries, const uint16_t* kv, const uint16_t* shared_rope,
+                                     int64_t ld_rope, int num_heads, int qk_padded, int v_padded, int v_dim,
+                                     int num_queries, int first_pos, int num_keys, float softmax_scale, float* out,
+                                     int64_t ld_out, Stream stream);
 // out[rows[i]] = x[i] (rows of `width` floats).
 void launch_scatter_rows(const float* x, const int32_t* rows, int64_t num_rows, int64_t width, float* out,
                          Stream stream);

@@ -236,18 +236,18 @@ bool flash_attention_supported(int qk_padded, int v_padded) {
   return (qk_padded == 192 && v_padded == 128) || (qk_padded == 48 && v_padded == 32);
 }
 
-void launch_expanded_flash_attention(const uint16_t* queries, const uint16_t* kv, int num_heads, int qk_padded,
-                                     int v_padded, int v_dim, int num_queries, int first_pos, int num_keys,
-                                     float softmax_scale, float* out, int64_t ld_out, bool warpgroup_products,
-                                     Stream stream) {
+void launch_expanded_flash_attention(const uint16_t* queries, const uint16_t* kv, const uint16_t* shared_rope,
+                                     int64_t ld_rope, int num_heads, int qk_padded, int v_padded, int v_dim,
+                                     int num_queries, int first_pos, int num_keys, float softmax_scale, float* out,
+                                     int64_t ld_out, Stream stream) {
   DS_CHECK(flash_attention_supported(qk_padded, v_padded) && v_dim % 4 == 0 && v_dim <= v_padded);
   DS_CHECK(reinterpret_cast<uintptr_t>(queries) % 16 == 0 && reinterpret_cast<uintptr_t>(kv) % 16 == 0);
   if (num_queries == 0) return;
   constexpr float kLog2e = 1.4426950408889634f;
   const float scale_log2 = softmax_scale * kLog2e;
-  if (qk_padded == 192 && warpgroup_products)
-    launch_flash_attention_wgmma(queries, kv, num_heads, v_dim, num_queries, first_pos, num_keys, scale_log2, out,
-                                 ld_out, stream);
+  if (shared_rope != nullptr)
+    launch_flash_attention_wgmma(queries, kv, shared_rope, ld_rope, num_heads, v_dim, num_queries, first_pos,
+                                 num_keys, scale_log2, out, ld_out, stream);
   else if (qk_padded == 192)
     launch_flash<192, 128>(queries, kv, num_heads, v_dim, num_queries, first_pos, num_keys, scale_log2, out, ld_out,
                            stream);

@@ -20,7 +20,11 @@
 //   fed by TMA");
 // - inside a group, a step's Q·Kᵀ runs beside the step before's P·V, the softmax between them
 //   (FlashAttention-3's order: 147–150 µs);
-// - a step issues few instructions besides its products (see the kernel).
+// - a step issues few instructions besides its products (see the kernel);
+// - the keys' rope columns are MLA's: one rotated k_rope per position, shared by every head. They
+//   come from the latent rows themselves (the third key panel of a stage), so the up-projection
+//   makes only each head's k_nope and v (a fifth fewer products than with the rope copied per
+//   head through identity rows, and a fifth fewer bytes of keys and values).
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -37,7 +41,8 @@ namespace dsinfer::cuda {
 namespace {
 
 constexpr int kKeys = 64;  // keys per step
-constexpr int kQk = 192, kV = 128;
+constexpr int kNope = 128, kRope = 64, kQk = kNope + kRope, kV = 128;
+constexpr int kKvHeadWidth = kNope + kV;  // a head's columns of the up-projected keys and values
 constexpr int kPanelCols = 64;               // bf16 columns of a 128-byte swizzle row
 constexpr int kPanelBytes = 64 * 128;        // 64 rows of one panel (queries and keys alike)
 constexpr int kQkPanels = kQk / kPanelCols;  // 3
@@ -212,10 +217,11 @@ __device__ __forceinline__ void store_rows(const float (&o)[kVPanels][32], const
 // the later waves). This thread's score and output accumulators are in the products' layout
 // (wgmma.cuh): s[4 n + e] is mma.sync's s[n][e].
 //
-// q_map covers queries [num_queries, heads × 192], kv_map keys and values [num_keys, heads ×
-// 320], both in boxes of 64 columns (one swizzle row) by 64 rows. Rows past their ends arrive as
-// zeros: queries past the chunk give finite scores and are never written; keys past key_end
-// within the tensor arrive as they are and are masked.
+// q_map covers queries [num_queries, heads × 192], kv_map keys' nope columns and values
+// [num_keys, heads × (128 + 128)], rope_map the keys' shared rope columns [num_keys, 64], all in
+// boxes of 64 columns (one swizzle row) by 64 rows. Rows past their ends arrive as zeros: queries
+// past the chunk give finite scores and are never written; keys past key_end within the tensor
+// arrive as they are and are masked.
 //
 // A step's instructions other than the products took more of the kernel's time than the
 // products would at the tensor rate, so they are kept few: the descriptors are made once, from
@@ -223,7 +229,7 @@ __device__ __forceinline__ void store_rows(const float (&o)[kVPanels][32], const
 // and the softmax scale rides in the exponent's multiply-add (softmax_scores).
 __global__ void __launch_bounds__(kThreads, 1)
     flash_attention_wgmma_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap kv_map,
-                                 int num_heads, int v_dim, int num_queries, int first_pos, int num_keys,
+                                 const __grid_constant__ CUtensorMap rope_map, int num_heads, int v_dim, int num_queries, int first_pos, int num_keys,
                                  float scale_log2, float* out, int64_t ld_out) {
   await_previous_kernels();
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -262,9 +268,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (step >= kStages) mbarrier_wait(empty_bar + 8 * slot, (step / kStages - 1) & 1);
       const uint32_t stage = smem_addr + kStagesOffset + slot * kStageBytes;
       mbarrier_arrive_expect_bytes(full_bar + 8 * slot, kStageBytes);
-      for (int p = 0; p < kQkPanels + kVPanels; ++p)  // K's panels, then V's (the row's columns in order)
-        tma_load_2d(stage + p * kPanelBytes, &kv_map, h * (kQk + kV) + p * kPanelCols, step * kKeys,
+      // K's panels (nope, nope, the shared rope), then V's.
+      for (int p = 0; p < kQkPanels + kVPanels; ++p) {
+        const bool rope = p == kNope / kPanelCols;
+        const int col = h * kKvHeadWidth + (p < kNope / kPanelCols ? p : p - 1) * kPanelCols;
+        tma_load_2d(stage + p * kPanelBytes, rope ? &rope_map : &kv_map, rope ? 0 : col, step * kKeys,
                     full_bar + 8 * slot);
+      }
     }
     return;
   }
@@ -348,21 +358,29 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace
 
-void launch_flash_attention_wgmma(const uint16_t* queries, const uint16_t* kv, int num_heads, int v_dim,
-                                  int num_queries, int first_pos, int num_keys, float scale_log2, float* out,
-                                  int64_t ld_out, Stream stream) {
+bool flash_attention_wgmma_supported(int qk_nope, int qk_rope, int v_padded) {
+  return qk_nope == kNope && qk_rope == kRope && v_padded == kV;
+}
+
+void launch_flash_attention_wgmma(const uint16_t* queries, const uint16_t* kv, const uint16_t* rope, int64_t ld_rope,
+                                  int num_heads, int v_dim, int num_queries, int first_pos, int num_keys,
+                                  float scale_log2, float* out, int64_t ld_out, Stream stream) {
+  DS_CHECK(reinterpret_cast<uintptr_t>(rope) % 16 == 0 && ld_rope % 8 == 0 && ld_rope >= kRope);
   const uint64_t q_width = static_cast<uint64_t>(num_heads) * kQk;
-  const uint64_t kv_width = static_cast<uint64_t>(num_heads) * (kQk + kV);
+  const uint64_t kv_width = static_cast<uint64_t>(num_heads) * kKvHeadWidth;
   // Boxes of one swizzle row (64 columns) by 64 rows: a group's queries, a step's keys.
   const TensorMap2d queries_2d{queries, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, q_width, static_cast<uint64_t>(num_queries),
                                q_width * 2, kPanelCols, 64, true};
   const TensorMap2d kv_2d{kv, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, kv_width, static_cast<uint64_t>(num_keys),
                           kv_width * 2, kPanelCols, kKeys, true};
+  const TensorMap2d rope_2d{rope, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, kRope, static_cast<uint64_t>(num_keys),
+                            static_cast<uint64_t>(ld_rope) * 2, kPanelCols, kKeys, true};
   const CUtensorMap q_map = encode_tensor_map(queries_2d), kv_map = encode_tensor_map(kv_2d);
+  const CUtensorMap rope_map = encode_tensor_map(rope_2d);
   allow_shared_bytes<flash_attention_wgmma_kernel>(kBytes);
   const int num_blocks = (num_queries + kQueries - 1) / kQueries * num_heads;
-  launch_kernel(flash_attention_wgmma_kernel, dim3(num_blocks), kThreads, kBytes, stream, q_map, kv_map, num_heads,
-                v_dim, num_queries, first_pos, num_keys, scale_log2, out, ld_out);
+  launch_kernel(flash_attention_wgmma_kernel, dim3(num_blocks), kThreads, kBytes, stream, q_map, kv_map, rope_map,
+                num_heads, v_dim, num_queries, first_pos, num_keys, scale_log2, out, ld_out);
   DS_CUDA_CHECK_LAUNCH();
 }
 
