@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "core/check.h"
@@ -337,11 +338,15 @@ ModelWeights make_random_weights(const ModelConfig& model_config, Backend& backe
     if (num_tasks <= 1) fill_pairs(0, num_tasks);
     else global_thread_pool().parallel_for(num_tasks, fill_pairs, 1);
   };
-  // FP8 as DeepSeek-V3 ships it: the projection matrices of the layers in e4m3 with one scale
-  // per 128x128 block (amax / 448); embeddings, norms, router and LM head stay wide.
+  // FP8 as DeepSeek-V3 ships it: the projection matrices of the layers (kv_a_proj_with_mqa
+  // too) in e4m3 with one scale per 128x128 block (amax / 448); embeddings, norms, router and
+  // LM head stay wide, and kv_b_proj, which the attention absorbs, too.
   const auto fp8_projection = [](const std::string& name) {
-    return name.rfind("model.layers.", 0) == 0 && name.size() > 12 &&
-           name.compare(name.size() - 12, 12, "_proj.weight") == 0 && name.find("kv_b_proj") == std::string::npos;
+    const auto ends_with = [&](std::string_view suffix) {
+      return name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    return name.rfind("model.layers.", 0) == 0 && (ends_with("_proj.weight") || ends_with("_proj_with_mqa.weight")) &&
+           name.find("kv_b_proj") == std::string::npos;
   };
   RawFp8Fn raw_fp8;
   if (fp8_linears && backend.wants_raw_fp8()) {
