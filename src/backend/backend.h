@@ -184,6 +184,16 @@ class Backend {
   virtual void concat_cols(const Tensor& a, const Tensor& b, Tensor& out) = 0;  // [T,A],[T,B]→[T,A+B]
   virtual void gather_rows(const Tensor& x, std::span<const int32_t> rows, Tensor& out) = 0;
   virtual void mla_attention(const MlaAttentionArgs& args) = 0;
+  // The queries of an MLA layer, q = x · wqᵀ (fp32 [T, heads * qk_head_dim]), for the next
+  // mla_attention of `batch` with these weights, which must be q's only reader: a backend may keep
+  // them in the form its attention reads and leave q's own rows unwritten. The default runs
+  // linear.
+  virtual void mla_queries(const Tensor& x, const LinearWeight& wq, const MlaWeights& w, const ForwardBatch& batch,
+                           Tensor& q) {
+    (void)w;
+    (void)batch;
+    linear(x, wq, q);
+  }
   virtual void moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRouting* routing) = 0;
   // A MoE layer and the residual step after it: moe(x, w, out, routing), then
   // add_rms_norm(residual, out, norm_w, eps, normed). out is scratch: a backend that makes the

@@ -50,9 +50,10 @@ void DeepseekModel::attention(const LayerWeights& l, const Tensor& h, const Forw
     Tensor qa = backend_.empty({t, config_.q_lora_rank}, DType::kF32);
     backend_.linear_pair(h, l.q_a, qa, l.kv_a, kv_a);
     backend_.rms_norm(qa, l.q_a_norm, kLatentNormEps, qa);
-    backend_.linear(qa, l.q_b, q);
+    backend_.mla_queries(qa, l.q_b, l.mla, batch, q);
   } else {
-    backend_.linear_pair(h, l.q, q, l.kv_a, kv_a);
+    backend_.mla_queries(h, l.q, l.mla, batch, q);
+    backend_.linear(h, l.kv_a, kv_a);
   }
   Tensor attn = backend_.empty({t, heads * config_.v_head_dim}, DType::kF32);
   MlaAttentionArgs args;

@@ -79,6 +79,8 @@ class CudaBackend final : public Backend {
   void concat_cols(const Tensor& a, const Tensor& b, Tensor& out) override;
   void gather_rows(const Tensor& x, std::span<const int32_t> rows, Tensor& out) override;
   void mla_attention(const MlaAttentionArgs& args) override;
+  void mla_queries(const Tensor& x, const LinearWeight& wq, const MlaWeights& w, const ForwardBatch& batch,
+                   Tensor& q) override;
   void moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRouting* routing) override;
   // The combine made by the norm where it adds it (launch_moe_combine_add_rms_norm).
   void moe_add_rms_norm(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRouting* routing, Tensor& residual,
@@ -270,8 +272,11 @@ class CudaBackend final : public Backend {
   // steps of up to four tokens, in the W_UK product's launch).
   bool mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView& view, std::span<const int32_t> token_seq,
                     const float* q, float* out, Bf16Rows out_bf16, const MlaCacheWrite* cache_write = nullptr);
+  // bf16_queries: the step's queries as mla_queries kept them (bf16 [T, heads * qk], rotated
+  // here), or null to make them from args.q.
   void mla_expanded(const MlaAttentionArgs& args, const MlaBatchView& view, int first_token, int num_tokens,
-                    int context_len, const uint16_t* kv, const uint16_t* latent);
+                    int context_len, const uint16_t* kv, const uint16_t* latent, uint16_t* bf16_queries);
+  bool expanded_form_allowed(const MlaWeights& w) const;
   // The keys and values of the expanded form for several sequences' contexts (context_lens[i]
   // positions, the block table at table_offsets[i] of the step's tables) in one up-projection:
   // kv bf16 [sum of context_lens, heads * head_width] from the gathered latent rows bf16 [sum of
@@ -460,7 +465,13 @@ class CudaBackend final : public Backend {
     int64_t quantised_rows = 0;
   };
   NormedCopy normed_copy_;
-
+  // Queries mla_queries wrote in bf16 only, for the mla_attention that reads the fp32 tensor at
+  // `of` (whose rows were not written); taken by that call.
+  struct QueryRows {
+    const void* of = nullptr;
+    Tensor bf16;  // bf16 [T rounded up, heads * qk]
+  };
+  QueryRows query_rows_;
 };
 
 }  // namespace dsinfer::cuda

@@ -14,6 +14,7 @@
 // through the absorbed kernels.
 #include <algorithm>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
@@ -98,6 +99,34 @@ struct ExpandedChunk {
   int32_t table_offset;  // of the sequence's block table in the step's concatenated tables
 };
 
+// The sequences of the batch whose new tokens attend in the expanded form: runs of a sequence's
+// consecutive positions of kExpandedMinTokens tokens or more, whose keys and values fit.
+std::vector<ExpandedChunk> plan_expanded_chunks(const ForwardBatch& batch, const MlaWeights& w,
+                                                const ExpandedLayout& layout) {
+  std::vector<ExpandedChunk> chunks;
+  std::vector<int32_t> table_offsets(batch.block_tables.size());
+  for (size_t s = 1; s < table_offsets.size(); ++s)
+    table_offsets[s] = table_offsets[s - 1] + static_cast<int32_t>(batch.block_tables[s - 1].size());
+  for (int t = 0; t < batch.num_tokens;) {
+    int n = 1;
+    while (t + n < batch.num_tokens && batch.token_seq[t + n] == batch.token_seq[t] &&
+           batch.positions[t + n] == batch.positions[t] + n)
+      ++n;
+    const int context_len = batch.positions[t + n - 1] + 1;
+    const int64_t kv_bytes = int64_t{context_len} * w.num_heads * layout.head_width * 2;
+    if (n >= kExpandedMinTokens && kv_bytes <= kExpandedMaxKvBytes && batch.slot_mapping[t] >= 0)
+      chunks.push_back({t, n, context_len, table_offsets[batch.token_seq[t]]});
+    t += n;
+  }
+  return chunks;
+}
+
+int num_expanded_tokens(const std::vector<ExpandedChunk>& chunks) {
+  int n = 0;
+  for (const ExpandedChunk& c : chunks) n += c.num_tokens;
+  return n;
+}
+
 }  // namespace
 
 // The fused kernel's warpgroup form takes DeepSeek's head widths, with the keys' rope columns
@@ -139,6 +168,53 @@ void CudaBackend::prepare(MlaWeights& w) {
   DS_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(w.derived.data) + offset, up.data(),
                                 up.size() * sizeof(uint16_t), cudaMemcpyHostToDevice, stream_));
   synchronize();
+}
+
+bool CudaBackend::expanded_form_allowed(const MlaWeights& w) const {
+  // Not while the batch must be invariant (the form's summation order depends on the chunk) or is
+  // being recorded (its plan is made on the host).
+  return !batch_invariant_ && !recording_ && ExpandedLayout::supported(w);
+}
+
+// In a batch whose every token attends in the expanded form, the fused kernel reads the queries
+// in bf16 with their rope columns rotated: the product writes bf16 rows, which the attention
+// rotates where they are, instead of fp32 rows that a pass reads back to convert and rotate
+// (a 4 × 4k prefill: 200 MB written and read less per layer, one pass of 88 µs a rotation of 15).
+void CudaBackend::mla_queries(const Tensor& x, const LinearWeight& wq, const MlaWeights& w, const ForwardBatch& batch,
+                              Tensor& q) {
+  query_rows_ = {};
+  const int64_t rows = x.dim(0);
+  // fp32 products (the precision mode) keep fp32 queries.
+  if (f32_products_ || (wq.weight.dtype != DType::kBF16 && wq.weight.dtype != DType::kF8E4M3)) {
+    linear(x, wq, q);
+    return;
+  }
+  const GemmWeight g = gemm_weight_of(wq);
+  const ExpandedLayout layout(w, expanded_rope_shared(w));
+  const int64_t q_width = int64_t{w.num_heads} * (w.qk_nope_head_dim + w.qk_rope_head_dim);
+  // Anything unusual (shapes linear refuses, too) takes linear.
+  const bool bf16_rows = rows > 0 && rows == batch.num_tokens && q.dim(0) == rows &&
+                         x.dtype == DType::kF32 && q.dtype == DType::kF32 && x.dim(1) == wq.in_features &&
+                         !wq.packed_gate_up && wq.out_features == q_width &&
+                         q.dim(1) == q_width && layout.qk_padded * w.num_heads == q_width &&
+                         g.n_padded == q_width && fused_prefill_attention_ &&
+                         mla_rope_bf16_queries_supported(w.qk_nope_head_dim, w.qk_rope_head_dim) &&
+                         flash_attention_supported(static_cast<int>(layout.qk_padded),
+                                                   static_cast<int>(layout.v_padded)) &&
+                         expanded_form_allowed(w) && library_gemm_takes(g, rows) &&
+                         (g.scales == nullptr || library_fp8_scales(g, rows, /*out_bf16=*/true) != nullptr) &&
+                         num_expanded_tokens(plan_expanded_chunks(batch, w, layout)) == rows;
+  if (!bf16_rows) {
+    linear(x, wq, q);
+    return;
+  }
+  const Tensor xb = to_bf16_padded(x, g.k_padded);
+  // e4m3 products write whole groups of rows.
+  Tensor bf16 = alloc_->cached({round_up(rows, kLibraryFp8RowMultiple), q_width}, DType::kBF16);
+  if (g.scales != nullptr) DS_CHECK(library_product_fp8(xb, rows, g, bf16.data, /*out_bf16=*/true));
+  else matmul_->bf16(static_cast<const uint16_t*>(g.data), xb.as<uint16_t>(), bf16.data, rows, g.n_padded, g.k_padded,
+                     /*y_bf16=*/true);
+  query_rows_ = {q.data, bf16};
 }
 
 void CudaBackend::mla_attention(const MlaAttentionArgs& args) {
@@ -184,24 +260,14 @@ void CudaBackend::mla_attention(const MlaAttentionArgs& args) {
 
   // Long prefill chunks go to the expanded form, unless the batch must be invariant (that form's
   // summation order depends on the chunk) or is being recorded (its plan is made on the host).
-  std::vector<ExpandedChunk> chunks;
   const ExpandedLayout layout(w, expanded_rope_shared(w));
-  if (!batch_invariant_ && !recording_ && ExpandedLayout::supported(w)) {
-    std::vector<int32_t> table_offsets(batch.block_tables.size());
-    for (size_t s = 1; s < table_offsets.size(); ++s)
-      table_offsets[s] = table_offsets[s - 1] + static_cast<int32_t>(batch.block_tables[s - 1].size());
-    for (int t = 0; t < num_tokens;) {
-      int n = 1;
-      while (t + n < num_tokens && batch.token_seq[t + n] == batch.token_seq[t] &&
-             batch.positions[t + n] == batch.positions[t] + n)
-        ++n;
-      const int context_len = batch.positions[t + n - 1] + 1;
-      const int64_t kv_bytes = int64_t{context_len} * w.num_heads * layout.head_width * 2;
-      if (n >= kExpandedMinTokens && kv_bytes <= kExpandedMaxKvBytes && batch.slot_mapping[t] >= 0)
-        chunks.push_back({t, n, context_len, table_offsets[batch.token_seq[t]]});
-      t += n;
-    }
-  }
+  const std::vector<ExpandedChunk> chunks =
+      expanded_form_allowed(w) ? plan_expanded_chunks(batch, w, layout) : std::vector<ExpandedChunk>{};
+  // Queries that mla_queries kept in bf16 only (its fp32 rows unwritten): every token is in a chunk.
+  QueryRows queries = std::exchange(query_rows_, QueryRows{});
+  uint16_t* bf16_queries = queries.of == args.q->data ? queries.bf16.as<uint16_t>() : nullptr;
+  DS_CHECK_MSG(bf16_queries == nullptr || num_expanded_tokens(chunks) == num_tokens,
+               "mla_attention: queries kept in bf16 for a batch not all expanded");
   // A batch all in the absorbed form has that form write the cache (in steps of a few tokens,
   // beside its first product); otherwise the entries are written first.
   const bool absorbed_writes_cache = chunks.empty() && cache_write_beside_;
@@ -239,7 +305,7 @@ void CudaBackend::mla_attention(const MlaAttentionArgs& args) {
     const uint16_t* chunk_latent = kv.latent.as<uint16_t>();
     for (size_t i = begin; i < end; ++i) {
       const ExpandedChunk& c = chunks[i];
-      mla_expanded(args, view, c.first_token, c.num_tokens, c.context_len, chunk_kv, chunk_latent);
+      mla_expanded(args, view, c.first_token, c.num_tokens, c.context_len, chunk_kv, chunk_latent, bf16_queries);
       chunk_kv += c.context_len * kv_width;
       chunk_latent += c.context_len * layout.ld_latent;
       std::fill(expanded.begin() + c.first_token, expanded.begin() + c.first_token + c.num_tokens, 1);
@@ -375,7 +441,8 @@ CudaBackend::ExpandedKeysValues CudaBackend::mla_expanded_keys_values(const MlaA
 // its context_len positions, whose keys and values are at kv and latent rows at latent: per block
 // of query rows, scores = Q · Kᵀ per head, causal softmax, out rows = P · V per head.
 void CudaBackend::mla_expanded(const MlaAttentionArgs& args, const MlaBatchView& view, int first_token,
-                               int num_tokens, int context_len, const uint16_t* kv, const uint16_t* latent) {
+                               int num_tokens, int context_len, const uint16_t* kv, const uint16_t* latent,
+                               uint16_t* bf16_queries) {
   const MlaWeights& w = *args.weights;
   const ExpandedLayout layout(w, expanded_rope_shared(w));
   const int heads = w.num_heads, vdim = w.v_head_dim;
@@ -384,22 +451,33 @@ void CudaBackend::mla_expanded(const MlaAttentionArgs& args, const MlaBatchView&
   const int64_t kv_width = heads * layout.head_width;
 
   const int64_t q_width = heads * layout.qk_padded;
-  Tensor queries = alloc_->cached({num_tokens, q_width}, DType::kBF16);
   const int64_t q_in_width = int64_t{heads} * (w.qk_nope_head_dim + w.qk_rope_head_dim);
-  launch_mla_expanded_queries(dims, args.q->as<float>() + first_token * q_in_width, view.positions + first_token,
-                              num_tokens, args.rope_cos->as<float>(), args.rope_sin->as<float>(),
-                              static_cast<int>(layout.qk_padded), queries.as<uint16_t>(), stream_);
+  Tensor queries;
+  const uint16_t* chunk_queries = nullptr;
+  if (bf16_queries != nullptr) {  // the projection's bf16 rows, rotated where they are
+    uint16_t* rows = bf16_queries + first_token * q_in_width;
+    launch_mla_rope_bf16_queries(dims, rows, view.positions + first_token, num_tokens, args.rope_cos->as<float>(),
+                                 args.rope_sin->as<float>(), stream_);
+    chunk_queries = rows;
+  } else {
+    queries = alloc_->cached({num_tokens, q_width}, DType::kBF16);
+    launch_mla_expanded_queries(dims, args.q->as<float>() + first_token * q_in_width, view.positions + first_token,
+                                num_tokens, args.rope_cos->as<float>(), args.rope_sin->as<float>(),
+                                static_cast<int>(layout.qk_padded), queries.as<uint16_t>(), stream_);
+    chunk_queries = queries.as<uint16_t>();
+  }
 
   float* out = args.out->as<float>() + int64_t{first_token} * heads * vdim;
   if (fused_prefill_attention_ && flash_attention_supported(static_cast<int>(layout.qk_padded),
                                                             static_cast<int>(layout.v_padded))) {
-    launch_expanded_flash_attention(queries.as<uint16_t>(), kv, layout.rope_shared ? latent + w.kv_lora_rank : nullptr,
+    launch_expanded_flash_attention(chunk_queries, kv, layout.rope_shared ? latent + w.kv_lora_rank : nullptr,
                                     layout.ld_latent, heads, static_cast<int>(layout.qk_padded),
                                     static_cast<int>(layout.v_padded), vdim, num_tokens, first_pos, context_len,
                                     args.softmax_scale, out, int64_t{heads} * vdim, stream_);
     return;
   }
   DS_CHECK(!layout.rope_shared);  // the layout of the fused kernel's warpgroup form only
+  DS_CHECK(bf16_queries == nullptr);  // kept in bf16 for the fused kernel only (mla_queries)
   // Otherwise per-head products through cuBLASLt, with the scores and probabilities in memory.
   const int64_t max_ld = round_up(context_len, 8);
   const int rows_per_block = static_cast<int>(std::clamp<int64_t>(kExpandedScoreElements / (heads * max_ld), 16,
@@ -422,7 +500,7 @@ void CudaBackend::mla_expanded(const MlaAttentionArgs& args, const MlaBatchView&
     qk.stride_w = layout.head_width;
     qk.ld_y = ld;
     qk.stride_y = rows * ld;
-    matmul_->bf16_strided(qk, queries.as<uint16_t>() + int64_t{i0} * q_width, kv, scores.data);
+    matmul_->bf16_strided(qk, chunk_queries + int64_t{i0} * q_width, kv, scores.data);
     launch_causal_softmax(scores.as<float>(), ld, heads, rows, num_keys, first_pos + i0, args.softmax_scale,
                           probs.as<uint16_t>(), stream_);
     LtMatmul::Strided pv;

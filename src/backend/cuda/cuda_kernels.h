@@ -224,6 +224,12 @@ void launch_mla_gather_latent(const MlaDims& d, const void* cache, const int32_t
 void launch_mla_expanded_queries(const MlaDims& d, const float* q, const int32_t* positions, int num_tokens,
                                  const float* rope_cos, const float* rope_sin, int qk_padded, uint16_t* q_out,
                                  Stream stream);
+// q bf16 [T, heads, nope + rope] with each head's rope part rotated in place at each token's
+// position (the rotation of launch_mla_expanded_queries, from bf16 values); for the head widths
+// mla_rope_bf16_queries_supported takes, q and the tables 16-byte aligned.
+bool mla_rope_bf16_queries_supported(int qk_nope, int qk_rope);
+void launch_mla_rope_bf16_queries(const MlaDims& d, uint16_t* q, const int32_t* positions, int num_tokens,
+                                  const float* rope_cos, const float* rope_sin, Stream stream);
 // probs bf16 = softmax(scale · scores) per row of scores fp32 [heads, rows, ld] (num_keys used
 // columns), causal: the query of row i sits at position first_query_pos + i and sees keys
 // 0..that position; the keys after it get probability 0.

@@ -4,6 +4,8 @@
 // write_cache_block on both backends, so every position of every context carries signal.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
@@ -29,11 +31,19 @@ struct SeqSpec {
   int num_new;     // tokens of this step
 };
 
+// The queries made by Backend::mla_queries from hidden rows of this width, instead of given.
+struct QueryProjection {
+  int hidden;
+  // Whether the CUDA backend is to keep them in bf16 only, leaving the fp32 rows unwritten.
+  bool bf16_only;
+};
+
 class CudaAttentionTest : public CudaVsCpuTest {
  protected:
   // other_gpu: a second CUDA backend that must give the same bits as the first.
   void run_case(const Dims& d, const std::vector<SeqSpec>& seqs, uint32_t seed,
-                KvCacheFormat format = KvCacheFormat::kF32, Backend* other_gpu = nullptr) {
+                KvCacheFormat format = KvCacheFormat::kF32, Backend* other_gpu = nullptr,
+                const QueryProjection* projection = nullptr) {
     constexpr int kBlockSize = 64;
     const int entry = d.lora + d.rope;
     const bool fp8 = format == KvCacheFormat::kFp8;
@@ -63,7 +73,13 @@ class CudaAttentionTest : public CudaVsCpuTest {
     batch.num_tokens = static_cast<int>(batch.positions.size());
     const int64_t t = batch.num_tokens, num_blocks = static_cast<int64_t>(pool.size());
 
-    const auto q = random_values(t * d.heads * (d.nope + d.rope), seed + 1);
+    const int64_t q_width = int64_t{d.heads} * (d.nope + d.rope);
+    const auto q = random_values(t * q_width, seed + 1);
+    // With a projection: hidden rows and a query weight that give queries of about unit size.
+    const int hidden = projection != nullptr ? projection->hidden : 0;
+    const auto x = random_values(t * hidden, seed + 8);
+    const auto wq = random_values(q_width * hidden, seed + 9, hidden > 0 ? 1.0f / std::sqrt(float(hidden)) : 1.0f);
+    constexpr float kUnwritten = 12345.0f;
     const auto kv_a = random_values(t * entry, seed + 2, 1.5f);
     const auto norm_w = random_values(d.lora, seed + 3, 0.1f, 1.0f);
     const auto w_uk = random_values(static_cast<size_t>(d.heads) * d.nope * d.lora, seed + 4, 0.1f);
@@ -99,7 +115,12 @@ class CudaAttentionTest : public CudaVsCpuTest {
       w.w_uk = upload(be, {d.heads, d.nope, d.lora}, w_uk);
       w.w_uv = upload(be, {d.heads, d.vdim, d.lora}, w_uv);
       be.prepare(w);
-      Tensor tq = upload(be, {t, d.heads * (d.nope + d.rope)}, q), tkv = upload(be, {t, entry}, kv_a);
+      Tensor tq = upload(be, {t, q_width}, projection != nullptr ? std::vector<float>(t * q_width, kUnwritten) : q);
+      Tensor tkv = upload(be, {t, entry}, kv_a);
+      if (projection != nullptr) {
+        const LinearWeight wq_linear = be.make_linear(HostTensor{DType::kF32, {q_width, hidden}, wq.data()});
+        be.mla_queries(upload(be, {t, hidden}, x), wq_linear, w, batch, tq);
+      }
       Tensor tcos = upload(be, {max_positions, half}, cos_t), tsin = upload(be, {max_positions, half}, sin_t);
       const DType dtype = latent_cache_dtype(format);
       LayerKvCache cache{
@@ -121,6 +142,11 @@ class CudaAttentionTest : public CudaVsCpuTest {
       args.out = &tout;
       be.mla_attention(args);
       out[b] = download(be, tout);
+      if (projection != nullptr && b == 1) {
+        const auto q_after = download(be, tq);
+        const bool unwritten = std::all_of(q_after.begin(), q_after.end(), [](float v) { return v == kUnwritten; });
+        EXPECT_EQ(unwritten, projection->bf16_only) << "the fp32 query rows left unwritten";
+      }
       if (b > 0) {
         // The product after the attention (o_proj) reads its output in bf16: in steps of a few
         // tokens from the copy the attention's last product wrote, which must hold the bits a
@@ -303,6 +329,18 @@ TEST_F(CudaAttentionTest, ExpandedChunksOnMmaSyncProducts) {
   gpu_ = make_backend_with_env("cuda", "DSINFER_MLA_FLASH_WGMMA", "0");
   run_case(kV3Dims, {{0, 5}, {64, 70}, {10, 1}}, 2200);
   run_case(kV3Dims, {{300, 700}, {20, 1}}, 2300);
+}
+
+// Queries made by mla_queries: in a batch all in the expanded form the CUDA backend keeps them in
+// bf16 only, rotated by the attention; otherwise (a decode token beside the chunk, head widths
+// that the fused kernel pads) they are the fp32 rows of linear.
+TEST_F(CudaAttentionTest, QueriesKeptInBf16ForExpandedChunks) {
+  const QueryProjection bf16_only{256, true}, fp32_rows{256, false};
+  run_case(kV3Dims, {{0, 300}}, 2400, KvCacheFormat::kF32, nullptr, &bf16_only);
+  run_case(kV3Dims, {{300, 700}, {0, 129}}, 2500, KvCacheFormat::kF32, nullptr, &bf16_only);
+  run_case(kV3Dims, {{0, 200}, {150, 64}, {1000, 100}}, 2600, KvCacheFormat::kFp8, nullptr, &bf16_only);
+  run_case(kV3Dims, {{300, 700}, {20, 1}}, 2700, KvCacheFormat::kF32, nullptr, &fp32_rows);
+  run_case(kTinyDims, {{0, 300}}, 2800, KvCacheFormat::kF32, nullptr, &fp32_rows);
 }
 
 TEST_F(CudaAttentionTest, HeadWidthsTheExpandedFormCannotAlignStayAbsorbed) {
