@@ -16,6 +16,7 @@
 #include "backend/cuda/cuda_backend_factory.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_allocator.h"
+#include "backend/cuda/gate_up_halves.h"
 #include "backend/cuda/grouped_gemm.h"
 #include "backend/cuda/kernel_timeline.h"
 #include "backend/cuda/lt_matmul.h"
@@ -96,6 +97,7 @@ CudaBackend::CudaBackend(Precision precision) {
   f32_products_ = precision == Precision::kFp32 || env_is("DSINFER_CUDA_PRECISION", "fp32");
   batch_invariant_ = f32_products_ || env_is("DSINFER_BATCH_INVARIANT", "1");
   graphs_enabled_ = !env_is("DSINFER_CUDA_GRAPHS", "0");
+  gate_up_halves_ready_ = !env_is("DSINFER_GATE_UP_HALVES", "0");
   fused_prefill_attention_ = !env_is("DSINFER_MLA_FLASH", "0");
   warpgroup_flash_attention_ = !env_is("DSINFER_MLA_FLASH_WGMMA", "0");
   cache_write_beside_ = !env_is("DSINFER_MLA_CACHE_WRITE_BESIDE", "0");
@@ -495,7 +497,7 @@ LinearWeight CudaBackend::packed_linear(const Tensor& storage, const PackedWeigh
     fp8_library_scales_[storage.data] = {
         reinterpret_cast<const float*>(static_cast<const char*>(storage.data) + layout.data_bytes +
                                        layout.scale_bytes),
-        layout.library_blocks};
+        layout.library_blocks, layout.gate_up_halves_blocks};
   }
   return lw;
 }
@@ -595,9 +597,9 @@ void CudaBackend::gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w
     // agree (an FP8 product writes whole groups of 4 rows).
     if (kind == GemmEpilogue::kSiluMulBf16) {
       DS_CHECK(ldy == g.n_padded / 2);
-      const Tensor gate_up = library_gate_up(x_bf16, rows, g);
-      launch_silu_mul_interleaved(gate_up.data, gate_up.dtype == DType::kBF16, rows, g.n_padded / 2,
-                                  static_cast<uint16_t*>(y), stream_);
+      const GateUpRows gate_up = library_gate_up(x_bf16, rows, g);
+      launch_silu_mul_interleaved(gate_up.rows.data, gate_up.rows.dtype == DType::kBF16, rows, g.n_padded / 2,
+                                  gate_up.halves, static_cast<uint16_t*>(y), stream_);
       return;
     }
     DS_CHECK(kind == GemmEpilogue::kStoreF32);
@@ -633,17 +635,39 @@ int64_t library_rows(const GemmWeight& g, int64_t rows) {
 }
 }  // namespace
 
-Tensor CudaBackend::library_gate_up(const Tensor& x_bf16, int64_t rows, const GemmWeight& g) {
+CudaBackend::GateUpRows CudaBackend::library_gate_up(const Tensor& x_bf16, int64_t rows, const GemmWeight& g) {
   // gate and up in bf16 where cuBLASLt writes them so (half the bytes of fp32 to write and read
   // back); SiLU·up rounds to bf16 after them anyway.
   const bool gate_up_bf16 = library_gate_up_bf16(g, rows);
   Tensor gate_up = alloc_->cached({library_rows(g, rows), g.n_padded}, gate_up_bf16 ? DType::kBF16 : DType::kF32);
   if (gate_up_bf16 && g.scales != nullptr) {
+    // The weight's copy with 128 × 128 block scales where it has one and cuBLASLt a product for it.
+    const auto halves = gate_up_halves_.find(g.data);
+    if (halves != gate_up_halves_.end()) {
+      GemmWeight copy = g;
+      copy.data = halves->second.data;
+      if (library_product_fp8(x_bf16, rows, copy, gate_up.data, /*out_bf16=*/true)) return {gate_up, true};
+    }
     DS_CHECK(library_product_fp8(x_bf16, rows, g, gate_up.data, /*out_bf16=*/true));
   } else {
     library_product_native(x_bf16, rows, g, gate_up.data);
   }
-  return gate_up;
+  return {gate_up, false};
+}
+
+void CudaBackend::make_gate_up_halves(const LinearWeight& w) {
+  const auto lib = fp8_library_scales_.find(w.weight.data);
+  if (!gate_up_halves_ready_ || !library_fp8_ || f32_products_ || !w.packed_gate_up || w.weight.dtype != DType::kF8E4M3 ||
+      lib == fp8_library_scales_.end() || !lib->second.gate_up_halves_blocks || gate_up_halves_.count(w.weight.data))
+    return;
+  const GemmWeight g = gemm_weight_of(w);
+  const int64_t block_cols = round_up(g.k_padded / 128, 4);
+  const size_t data_bytes = static_cast<size_t>(round_up(int64_t{g.n_padded} * g.k_padded, 256));
+  Tensor copy = alloc_->persistent_bytes(data_bytes + g.n_padded / 128 * block_cols * sizeof(float));
+  auto* scales = reinterpret_cast<float*>(static_cast<char*>(copy.data) + data_bytes);
+  launch_gate_up_halves(g, copy.data, scales, block_cols, stream_);
+  fp8_library_scales_[copy.data] = {scales, /*blocks_128x128=*/true};
+  gate_up_halves_[w.weight.data] = copy;
 }
 
 void CudaBackend::library_product_into(int64_t rows, const GemmWeight& g, float* y, int64_t ldy, int64_t n_out,
@@ -809,10 +833,11 @@ bool CudaBackend::gated_mlp_e4m3(const Tensor& x_bf16, int64_t rows, const Linea
   const LibraryScales* down_scales = library_fp8_scales(d, rows, /*out_bf16=*/false);
   if (down_scales == nullptr) return false;
   const int64_t inter_p = g.n_padded / 2;
-  const Tensor gate_up_rows = library_gate_up(x_bf16, rows, g);
+  const GateUpRows gate_up_rows = library_gate_up(x_bf16, rows, g);
   QuantisedRows act = new_quantised_rows(round_up(rows, kLibraryFp8RowMultiple), inter_p);
-  launch_silu_mul_interleaved_e4m3(gate_up_rows.data, gate_up_rows.dtype == DType::kBF16, rows, inter_p,
-                                   act.q.dim(0), act.q.as<uint8_t>(), act.scales.as<float>(), stream_);
+  launch_silu_mul_interleaved_e4m3(gate_up_rows.rows.data, gate_up_rows.rows.dtype == DType::kBF16, rows, inter_p,
+                                   gate_up_rows.halves, act.q.dim(0), act.q.as<uint8_t>(), act.scales.as<float>(),
+                                   stream_);
   library_product_into(rows, d, out, ldo, down.out_features,
                        [&](float* y) { library_product_fp8_rows(act, d, *down_scales, y, /*out_bf16=*/false); });
   return true;

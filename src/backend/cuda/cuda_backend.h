@@ -142,7 +142,14 @@ class CudaBackend final : public Backend {
   bool library_gate_up_bf16(const GemmWeight& w, int64_t rows);
   // cuBLASLt's gate/up product of a gated MLP for SiLU·up to read: [library_rows, n_padded],
   // bf16 where library_gate_up_bf16, else fp32.
-  Tensor library_gate_up(const Tensor& x_bf16, int64_t rows, const GemmWeight& g);
+  struct GateUpRows {
+    Tensor rows;
+    bool halves = false;  // from the weight's halves copy: every gate column, then every up one
+  };
+  GateUpRows library_gate_up(const Tensor& x_bf16, int64_t rows, const GemmWeight& g);
+  // cuBLASLt's copy of the e4m3 gate/up weight w with 128 × 128 block scales (gate_up_halves.cu)
+  // where its source blocks allow one; library_gate_up then takes it.
+  void make_gate_up_halves(const LinearWeight& w);
   // Runs `product`, which writes cuBLASLt's fp32 rows of g [library_rows, n_padded], so that the
   // first `rows` land in y [rows, ldy] (n_out columns):
   // straight there where the layouts agree, else through a buffer.
@@ -396,6 +403,8 @@ class CudaBackend final : public Backend {
   // make_random_linear fills weights on the device (DSINFER_DEVICE_RANDOM_WEIGHTS=0: it declines,
   // and the caller draws them on the host).
   bool device_random_weights_ = true;
+  // cuBLASLt's copies of the shared experts' e4m3 gate/up (DSINFER_GATE_UP_HALVES=0: none).
+  bool gate_up_halves_ready_ = true;
   bool fused_prefill_attention_ = true;  // expanded prefill in one kernel (DSINFER_MLA_FLASH=0: cuBLASLt products)
   // That kernel on warpgroup products for 192 / 128 heads (DSINFER_MLA_FLASH_WGMMA=0: mma.sync).
   bool warpgroup_flash_attention_ = true;
@@ -431,8 +440,11 @@ class CudaBackend final : public Backend {
   struct LibraryScales {
     const float* scales = nullptr;
     bool blocks_128x128 = false;
+    bool gate_up_halves_blocks = false;  // PackedWeightLayout's
   };
   std::unordered_map<const void*, LibraryScales> fp8_library_scales_;
+  // make_gate_up_halves's copies, by the packed weight's data.
+  std::unordered_map<const void*, Tensor> gate_up_halves_;
   // e4m3 weight w's library scales where cuBLASLt has a block-scaled product of `rows` rows for
   // it (writing bf16 where out_bf16), else null.
   const LibraryScales* library_fp8_scales(const GemmWeight& w, int64_t rows, bool out_bf16);

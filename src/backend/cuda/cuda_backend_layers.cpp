@@ -106,6 +106,8 @@ void CudaBackend::prepare(MoeWeights& w) {
     prepare_f32(w);
     return;
   }
+  // The shared experts' gate/up takes cuBLASLt in prefill-sized steps.
+  if (w.has_shared) make_gate_up_halves(w.shared_gate_up);
   std::vector<GemmWeight> table;
   for (const LinearWeight& gu : w.expert_gate_up) table.push_back(gemm_weight_of(gu));
   for (const LinearWeight& d : w.expert_down) table.push_back(gemm_weight_of(d));
@@ -561,7 +563,8 @@ Tensor CudaBackend::moe_experts_chunked(const MoeWeights& w, const Tensor& xb, c
   void** p = layout.pointers;
   const int64_t n = num_chunks;
   matmul_->bf16_pointer_array(chunk_product(gu, num_chunks), p, p + n, p + 2 * n);
-  launch_silu_mul_interleaved(gate_up.data, /*gate_up_bf16=*/true, rows, inter_p, act.as<uint16_t>(), stream_);
+  launch_silu_mul_interleaved(gate_up.data, /*gate_up_bf16=*/true, rows, inter_p, /*halves=*/false,
+                              act.as<uint16_t>(), stream_);
   matmul_->bf16_pointer_array(chunk_product(down, num_chunks), p + 3 * n, p + 4 * n, p + 5 * n);
   return expert_out;
 }
@@ -598,7 +601,7 @@ Tensor CudaBackend::moe_experts_host_planned(const MoeWeights& w, const Tensor& 
                            static_cast<char*>(gate_up.data) + begin * gate_up_row_bytes);
   }
   Tensor act = alloc_->cached({num_entries, inter_p}, DType::kBF16);
-  launch_silu_mul_interleaved(gate_up.data, gate_up.dtype == DType::kBF16, num_entries, inter_p,
+  launch_silu_mul_interleaved(gate_up.data, gate_up.dtype == DType::kBF16, num_entries, inter_p, /*halves=*/false,
                               act.as<uint16_t>(), stream_);
   // bf16 rows straight from cuBLASLt; fp32 ones (e4m3 experts) through gemm, which drops the
   // FP8 product's spare rows on the way to `hidden`-wide rows.

@@ -292,21 +292,26 @@ __global__ void f32_to_bf16_padded_kernel(const float* x, int64_t rows, int64_t 
   *reinterpret_cast<uint4*>(y + r * ldy + c0) = pack_bf16x8(v);
 }
 
-// Eight outputs per thread (inter_padded a multiple of 16): outputs j..j+7 of a group of 16
-// have their gates at weight rows 32 (j / 16) + j % 16 onward and their ups 16 rows further,
-// so each side is one contiguous run of 8.
+// Where output column j's gate is in a gate/up row, and how far its up is: interleaved, outputs
+// j..j+7 of a group of 16 have their gates at weight rows 32 (j / 16) + j % 16 onward and their
+// ups 16 rows further; in halves, the ups are inter_padded rows further. Each side of 8 outputs
+// is one contiguous run.
+__device__ __forceinline__ int64_t gate_column(int64_t j, bool halves) { return halves ? j : (j / 16) * 32 + j % 16; }
+__device__ __forceinline__ int64_t up_offset(int64_t inter_padded, bool halves) { return halves ? inter_padded : 16; }
+
+// Eight outputs per thread (inter_padded a multiple of 16).
 template <typename T>
-__global__ void silu_mul_interleaved_kernel(const T* gate_up, int64_t rows, int64_t inter_padded,
+__global__ void silu_mul_interleaved_kernel(const T* gate_up, int64_t rows, int64_t inter_padded, bool halves,
                                             __nv_bfloat16* out) {
   await_previous_kernels();
   const int64_t groups = inter_padded / 8;
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= rows * groups) return;
   const int64_t r = i / groups, j0 = (i % groups) * 8;
-  const T* gate = gate_up + r * 2 * inter_padded + (j0 / 16) * 32 + j0 % 16;
+  const T* gate = gate_up + r * 2 * inter_padded + gate_column(j0, halves);
   float g[8], u[8], act[8];
   load8(gate, g);
-  load8(gate + 16, u);
+  load8(gate + up_offset(inter_padded, halves), u);
   for (int j = 0; j < 8; ++j) act[j] = silu_times(g[j], u[j]);
   *reinterpret_cast<uint4*>(out + r * inter_padded + j0) = pack_bf16x8(act);
 }
@@ -317,18 +322,18 @@ __global__ void silu_mul_interleaved_kernel(const T* gate_up, int64_t rows, int6
 // (fp8_quantize.cuh).
 template <typename T>
 __global__ void __launch_bounds__(kQuantizeThreads)
-    silu_mul_interleaved_e4m3_kernel(const T* gate_up, int64_t rows, int64_t inter_padded, int64_t rows_padded,
-                                     uint8_t* q, float* scales) {
+    silu_mul_interleaved_e4m3_kernel(const T* gate_up, int64_t rows, int64_t inter_padded, bool halves,
+                                     int64_t rows_padded, uint8_t* q, float* scales) {
   await_previous_kernels();
   const QuantizePlace at = quantize_place(inter_padded);
-  const int64_t gate_col = (at.col / 16) * 32 + at.col % 16;  // the up values are 16 columns further
+  const int64_t gate_col = gate_column(at.col, halves), up_col = gate_col + up_offset(inter_padded, halves);
   float g[kQuantizeRowsPerThread][8], u[kQuantizeRowsPerThread][8];
 #pragma unroll
   for (int i = 0; i < kQuantizeRowsPerThread; ++i) {
     const int64_t row = at.row0 + i * kQuantizeRowsAtOnce;
     if (row < rows) {
       load8(gate_up + row * 2 * inter_padded + gate_col, g[i]);
-      load8(gate_up + row * 2 * inter_padded + gate_col + 16, u[i]);
+      load8(gate_up + row * 2 * inter_padded + up_col, u[i]);
     } else {  // padding rows quantise to zeros, as the quantising pass makes them
 #pragma unroll
       for (int j = 0; j < 8; ++j) g[i][j] = u[i][j] = 0.0f;
@@ -393,7 +398,7 @@ void launch_f32_to_bf16_padded(const float* x, int64_t rows, int64_t k, int64_t 
 }
 
 void launch_silu_mul_interleaved(const void* gate_up, bool gate_up_bf16, int64_t rows, int64_t inter_padded,
-                                 uint16_t* out, Stream stream) {
+                                 bool halves, uint16_t* out, Stream stream) {
   const uintptr_t in_alignment = gate_up_bf16 ? 16 : 32;
   DS_CHECK_MSG(inter_padded % 16 == 0 && reinterpret_cast<uintptr_t>(gate_up) % in_alignment == 0 &&
                    reinterpret_cast<uintptr_t>(out) % 16 == 0,
@@ -403,15 +408,15 @@ void launch_silu_mul_interleaved(const void* gate_up, bool gate_up_bf16, int64_t
   auto* y = reinterpret_cast<__nv_bfloat16*>(out);
   if (gate_up_bf16)
     launch_kernel(silu_mul_interleaved_kernel<__nv_bfloat16>, num_blocks_for(n), kThreads, 0, stream,
-                  static_cast<const __nv_bfloat16*>(gate_up), rows, inter_padded, y);
+                  static_cast<const __nv_bfloat16*>(gate_up), rows, inter_padded, halves, y);
   else
     launch_kernel(silu_mul_interleaved_kernel<float>, num_blocks_for(n), kThreads, 0, stream,
-                  static_cast<const float*>(gate_up), rows, inter_padded, y);
+                  static_cast<const float*>(gate_up), rows, inter_padded, halves, y);
   DS_CUDA_CHECK_LAUNCH();
 }
 
 void launch_silu_mul_interleaved_e4m3(const void* gate_up, bool gate_up_bf16, int64_t rows, int64_t inter_padded,
-                                      int64_t rows_padded, uint8_t* q, float* scales, Stream stream) {
+                                      bool halves, int64_t rows_padded, uint8_t* q, float* scales, Stream stream) {
   const uintptr_t in_alignment = gate_up_bf16 ? 16 : 32;
   DS_CHECK_MSG(inter_padded % 128 == 0 && rows_padded >= rows &&
                    reinterpret_cast<uintptr_t>(gate_up) % in_alignment == 0 &&
@@ -421,10 +426,11 @@ void launch_silu_mul_interleaved_e4m3(const void* gate_up, bool gate_up_bf16, in
   if (num_blocks == 0) return;
   if (gate_up_bf16)
     launch_kernel(silu_mul_interleaved_e4m3_kernel<__nv_bfloat16>, static_cast<unsigned>(num_blocks), kQuantizeThreads,
-                  0, stream, static_cast<const __nv_bfloat16*>(gate_up), rows, inter_padded, rows_padded, q, scales);
+                  0, stream, static_cast<const __nv_bfloat16*>(gate_up), rows, inter_padded, halves, rows_padded, q,
+                  scales);
   else
     launch_kernel(silu_mul_interleaved_e4m3_kernel<float>, static_cast<unsigned>(num_blocks), kQuantizeThreads, 0,
-                  stream, static_cast<const float*>(gate_up), rows, inter_padded, rows_padded, q, scales);
+                  stream, static_cast<const float*>(gate_up), rows, inter_padded, halves, rows_padded, q, scales);
   DS_CUDA_CHECK_LAUNCH();
 }
 

@@ -70,15 +70,16 @@ void launch_concat_cols(const float* a, const float* b, int64_t rows, int64_t na
 // aligned.
 void launch_f32_to_bf16_padded(const float* x, int64_t rows, int64_t k, int64_t ldy, uint16_t* y, Stream stream);
 // gate_up [rows, 2 * inter_padded] (fp32, or bf16 where gate_up_bf16) from a weight whose rows
-// interleave 16 gate and 16 up rows → out bf16 [rows, inter_padded] = silu(gate) · up.
+// interleave 16 gate and 16 up rows (or, with halves, hold every gate row, then every up row:
+// launch_gate_up_halves's copy) → out bf16 [rows, inter_padded] = silu(gate) · up.
 // inter_padded a multiple of 16; gate_up 32-byte (fp32) or 16-byte (bf16) aligned, out 16.
 void launch_silu_mul_interleaved(const void* gate_up, bool gate_up_bf16, int64_t rows, int64_t inter_padded,
-                                 uint16_t* out, Stream stream);
+                                 bool halves, uint16_t* out, Stream stream);
 // The same SiLU·up written as the down product's FP8 rows (inter_padded a multiple of 128):
 // q e4m3 [rows_padded, inter_padded] and scales [inter_padded / 128][rows_padded], the bits
 // launch_quantize_rows_e4m3 makes of launch_silu_mul_interleaved's rows; q 8-byte aligned.
 void launch_silu_mul_interleaved_e4m3(const void* gate_up, bool gate_up_bf16, int64_t rows, int64_t inter_padded,
-                                      int64_t rows_padded, uint8_t* q, float* scales, Stream stream);
+                                      bool halves, int64_t rows_padded, uint8_t* q, float* scales, Stream stream);
 // DeepSeek's activation quantisation (fp8_quantize.cu): x bf16 [rows, k] (k a multiple of 128)
 // → q e4m3 [rows_padded, k] and scales fp32 [k / 128][rows_padded] (rows contiguous, the layout
 // of LtMatmul::fp8), one scale per 128-column tile: its largest magnitude / 448. Rows from

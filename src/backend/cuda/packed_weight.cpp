@@ -22,6 +22,8 @@ PackedWeightLayout::PackedWeightLayout(int64_t source_rows, int64_t source_cols,
   if (!fp8) return;
   scale_bytes = static_cast<size_t>(round_up_to(n_padded / kPackedScaleRows * scale_cols * 4, 256));
   library_blocks = !gate_up && source_block_rows == 128;
+  // Each half must start on a source block too.
+  gate_up_halves_blocks = gate_up && source_block_rows == 128 && inter % 128 == 0;
   library_block_cols = round_up_to(scale_cols, 4);
   library_scale_count = library_blocks ? (n_padded + 127) / 128 * library_block_cols : scale_cols * n_padded;
 }

@@ -30,6 +30,9 @@ struct PackedWeightLayout {
   int64_t scale_cols = 0;  // k_padded / 128
   size_t data_bytes = 0, scale_bytes = 0;
   bool library_blocks = false;
+  // An e4m3 gate/up from 128-row source blocks whose halves start on one: with its halves one
+  // after the other (launch_gate_up_halves), each 128-row block is one source block.
+  bool gate_up_halves_blocks = false;
   int64_t library_block_cols = 0, library_scale_count = 0;
 
   // source_block_rows: rows of the source's FP8 scale blocks (e4m3 only).

@@ -129,6 +129,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaFp8QuantizeTest,
 struct SiluCase {
   int64_t rows, rows_padded, inter;
   bool gate_up_bf16;
+  bool halves = false;  // every gate column, then every up column, instead of interleaved by 16
 };
 
 class CudaSiluE4m3Test : public CudaKernelCaseTest<SiluCase> {};
@@ -147,8 +148,8 @@ struct SiluBuffers {
 TEST_P(CudaSiluE4m3Test, OnePassGivesTheBitsOfBf16RowsThroughTheQuantisingPass) {
   const SiluCase c = GetParam();
   const int64_t tiles = c.inter / 128, width = 2 * c.inter;
-  // gate/up rows as the packed weight gives them: 16 gate columns, then their 16 up columns.
-  // Row r scaled by 2^(r % 5 - 2), so rows get scales far apart.
+  // gate/up rows as the packed weight gives them: 16 gate columns, then their 16 up columns (or
+  // the halves' copy: the gate columns, then the up columns). Row r scaled by 2^(r % 5 - 2), so rows get scales far apart.
   const auto values = random_values(c.rows * width, 93, 4.0f);
   std::vector<float> gate_up(c.rows * width);
   for (int64_t r = 0; r < c.rows; ++r)
@@ -174,11 +175,11 @@ TEST_P(CudaSiluE4m3Test, OnePassGivesTheBitsOfBf16RowsThroughTheQuantisingPass) 
   }
   const void* host_in = c.gate_up_bf16 ? static_cast<const void*>(gate_up_bf16.data()) : gate_up.data();
   ASSERT_EQ(cudaMemcpy(d.gate_up, host_in, in_bytes, cudaMemcpyHostToDevice), cudaSuccess);
-  cuda::launch_silu_mul_interleaved(d.gate_up, c.gate_up_bf16, c.rows, c.inter, static_cast<uint16_t*>(d.act),
-                                    nullptr);
+  cuda::launch_silu_mul_interleaved(d.gate_up, c.gate_up_bf16, c.rows, c.inter, c.halves,
+                                    static_cast<uint16_t*>(d.act), nullptr);
   cuda::launch_quantize_rows_e4m3(static_cast<uint16_t*>(d.act), c.rows, c.inter, c.rows_padded,
                                   static_cast<uint8_t*>(d.q[0]), static_cast<float*>(d.scales[0]), nullptr);
-  cuda::launch_silu_mul_interleaved_e4m3(d.gate_up, c.gate_up_bf16, c.rows, c.inter, c.rows_padded,
+  cuda::launch_silu_mul_interleaved_e4m3(d.gate_up, c.gate_up_bf16, c.rows, c.inter, c.halves, c.rows_padded,
                                          static_cast<uint8_t*>(d.q[1]), static_cast<float*>(d.scales[1]), nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<uint8_t> q[2];
@@ -204,8 +205,8 @@ TEST_P(CudaSiluE4m3Test, OnePassGivesTheBitsOfBf16RowsThroughTheQuantisingPass) 
     for (int64_t t = 0; t < tiles; ++t) {
       float act[128], amax = 0.0f;
       for (int64_t j = 0; j < 128; ++j) {
-        const int64_t out = t * 128 + j, gate_col = (out / 16) * 32 + out % 16;
-        const float g = gate_up[r * width + gate_col], u = gate_up[r * width + gate_col + 16];
+        const int64_t out = t * 128 + j, gate_col = c.halves ? out : (out / 16) * 32 + out % 16;
+        const float g = gate_up[r * width + gate_col], u = gate_up[r * width + gate_col + (c.halves ? c.inter : 16)];
         act[j] = bf16_to_f32(f32_to_bf16(g / (1.0f + std::exp(-g)) * u));
         amax = std::max(amax, std::abs(act[j]));
       }
@@ -222,7 +223,8 @@ TEST_P(CudaSiluE4m3Test, OnePassGivesTheBitsOfBf16RowsThroughTheQuantisingPass) 
 // several tiles.
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaSiluE4m3Test,
                          ::testing::Values(SiluCase{1, 4, 128, true}, SiluCase{37, 40, 384, false},
-                                           SiluCase{197, 200, 1408, true}, SiluCase{256, 256, 2816, true}));
+                                           SiluCase{197, 200, 1408, true}, SiluCase{256, 256, 2816, true},
+                                           SiluCase{37, 40, 384, false, true}, SiluCase{197, 200, 1408, true, true}));
 
 }  // namespace
 }  // namespace dsinfer

@@ -334,6 +334,15 @@ TEST_F(CudaMoeTest, Fp8ExpertsMatchDequantisedCpu) {
   // activations are e4m3 too (3 mantissa bits, about 3% RMS rounding per product), so the
   // bound is wider; rows mixed up between experts would be off by 100%.
   run_case(g, 301, 15, 256, 128, /*fp8=*/true, /*tolerance=*/8e-2);
+  // With shared experts, whose gate/up takes cuBLASLt at 301 tokens: from the copy with its
+  // halves one after the other and 128 × 128 block scales (shared inter 256; block scales that
+  // landed on the wrong rows would be off by up to 5 times), and, where a half does not start on
+  // a source block (shared inter 192), from the interleaved weight with a scale per row.
+  const GateSpec shared{8, 2, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, true, 1.0f, true};
+  run_case(shared, 301, 16, 256, 128, /*fp8=*/true, /*tolerance=*/8e-2);
+  run_case(shared, 301, 17, 256, 96, /*fp8=*/true, /*tolerance=*/8e-2);
+  gpu_ = make_backend_with_env("cuda", "DSINFER_GATE_UP_HALVES", "0");
+  run_case(shared, 301, 16, 256, 128, /*fp8=*/true, /*tolerance=*/8e-2);
 }
 
 TEST_F(CudaMoeTest, Fp8ExpertsInBothBlockKindsMatchDequantisedCpu) {
