@@ -493,6 +493,7 @@ LinearWeight CudaBackend::packed_linear(const Tensor& storage, const PackedWeigh
   lw.weight.shape = {layout.n_padded, layout.k_padded};
   lw.weight.dtype = layout.fp8 ? DType::kF8E4M3 : DType::kBF16;
   lw.packed_gate_up = layout.gate_up;
+  gate_up_halves_.erase(storage.data);  // a copy made for a weight freed before, at this address
   if (layout.fp8) {
     fp8_library_scales_[storage.data] = {
         reinterpret_cast<const float*>(static_cast<const char*>(storage.data) + layout.data_bytes +
@@ -657,8 +658,9 @@ CudaBackend::GateUpRows CudaBackend::library_gate_up(const Tensor& x_bf16, int64
 
 void CudaBackend::make_gate_up_halves(const LinearWeight& w) {
   const auto lib = fp8_library_scales_.find(w.weight.data);
-  if (!gate_up_halves_ready_ || !library_fp8_ || f32_products_ || !w.packed_gate_up || w.weight.dtype != DType::kF8E4M3 ||
-      lib == fp8_library_scales_.end() || !lib->second.gate_up_halves_blocks || gate_up_halves_.count(w.weight.data))
+  if (!gate_up_halves_ready_ || !library_fp8_ || f32_products_ || !w.packed_gate_up ||
+      w.weight.dtype != DType::kF8E4M3 || lib == fp8_library_scales_.end() || !lib->second.gate_up_halves_blocks ||
+      gate_up_halves_.count(w.weight.data))
     return;
   const GemmWeight g = gemm_weight_of(w);
   const int64_t block_cols = round_up(g.k_padded / 128, 4);

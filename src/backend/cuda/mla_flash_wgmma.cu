@@ -229,8 +229,9 @@ __device__ __forceinline__ void store_rows(const float (&o)[kVPanels][32], const
 // and the softmax scale rides in the exponent's multiply-add (softmax_scores).
 __global__ void __launch_bounds__(kThreads, 1)
     flash_attention_wgmma_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap kv_map,
-                                 const __grid_constant__ CUtensorMap rope_map, int num_heads, int v_dim, int num_queries, int first_pos, int num_keys,
-                                 float scale_log2, float* out, int64_t ld_out) {
+                                 const __grid_constant__ CUtensorMap rope_map, int num_heads, int v_dim,
+                                 int num_queries, int first_pos, int num_keys, float scale_log2, float* out,
+                                 int64_t ld_out) {
   await_previous_kernels();
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // Read through a shuffle from lane 0, these are known to the compiler to be the same in every

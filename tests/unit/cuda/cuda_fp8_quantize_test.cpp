@@ -149,7 +149,8 @@ TEST_P(CudaSiluE4m3Test, OnePassGivesTheBitsOfBf16RowsThroughTheQuantisingPass) 
   const SiluCase c = GetParam();
   const int64_t tiles = c.inter / 128, width = 2 * c.inter;
   // gate/up rows as the packed weight gives them: 16 gate columns, then their 16 up columns (or
-  // the halves' copy: the gate columns, then the up columns). Row r scaled by 2^(r % 5 - 2), so rows get scales far apart.
+  // the halves' copy: the gate columns, then the up columns). Row r scaled by 2^(r % 5 - 2), so
+  // rows get scales far apart.
   const auto values = random_values(c.rows * width, 93, 4.0f);
   std::vector<float> gate_up(c.rows * width);
   for (int64_t r = 0; r < c.rows; ++r)
