@@ -1,9 +1,9 @@
 // cuBLASLt's copy of an e4m3 gate/up weight with its halves one after the other. The packed
 // layout interleaves the halves by 16 rows (packed_weight.h), which the own kernels' epilogues
 // need; a 128-row block of it then mixes rows of two source blocks, so cuBLASLt scales it per row
-// (its VEC128 mode), and that product ran at 979 TFLOP/s where the 128 × 128 block mode's ran at
-// 1,160 on the same run (bench/RESULTS.md). In this copy every 128-row block is one source
-// block again.
+// (its VEC128 mode), and V2-Lite's shared gate/up product ran at 970 TFLOP/s where the query
+// product in the 128 × 128 block mode ran at 1,160 (bench/RESULTS.md, 2026-12-02). In this copy
+// every 128-row block is one source block again.
 #include "backend/cuda/gate_up_halves.h"
 
 #include "backend/cuda/cuda_check.h"
