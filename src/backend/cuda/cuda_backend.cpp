@@ -663,11 +663,12 @@ void CudaBackend::make_gate_up_halves(const LinearWeight& w) {
       gate_up_halves_.count(w.weight.data))
     return;
   const GemmWeight g = gemm_weight_of(w);
-  const int64_t block_cols = round_up(g.k_padded / 128, 4);
-  const size_t data_bytes = static_cast<size_t>(round_up(int64_t{g.n_padded} * g.k_padded, 256));
-  Tensor copy = alloc_->persistent_bytes(data_bytes + g.n_padded / 128 * block_cols * sizeof(float));
-  auto* scales = reinterpret_cast<float*>(static_cast<char*>(copy.data) + data_bytes);
-  launch_gate_up_halves(g, copy.data, scales, block_cols, stream_);
+  // The copy is laid out as a plain e4m3 weight of 128-row blocks: its data, then cuBLASLt's
+  // block scales (no packed scales: the own kernels keep reading the interleaved weight).
+  const PackedWeightLayout blocks(g.n_padded, g.k_padded, /*is_gate_up=*/false, /*is_fp8=*/true, 128);
+  Tensor copy = alloc_->persistent_bytes(blocks.data_bytes + blocks.library_scale_count * sizeof(float));
+  auto* scales = reinterpret_cast<float*>(static_cast<char*>(copy.data) + blocks.data_bytes);
+  launch_gate_up_halves(g, copy.data, scales, blocks.library_block_cols, stream_);
   fp8_library_scales_[copy.data] = {scales, /*blocks_128x128=*/true};
   gate_up_halves_[w.weight.data] = copy;
 }
