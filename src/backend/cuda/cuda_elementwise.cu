@@ -39,9 +39,10 @@ __device__ float block_sum(float sum, float* warp_sums) {
 // of the DeepSeek family) are normalised from registers. Each thread issues all its loads, of
 // the row, the added row and the weight, before it uses any, so a row costs one memory latency
 // instead of one per loop step: at batch 1 a norm of 2,048 floats took 8.6 µs as a loop. The
-// kernel is compiled for 2, 4 and 8 float4 a thread and takes the fewest that hold the row:
-// sized for 8, a row of 2,048 held 106 registers a thread for the 2 it used, two blocks fitted
-// on an SM, and a prefill's norms ran at three quarters of the copy rate.
+// kernel is compiled for 2, 4 and 8 float4 a thread and takes the fewest that hold the row
+// (rows of 1,025 to 2,048 floats: one float4 a thread, registers_kernel_for): sized for 8, a
+// row of 2,048 held 106 registers a thread for the 2 it used, two blocks fitted on an SM, and a
+// prefill's norms ran at three quarters of the copy rate.
 constexpr int kNormVec4PerThread = 8;
 
 bool norm_fits_registers(const void* x, const void* y, const void* w, const void* out, int64_t n) {
@@ -66,8 +67,8 @@ struct NormBf16Copy {
 // zeros).
 __device__ void zero_e4m3_row(const NormBf16Copy& copy, int n) {
   const int64_t row = blockIdx.x;
-  for (int c = 4 * threadIdx.x; c < n; c += 4 * kThreads) *reinterpret_cast<uint32_t*>(copy.q + row * n + c) = 0;
-  for (int t = threadIdx.x; t < n / 128; t += kThreads) copy.q_scales[t * copy.rows_padded + row] = 1.0f;
+  for (int c = 4 * threadIdx.x; c < n; c += 4 * blockDim.x) *reinterpret_cast<uint32_t*>(copy.q + row * n + c) = 0;
+  for (int t = threadIdx.x; t < n / 128; t += blockDim.x) copy.q_scales[t * copy.rows_padded + row] = 1.0f;
 }
 
 // What the register norm adds to x before it normalises: nothing, a row of y, or a MoE layer's
@@ -123,13 +124,13 @@ struct CombineAddend {
   }
 };
 
-// One block per row: x += the addend first where it adds one (x updated in memory), then out =
-// the row's RMS norm, its mean square in fp32 through a block reduction. x and out may alias:
-// every thread holds its elements in registers before it writes them.
-template <typename Addend, int kVec4>
-__global__ void __launch_bounds__(kThreads) rms_norm_registers_kernel(float* x, Addend addend, const float* w,
-                                                                      float eps, int n, float* out,
-                                                                      NormBf16Copy copy) {
+// One block of kBlockThreads per row: x += the addend first where it adds one (x updated in
+// memory), then out = the row's RMS norm, its mean square in fp32 through a block reduction. x
+// and out may alias: every thread holds its elements in registers before it writes them.
+template <typename Addend, int kVec4, int kBlockThreads, int kMinBlocksPerSm>
+__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm)
+    rms_norm_registers_kernel(float* x, Addend addend, const float* w, float eps, int n, float* out,
+                              NormBf16Copy copy) {
   constexpr bool kAddFirst = Addend::kAdds;
   await_previous_kernels();
   if (copy.q != nullptr && blockIdx.x >= copy.rows) {  // the whole block alike
@@ -145,7 +146,7 @@ __global__ void __launch_bounds__(kThreads) rms_norm_registers_kernel(float* x, 
   float4 v[kVec4], wv[kVec4];
 #pragma unroll
   for (int j = 0; j < kVec4; ++j) {
-    const int i = threadIdx.x + j * kThreads;
+    const int i = threadIdx.x + j * kBlockThreads;
     if (i < n4) {
       v[j] = row[i];
       wv[j] = __ldg(w4 + i);
@@ -155,17 +156,23 @@ __global__ void __launch_bounds__(kThreads) rms_norm_registers_kernel(float* x, 
   float sum = 0.0f;
 #pragma unroll
   for (int j = 0; j < kVec4; ++j) {
-    const int i = threadIdx.x + j * kThreads;
+    const int i = threadIdx.x + j * kBlockThreads;
     if (i < n4) {
       if constexpr (kAddFirst) row[i] = v[j];
-      sum += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+      // One FMA after another: written as a sum of products, the compiler may fuse either
+      // product with its add, and chose differently in different forms of this kernel (the
+      // fused add and the norm after an add then differed in a row's last bit).
+      sum = fmaf(v[j].x, v[j].x, sum);
+      sum = fmaf(v[j].y, v[j].y, sum);
+      sum = fmaf(v[j].z, v[j].z, sum);
+      sum = fmaf(v[j].w, v[j].w, sum);
     }
   }
   const float inv = rsqrtf(block_sum(sum, warp_sums) / static_cast<float>(n) + eps);
   __nv_bfloat16* copy_row = copy.y == nullptr ? nullptr : copy.y + blockIdx.x * copy.ldy;
 #pragma unroll
   for (int j = 0; j < kVec4; ++j) {
-    const int i = threadIdx.x + j * kThreads;
+    const int i = threadIdx.x + j * kBlockThreads;
     if (i < n4) {
       const float4 o = make_float4(v[j].x * inv * wv[j].x, v[j].y * inv * wv[j].y, v[j].z * inv * wv[j].z,
                                    v[j].w * inv * wv[j].w);
@@ -179,7 +186,7 @@ __global__ void __launch_bounds__(kThreads) rms_norm_registers_kernel(float* x, 
     }
   }
   if (copy_row != nullptr)
-    for (int64_t c = n + 4 * threadIdx.x; c < copy.ldy; c += 4 * kThreads) store_bf16x4(copy_row + c, float4{});
+    for (int64_t c = n + 4 * threadIdx.x; c < copy.ldy; c += 4 * kBlockThreads) store_bf16x4(copy_row + c, float4{});
 }
 
 // The same norms for any row width, in loops over the row (widths not a multiple of 4 or wider
@@ -441,14 +448,30 @@ void launch_argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, S
 }
 
 namespace {
-// The register form's kernel for rows of n with this addend: the fewest float4 a thread that
-// hold the row.
+// The register form's kernel for rows of n with this addend, and its block size. Rows of
+// 1,025 to 2,048 floats (DeepSeek-V2-Lite's 2,048) take blocks of 512 threads of one float4
+// each, bounded to 32 registers so that four fit on an SM (the compiler keeps fewer loads in
+// flight rather than spilling): the combine made by the norm (CombineAddend) held 63 registers
+// a thread with two float4 each, four blocks of 256 fitted on an SM, and it read its scattered
+// rows at 2.9 TB/s where the plain norm read 3.8; it now reads them at 3.7 (3.3 at three blocks
+// of 40 registers). Wider rows take blocks of 256 threads and the fewest float4 a thread that
+// hold the row. Every addend takes the same form for the same n, so that each gives the bits of
+// the others (launch_moe_combine then the add, or the fused combine).
 template <typename Addend>
 auto registers_kernel_for(int64_t n) {
+  using Kernel = void (*)(float*, Addend, const float*, float, int, float*, NormBf16Copy);
+  struct Form {
+    Kernel kernel;
+    unsigned threads;
+  };
+  constexpr int kWideThreads = 2 * kThreads;
+  if (n > 4 * kThreads && n <= 4 * kWideThreads)
+    return Form{rms_norm_registers_kernel<Addend, 1, kWideThreads, 4>, kWideThreads};
   const int64_t vec4_per_thread = (n / 4 + kThreads - 1) / kThreads;
-  return vec4_per_thread <= 2   ? rms_norm_registers_kernel<Addend, 2>
-         : vec4_per_thread <= 4 ? rms_norm_registers_kernel<Addend, 4>
-                                : rms_norm_registers_kernel<Addend, kNormVec4PerThread>;
+  const Kernel kernel = vec4_per_thread <= 2   ? rms_norm_registers_kernel<Addend, 2, kThreads, 1>
+                        : vec4_per_thread <= 4 ? rms_norm_registers_kernel<Addend, 4, kThreads, 1>
+                                               : rms_norm_registers_kernel<Addend, kNormVec4PerThread, kThreads, 1>;
+  return Form{kernel, static_cast<unsigned>(kThreads)};
 }
 
 NormBf16Copy bf16_copy_of(int64_t rows, int64_t n, uint16_t* out_bf16, int64_t ld_bf16, const E4m3Rows& e4m3) {
@@ -477,8 +500,8 @@ void launch_norm_registers(float* x, const Addend& addend, const float* w, float
     copy.rows_padded = e4m3.rows_padded;
     num_blocks = static_cast<unsigned>(e4m3.rows_padded);
   }
-  launch_kernel(registers_kernel_for<Addend>(n), num_blocks, kThreads, 0, stream, x, addend, w, eps,
-                static_cast<int>(n), out, copy);
+  const auto form = registers_kernel_for<Addend>(n);
+  launch_kernel(form.kernel, num_blocks, form.threads, 0, stream, x, addend, w, eps, static_cast<int>(n), out, copy);
   DS_CUDA_CHECK_LAUNCH();
 }
 

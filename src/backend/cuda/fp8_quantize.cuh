@@ -13,6 +13,18 @@
 
 namespace dsinfer::cuda {
 
+// v / scale rounded to nearest, as the IEEE division gives it, from the tile's one reciprocal:
+// with inverse = 1/scale rounded to nearest (__frcp_rn), q = v inverse and the residual
+// v - q scale (exact, an FMA), q + residual inverse is the quotient rounded to nearest
+// (Markstein's theorem) as long as the residual does not underflow, which a scale of at least
+// kE4m3ReciprocalMinScale rules out for every quotient that e4m3 does not round to zero. Smaller
+// scales take the division, a subroutine of some ten instructions a value.
+constexpr float kE4m3ReciprocalMinScale = 0x1p-90f;
+__device__ __forceinline__ float e4m3_quotient(float v, float scale, float inverse) {
+  const float estimate = v * inverse;
+  return fmaf(fmaf(-estimate, scale, v), inverse, estimate);
+}
+
 // The tile's e4m3 codes (this lane's kValuesPerLane at q_lane, aligned to their size; none
 // written where q_lane is null) under the tile's scale (its largest magnitude over 448), which is
 // returned. Every lane of the warp calls it; a group is an aligned run of 128 / kValuesPerLane
@@ -28,14 +40,23 @@ __device__ __forceinline__ float quantize_tile_e4m3(const float (&v)[kValuesPerL
   for (int step = kLanesPerTile / 2; step > 0; step /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, step));
   const float scale = e4m3_block_scale(amax);
   uint32_t words[kValuesPerLane / 4];
+  const auto encode = [&](auto divide) {
 #pragma unroll
-  for (int w = 0; w < kValuesPerLane / 4; ++w) {
-    const float* p = v + 4 * w;
-    const __nv_fp8x2_storage_t lo =
-        __nv_cvt_float2_to_fp8x2(make_float2(p[0] / scale, p[1] / scale), __NV_SATFINITE, __NV_E4M3);
-    const __nv_fp8x2_storage_t hi =
-        __nv_cvt_float2_to_fp8x2(make_float2(p[2] / scale, p[3] / scale), __NV_SATFINITE, __NV_E4M3);
-    words[w] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+    for (int w = 0; w < kValuesPerLane / 4; ++w) {
+      const float* p = v + 4 * w;
+      const __nv_fp8x2_storage_t lo =
+          __nv_cvt_float2_to_fp8x2(make_float2(divide(p[0]), divide(p[1])), __NV_SATFINITE, __NV_E4M3);
+      const __nv_fp8x2_storage_t hi =
+          __nv_cvt_float2_to_fp8x2(make_float2(divide(p[2]), divide(p[3])), __NV_SATFINITE, __NV_E4M3);
+      words[w] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+    }
+  };
+  // The quotients from the tile's reciprocal (e4m3_quotient), by division below its bound.
+  if (scale >= kE4m3ReciprocalMinScale) {
+    const float inverse = __frcp_rn(scale);
+    encode([&](float x) { return e4m3_quotient(x, scale, inverse); });
+  } else {
+    encode([&](float x) { return x / scale; });
   }
   if (q_lane == nullptr) return scale;
   if constexpr (kValuesPerLane == 4) {

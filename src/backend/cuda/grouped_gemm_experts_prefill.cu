@@ -41,6 +41,7 @@
 
 #include "backend/cuda/bf16_store.cuh"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/fp8_quantize.cuh"
 #include "backend/cuda/grouped_gemm.cuh"
 #include "backend/cuda/kernel_launch.cuh"
 #include "backend/cuda/mbarrier.cuh"
@@ -200,17 +201,11 @@ __device__ __forceinline__ void store_tile_silu_e4m3(const GroupedGemmArgs& a, c
           *reinterpret_cast<__nv_fp8x2_storage_t*>(y + kGemmGateUpHalf * q + 8 * jj + 2 * t) = codes;
         }
     };
-    // The 32 quotients v / scale from one reciprocal: with inverse = 1/scale rounded to nearest,
-    // q = v inverse and the residual v - q scale (exact, an FMA), q + residual inverse is v / scale
-    // rounded to nearest (Markstein's theorem) as long as the residual does not underflow, which
-    // a scale of at least 2^-90 rules out for every quotient that e4m3 does not round to zero.
-    // Smaller scales take the IEEE division.
-    if (scale >= 0x1p-90f) {
+    // The 32 quotients v / scale from one reciprocal (e4m3_quotient), or by division where the
+    // scale is too small for that.
+    if (scale >= kE4m3ReciprocalMinScale) {
       const float inverse = __frcp_rn(scale);
-      store_codes([&](float v) {
-        const float estimate = v * inverse;
-        return fmaf(fmaf(-estimate, scale, v), inverse, estimate);
-      });
+      store_codes([&](float v) { return e4m3_quotient(v, scale, inverse); });
     } else {
       store_codes([&](float v) { return v / scale; });
     }

@@ -52,13 +52,16 @@ TEST_P(CudaFp8QuantizeTest, CodesAndScalesMatchTheHostBitForBit) {
   const QuantiseCase c = GetParam();
   const int64_t tiles = c.k / 128;
   // Row r's values scaled by 2^(r % 7 - 3) and tile t's by 4^t: tiles of one row and rows of one
-  // tile get scales far apart. Row 1's second tile is all zeros (scale 1, zero codes).
+  // tile get scales far apart. Row 1's second tile is all zeros (scale 1, zero codes). Row 2's
+  // values are scaled by a further 2^-120, so that its scales fall below the bound from which the
+  // kernels divide by the tile's reciprocal (kE4m3ReciprocalMinScale) and they divide instead.
   const auto values = random_values(c.rows * c.k, 91);
   std::vector<uint16_t> x(c.rows * c.k);
   std::vector<float> x_f32(c.rows * c.k);  // the values before their rounding to bf16
   for (int64_t r = 0; r < c.rows; ++r)
     for (int64_t col = 0; col < c.k; ++col) {
-      const float v = values[r * c.k + col] * std::ldexp(1.0f, static_cast<int>(r % 7) - 3 + 2 * (col / 128 % 3));
+      const int exponent = static_cast<int>(r % 7) - 3 + 2 * (col / 128 % 3) - (r == 2 ? 120 : 0);
+      const float v = values[r * c.k + col] * std::ldexp(1.0f, exponent);
       x_f32[r * c.k + col] = r == 1 && col / 128 == 1 ? 0.0f : v;
       x[r * c.k + col] = f32_to_bf16(x_f32[r * c.k + col]);
     }

@@ -276,6 +276,8 @@ TEST_F(CudaMoeTest, CombineMadeInTheNormGivesTheSameBits) {
       {four, 300, 256, 64, false, true}, {four, 600, 256, 64, false, true}, {four, 301, 256, 128, true, true},
       {four, 520, 256, 128, true, true}, {four, 2, 256, 128, true, true},   {four, 5, 90, 64, false, false},
       {ten, 3, 256, 64, false, false},   {ten, 512, 256, 64, false, false},
+      // V2-Lite's hidden size: the norm's blocks of 512 threads.
+      {six, 3, 2048, 64, false, true},   {six, 530, 2048, 128, true, true},
   };
   constexpr float kUnwritten = 7.0f;
   for (const Case& c : cases) {

@@ -59,8 +59,10 @@ std::vector<float> bf16_exact_values(int64_t count, uint32_t seed) {
 }
 
 TEST_F(CudaOpsTest, RmsNormMatchesCpuIncludingInPlace) {
-  // Widths for each register form of the norm (2, 4 and 8 float4 a thread) and the loop form.
-  for (auto [rows, n] : {std::pair<int64_t, int64_t>{1, 64}, {7, 1000}, {5, 3072}, {33, 7168}, {2, 9000}}) {
+  // Widths for each register form of the norm (2, 4 and 8 float4 a thread in blocks of 256, one
+  // in blocks of 512) and the loop form.
+  for (auto [rows, n] :
+       {std::pair<int64_t, int64_t>{1, 64}, {7, 1000}, {3, 1028}, {4, 2048}, {5, 3072}, {33, 7168}, {2, 9000}}) {
     const auto x = random_values(rows * n, 1, 2.0f, 0.5f);
     const auto w = random_values(n, 2, 0.1f, 1.0f);
     Backend* bes[2] = {cpu_.get(), gpu_.get()};
@@ -81,7 +83,7 @@ TEST_F(CudaOpsTest, RmsNormMatchesCpuIncludingInPlace) {
 // The fused residual step equals add then rms_norm on this backend bit for bit, and the CPU's
 // within fp32 rounding; x holds the sum afterwards.
 TEST_F(CudaOpsTest, AddRmsNormIsAddThenRmsNorm) {
-  for (auto [rows, n] : {std::pair<int64_t, int64_t>{1, 2048}, {9, 1000}, {6, 4096}, {40, 7168}}) {
+  for (auto [rows, n] : {std::pair<int64_t, int64_t>{1, 2048}, {70, 2048}, {9, 1000}, {6, 4096}, {40, 7168}}) {
     const auto x = random_values(rows * n, 11, 2.0f, 0.5f), y = random_values(rows * n, 12, 1.5f);
     const auto w = random_values(n, 13, 0.1f, 1.0f);
     std::vector<float> fused_sum[2], fused_out[2];
