@@ -13,16 +13,24 @@
 
 namespace dsinfer::cuda {
 
-// v / scale rounded to nearest, as the IEEE division gives it, from the tile's one reciprocal:
-// with inverse = 1/scale rounded to nearest (__frcp_rn), q = v inverse and the residual
-// v - q scale (exact, an FMA), q + residual inverse is the quotient rounded to nearest
-// (Markstein's theorem) as long as the residual does not underflow, which a scale of at least
-// kE4m3ReciprocalMinScale rules out for every quotient that e4m3 does not round to zero. Smaller
-// scales take the division, a subroutine of some ten instructions a value.
-constexpr float kE4m3ReciprocalMinScale = 0x1p-90f;
-__device__ __forceinline__ float e4m3_quotient(float v, float scale, float inverse) {
-  const float estimate = v * inverse;
-  return fmaf(fmaf(-estimate, scale, v), inverse, estimate);
+// Runs body(divide), where divide(v) is v / scale rounded to nearest, as the IEEE division gives
+// it, for a tile's values. From the scale's one reciprocal where it can: with inverse = 1/scale
+// rounded to nearest (__frcp_rn), q = v inverse and the residual v - q scale (exact, an FMA),
+// q + residual inverse is the quotient rounded to nearest (Markstein's theorem) as long as the
+// residual does not underflow, which a scale of at least 2^-90 rules out for every quotient that
+// e4m3 does not round to zero. Smaller scales take the division, a subroutine of some ten
+// instructions a value. body's loop is compiled once for each.
+template <typename Body>
+__device__ __forceinline__ void with_e4m3_quotient(float scale, const Body& body) {
+  if (scale >= 0x1p-90f) {
+    const float inverse = __frcp_rn(scale);
+    body([&](float v) {
+      const float estimate = v * inverse;
+      return fmaf(fmaf(-estimate, scale, v), inverse, estimate);
+    });
+  } else {
+    body([&](float v) { return v / scale; });
+  }
 }
 
 // The tile's e4m3 codes (this lane's kValuesPerLane at q_lane, aligned to their size; none
@@ -51,13 +59,7 @@ __device__ __forceinline__ float quantize_tile_e4m3(const float (&v)[kValuesPerL
       words[w] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
     }
   };
-  // The quotients from the tile's reciprocal (e4m3_quotient), by division below its bound.
-  if (scale >= kE4m3ReciprocalMinScale) {
-    const float inverse = __frcp_rn(scale);
-    encode([&](float x) { return e4m3_quotient(x, scale, inverse); });
-  } else {
-    encode([&](float x) { return x / scale; });
-  }
+  with_e4m3_quotient(scale, encode);
   if (q_lane == nullptr) return scale;
   if constexpr (kValuesPerLane == 4) {
     *reinterpret_cast<uint32_t*>(q_lane) = words[0];

@@ -201,14 +201,8 @@ __device__ __forceinline__ void store_tile_silu_e4m3(const GroupedGemmArgs& a, c
           *reinterpret_cast<__nv_fp8x2_storage_t*>(y + kGemmGateUpHalf * q + 8 * jj + 2 * t) = codes;
         }
     };
-    // The 32 quotients v / scale from one reciprocal (e4m3_quotient), or by division where the
-    // scale is too small for that.
-    if (scale >= kE4m3ReciprocalMinScale) {
-      const float inverse = __frcp_rn(scale);
-      store_codes([&](float v) { return e4m3_quotient(v, scale, inverse); });
-    } else {
-      store_codes([&](float v) { return v / scale; });
-    }
+    // The 32 quotients v / scale from one reciprocal (with_e4m3_quotient).
+    with_e4m3_quotient(scale, store_codes);
     if (t == 0) a.y_scales[static_cast<int64_t>(out_col0 / kScaleCols) * a.y_scale_rows + row] = scale;
   }
   warpgroup_sync(m);

@@ -54,7 +54,7 @@ TEST_P(CudaFp8QuantizeTest, CodesAndScalesMatchTheHostBitForBit) {
   // Row r's values scaled by 2^(r % 7 - 3) and tile t's by 4^t: tiles of one row and rows of one
   // tile get scales far apart. Row 1's second tile is all zeros (scale 1, zero codes). Row 2's
   // values are scaled by a further 2^-120, so that its scales fall below the bound from which the
-  // kernels divide by the tile's reciprocal (kE4m3ReciprocalMinScale) and they divide instead.
+  // kernels divide by the tile's reciprocal (2^-90, with_e4m3_quotient) and they divide instead.
   const auto values = random_values(c.rows * c.k, 91);
   std::vector<uint16_t> x(c.rows * c.k);
   std::vector<float> x_f32(c.rows * c.k);  // the values before their rounding to bf16
