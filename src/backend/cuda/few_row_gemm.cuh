@@ -53,6 +53,24 @@ __device__ __forceinline__ void widen_e4m3x16(const uint4& v, float (&out)[16]) 
   }
 }
 
+// Division of a block's step counter by a count fixed for the block (K's phases or chunks) as a
+// multiply and a shift. The compiler's division by a value it cannot see is a dozen integer
+// instructions, three of them a step, and at batch 1 each warp's steps are bound by the latency
+// of their instructions. With magic = ceil(2^24 / divisor), s · magic >> 24 is s / divisor
+// exactly while s · (divisor − 1) < 2^24, and s · magic fits in 32 bits while s < 2^7 · divisor.
+// A block's steps stay below (units per block + depth) · divisor, at most 36 · divisor, so both
+// hold for divisors up to 682: K below 2^18 columns keeps them (K / 256 chunks a warp, K / 1024
+// phases of bf16 and K / 2048 of e4m3; with_block_form checks K).
+struct StepDivisor {
+  uint32_t magic = 1u << 24;
+  StepDivisor() = default;
+  __device__ explicit StepDivisor(int divisor) {
+    const uint32_t d = static_cast<uint32_t>(max(divisor, 1));
+    magic = ((1u << 24) + d - 1) / d;
+  }
+  __device__ int quotient(int s) const { return static_cast<int>(static_cast<uint32_t>(s) * magic >> 24); }
+};
+
 // Weight row r of quad q: outputs 4q .. 4q + 3, or the gate and up rows of outputs 2q and
 // 2q + 1 (interleaved 16 rows at a time within each 32-row tile).
 __device__ __forceinline__ int quad_row(bool gate_up, int q, int r) {
@@ -78,6 +96,7 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
   const int first_quad = block_x * quads_per_block;
   struct Walk {
     int num_pieces = 0, num_phases = 0, num_quads = 0, num_steps = 0;
+    StepDivisor phases;  // step s: quad s / num_phases, phase s % num_phases
   };
   auto walk_of = [&](const GemmWeight& w) {
     Walk k;
@@ -85,11 +104,12 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
     k.num_phases = (k.num_pieces + kThreads - 1) / kThreads;
     k.num_quads = max(0, min(quads_per_block, w.n_padded / kQuadRows - first_quad));
     k.num_steps = k.num_quads * k.num_phases;
+    k.phases = StepDivisor(k.num_phases);
     return k;
   };
   uint4 pieces[kDepth][kQuadRows];
   auto issue = [&](const GemmWeight& w, const Walk& k, int s, uint4 (&dst)[kQuadRows]) {
-    const int q = first_quad + s / k.num_phases, p = (s % k.num_phases) * kThreads + tid;
+    const int quad = k.phases.quotient(s), q = first_quad + quad, p = (s - quad * k.num_phases) * kThreads + tid;
     const bool valid = s < k.num_steps && p < k.num_pieces;
     const int64_t row_bytes = kFp8 ? w.k_padded : 2 * static_cast<int64_t>(w.k_padded);
     const char* data = static_cast<const char*>(w.data) + p * 16;
@@ -148,7 +168,7 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
       for (int d = 0; d < kDepth; ++d) {
         const int s = s0 + d;
         if (s >= k.num_steps) break;
-        const int i = s / k.num_phases, phase = s % k.num_phases;
+        const int i = k.phases.quotient(s), phase = s - i * k.num_phases;
         const int p = phase * kThreads + tid;
         if (p < k.num_pieces) {
           // x's matching elements, as rounded to bf16 by the conversion before the product.

@@ -147,6 +147,7 @@ __device__ __forceinline__ void gemm_block_mma(const GroupedGemmArgs& a, int til
   const int first_tile = block_x * tiles_per_block;
   struct Walk {
     int num_tiles = 0, warp_chunks = 0, num_steps = 0, scale_cols = 0;
+    StepDivisor chunks;  // step s: tile s / warp_chunks, chunk s % warp_chunks
   };
   auto walk_of = [&](const GemmWeight& w) {
     Walk k;
@@ -154,6 +155,7 @@ __device__ __forceinline__ void gemm_block_mma(const GroupedGemmArgs& a, int til
     const int num_chunks = (w.k_padded + kMmaChunkCols - 1) / kMmaChunkCols;
     k.warp_chunks = warp < num_chunks ? (num_chunks - warp + kWarps - 1) / kWarps : 0;
     k.num_steps = k.num_tiles * k.warp_chunks;
+    k.chunks = StepDivisor(k.warp_chunks);
     k.scale_cols = (w.k_padded + kScaleCols - 1) / kScaleCols;
     return k;
   };
@@ -162,13 +164,15 @@ __device__ __forceinline__ void gemm_block_mma(const GroupedGemmArgs& a, int til
     uint4 rows[4];    // tile rows g, g + 8, g + 16, g + 24
     float scales[2];  // the two 16-row groups' scales for the chunk's 128 columns
   };
-  auto chunk_col = [&](const Walk& k, int s) { return (warp + kWarps * (s % k.warp_chunks)) * kMmaChunkCols; };
+  auto chunk_col = [&](const Walk& k, int s) {
+    return (warp + kWarps * (s - k.chunks.quotient(s) * k.warp_chunks)) * kMmaChunkCols;
+  };
   auto issue = [&](const GemmWeight& w, const Walk& k, int s, Step& dst) {
 #pragma unroll
     for (int r = 0; r < 4; ++r) dst.rows[r] = make_uint4(0, 0, 0, 0);
     dst.scales[0] = dst.scales[1] = 0.0f;
     if (s >= k.num_steps) return;
-    const int tile = first_tile + s / k.warp_chunks, chunk0 = chunk_col(k, s), col = chunk0 + 16 * t;
+    const int tile = first_tile + k.chunks.quotient(s), chunk0 = chunk_col(k, s), col = chunk0 + 16 * t;
     if (col < w.k_padded) {
       const char* data = static_cast<const char*>(w.data) + col;
 #pragma unroll
@@ -241,8 +245,8 @@ __device__ __forceinline__ void gemm_block_mma(const GroupedGemmArgs& a, int til
 #pragma unroll
           for (int i = 0; i < 4; ++i) acc[gi][i] = fmaf(sums[i], steps[d].scales[gi], acc[gi][i]);
         }
-        const int tile_index = s / k.warp_chunks;
-        const bool tile_done = s % k.warp_chunks == k.warp_chunks - 1;
+        const int tile_index = k.chunks.quotient(s);
+        const bool tile_done = s - tile_index * k.warp_chunks == k.warp_chunks - 1;
         issue(w, k, s + kMmaDepth, steps[d]);
         if (tile_done) {
           keep_sums(tile_index, acc);

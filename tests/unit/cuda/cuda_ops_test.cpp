@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <numeric>
 
@@ -428,6 +429,42 @@ TEST_F(CudaOpsTest, FewRowTensorCoreFormKeepsEveryRowsRange) {
   EXPECT_LT(relative_error(got_row, want_row), 2e-6);
   EXPECT_GT(relative_error(peaks_only, want_row), 1e-6) << "the small values must count";
   EXPECT_TRUE(std::all_of(got.begin() + n, got.end(), [](float v) { return v == 0.0f; })) << "an all-zero row";
+}
+
+// The tensor-core form takes every e4m3 code to f16 exactly: every finite code, in rows 0-15,
+// and rows 16-31 of subnormal codes alone (m · 2^-9), whose sums would be zero if the
+// conversion or the products flushed them.
+TEST_F(CudaOpsTest, FewRowTensorCoreFormTakesEveryE4m3Code) {
+  setenv("DSINFER_CUDA_FEW_ROW_GEMM_MAX_ROWS", "4", 1);
+  auto few_rows = make_backend_with_env("cuda", "DSINFER_FEW_ROW_MMA", "all");
+  unsetenv("DSINFER_CUDA_FEW_ROW_GEMM_MAX_ROWS");
+  constexpr int64_t n = 32, k = 256, kHalfRows = 16;
+  std::vector<uint8_t> codes(n * k);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < k; ++c) {
+      uint8_t code = static_cast<uint8_t>((r * 7 + c) % 256);
+      if (r >= kHalfRows) code = static_cast<uint8_t>((c % 2 == 0 ? 0x00 : 0x80) | (c + r) % 8);
+      if ((code & 0x7f) == 0x7f) code = 0;  // NaN, which no checkpoint holds
+      codes[r * k + c] = code;
+    }
+  std::vector<float> scales = {0.5f, 3.0f, 0.25f, 1.5f};  // [2 row groups][2 column blocks]
+  const HostTensor h{DType::kF8E4M3, {n, k}, codes.data(), scales.data(), kHalfRows, 128};
+  for (int64_t m : {1, 3}) {
+    const auto x = bf16_exact_values(m * k, 91 + static_cast<uint32_t>(m));
+    const auto got = linear_on(*few_rows, h, x, m), want = linear_on(*cpu_, h, x, m);
+    for (int64_t t = 0; t < m; ++t)
+      for (int64_t half = 0; half < 2; ++half) {
+        const auto first = got.begin() + t * n + half * kHalfRows;
+        const std::vector<float> got_rows(first, first + kHalfRows);
+        const auto want_first = want.begin() + t * n + half * kHalfRows;
+        const std::vector<float> want_rows(want_first, want_first + kHalfRows);
+        EXPECT_LT(relative_error(got_rows, want_rows), 1e-6) << m << " rows, token " << t << ", rows of "
+                                                             << (half == 0 ? "every code" : "subnormals");
+        float largest = 0.0f;
+        for (float v : want_rows) largest = std::max(largest, std::abs(v));
+        EXPECT_GT(largest, 0.0f) << "the reference's sums must not vanish";
+      }
+  }
 }
 
 // The GEMM's summation order of a row does not depend on the other rows: a row computed alone
