@@ -25,6 +25,11 @@ struct Form {
   static_assert(!kMma || kFp8, "the tensor-core form takes e4m3 weights");
   static constexpr int kUnitRows = kMma ? kGemmTileRows : kQuadRows;
   static constexpr int kMaxUnitsPerBlock = kMma ? kMmaMaxTilesPerBlock : kMaxQuadsPerBlock;
+  // Blocks an SM that the kernels running it are compiled for (__launch_bounds__; 0: no bound).
+  // The CUDA-core forms of one row: four, at most 128 registers a thread (left free, their
+  // registers drift above 128 with the code around them, and three blocks fit an SM). The
+  // other forms need more registers than four blocks leave them, or sit at 128 already.
+  static constexpr int kMinBlocksPerSm = kTokens == 1 && !kMma ? 4 : 0;
   static size_t shared_bytes(const GroupedGemmArgs& a) { return kMma ? mma_shared_bytes<kTokens>(a.ldx) : 0; }
   __device__ static void run(const GroupedGemmArgs& a, int units_per_block, int block_x, int row_block) {
     if constexpr (kMma) gemm_block_mma<kTokens>(a, units_per_block, block_x, row_block);

@@ -22,7 +22,8 @@ namespace dsinfer::cuda {
 namespace {
 
 template <typename Form>
-__global__ void __launch_bounds__(few_row::kThreads) few_row_gemm_kernel(GroupedGemmArgs a, int units_per_block) {
+__global__ void __launch_bounds__(few_row::kThreads, Form::kMinBlocksPerSm)
+    few_row_gemm_kernel(GroupedGemmArgs a, int units_per_block) {
   Form::run(a, units_per_block, blockIdx.x, blockIdx.y);
 }
 

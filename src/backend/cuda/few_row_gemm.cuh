@@ -212,17 +212,29 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
         }
         issue(w, k, s + kDepth, pieces[d]);
         if (phase == k.num_phases - 1) {
-          // The quad's last step: each warp's sums over its lanes.
+          // The quad's last step: each warp's sums over its lanes, the four rows scattered over
+          // the lanes as they are added (six shuffles a token instead of twenty). Each level
+          // adds the same pairs of lanes as a butterfly over each row would (xor 16, 8, 4, 2,
+          // 1), so the sums are the same bits: after xor 16 a lane keeps two rows' partial sums
+          // (rows 0, 1 below lane 16; 2, 3 from it), after xor 8 one (row lane / 8 % 4), and
+          // lanes 0, 8, 16 and 24 end with rows 0 to 3.
+          static_assert(kQuadRows == 4, "two levels scatter four rows");
+          const bool upper16 = (lane & 16) != 0, upper8 = (lane & 8) != 0;
+#pragma unroll
+          for (int t = 0; t < kTokens; ++t) {
+            const float kept0 = (upper16 ? acc[2][t] : acc[0][t]) +
+                                __shfl_xor_sync(0xffffffffu, upper16 ? acc[0][t] : acc[2][t], 16);
+            const float kept1 = (upper16 ? acc[3][t] : acc[1][t]) +
+                                __shfl_xor_sync(0xffffffffu, upper16 ? acc[1][t] : acc[3][t], 16);
+            float v = (upper8 ? kept1 : kept0) + __shfl_xor_sync(0xffffffffu, upper8 ? kept0 : kept1, 8);
+#pragma unroll
+            for (int offset = 4; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+            if (lane % 8 == 0) warp_sums[warp][i][lane / 8][t] = v;
+          }
 #pragma unroll
           for (int r = 0; r < kQuadRows; ++r)
 #pragma unroll
-            for (int t = 0; t < kTokens; ++t) {
-              float v = acc[r][t];
-#pragma unroll
-              for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-              if (lane == 0) warp_sums[warp][i][r][t] = v;
-              acc[r][t] = 0.0f;
-            }
+            for (int t = 0; t < kTokens; ++t) acc[r][t] = 0.0f;
         }
       }
     }

@@ -25,7 +25,7 @@ static_assert(moe::kLogitWarps * 32 == few_row::kThreads && kMoeRoutePlanMaxToke
 
 // Blocks [0, tokens x expert blocks): the router logits; the rest: the product's.
 template <typename Form>
-__global__ void __launch_bounds__(few_row::kThreads)
+__global__ void __launch_bounds__(few_row::kThreads, Form::kMinBlocksPerSm)
     router_logits_beside_kernel(moe::RouterLogitsJob logits, GroupedGemmArgs product, int units_per_block) {
   const int expert_blocks = logits.expert_blocks();
   const int logit_blocks = static_cast<int>(logits.num_tokens) * expert_blocks;
@@ -36,7 +36,7 @@ __global__ void __launch_bounds__(few_row::kThreads)
 
 // Block 0: the routing and planning; the rest: the product's.
 template <typename Form>
-__global__ void __launch_bounds__(few_row::kThreads)
+__global__ void __launch_bounds__(few_row::kThreads, Form::kMinBlocksPerSm)
     route_plan_beside_kernel(moe::RoutePlanJob plan, GroupedGemmArgs product, int units_per_block) {
   if (blockIdx.x == 0) moe::route_plan_block(plan);
   else Form::run(product, units_per_block, static_cast<int>(blockIdx.x) - 1, 0);
