@@ -73,9 +73,8 @@ inline int units_per_block(int num_units, int num_row_blocks, int64_t capacity, 
 // the tensor-core form where a.few_row_mma asks for it for e4m3 weights and their x rows fit.
 template <typename F>
 void with_block_form(const GroupedGemmArgs& a, int max_rows_per_block, F&& f) {
-  // StepDivisor's quotients are exact for K below 2^18 columns (K is at most x's row stride).
-  DS_CHECK_MSG(a.ldx < (int64_t{1} << 18),
-               "few-row GEMM: rows of " << a.ldx << " columns are beyond its step counts");
+  // StepDivisor's quotients are exact for K below kStepDivisorMaxK (K is at most x's row stride).
+  DS_CHECK_MSG(a.ldx < kStepDivisorMaxK, "few-row GEMM: rows of " << a.ldx << " columns are beyond its step counts");
   const auto with_type = [&](auto tokens) {
     constexpr int kTokens = decltype(tokens)::value;
     if (a.weights_fp8 && a.few_row_mma && mma_shared_bytes<kTokens>(a.ldx) <= kMmaMaxSharedBytes)

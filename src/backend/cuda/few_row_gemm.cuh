@@ -9,6 +9,7 @@
 
 #include "backend/cuda/grouped_gemm.cuh"
 #include "backend/cuda/kernel_launch.cuh"
+#include "backend/cuda/step_divisor.h"
 
 namespace dsinfer::cuda::few_row {
 
@@ -52,24 +53,6 @@ __device__ __forceinline__ void widen_e4m3x16(const uint4& v, float (&out)[16]) 
     out[4 * i + 3] = f.w;
   }
 }
-
-// Division of a block's step counter by a count fixed for the block (K's phases or chunks) as a
-// multiply and a shift. The compiler's division by a value it cannot see is a dozen integer
-// instructions, three of them a step, and at batch 1 each warp's steps are bound by the latency
-// of their instructions. With magic = ceil(2^24 / divisor), s · magic >> 24 is s / divisor
-// exactly while s · (divisor − 1) < 2^24, and s · magic fits in 32 bits while s < 2^7 · divisor.
-// A block's steps stay below (units per block + depth) · divisor, at most 36 · divisor, so both
-// hold for divisors up to 682: K below 2^18 columns keeps them (K / 256 chunks a warp, K / 1024
-// phases of bf16 and K / 2048 of e4m3; with_block_form checks K).
-struct StepDivisor {
-  uint32_t magic = 1u << 24;
-  StepDivisor() = default;
-  __device__ explicit StepDivisor(int divisor) {
-    const uint32_t d = static_cast<uint32_t>(max(divisor, 1));
-    magic = ((1u << 24) + d - 1) / d;
-  }
-  __device__ int quotient(int s) const { return static_cast<int>(static_cast<uint32_t>(s) * magic >> 24); }
-};
 
 // Weight row r of quad q: outputs 4q .. 4q + 3, or the gate and up rows of outputs 2q and
 // 2q + 1 (interleaved 16 rows at a time within each 32-row tile).

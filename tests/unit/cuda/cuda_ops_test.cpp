@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "backend/cuda/grouped_gemm.h"
+#include "backend/cuda/step_divisor.h"
 #include "core/dtype.h"
 #include "cuda_test_util.h"
 
@@ -465,6 +466,27 @@ TEST_F(CudaOpsTest, FewRowTensorCoreFormTakesEveryE4m3Code) {
         EXPECT_GT(largest, 0.0f) << "the reference's sums must not vanish";
       }
   }
+}
+
+// The few-row blocks' step quotients (step_divisor.h) over every step a block can have below
+// kStepDivisorMaxK: divisors up to 255 (K / 1024 of bf16 rows) over 36 steps each, up to 1,023
+// (K / 256 chunks of the tensor-core form) over 8 each. A host test: no GPU needed.
+TEST(FewRowStepDivisorTest, QuotientsAreExactForEveryStepOfABlock) {
+  struct Range { int max_divisor, steps_per_divisor; };
+  for (Range range : {Range{255, 36}, Range{1023, 8}}) {
+    for (int d = 1; d <= range.max_divisor; ++d) {
+      const cuda::StepDivisor div(d);
+      int wrong = -1;
+      for (int s = 0; s < range.steps_per_divisor * d && wrong < 0; ++s)
+        if (div.quotient(s) != s / d) wrong = s;
+      ASSERT_EQ(wrong, -1) << "divisor " << d;
+    }
+  }
+  // Beyond those ranges the quotient does go wrong, which is why with_block_form bounds K.
+  const cuda::StepDivisor large(3000);
+  bool any_wrong = false;
+  for (int s = 0; s < 36 * 3000 && !any_wrong; ++s) any_wrong = large.quotient(s) != s / 3000;
+  EXPECT_TRUE(any_wrong);
 }
 
 // The GEMM's summation order of a row does not depend on the other rows: a row computed alone
