@@ -95,14 +95,13 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
     const int quad = k.phases.quotient(s), q = first_quad + quad, p = (s - quad * k.num_phases) * kThreads + tid;
     const bool valid = s < k.num_steps && p < k.num_pieces;
     const int64_t row_bytes = kFp8 ? w.k_padded : 2 * static_cast<int64_t>(w.k_padded);
-    // The quad's rows lie at fixed distances from its first: r, or for a gate/up weight (gate
-    // and up rows of two adjacent outputs of one 16-row group) 0, 16, 1 and 17.
+    // A quad's rows lie at the same distances from its first in every quad, quad 0's rows (r,
+    // or for a gate/up weight, whose quads take two adjacent outputs of one 16-row group, 0, 16,
+    // 1 and 17).
     const char* first = static_cast<const char*>(w.data) + p * 16 + quad_row(gate_up, q, 0) * row_bytes;
 #pragma unroll
-    for (int r = 0; r < kQuadRows; ++r) {
-      const int rows_on = gate_up ? (r % 2) * kGemmGateUpHalf + r / 2 : r;
-      dst[r] = valid ? load_weight_piece(first + rows_on * row_bytes) : make_uint4(0, 0, 0, 0);
-    }
+    for (int r = 0; r < kQuadRows; ++r)
+      dst[r] = valid ? load_weight_piece(first + quad_row(gate_up, 0, r) * row_bytes) : make_uint4(0, 0, 0, 0);
   };
   // The block's weight and rows: a dense weight's are known at once, and a grouped layout that
   // the kernels before the previous one wrote may be read before the wait too; either way the
