@@ -1,0 +1,357 @@
+// How fast one wave of few-row blocks reads a weight, by the order its lanes read it. At batch 1
+// the routed experts' e4m3 gate/up product reads 34.6 MB: on tensor cores (few_row_mma.cuh) at
+// about 1.9 TB/s, while the bf16 form on CUDA cores (few_row_gemm.cuh) reads its 69 MB at 3.2.
+// The two differ in what one load instruction of a warp covers:
+//  - rows: the CUDA-core form, 512 bytes of one row (a thread reads piece `thread` of each of a
+//    quad's four rows, a step a quad);
+//  - fragments: the tensor-core form, 64 bytes of each of eight rows (lane (g, t) reads 16 bytes
+//    of tile rows g, g + 8, g + 16, g + 24 at column 64 c + 16 t, chunk c = warp + 4 step), as an
+//    mma fragment must hold them;
+//  - tiled fragments: the same lanes and steps over a weight stored a 32-row × 64-column chunk
+//    after another, each chunk in the order its lanes read it, so that a load covers 512
+//    contiguous bytes.
+// Each form runs the few-row walk alone, without its arithmetic: a block of 128 threads takes a
+// 32-row tile, kDepth steps of four 16-byte pieces in flight per thread, each step consumed (its
+// words folded into a sum) before the one kDepth later is issued into its registers. A stream of
+// the same bytes by every resident thread, and of a weight 16 times larger, are the ceilings.
+// Launches go one after another in a recorded graph over rotating copies of the weight (four,
+// past L2), so each time includes a launch boundary.
+//
+// Usage: bench_weight_reads [--rows N] [--cols N] [--replays N] [--append RESULTS.md]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_check.h"
+
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kTileRows = 32;
+constexpr int kChunkBytes = 64;  // a fragment step's columns of one row
+constexpr int kCopies = 4;       // rotating copies of the weight, together past L2
+constexpr int kGraphLaunches = 40;
+constexpr int kXPieces = 512;    // x's row in shared memory: 2,048 16-bit values
+
+enum class Order { kRows, kFragments, kTiledFragments };
+
+__device__ __forceinline__ uint4 load_piece(const uint8_t* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// Byte offset of piece 0 of step s for thread tid of block `tile`, in a weight of row_bytes
+// bytes a row (a multiple of 2,048: one rows step covers a row in 128 pieces, and four warps'
+// fragment chunks cover 256 bytes); piece r lies r · piece_stride further.
+template <Order kOrder>
+__device__ __forceinline__ int64_t step_offset(int64_t tile, int s, int tid, int64_t row_bytes) {
+  const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int64_t tile_base = tile * kTileRows * row_bytes;
+  if constexpr (kOrder == Order::kRows) {
+    const int phases = static_cast<int>(row_bytes / (16 * kThreads)), quad = s / phases, phase = s % phases;
+    return tile_base + 4 * quad * row_bytes + (phase * kThreads + tid) * 16;
+  } else if constexpr (kOrder == Order::kFragments) {
+    return tile_base + g * row_bytes + (warp + 4 * s) * kChunkBytes + 16 * t;
+  } else {
+    return tile_base + static_cast<int64_t>(warp + 4 * s) * kTileRows * kChunkBytes + g * kChunkBytes + 16 * t;
+  }
+}
+template <Order kOrder>
+__device__ __forceinline__ int64_t piece_stride(int64_t row_bytes) {
+  if constexpr (kOrder == Order::kRows) return row_bytes;
+  else if constexpr (kOrder == Order::kFragments) return 8 * row_bytes;
+  else return 8 * kChunkBytes;
+}
+
+// What a step does with its pieces besides folding them: nothing, the tensor-core form's work
+// (each e4m3 pair to an f16 pair, then eight f16 products m16n8k16 a step), or e4m3 products
+// m16n8k32 straight from the pieces (four a step; eight, for x in two e4m3 parts).
+enum class Work { kFold, kConvert, kF16Products, kE4m3Products, kE4m3ProductsTwice };
+
+__device__ __forceinline__ void e4m3x2_to_f16x2(uint16_t pair, uint32_t& out) {
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(out) : "h"(pair));
+}
+
+__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void mma_e4m3(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The step's pieces (tile rows g, g + 8, g + 16, g + 24) into acc as `kWork` does them, with x's
+// fragment words from shared memory as the tensor-core form reads them (two 16-byte pieces).
+template <Work kWork>
+__device__ __forceinline__ void work_step(const uint4 (&rows)[4], const uint4* x_piece, float (&acc)[2][4],
+                                          uint32_t& folded) {
+  if constexpr (kWork == Work::kFold) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) folded += rows[r].x ^ rows[r].y ^ rows[r].z ^ rows[r].w;
+  } else {
+    const uint4 xa = x_piece[0], xb = x_piece[1];
+    const uint32_t xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
+    for (int gi = 0; gi < 2; ++gi) {
+      const uint4& lo = rows[2 * gi];
+      const uint4& hi = rows[2 * gi + 1];
+      const uint32_t lo_words[4] = {lo.x, lo.y, lo.z, lo.w}, hi_words[4] = {hi.x, hi.y, hi.z, hi.w};
+      float sums[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      if constexpr (kWork == Work::kConvert || kWork == Work::kF16Products) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          uint32_t frag[4];
+          e4m3x2_to_f16x2(static_cast<uint16_t>(lo_words[j]), frag[0]);
+          e4m3x2_to_f16x2(static_cast<uint16_t>(lo_words[j] >> 16), frag[2]);
+          e4m3x2_to_f16x2(static_cast<uint16_t>(hi_words[j]), frag[1]);
+          e4m3x2_to_f16x2(static_cast<uint16_t>(hi_words[j] >> 16), frag[3]);
+          if constexpr (kWork == Work::kConvert) folded += frag[0] ^ frag[1] ^ frag[2] ^ frag[3];
+          else mma_f16(sums, frag, xw[2 * j], xw[2 * j + 1]);
+        }
+      } else {
+        // Two k32 products: words 0, 1 of rows g and g + 8, then words 2, 3.
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const uint32_t frag[4] = {lo_words[2 * j], hi_words[2 * j], lo_words[2 * j + 1], hi_words[2 * j + 1]};
+          mma_e4m3(sums, frag, xw[2 * j], xw[2 * j + 1]);
+          if constexpr (kWork == Work::kE4m3ProductsTwice) mma_e4m3(sums, frag, xw[2 * j + 4], xw[2 * j + 5]);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[gi][i] = fmaf(sums[i], 0.5f, acc[gi][i]);
+    }
+  }
+}
+
+// One tile a block: steps_per_thread steps of four pieces, kDepth in flight.
+template <Order kOrder, int kDepth, Work kWork = Work::kFold>
+__global__ void __launch_bounds__(kThreads, 4)
+    walk_kernel(const uint8_t* weight, int64_t row_bytes, int steps_per_thread, uint32_t* sink) {
+  const int tid = threadIdx.x;
+  const int64_t tile = blockIdx.x;
+  uint4 steps[kDepth][4];
+  const int64_t stride = piece_stride<kOrder>(row_bytes);
+  auto issue = [&](int s, uint4 (&dst)[4]) {
+    const uint8_t* first = weight + step_offset<kOrder>(tile, s, tid, row_bytes);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) dst[r] = s < steps_per_thread ? load_piece(first + r * stride) : make_uint4(0, 0, 0, 0);
+  };
+#pragma unroll
+  for (int d = 0; d < kDepth; ++d) issue(d, steps[d]);
+  // x's row as the tensor-core form keeps it: 16-bit values, 2 bytes a column of a 2,048-column
+  // chunk walk (values the compiler cannot know).
+  __shared__ uint4 x_pieces[kXPieces];
+  for (int i = tid; i < kXPieces; i += kThreads) x_pieces[i] = make_uint4(i, i * 3u, i * 5u, i * 7u);
+  __syncthreads();
+  const int warp = tid / 32, t = tid % 4;
+  uint32_t folded = 0;
+  float acc[2][4] = {};
+  for (int s0 = 0; s0 < steps_per_thread; s0 += kDepth) {
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d) {
+      const int x_index = ((warp + 4 * (s0 + d)) * kChunkBytes + 16 * t) / 8 % (kXPieces - 1);
+      work_step<kWork>(steps[d], x_pieces + x_index, acc, folded);
+      issue(s0 + d + kDepth, steps[d]);
+    }
+  }
+#pragma unroll
+  for (int gi = 0; gi < 2; ++gi)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) folded += __float_as_uint(acc[gi][i]);
+  // A store the compiler cannot drop, which the weight's contents (zeros) never make.
+  if (folded == 0x9e3779b9u) sink[tid] = folded;
+}
+
+// Every resident thread reads 16-byte pieces, four in flight, over the whole weight.
+__global__ void __launch_bounds__(256) stream_kernel(const uint8_t* weight, int64_t num_pieces, uint32_t* sink) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  uint32_t folded = 0;
+  for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < num_pieces; p += 4 * stride) {
+    uint4 v[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      v[i] = p + i * stride < num_pieces ? load_piece(weight + 16 * (p + i * stride)) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) folded += v[i].x ^ v[i].y ^ v[i].z ^ v[i].w;
+  }
+  if (folded == 0x9e3779b9u) sink[threadIdx.x] = folded;
+}
+
+// µs per launch of `launch(copy)`, kGraphLaunches launches over the rotating copies recorded as
+// one graph, replayed num_replays times after two untimed replays.
+double time_launches(const std::function<void(int, cudaStream_t)>& launch, int num_replays, cudaStream_t stream) {
+  cudaGraph_t graph;
+  DS_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  for (int i = 0; i < kGraphLaunches; ++i) launch(i % kCopies, stream);
+  DS_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  DS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < 2; ++i) DS_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  cudaEvent_t start, stop;
+  DS_CUDA_CHECK(cudaEventCreate(&start));
+  DS_CUDA_CHECK(cudaEventCreate(&stop));
+  DS_CUDA_CHECK(cudaEventRecord(start, stream));
+  for (int i = 0; i < num_replays; ++i) DS_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  DS_CUDA_CHECK(cudaEventRecord(stop, stream));
+  DS_CUDA_CHECK(cudaEventSynchronize(stop));
+  float ms = 0;
+  DS_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  DS_CUDA_CHECK(cudaEventDestroy(start));
+  DS_CUDA_CHECK(cudaEventDestroy(stop));
+  DS_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  DS_CUDA_CHECK(cudaGraphDestroy(graph));
+  return 1e3 * ms / (static_cast<double>(kGraphLaunches) * num_replays);
+}
+
+struct Row {
+  std::string name;
+  int64_t bytes = 0;
+  double us = 0;
+  double tb_per_s() const { return static_cast<double>(bytes) / (us * 1e6); }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // The routed experts' gate/up weight at batch 1 of V2-Lite: six experts of 2 × 1,408 rows.
+  int64_t rows = 6 * 2816, row_bytes = 2048;
+  int num_replays = 50;
+  std::string append_path;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&](int64_t& v) {
+      if (i + 1 < argc) v = std::max<int64_t>(1, std::atoll(argv[++i]));
+    };
+    int64_t replays = num_replays;
+    if (a == "--rows") next(rows);
+    else if (a == "--cols") next(row_bytes);
+    else if (a == "--replays") next(replays), num_replays = static_cast<int>(replays);
+    else if (a == "--append" && i + 1 < argc) append_path = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: %s [--rows N] [--cols N] [--replays N] [--append FILE]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (rows % kTileRows != 0 || row_bytes % 2048 != 0) {
+    std::fprintf(stderr, "bench_weight_reads: --rows must be a multiple of 32 and --cols of 2048\n");
+    return 2;
+  }
+  int device_count = 0;
+  if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
+    std::fprintf(stderr, "bench_weight_reads: no CUDA device\n");
+    return 1;
+  }
+  cudaDeviceProp prop;
+  DS_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  const int sms = prop.multiProcessorCount;
+  const int64_t bytes = rows * row_bytes, large_bytes = 16 * bytes;
+  uint8_t* copies[kCopies];
+  for (auto& c : copies) {
+    DS_CUDA_CHECK(cudaMalloc(&c, bytes));
+    DS_CUDA_CHECK(cudaMemset(c, 0, bytes));
+  }
+  uint8_t* large = nullptr;
+  DS_CUDA_CHECK(cudaMalloc(&large, large_bytes));
+  DS_CUDA_CHECK(cudaMemset(large, 0, large_bytes));
+  uint32_t* sink = nullptr;
+  DS_CUDA_CHECK(cudaMalloc(&sink, 256 * sizeof(uint32_t)));
+  cudaStream_t stream;
+  DS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+  const int tiles = static_cast<int>(rows / kTileRows);
+  const int row_steps = static_cast<int>(kTileRows / 4 * (row_bytes / 2048));  // a quad's phases × 8 quads
+  const int fragment_steps = static_cast<int>(row_bytes / (4 * kChunkBytes));
+  auto walk = [&](auto kernel, int steps) {
+    return [=](int copy, cudaStream_t s) {
+      kernel<<<tiles, kThreads, 0, s>>>(copies[copy], row_bytes, steps, sink);
+      DS_CUDA_CHECK(cudaGetLastError());
+    };
+  };
+  int stream_per_sm = 0;
+  DS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&stream_per_sm, stream_kernel, 256, 0));
+  const int stream_blocks = sms * stream_per_sm;
+  std::vector<Row> table;
+  auto add = [&](const std::string& name, int64_t n, const std::function<void(int, cudaStream_t)>& launch) {
+    table.push_back({name, n, time_launches(launch, num_replays, stream)});
+  };
+  add("stream, every resident thread, 4 pieces in flight (ceiling, 16 × the weight)", large_bytes,
+      [&](int, cudaStream_t s) {
+        stream_kernel<<<stream_blocks, 256, 0, s>>>(large, large_bytes / 16, sink);
+        DS_CUDA_CHECK(cudaGetLastError());
+      });
+  add("stream, every resident thread, 4 pieces in flight", bytes, [&](int copy, cudaStream_t s) {
+    stream_kernel<<<stream_blocks, 256, 0, s>>>(copies[copy], bytes / 16, sink);
+    DS_CUDA_CHECK(cudaGetLastError());
+  });
+  add("rows (CUDA-core form), 4 steps in flight", bytes, walk(walk_kernel<Order::kRows, 4>, row_steps));
+  add("fragments (tensor-core form), 4 steps in flight", bytes,
+      walk(walk_kernel<Order::kFragments, 4>, fragment_steps));
+  add("tiled fragments, 4 steps in flight", bytes, walk(walk_kernel<Order::kTiledFragments, 4>, fragment_steps));
+  add("rows, 2 steps in flight", bytes, walk(walk_kernel<Order::kRows, 2>, row_steps));
+  add("fragments, 2 steps in flight", bytes, walk(walk_kernel<Order::kFragments, 2>, fragment_steps));
+  add("tiled fragments, 2 steps in flight", bytes, walk(walk_kernel<Order::kTiledFragments, 2>, fragment_steps));
+  add("fragments, each e4m3 pair to f16", bytes,
+      walk(walk_kernel<Order::kFragments, 4, Work::kConvert>, fragment_steps));
+  add("fragments, to f16 and 8 f16 products m16n8k16 a step (the tensor-core form)", bytes,
+      walk(walk_kernel<Order::kFragments, 4, Work::kF16Products>, fragment_steps));
+  add("fragments, 4 e4m3 products m16n8k32 a step", bytes,
+      walk(walk_kernel<Order::kFragments, 4, Work::kE4m3Products>, fragment_steps));
+  add("fragments, 8 e4m3 products m16n8k32 a step", bytes,
+      walk(walk_kernel<Order::kFragments, 4, Work::kE4m3ProductsTwice>, fragment_steps));
+  add("tiled fragments, to f16 and 8 f16 products a step", bytes,
+      walk(walk_kernel<Order::kTiledFragments, 4, Work::kF16Products>, fragment_steps));
+  add("tiled fragments, 8 e4m3 products a step", bytes,
+      walk(walk_kernel<Order::kTiledFragments, 4, Work::kE4m3ProductsTwice>, fragment_steps));
+
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof(date), "%Y-%m-%d", std::gmtime(&now));
+  std::ostringstream text;
+  text << "\n## One wave of few-row blocks reading a weight, by the order of their loads (" << date << ")\n\n"
+       << "Machine: " << prop.name << " (" << sms << " SMs). Command: `build-gpu/bench/bench_weight_reads";
+  for (int i = 1; i < argc; ++i) text << " " << argv[i];
+  text << "`\n\nA weight of " << rows << " rows × " << row_bytes << " bytes (" << bytes / 1e6 << " MB), " << tiles
+       << " blocks of " << kThreads << " threads (a 32-row tile each); " << kGraphLaunches
+       << " launches a recorded graph over " << kCopies << " copies, replayed " << num_replays
+       << " times. Each time includes a launch boundary.\n\n"
+       << "| reads | MB | µs a launch | TB/s | of the ceiling |\n|---|---:|---:|---:|---:|\n";
+  char line[320];
+  for (const Row& r : table) {
+    std::snprintf(line, sizeof(line), "| %s | %.1f | %.2f | %.2f | %.0f%% |\n", r.name.c_str(), r.bytes / 1e6, r.us,
+                  r.tb_per_s(), 100.0 * r.tb_per_s() / table[0].tb_per_s());
+    text << line;
+  }
+  std::fputs(text.str().c_str(), stdout);
+  if (!append_path.empty()) {
+    const bool exists = std::filesystem::exists(append_path);
+    std::ofstream f(append_path, std::ios::app);
+    if (!exists) f << "# dsinfer benchmark results\n";
+    f << text.str();
+  }
+  DS_CUDA_CHECK(cudaStreamDestroy(stream));
+  for (auto& c : copies) DS_CUDA_CHECK(cudaFree(c));
+  DS_CUDA_CHECK(cudaFree(large));
+  DS_CUDA_CHECK(cudaFree(sink));
+  return 0;
+}
