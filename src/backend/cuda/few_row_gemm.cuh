@@ -31,6 +31,22 @@ __device__ __forceinline__ uint4 load_weight_piece(const void* p) {
   return v;
 }
 
+// load_weight_piece where `valid`, zeros where not, as one predicated load into the registers
+// it returns. Why not `valid ? load_weight_piece(p) : zeros` in the tensor-core form: there the
+// compiler branched around the load and merged the two values in other registers, and the
+// moves that merge them waited for the load right after it was issued, so the steps meant to be
+// in flight together arrived one after another. Where `valid` is false, p need not point
+// anywhere.
+__device__ __forceinline__ uint4 load_weight_piece_if(bool valid, const void* p) {
+  uint4 v;
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n"
+      " mov.b32 %3, 0;\n @p ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p), "r"(static_cast<int>(valid)));
+  return v;
+}
+
 // The eight bf16 of a 16-byte piece (little-endian: the low half of a word comes first).
 __device__ __forceinline__ void widen_bf16x8(const uint4& v, float (&out)[8]) {
   const uint32_t words[4] = {v.x, v.y, v.z, v.w};

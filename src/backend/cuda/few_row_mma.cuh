@@ -167,20 +167,18 @@ __device__ __forceinline__ void gemm_block_mma(const GroupedGemmArgs& a, int til
   auto chunk_col = [&](const Walk& k, int s) {
     return (warp + kWarps * (s - k.chunks.quotient(s) * k.warp_chunks)) * kMmaChunkCols;
   };
+  // Zeros past the walk's steps and K (predicated loads: load_weight_piece_if has the why).
   auto issue = [&](const GemmWeight& w, const Walk& k, int s, Step& dst) {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) dst.rows[r] = make_uint4(0, 0, 0, 0);
-    dst.scales[0] = dst.scales[1] = 0.0f;
-    if (s >= k.num_steps) return;
+    const bool in_walk = s < k.num_steps;
     const int tile = first_tile + k.chunks.quotient(s), chunk0 = chunk_col(k, s), col = chunk0 + 16 * t;
-    if (col < w.k_padded) {
-      const char* data = static_cast<const char*>(w.data) + col;
+    const char* data = static_cast<const char*>(w.data) + col;
 #pragma unroll
-      for (int r = 0; r < 4; ++r)
-        dst.rows[r] = load_weight_piece(data + static_cast<int64_t>(tile * kGemmTileRows + g + 8 * r) * w.k_padded);
-    }
+    for (int r = 0; r < 4; ++r)
+      dst.rows[r] = load_weight_piece_if(in_walk && col < w.k_padded,
+                                         data + static_cast<int64_t>(tile * kGemmTileRows + g + 8 * r) * w.k_padded);
 #pragma unroll
-    for (int gi = 0; gi < 2; ++gi) dst.scales[gi] = w.scales[(2 * tile + gi) * k.scale_cols + chunk0 / kScaleCols];
+    for (int gi = 0; gi < 2; ++gi)
+      dst.scales[gi] = in_walk ? w.scales[(2 * tile + gi) * k.scale_cols + chunk0 / kScaleCols] : 0.0f;
   };
   BlockRows rows = block_rows_before_wait(a, row_block);
   const bool requested = rows.requested();
