@@ -72,17 +72,21 @@ __device__ void zero_e4m3_row(const NormBf16Copy& copy, int n) {
 }
 
 // What the register norm adds to x before it normalises: nothing, a row of y, or a MoE layer's
-// output made from its rows (CombineAddend). add(row, i, v) adds the addend's columns 4i..4i+3
-// of the row to v.
+// output made from its rows (CombineAddend). add<kRowsInFlight>(row, i, v) adds the addend's
+// columns 4i..4i+3 of the row to v, reading up to kRowsInFlight of the rows it adds at once.
 struct NoAddend {
   static constexpr bool kAdds = false;
+  static constexpr bool kReadsRowsAtFewRows = false;
+  template <int kRowsInFlight>
   __device__ void add(int64_t, int, float4&) const {}
 };
 
 struct RowAddend {
   static constexpr bool kAdds = true;
+  static constexpr bool kReadsRowsAtFewRows = false;
   const float* y;
   int64_t n;
+  template <int kRowsInFlight>
   __device__ void add(int64_t row, int i, float4& v) const {
     const float4 a = reinterpret_cast<const float4*>(y + row * n)[i];
     v = make_float4(v.x + a.x, v.y + a.y, v.z + a.z, v.w + a.w);
@@ -92,28 +96,56 @@ struct RowAddend {
 // The row launch_moe_combine would write (cuda_moe.cu's combine_kernel: the same operations in
 // the same order, so the same bits), made where the norm reads it instead of written and read
 // back: sum_k weights[k] * expert_out[slot_row[k]] in slot order, then + shared.
+//
+// kRowsInFlight 1 (the forms for many rows, some compiled for four blocks an SM): each slot's
+// row is read once its slot number has come, and added once it has come, so a token's slots
+// take about two round trips through L2 each, one after another. Otherwise (steps of few rows,
+// registers_kernel_for) the slots are read kRowsInFlight at a time, their weights and rows
+// all requested before the first is added, and added in the same order; past top_k the last
+// slot is read again and not added.
 template <typename T>
 struct CombineAddend {
   static constexpr bool kAdds = true;
+  static constexpr bool kReadsRowsAtFewRows = true;  // registers_kernel_for
   MoeCombineRows moe;
   int64_t n;
+  template <int kRowsInFlight>
   __device__ void add(int64_t row, int i, float4& v) const {
     const T* expert_out = static_cast<const T*>(moe.expert_out);
-    float weight[kMoeCombineInNormMaxTopK];
-    const T* slot[kMoeCombineInNormMaxTopK];
-#pragma unroll
-    for (int k = 0; k < kMoeCombineInNormMaxTopK; ++k) {
-      if (k >= moe.top_k) break;
-      weight[k] = moe.weights[row * moe.top_k + k];
-      slot[k] = expert_out + static_cast<int64_t>(moe.slot_row[row * moe.top_k + k]) * moe.ld_expert;
-    }
     float acc[4] = {}, e[4];
+    if constexpr (kRowsInFlight == 1) {
+      float weight[kMoeCombineInNormMaxTopK];
+      const T* slot[kMoeCombineInNormMaxTopK];
 #pragma unroll
-    for (int k = 0; k < kMoeCombineInNormMaxTopK; ++k) {
-      if (k >= moe.top_k) break;
-      load4(slot[k] + 4 * i, e);
+      for (int k = 0; k < kMoeCombineInNormMaxTopK; ++k) {
+        if (k >= moe.top_k) break;
+        weight[k] = moe.weights[row * moe.top_k + k];
+        slot[k] = expert_out + static_cast<int64_t>(moe.slot_row[row * moe.top_k + k]) * moe.ld_expert;
+      }
 #pragma unroll
-      for (int j = 0; j < 4; ++j) acc[j] += weight[k] * e[j];
+      for (int k = 0; k < kMoeCombineInNormMaxTopK; ++k) {
+        if (k >= moe.top_k) break;
+        load4(slot[k] + 4 * i, e);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[j] += weight[k] * e[j];
+      }
+    } else {
+      const int top_k = moe.top_k;
+      for (int k0 = 0; k0 < top_k; k0 += kRowsInFlight) {
+        float weight[kRowsInFlight], rows[kRowsInFlight][4];
+#pragma unroll
+        for (int d = 0; d < kRowsInFlight; ++d) {
+          const int k = min(k0 + d, top_k - 1);
+          weight[d] = moe.weights[row * top_k + k];
+          load4(expert_out + static_cast<int64_t>(moe.slot_row[row * top_k + k]) * moe.ld_expert + 4 * i, rows[d]);
+        }
+        // The products added as the form above adds them (each a fused multiply-add).
+#pragma unroll
+        for (int d = 0; d < kRowsInFlight; ++d)
+          if (k0 + d < top_k)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) acc[j] = fmaf(weight[d], rows[d][j], acc[j]);
+      }
     }
     if (moe.shared != nullptr) {
       load4(moe.shared + row * n + 4 * i, e);
@@ -127,7 +159,7 @@ struct CombineAddend {
 // One block of kBlockThreads per row: x += the addend first where it adds one (x updated in
 // memory), then out = the row's RMS norm, its mean square in fp32 through a block reduction. x
 // and out may alias: every thread holds its elements in registers before it writes them.
-template <typename Addend, int kVec4, int kBlockThreads, int kMinBlocksPerSm>
+template <typename Addend, int kVec4, int kBlockThreads, int kMinBlocksPerSm, int kRowsInFlight>
 __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm)
     rms_norm_registers_kernel(float* x, Addend addend, const float* w, float eps, int n, float* out,
                               NormBf16Copy copy) {
@@ -150,7 +182,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm)
     if (i < n4) {
       v[j] = row[i];
       wv[j] = __ldg(w4 + i);
-      addend.add(blockIdx.x, i, v[j]);
+      addend.template add<kRowsInFlight>(blockIdx.x, i, v[j]);
     }
   }
   float sum = 0.0f;
@@ -457,20 +489,39 @@ namespace {
 // of 40 registers). Wider rows take blocks of 256 threads and the fewest float4 a thread that
 // hold the row. Every addend takes the same form for the same n, so that each gives the bits of
 // the others (launch_moe_combine then the add, or the fused combine).
+//
+// Steps of no more rows than the GPU has SMs (decode) put one block on an SM at most; there a
+// combine made by the norm takes the same form compiled without the bound on registers and
+// reading all of a token's routed rows at once (CombineAddend's kRowsInFlight), the same
+// arithmetic in the same order, so the same bits.
 template <typename Addend>
-auto registers_kernel_for(int64_t n) {
+auto registers_kernel_for(int64_t n, int64_t rows) {
   using Kernel = void (*)(float*, Addend, const float*, float, int, float*, NormBf16Copy);
   struct Form {
     Kernel kernel;
     unsigned threads;
   };
   constexpr int kWideThreads = 2 * kThreads;
-  if (n > 4 * kThreads && n <= 4 * kWideThreads)
-    return Form{rms_norm_registers_kernel<Addend, 1, kWideThreads, 4>, kWideThreads};
+  constexpr int kFewRowsInFlight = Addend::kReadsRowsAtFewRows ? kMoeCombineInNormMaxTopK : 0;
+  const bool few = kFewRowsInFlight > 0 && rows <= device_multiprocessors();
+  if (n > 4 * kThreads && n <= 4 * kWideThreads) {
+    if constexpr (kFewRowsInFlight > 0)
+      if (few) return Form{rms_norm_registers_kernel<Addend, 1, kWideThreads, 1, kFewRowsInFlight>, kWideThreads};
+    return Form{rms_norm_registers_kernel<Addend, 1, kWideThreads, 4, 1>, kWideThreads};
+  }
   const int64_t vec4_per_thread = (n / 4 + kThreads - 1) / kThreads;
-  const Kernel kernel = vec4_per_thread <= 2   ? rms_norm_registers_kernel<Addend, 2, kThreads, 1>
-                        : vec4_per_thread <= 4 ? rms_norm_registers_kernel<Addend, 4, kThreads, 1>
-                                               : rms_norm_registers_kernel<Addend, kNormVec4PerThread, kThreads, 1>;
+  if constexpr (kFewRowsInFlight > 0) {
+    if (few) {
+      const Kernel kernel = vec4_per_thread <= 2 ? rms_norm_registers_kernel<Addend, 2, kThreads, 1, kFewRowsInFlight>
+                            : vec4_per_thread <= 4
+                                ? rms_norm_registers_kernel<Addend, 4, kThreads, 1, kFewRowsInFlight>
+                                : rms_norm_registers_kernel<Addend, kNormVec4PerThread, kThreads, 1, kFewRowsInFlight>;
+      return Form{kernel, static_cast<unsigned>(kThreads)};
+    }
+  }
+  const Kernel kernel = vec4_per_thread <= 2   ? rms_norm_registers_kernel<Addend, 2, kThreads, 1, 1>
+                        : vec4_per_thread <= 4 ? rms_norm_registers_kernel<Addend, 4, kThreads, 1, 1>
+                                               : rms_norm_registers_kernel<Addend, kNormVec4PerThread, kThreads, 1, 1>;
   return Form{kernel, static_cast<unsigned>(kThreads)};
 }
 
@@ -500,7 +551,7 @@ void launch_norm_registers(float* x, const Addend& addend, const float* w, float
     copy.rows_padded = e4m3.rows_padded;
     num_blocks = static_cast<unsigned>(e4m3.rows_padded);
   }
-  const auto form = registers_kernel_for<Addend>(n);
+  const auto form = registers_kernel_for<Addend>(n, num_blocks);
   launch_kernel(form.kernel, num_blocks, form.threads, 0, stream, x, addend, w, eps, static_cast<int>(n), out, copy);
   DS_CUDA_CHECK_LAUNCH();
 }
