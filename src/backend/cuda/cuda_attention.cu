@@ -261,8 +261,10 @@ constexpr int kCombineCols = 64;  // columns of a combine block: two per lane
 // Merges the splits of each (token, head) into the normalised latent output o_lat [T, H, lora].
 // Block (token, head, 64-column group): the first warp turns the splits' (max, sum) pairs into
 // one weight per split; then warp w adds splits w, w + 8, … of the group's columns (two per lane,
-// so a split's row is one coalesced read, and a warp's reads are all in flight at once), and
-// the eight warps' sums are added in warp order. The order depends on num_splits only.
+// so a split's row is one coalesced read), and the eight warps' sums are added in warp order.
+// The order depends on num_splits only. Every read is requested at once, right after the wait
+// (a split past num_splits reads the last one again, unused): read where they are added, each
+// read waited for the sum before it, a round trip through L2 a split.
 __global__ void __launch_bounds__(kCombineWarps * 32) attention_combine_kernel(MlaDims d, int num_splits,
                                                                              const float* workspace,
                                                                              float* o_latent) {
@@ -273,14 +275,24 @@ __global__ void __launch_bounds__(kCombineWarps * 32) attention_combine_kernel(M
   const int lora = d.kv_lora_rank;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const float* parts = workspace + (static_cast<int64_t>(t) * d.num_heads + h) * num_splits * (lora + 2);
+  auto split_row = [&](int s) { return parts + static_cast<int64_t>(min(s, num_splits - 1)) * (lora + 2); };
+  constexpr int kSplitsPerWarp = kMaxSplits / kCombineWarps;
+  const int col = blockIdx.z * kCombineCols + 2 * lane;
+  float2 p[kSplitsPerWarp];
+#pragma unroll
+  for (int i = 0; i < kSplitsPerWarp; ++i)
+    p[i] = *reinterpret_cast<const float2*>(split_row(warp + kCombineWarps * i) + min(col, lora - 2));
   if (warp == 0) {
     float m[2], l[2];
     for (int j = 0; j < 2; ++j) {
-      const int s = lane + 32 * j;
-      const float* p = parts + static_cast<int64_t>(s) * (lora + 2);
-      const bool used = s < num_splits && p[lora + 1] > 0.0f;
-      m[j] = used ? p[lora] : -FLT_MAX;
-      l[j] = used ? p[lora + 1] : 0.0f;
+      const float* row = split_row(lane + 32 * j);
+      m[j] = row[lora];
+      l[j] = row[lora + 1];
+    }
+    for (int j = 0; j < 2; ++j) {
+      const bool used = lane + 32 * j < num_splits && l[j] > 0.0f;
+      m[j] = used ? m[j] : -FLT_MAX;
+      l[j] = used ? l[j] : 0.0f;
     }
     float m_all = fmaxf(m[0], m[1]);
     for (int off = 16; off > 0; off >>= 1) m_all = fmaxf(m_all, __shfl_xor_sync(0xffffffffu, m_all, off));
@@ -294,16 +306,14 @@ __global__ void __launch_bounds__(kCombineWarps * 32) attention_combine_kernel(M
       if (lane + 32 * j < num_splits) s_weight[lane + 32 * j] = e[j] / denom;
   }
   __syncthreads();
-  const int col = blockIdx.z * kCombineCols + 2 * lane;
   float2 v = make_float2(0.0f, 0.0f);
   if (col < lora) {
 #pragma unroll
-    for (int i = 0; i < kMaxSplits / kCombineWarps; ++i) {
+    for (int i = 0; i < kSplitsPerWarp; ++i) {
       const int s = warp + kCombineWarps * i;
       if (s < num_splits && s_weight[s] != 0.0f) {
-        const float2 p = *reinterpret_cast<const float2*>(parts + static_cast<int64_t>(s) * (lora + 2) + col);
-        v.x += p.x * s_weight[s];
-        v.y += p.y * s_weight[s];
+        v.x += p[i].x * s_weight[s];
+        v.y += p[i].y * s_weight[s];
       }
     }
   }
