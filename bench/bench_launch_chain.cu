@@ -21,15 +21,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
-#include <filesystem>
-#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernel_launch.cuh"
+#include "cuda_bench.h"
 
 namespace {
 
@@ -110,34 +108,17 @@ struct Form {
 // after a few untimed replays.
 double time_form(const Form& form, int num_steps, int num_replays, float* a, float* b, unsigned* arrived,
                  cudaStream_t stream) {
-  cudaGraph_t graph;
-  DS_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  if (form.persistent) {
-    DS_CUDA_CHECK(cudaMemsetAsync(arrived, 0, sizeof(unsigned), stream));
-    persistent_kernel<<<form.blocks, kThreads, 0, stream>>>(a, b, num_steps, arrived);
-    DS_CUDA_CHECK(cudaGetLastError());
-  } else {
-    for (int k = 0; k < num_steps; ++k)
-      launch_step(form.blocks, form.dependent, stream, k % 2 == 0 ? a : b, k % 2 == 0 ? b : a);
-  }
-  DS_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec;
-  DS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int i = 0; i < 5; ++i) DS_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-  cudaEvent_t start, stop;
-  DS_CUDA_CHECK(cudaEventCreate(&start));
-  DS_CUDA_CHECK(cudaEventCreate(&stop));
-  DS_CUDA_CHECK(cudaEventRecord(start, stream));
-  for (int i = 0; i < num_replays; ++i) DS_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-  DS_CUDA_CHECK(cudaEventRecord(stop, stream));
-  DS_CUDA_CHECK(cudaEventSynchronize(stop));
-  float ms = 0;
-  DS_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  DS_CUDA_CHECK(cudaEventDestroy(start));
-  DS_CUDA_CHECK(cudaEventDestroy(stop));
-  DS_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  DS_CUDA_CHECK(cudaGraphDestroy(graph));
-  return 1e3 * ms / (static_cast<double>(num_steps) * num_replays);
+  const auto record = [&](cudaStream_t s) {
+    if (form.persistent) {
+      DS_CUDA_CHECK(cudaMemsetAsync(arrived, 0, sizeof(unsigned), s));
+      persistent_kernel<<<form.blocks, kThreads, 0, s>>>(a, b, num_steps, arrived);
+      DS_CUDA_CHECK(cudaGetLastError());
+    } else {
+      for (int k = 0; k < num_steps; ++k)
+        launch_step(form.blocks, form.dependent, s, k % 2 == 0 ? a : b, k % 2 == 0 ? b : a);
+    }
+  };
+  return 1e3 * dsinfer::bench::graph_replay_ms(record, 5, num_replays, stream) / num_steps;
 }
 
 }  // namespace
@@ -199,11 +180,8 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  char date[32];
-  const std::time_t now = std::time(nullptr);
-  std::strftime(date, sizeof(date), "%Y-%m-%d", std::gmtime(&now));
   std::ostringstream text;
-  text << "\n## Launch boundaries in a chain of dependent kernels (" << date << ")\n\n"
+  text << "\n## Launch boundaries in a chain of dependent kernels (" << dsinfer::bench::utc_date() << ")\n\n"
        << "Machine: " << prop.name << " (" << sms << " SMs). Command: `build-gpu/bench_launch_chain";
   for (int i = 1; i < argc; ++i) text << " " << argv[i];
   text << "`\n\n" << num_steps << " steps a chain, each reading a " << kWidth
@@ -217,12 +195,7 @@ int main(int argc, char** argv) {
     text << line;
   }
   std::fputs(text.str().c_str(), stdout);
-  if (!append_path.empty()) {
-    const bool exists = std::filesystem::exists(append_path);
-    std::ofstream f(append_path, std::ios::app);
-    if (!exists) f << "# dsinfer benchmark results\n";
-    f << text.str();
-  }
+  if (!append_path.empty()) dsinfer::bench::append_results(append_path, text.str());
   DS_CUDA_CHECK(cudaStreamDestroy(stream));
   DS_CUDA_CHECK(cudaFree(a));
   DS_CUDA_CHECK(cudaFree(b));

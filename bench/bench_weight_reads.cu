@@ -24,17 +24,18 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
-#include <filesystem>
-#include <fstream>
 #include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/few_row_gemm.cuh"
+#include "cuda_bench.h"
 
 namespace {
+
+namespace few_row = dsinfer::cuda::few_row;
 
 constexpr int kThreads = 128;
 constexpr int kTileRows = 32;
@@ -44,14 +45,6 @@ constexpr int kGraphLaunches = 40;
 constexpr int kXPieces = 512;    // x's row in shared memory: 2,048 16-bit values
 
 enum class Order { kRows, kFragments, kTiledFragments };
-
-__device__ __forceinline__ uint4 load_piece(const uint8_t* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
 
 // Byte offset of piece 0 of step s for thread tid of block `tile`, in a weight of row_bytes
 // bytes a row (a multiple of 2,048: one rows step covers a row in 128 pieces, and four warps'
@@ -155,7 +148,8 @@ __global__ void __launch_bounds__(kThreads, 4)
   auto issue = [&](int s, uint4 (&dst)[4]) {
     const uint8_t* first = weight + step_offset<kOrder>(tile, s, tid, row_bytes);
 #pragma unroll
-    for (int r = 0; r < 4; ++r) dst[r] = s < steps_per_thread ? load_piece(first + r * stride) : make_uint4(0, 0, 0, 0);
+    for (int r = 0; r < 4; ++r)
+      dst[r] = s < steps_per_thread ? few_row::load_weight_piece(first + r * stride) : make_uint4(0, 0, 0, 0);
   };
 #pragma unroll
   for (int d = 0; d < kDepth; ++d) issue(d, steps[d]);
@@ -191,7 +185,8 @@ __global__ void __launch_bounds__(256) stream_kernel(const uint8_t* weight, int6
     uint4 v[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i)
-      v[i] = p + i * stride < num_pieces ? load_piece(weight + 16 * (p + i * stride)) : make_uint4(0, 0, 0, 0);
+      v[i] = p + i * stride < num_pieces ? few_row::load_weight_piece(weight + 16 * (p + i * stride))
+                                         : make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int i = 0; i < 4; ++i) folded += v[i].x ^ v[i].y ^ v[i].z ^ v[i].w;
   }
@@ -201,27 +196,10 @@ __global__ void __launch_bounds__(256) stream_kernel(const uint8_t* weight, int6
 // µs per launch of `launch(copy)`, kGraphLaunches launches over the rotating copies recorded as
 // one graph, replayed num_replays times after two untimed replays.
 double time_launches(const std::function<void(int, cudaStream_t)>& launch, int num_replays, cudaStream_t stream) {
-  cudaGraph_t graph;
-  DS_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < kGraphLaunches; ++i) launch(i % kCopies, stream);
-  DS_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec;
-  DS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int i = 0; i < 2; ++i) DS_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-  cudaEvent_t start, stop;
-  DS_CUDA_CHECK(cudaEventCreate(&start));
-  DS_CUDA_CHECK(cudaEventCreate(&stop));
-  DS_CUDA_CHECK(cudaEventRecord(start, stream));
-  for (int i = 0; i < num_replays; ++i) DS_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-  DS_CUDA_CHECK(cudaEventRecord(stop, stream));
-  DS_CUDA_CHECK(cudaEventSynchronize(stop));
-  float ms = 0;
-  DS_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  DS_CUDA_CHECK(cudaEventDestroy(start));
-  DS_CUDA_CHECK(cudaEventDestroy(stop));
-  DS_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  DS_CUDA_CHECK(cudaGraphDestroy(graph));
-  return 1e3 * ms / (static_cast<double>(kGraphLaunches) * num_replays);
+  const auto record = [&](cudaStream_t s) {
+    for (int i = 0; i < kGraphLaunches; ++i) launch(i % kCopies, s);
+  };
+  return 1e3 * dsinfer::bench::graph_replay_ms(record, 2, num_replays, stream) / kGraphLaunches;
 }
 
 struct Row {
@@ -324,12 +302,10 @@ int main(int argc, char** argv) {
   add("tiled fragments, 8 e4m3 products a step", bytes,
       walk(walk_kernel<Order::kTiledFragments, 4, Work::kE4m3ProductsTwice>, fragment_steps));
 
-  char date[32];
-  const std::time_t now = std::time(nullptr);
-  std::strftime(date, sizeof(date), "%Y-%m-%d", std::gmtime(&now));
   std::ostringstream text;
-  text << "\n## One wave of few-row blocks reading a weight, by the order of their loads (" << date << ")\n\n"
-       << "Machine: " << prop.name << " (" << sms << " SMs). Command: `build-gpu/bench/bench_weight_reads";
+  text << "\n## One wave of few-row blocks reading a weight, by the order of their loads ("
+       << dsinfer::bench::utc_date() << ")\n\nMachine: " << prop.name << " (" << sms
+       << " SMs). Command: `build-gpu/bench_weight_reads";
   for (int i = 1; i < argc; ++i) text << " " << argv[i];
   text << "`\n\nA weight of " << rows << " rows × " << row_bytes << " bytes (" << bytes / 1e6 << " MB), " << tiles
        << " blocks of " << kThreads << " threads (a 32-row tile each); " << kGraphLaunches
@@ -343,12 +319,7 @@ int main(int argc, char** argv) {
     text << line;
   }
   std::fputs(text.str().c_str(), stdout);
-  if (!append_path.empty()) {
-    const bool exists = std::filesystem::exists(append_path);
-    std::ofstream f(append_path, std::ios::app);
-    if (!exists) f << "# dsinfer benchmark results\n";
-    f << text.str();
-  }
+  if (!append_path.empty()) dsinfer::bench::append_results(append_path, text.str());
   DS_CUDA_CHECK(cudaStreamDestroy(stream));
   for (auto& c : copies) DS_CUDA_CHECK(cudaFree(c));
   DS_CUDA_CHECK(cudaFree(large));
