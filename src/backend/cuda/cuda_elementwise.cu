@@ -494,6 +494,13 @@ namespace {
 // combine made by the norm takes the same form compiled without the bound on registers and
 // reading all of a token's routed rows at once (CombineAddend's kRowsInFlight), the same
 // arithmetic in the same order, so the same bits.
+template <typename Addend, int kRowsInFlight>
+auto narrow_registers_kernel(int64_t vec4_per_thread) {
+  return vec4_per_thread <= 2   ? rms_norm_registers_kernel<Addend, 2, kThreads, 1, kRowsInFlight>
+         : vec4_per_thread <= 4 ? rms_norm_registers_kernel<Addend, 4, kThreads, 1, kRowsInFlight>
+                                : rms_norm_registers_kernel<Addend, kNormVec4PerThread, kThreads, 1, kRowsInFlight>;
+}
+
 template <typename Addend>
 auto registers_kernel_for(int64_t n, int64_t rows) {
   using Kernel = void (*)(float*, Addend, const float*, float, int, float*, NormBf16Copy);
@@ -504,25 +511,16 @@ auto registers_kernel_for(int64_t n, int64_t rows) {
   constexpr int kWideThreads = 2 * kThreads;
   constexpr int kFewRowsInFlight = Addend::kReadsRowsAtFewRows ? kMoeCombineInNormMaxTopK : 0;
   const bool few = kFewRowsInFlight > 0 && rows <= device_multiprocessors();
-  if (n > 4 * kThreads && n <= 4 * kWideThreads) {
-    if constexpr (kFewRowsInFlight > 0)
-      if (few) return Form{rms_norm_registers_kernel<Addend, 1, kWideThreads, 1, kFewRowsInFlight>, kWideThreads};
-    return Form{rms_norm_registers_kernel<Addend, 1, kWideThreads, 4, 1>, kWideThreads};
+  const bool wide = n > 4 * kThreads && n <= 4 * kWideThreads;
+  if constexpr (kFewRowsInFlight > 0) {
+    if (few && wide) return Form{rms_norm_registers_kernel<Addend, 1, kWideThreads, 1, kFewRowsInFlight>, kWideThreads};
   }
+  if (wide) return Form{rms_norm_registers_kernel<Addend, 1, kWideThreads, 4, 1>, kWideThreads};
   const int64_t vec4_per_thread = (n / 4 + kThreads - 1) / kThreads;
   if constexpr (kFewRowsInFlight > 0) {
-    if (few) {
-      const Kernel kernel = vec4_per_thread <= 2 ? rms_norm_registers_kernel<Addend, 2, kThreads, 1, kFewRowsInFlight>
-                            : vec4_per_thread <= 4
-                                ? rms_norm_registers_kernel<Addend, 4, kThreads, 1, kFewRowsInFlight>
-                                : rms_norm_registers_kernel<Addend, kNormVec4PerThread, kThreads, 1, kFewRowsInFlight>;
-      return Form{kernel, static_cast<unsigned>(kThreads)};
-    }
+    if (few) return Form{narrow_registers_kernel<Addend, kFewRowsInFlight>(vec4_per_thread), kThreads};
   }
-  const Kernel kernel = vec4_per_thread <= 2   ? rms_norm_registers_kernel<Addend, 2, kThreads, 1, 1>
-                        : vec4_per_thread <= 4 ? rms_norm_registers_kernel<Addend, 4, kThreads, 1, 1>
-                                               : rms_norm_registers_kernel<Addend, kNormVec4PerThread, kThreads, 1, 1>;
-  return Form{kernel, static_cast<unsigned>(kThreads)};
+  return Form{narrow_registers_kernel<Addend, 1>(vec4_per_thread), static_cast<unsigned>(kThreads)};
 }
 
 NormBf16Copy bf16_copy_of(int64_t rows, int64_t n, uint16_t* out_bf16, int64_t ld_bf16, const E4m3Rows& e4m3) {
