@@ -14,6 +14,10 @@
 // 32-row tile, kDepth steps of four 16-byte pieces in flight per thread, each step consumed (its
 // words folded into a sum) before the one kDepth later is issued into its registers. A stream of
 // the same bytes by every resident thread, and of a weight 16 times larger, are the ceilings.
+// Last, the tensor-core form itself (launch_few_row_gemm) over the same bytes: as the routed
+// gate/up product of one token (six experts' weights, a grouped layout read after the wait, or
+// before it as the down product reads its own), and as one dense weight of as many rows. What it
+// takes beyond the walk with its arithmetic is what the rest of the kernel costs.
 // Launches go one after another in a recorded graph over rotating copies of the weight (four,
 // past L2), so each time includes a launch boundary.
 //
@@ -31,6 +35,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/few_row_gemm.cuh"
+#include "backend/cuda/grouped_gemm.h"
 #include "cuda_bench.h"
 
 namespace {
@@ -202,6 +207,96 @@ double time_launches(const std::function<void(int, cudaStream_t)>& launch, int n
   return 1e3 * dsinfer::bench::graph_replay_ms(record, 2, num_replays, stream) / kGraphLaunches;
 }
 
+// The tensor-core form's launches over the rotating copies: a grouped call of one row a group
+// (gate/up of experts of expert_rows rows each, SiLU·up into bf16) or a dense call of one row.
+class FewRowCalls {
+ public:
+  FewRowCalls(uint8_t* const* copies, int num_copies, int64_t rows, int64_t row_bytes, int64_t expert_rows)
+      : num_experts_(static_cast<int>(rows / expert_rows)), expert_rows_(expert_rows) {
+    namespace cuda = dsinfer::cuda;
+    const int64_t scale_cols = (row_bytes + 127) / 128;
+    scales_ = device_zeros<float>(rows / 16 * scale_cols);
+    x_ = device_zeros<uint16_t>(row_bytes);
+    y_ = device_zeros<float>(rows);  // room for either output
+    std::vector<int32_t> offsets(num_experts_ + 1), src_rows(num_experts_, 0);
+    for (int g = 0; g <= num_experts_; ++g) offsets[g] = g;
+    row_offsets_ = upload(offsets);
+    src_rows_ = upload(src_rows);
+    for (int c = 0; c < num_copies; ++c) {
+      std::vector<cuda::GemmWeight> experts(num_experts_);
+      for (int g = 0; g < num_experts_; ++g)
+        experts[g] = {copies[c] + g * expert_rows * row_bytes, scales_ + g * expert_rows / 16 * scale_cols,
+                      static_cast<int32_t>(expert_rows), static_cast<int32_t>(row_bytes)};
+      groups_.push_back(upload(experts));
+      dense_.push_back({copies[c], scales_, static_cast<int32_t>(rows), static_cast<int32_t>(row_bytes)});
+    }
+    rows_ = rows;
+    row_bytes_ = row_bytes;
+  }
+  FewRowCalls(const FewRowCalls&) = delete;
+  FewRowCalls& operator=(const FewRowCalls&) = delete;
+  ~FewRowCalls() {
+    for (void* p : owned_) cudaFree(p);
+  }
+
+  void grouped(int copy, bool layout_before_wait, cudaStream_t stream) const {
+    dsinfer::cuda::GroupedGemmArgs a = common();
+    a.src_rows = src_rows_;
+    a.groups = groups_[copy];
+    a.row_offsets = row_offsets_;
+    a.block_offsets = row_offsets_;  // one row, so one row-block, a group
+    a.num_groups = num_experts_;
+    a.layout_before_wait = layout_before_wait;
+    a.epilogue = dsinfer::cuda::GemmEpilogue::kSiluMulBf16;
+    a.ldy = expert_rows_ / 2;
+    a.n_out = static_cast<int>(expert_rows_ / 2);
+    dsinfer::cuda::launch_few_row_gemm(a, static_cast<int>(expert_rows_), num_experts_, 1, stream);
+  }
+  void dense(int copy, cudaStream_t stream) const {
+    dsinfer::cuda::GroupedGemmArgs a = common();
+    a.dense = dense_[copy];
+    a.dense_rows = 1;
+    a.ldy = rows_;
+    a.n_out = static_cast<int>(rows_);
+    dsinfer::cuda::launch_few_row_gemm(a, static_cast<int>(rows_), 1, 1, stream);
+  }
+
+ private:
+  template <typename T>
+  T* device_zeros(int64_t n) {
+    void* p = nullptr;
+    DS_CUDA_CHECK(cudaMalloc(&p, n * sizeof(T)));
+    DS_CUDA_CHECK(cudaMemset(p, 0, n * sizeof(T)));
+    owned_.push_back(p);
+    return static_cast<T*>(p);
+  }
+  template <typename T>
+  T* upload(const std::vector<T>& v) {
+    T* p = device_zeros<T>(static_cast<int64_t>(v.size()));
+    DS_CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return p;
+  }
+  dsinfer::cuda::GroupedGemmArgs common() const {
+    dsinfer::cuda::GroupedGemmArgs a;
+    a.x = x_;
+    a.ldx = row_bytes_;
+    a.weights_fp8 = true;
+    a.few_row_mma = true;
+    a.y = y_;
+    return a;
+  }
+
+  int num_experts_;
+  int64_t expert_rows_, rows_ = 0, row_bytes_ = 0;
+  float* scales_ = nullptr;
+  float* y_ = nullptr;
+  uint16_t* x_ = nullptr;
+  int32_t *row_offsets_ = nullptr, *src_rows_ = nullptr;
+  std::vector<const dsinfer::cuda::GemmWeight*> groups_;
+  std::vector<dsinfer::cuda::GemmWeight> dense_;
+  std::vector<void*> owned_;
+};
+
 struct Row {
   std::string name;
   int64_t bytes = 0;
@@ -301,6 +396,21 @@ int main(int argc, char** argv) {
       walk(walk_kernel<Order::kTiledFragments, 4, Work::kF16Products>, fragment_steps));
   add("tiled fragments, 8 e4m3 products a step", bytes,
       walk(walk_kernel<Order::kTiledFragments, 4, Work::kE4m3ProductsTwice>, fragment_steps));
+  // The tensor-core form itself, where the weight divides into gate/up weights of 2,816 rows.
+  constexpr int64_t kExpertRows = 2 * 1408;
+  if (rows % kExpertRows == 0) {
+    const FewRowCalls calls(copies, kCopies, rows, row_bytes, kExpertRows);
+    // Once outside a capture: the launches size their grids and set their kernels' attributes.
+    calls.grouped(0, false, stream);
+    calls.dense(0, stream);
+    DS_CUDA_CHECK(cudaStreamSynchronize(stream));
+    add("the tensor-core form, routed gate/up of one token (layout after the wait)", bytes,
+        [&](int copy, cudaStream_t s) { calls.grouped(copy, false, s); });
+    add("the tensor-core form, routed gate/up of one token (layout before the wait)", bytes,
+        [&](int copy, cudaStream_t s) { calls.grouped(copy, true, s); });
+    add("the tensor-core form, one dense weight of one row", bytes,
+        [&](int copy, cudaStream_t s) { calls.dense(copy, s); });
+  }
 
   std::ostringstream text;
   text << "\n## One wave of few-row blocks reading a weight, by the order of their loads ("
