@@ -35,6 +35,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/few_row_gemm.cuh"
+#include "backend/cuda/few_row_mma.cuh"
 #include "backend/cuda/grouped_gemm.h"
 #include "cuda_bench.h"
 
@@ -79,18 +80,8 @@ __device__ __forceinline__ int64_t piece_stride(int64_t row_bytes) {
 // m16n8k32 straight from the pieces (four a step; eight, for x in two e4m3 parts).
 enum class Work { kFold, kConvert, kF16Products, kE4m3Products, kE4m3ProductsTwice };
 
-__device__ __forceinline__ void e4m3x2_to_f16x2(uint16_t pair, uint32_t& out) {
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(out) : "h"(pair));
-}
-
-__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
+// The e4m3 product m16n8k32 (no kernel of the backend uses it: on this GPU it is slower than the
+// conversion to f16 and tensor_core.cuh's f16 product, which the other rows run as the kernel does).
 __device__ __forceinline__ void mma_e4m3(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm(
       "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -120,12 +111,10 @@ __device__ __forceinline__ void work_step(const uint4 (&rows)[4], const uint4* x
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           uint32_t frag[4];
-          e4m3x2_to_f16x2(static_cast<uint16_t>(lo_words[j]), frag[0]);
-          e4m3x2_to_f16x2(static_cast<uint16_t>(lo_words[j] >> 16), frag[2]);
-          e4m3x2_to_f16x2(static_cast<uint16_t>(hi_words[j]), frag[1]);
-          e4m3x2_to_f16x2(static_cast<uint16_t>(hi_words[j] >> 16), frag[3]);
+          few_row::e4m3x4_to_f16x2x2(lo_words[j], frag[0], frag[2]);
+          few_row::e4m3x4_to_f16x2x2(hi_words[j], frag[1], frag[3]);
           if constexpr (kWork == Work::kConvert) folded += frag[0] ^ frag[1] ^ frag[2] ^ frag[3];
-          else mma_f16(sums, frag, xw[2 * j], xw[2 * j + 1]);
+          else dsinfer::cuda::mma_f16_16x8x16(sums, frag, xw[2 * j], xw[2 * j + 1]);
         }
       } else {
         // Two k32 products: words 0, 1 of rows g and g + 8, then words 2, 3.
@@ -212,7 +201,10 @@ double time_launches(const std::function<void(int, cudaStream_t)>& launch, int n
 class FewRowCalls {
  public:
   FewRowCalls(uint8_t* const* copies, int num_copies, int64_t rows, int64_t row_bytes, int64_t expert_rows)
-      : num_experts_(static_cast<int>(rows / expert_rows)), expert_rows_(expert_rows) {
+      : num_experts_(static_cast<int>(rows / expert_rows)),
+        expert_rows_(expert_rows),
+        rows_(rows),
+        row_bytes_(row_bytes) {
     namespace cuda = dsinfer::cuda;
     const int64_t scale_cols = (row_bytes + 127) / 128;
     scales_ = device_zeros<float>(rows / 16 * scale_cols);
@@ -230,8 +222,6 @@ class FewRowCalls {
       groups_.push_back(upload(experts));
       dense_.push_back({copies[c], scales_, static_cast<int32_t>(rows), static_cast<int32_t>(row_bytes)});
     }
-    rows_ = rows;
-    row_bytes_ = row_bytes;
   }
   FewRowCalls(const FewRowCalls&) = delete;
   FewRowCalls& operator=(const FewRowCalls&) = delete;
@@ -287,7 +277,7 @@ class FewRowCalls {
   }
 
   int num_experts_;
-  int64_t expert_rows_, rows_ = 0, row_bytes_ = 0;
+  int64_t expert_rows_, rows_, row_bytes_;
   float* scales_ = nullptr;
   float* y_ = nullptr;
   uint16_t* x_ = nullptr;
