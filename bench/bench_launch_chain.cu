@@ -8,8 +8,11 @@
 // vector. Chains of --steps such steps are recorded as one CUDA graph and replayed:
 //  - launches: a kernel per step, either as programmatic dependents (the backend's launches:
 //    each block waits, then lets the next kernel's blocks be scheduled) or in plain stream
-//    order; with one block an SM (room for the next kernel's blocks beside) or with as many
-//    blocks as fit (none);
+//    order; with one block an SM (room for the next kernel's blocks beside), two or four (the
+//    few-row products' blocks), or as many blocks as fit (none);
+//  - the same work in fewer, larger blocks: one block an SM of four groups of 128 threads, each
+//    group doing what a block of 128 does (so the groups read the vector as often as four
+//    blocks would): what starting a block costs apart from its work;
 //  - persistent: one kernel of one block an SM, its steps apart by a grid-wide barrier (an
 //    arrival counter in global memory).
 // Prints µs per step and each form's ratio to the persistent one.
@@ -34,33 +37,42 @@ namespace {
 using dsinfer::cuda::await_previous_kernels;
 
 constexpr int kThreads = 128;
+constexpr int kGroupsPerWideBlock = 4;  // groups of kThreads threads in a block of the wide form
 constexpr int kWidth = 2048;  // floats a step reads and writes
 
-// One step of block `block` of `num_blocks`: the sum of squares of the whole input, then this
-// block's slice of the output, normalised by it. The input comes from L2 (another block, or the
-// kernel before, wrote it).
-__device__ void step(const float* in, float* out, int block, int num_blocks) {
-  __shared__ float warp_sums[kThreads / 32];
+// One step of group `group` of `num_groups` (a block of kThreads threads, or one such group of a
+// wide block): the sum of squares of the whole input, then this group's slice of the output,
+// normalised by it. The input comes from L2 (another block, or the kernel before, wrote it).
+template <int kGroups>
+__device__ void step(const float* in, float* out, int group, int num_groups) {
+  __shared__ float warp_sums[kGroups][kThreads / 32];
+  const int sub = threadIdx.x / kThreads, tid = threadIdx.x % kThreads;
   float sum = 0.0f;
-  for (int i = threadIdx.x; i < kWidth; i += kThreads) {
+  for (int i = tid; i < kWidth; i += kThreads) {
     const float v = __ldcg(in + i);
     sum = fmaf(v, v, sum);
   }
   for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
+  if (tid % 32 == 0) warp_sums[sub][tid / 32] = sum;
   __syncthreads();
   float total = 0.0f;
-  for (int w = 0; w < kThreads / 32; ++w) total += warp_sums[w];
+  for (int w = 0; w < kThreads / 32; ++w) total += warp_sums[sub][w];
   const float inv = rsqrtf(total / kWidth + 1e-6f);
-  const int slice = (kWidth + num_blocks - 1) / num_blocks;
-  for (int i = block * slice + threadIdx.x; i < min(kWidth, (block + 1) * slice); i += kThreads)
+  const int slice = (kWidth + num_groups - 1) / num_groups;
+  for (int i = group * slice + tid; i < min(kWidth, (group + 1) * slice); i += kThreads)
     __stcg(out + i, __ldcg(in + i) * inv);
   __syncthreads();  // warp_sums is reused by the next step
 }
 
 __global__ void __launch_bounds__(kThreads) step_kernel(const float* in, float* out) {
   await_previous_kernels();
-  step(in, out, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
+  step<1>(in, out, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
+}
+
+__global__ void __launch_bounds__(kThreads * kGroupsPerWideBlock) wide_step_kernel(const float* in, float* out) {
+  await_previous_kernels();
+  step<kGroupsPerWideBlock>(in, out, static_cast<int>(blockIdx.x * kGroupsPerWideBlock + threadIdx.x / kThreads),
+                            static_cast<int>(gridDim.x * kGroupsPerWideBlock));
 }
 
 // Every block arrives once per step; a block leaves the barrier once all have arrived.
@@ -79,28 +91,28 @@ __device__ void grid_barrier(unsigned* arrived, unsigned target) {
 
 __global__ void __launch_bounds__(kThreads) persistent_kernel(float* a, float* b, int num_steps, unsigned* arrived) {
   for (int k = 0; k < num_steps; ++k) {
-    step(k % 2 == 0 ? a : b, k % 2 == 0 ? b : a, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
+    step<1>(k % 2 == 0 ? a : b, k % 2 == 0 ? b : a, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
     grid_barrier(arrived, static_cast<unsigned>(k + 1) * gridDim.x);
   }
 }
 
-void launch_step(int blocks, bool dependent, cudaStream_t stream, const float* in, float* out) {
+void launch_step(int blocks, bool wide, bool dependent, cudaStream_t stream, const float* in, float* out) {
   cudaLaunchAttribute overlap;
   overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   overlap.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(blocks);
-  config.blockDim = dim3(kThreads);
+  config.blockDim = dim3(wide ? kThreads * kGroupsPerWideBlock : kThreads);
   config.stream = stream;
   config.attrs = &overlap;
   config.numAttrs = dependent ? 1 : 0;
-  DS_CUDA_CHECK(cudaLaunchKernelEx(&config, step_kernel, in, out));
+  DS_CUDA_CHECK(cudaLaunchKernelEx(&config, wide ? wide_step_kernel : step_kernel, in, out));
 }
 
 struct Form {
   std::string name;
   int blocks = 0;
-  bool persistent = false, dependent = false;
+  bool persistent = false, dependent = false, wide = false;
   double us_per_step = 0;
 };
 
@@ -115,7 +127,7 @@ double time_form(const Form& form, int num_steps, int num_replays, float* a, flo
       DS_CUDA_CHECK(cudaGetLastError());
     } else {
       for (int k = 0; k < num_steps; ++k)
-        launch_step(form.blocks, form.dependent, s, k % 2 == 0 ? a : b, k % 2 == 0 ? b : a);
+        launch_step(form.blocks, form.wide, form.dependent, s, k % 2 == 0 ? a : b, k % 2 == 0 ? b : a);
     }
   };
   return 1e3 * dsinfer::bench::graph_replay_ms(record, 5, num_replays, stream) / num_steps;
@@ -163,6 +175,10 @@ int main(int argc, char** argv) {
   std::vector<Form> forms = {
       {"persistent kernel, grid-wide barrier between steps", sms, true, false},
       {"a kernel a step, programmatic dependents, one block an SM", sms, false, true},
+      {"a kernel a step, programmatic dependents, two blocks an SM", 2 * sms, false, true},
+      {"a kernel a step, programmatic dependents, four blocks an SM", 4 * sms, false, true},
+      {"a kernel a step, programmatic dependents, one block of four 128-thread groups an SM", sms, false, true,
+       true},
       {"a kernel a step, programmatic dependents, every resident block", sms * per_sm, false, true},
       {"a kernel a step, stream order, one block an SM", sms, false, false},
       {"a kernel a step, stream order, every resident block", sms * per_sm, false, false},
