@@ -122,12 +122,21 @@ __global__ void __launch_bounds__(kThreads) cache_write_kernel(MlaDims d, MlaBat
   cache_write_block(d, b, job, rope_cos, rope_sin, blockIdx.x);
 }
 
+// The split kernel's shape: kLora latent and kRope rope columns, kBlock positions a cache block,
+// kFp8 the cache format (1 FP8, 0 fp32); 0 (kFp8: -1) takes the value from MlaDims. Why fixed
+// forms: with the widths known, a lane's columns of an entry lie at fixed offsets from the
+// entry's start, and the bounds checks and the division by the block size fall away (the
+// generic form runs about 300 warp instructions a position at batch 1, two fifths of them
+// integer: addresses and bounds). Either form reads the same columns in each lane and adds them
+// in the same order, so the bits are the same.
+template <int kLora, int kRope, int kBlock, int kFp8>
 __global__ void __launch_bounds__(kThreads) attention_partial_kernel(MlaDims d, MlaBatchView b, const float* q,
                                                                      const float* q_latent, const float* rope_cos,
                                                                      const float* rope_sin, const void* cache,
                                                                      float softmax_scale, int num_splits,
                                                                      int split_len, int token_base,
                                                                      float* workspace, bool cache_just_written) {
+  static_assert(kLora <= kMaxLora && kRope <= kMaxRope, "the kernel's shared rows");
   __shared__ float s_q_lat[kMaxLora];
   __shared__ float s_q_rope[kMaxRope];
   __shared__ float s_m[kWarps], s_l[kWarps];
@@ -135,8 +144,10 @@ __global__ void __launch_bounds__(kThreads) attention_partial_kernel(MlaDims d, 
   // Heads vary fastest across blocks: the heads of a token read the same cache entries at about
   // the same time, so a sequence's latent cache comes from memory once and from L2 for the rest.
   const int h = blockIdx.x, t = token_base + blockIdx.y, split = blockIdx.z;
-  const int lora = d.kv_lora_rank, rope = d.qk_rope_head_dim, nope = d.qk_nope_head_dim;
-  const int half = rope / 2, bs = d.block_size;
+  const int lora = kLora > 0 ? kLora : d.kv_lora_rank, rope = kRope > 0 ? kRope : d.qk_rope_head_dim;
+  const int nope = d.qk_nope_head_dim;
+  const int half = rope / 2, bs = kBlock > 0 ? kBlock : d.block_size;
+  const bool fp8 = kFp8 >= 0 ? kFp8 == 1 : d.cache_fp8;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // Before the wait for the kernels before this one: everything but the latent query (the
   // product just before). The step's batch view, the query's rope part and the cache entries
@@ -148,8 +159,8 @@ __global__ void __launch_bounds__(kThreads) attention_partial_kernel(MlaDims d, 
   for (int i = threadIdx.x; i < half; i += kThreads) {
     const float x0 = qt[nope + 2 * i], x1 = qt[nope + 2 * i + 1];
     const float c = rope_cos[pos * half + i], s = rope_sin[pos * half + i];
-    s_q_rope[2 * i] = x0 * c - x1 * s;
-    s_q_rope[2 * i + 1] = x0 * s + x1 * c;
+    s_q_rope[2 * i] = __fmaf_rn(x0, c, -__fmul_rn(x1, s));
+    s_q_rope[2 * i + 1] = __fmaf_rn(x0, s, __fmul_rn(x1, c));
   }
   const int num_ctx = pos + 1;  // causal: positions 0..pos are in the cache by now
   // split_len 0: this token's context is cut into num_splits equal slices (whole 16-position
@@ -162,17 +173,23 @@ __global__ void __launch_bounds__(kThreads) attention_partial_kernel(MlaDims d, 
   // entry is read while the current one is used: each step waits for one memory round trip
   // less. The sums keep their order.
   float next_lat[kLoraPerLane], next_rope[kRopePerLane];
+  // latent_value and rope_value of the entry, for the form's format.
   auto read_entry = [&](int s) {
     const uint8_t* kv = cache_entry(d, cache, static_cast<int64_t>(table[s / bs]) * bs + s % bs);
+    const float* scales = reinterpret_cast<const float*>(kv + d.cache_scales_offset);
 #pragma unroll
     for (int i = 0; i < kLoraPerLane; ++i) {
       const int l = lane + 32 * i;
-      next_lat[i] = l < lora ? latent_value(d, kv, l) : 0.0f;
+      if (l >= lora) next_lat[i] = 0.0f;
+      else if (fp8) next_lat[i] = fp8_to_float(kv[l]) * scales[l / kFp8TileColumns];
+      else next_lat[i] = reinterpret_cast<const float*>(kv)[l];
     }
 #pragma unroll
     for (int i = 0; i < kRopePerLane; ++i) {
       const int r = lane + 32 * i;
-      next_rope[i] = r < rope ? rope_value(d, kv, r) : 0.0f;
+      if (r >= rope) next_rope[i] = 0.0f;
+      else if (fp8) next_rope[i] = __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(kv + d.cache_rope_offset)[r]);
+      else next_rope[i] = reinterpret_cast<const float*>(kv)[lora + r];
     }
   };
   // With the cache just written (by the launch before this one, beside the W_UK product), the
@@ -209,19 +226,21 @@ __global__ void __launch_bounds__(kThreads) attention_partial_kernel(MlaDims d, 
 #pragma unroll
     for (int i = 0; i < kRopePerLane; ++i) kv_rope[i] = next_rope[i];
     if (s + kWarps < end) read_entry(s + kWarps);
+    // Roundings spelled out, so that every form of the kernel rounds alike (left to the
+    // compiler, which product fuses into an add depends on the code around it).
     float part = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kLoraPerLane; ++i) part += q_lat[i] * kv_lat[i];
+    for (int i = 0; i < kLoraPerLane; ++i) part = __fmaf_rn(q_lat[i], kv_lat[i], part);
 #pragma unroll
     for (int i = 0; i < kRopePerLane; ++i)
-      if (lane + 32 * i < rope) part += q_rope[i] * kv_rope[i];
-    const float score = warp_sum(part) * softmax_scale;
+      if (lane + 32 * i < rope) part = __fmaf_rn(q_rope[i], kv_rope[i], part);
+    const float score = __fmul_rn(warp_sum(part), softmax_scale);
     const float m_new = fmaxf(m, score);
     const float corr = expf(m - m_new);
     const float p = expf(score - m_new);
-    l_sum = l_sum * corr + p;
+    l_sum = __fmaf_rn(l_sum, corr, p);
 #pragma unroll
-    for (int i = 0; i < kLoraPerLane; ++i) acc[i] = acc[i] * corr + p * kv_lat[i];
+    for (int i = 0; i < kLoraPerLane; ++i) acc[i] = __fmaf_rn(p, kv_lat[i], __fmul_rn(acc[i], corr));
     m = m_new;
   }
   if (lane == 0) {
@@ -242,13 +261,13 @@ __global__ void __launch_bounds__(kThreads) attention_partial_kernel(MlaDims d, 
   for (int l = threadIdx.x; l < lora; l += kThreads) {
     float v = 0.0f;
     for (int w = 0; w < kWarps; ++w)
-      if (s_l[w] > 0.0f) v += s_acc[w][l] * expf(s_m[w] - m_all);
+      if (s_l[w] > 0.0f) v = __fmaf_rn(s_acc[w][l], expf(s_m[w] - m_all), v);
     out[l] = v;
   }
   if (threadIdx.x == 0) {
     float total = 0.0f;
     for (int w = 0; w < kWarps; ++w)
-      if (s_l[w] > 0.0f) total += s_l[w] * expf(s_m[w] - m_all);
+      if (s_l[w] > 0.0f) total = __fmaf_rn(s_l[w], expf(s_m[w] - m_all), total);
     out[lora] = m_all;
     out[lora + 1] = total;
   }
@@ -599,7 +618,8 @@ bool launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
                           float softmax_scale, int num_splits, int split_len_tokens, float* workspace,
                           float* q_latent, float* o_latent, float* out, const int32_t* prefill_tiles,
                           int num_prefill_tiles, int head_tile_blocks, int32_t* work_starts, bool fast_forms,
-                          Stream stream, uint16_t* out_bf16, int64_t ld_out_bf16, const MlaCacheWrite* cache_write) {
+                          Stream stream, uint16_t* out_bf16, int64_t ld_out_bf16, const MlaCacheWrite* cache_write,
+                          bool fixed_split_forms) {
   check_dims(d);
   if (b.num_tokens == 0) return false;
   DS_CHECK(num_splits >= 1 && num_splits <= kMaxSplits && split_len_tokens >= 0 && d.num_heads <= 65535);
@@ -628,11 +648,17 @@ bool launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
     launch_mla_decode_head_tiles(d, b, q, q_latent, rope_cos, rope_sin, cache, softmax_scale, head_tile_blocks,
                                  work_starts, workspace, o_latent, stream);
   } else {
-    // Partial results per (token, head, split) from the fp32 kernel, then merged.
+    // Partial results per (token, head, split) from the fp32 kernel, then merged: DeepSeek's
+    // widths (512 latent, 64 rope columns) in 64-position blocks take the fixed forms.
+    const bool fixed =
+        fixed_split_forms && d.kv_lora_rank == 512 && d.qk_rope_head_dim == 64 && d.block_size == 64;
+    const auto partial_kernel = !fixed       ? attention_partial_kernel<0, 0, 0, -1>
+                                : d.cache_fp8 ? attention_partial_kernel<512, 64, 64, 1>
+                                              : attention_partial_kernel<512, 64, 64, 0>;
     constexpr int kMaxGridY = 65535;
     for (int token_base = 0; token_base < b.num_tokens; token_base += kMaxGridY) {
       const dim3 grid(d.num_heads, std::min(kMaxGridY, b.num_tokens - token_base), num_splits);
-      launch_kernel(attention_partial_kernel, grid, kThreads, 0, stream, d, b, q, q_latent, rope_cos, rope_sin, cache,
+      launch_kernel(partial_kernel, grid, kThreads, 0, stream, d, b, q, q_latent, rope_cos, rope_sin, cache,
                     softmax_scale, num_splits, split_len_tokens, token_base, workspace, cache_just_written);
       DS_CUDA_CHECK_LAUNCH();
     }

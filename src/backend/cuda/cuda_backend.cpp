@@ -101,6 +101,7 @@ CudaBackend::CudaBackend(Precision precision) {
   fused_prefill_attention_ = !env_is("DSINFER_MLA_FLASH", "0");
   warpgroup_flash_attention_ = !env_is("DSINFER_MLA_FLASH_WGMMA", "0");
   cache_write_beside_ = !env_is("DSINFER_MLA_CACHE_WRITE_BESIDE", "0");
+  fixed_split_forms_ = !env_is("DSINFER_MLA_SPLIT_GENERIC", "1");
   device_random_weights_ = !env_is("DSINFER_DEVICE_RANDOM_WEIGHTS", "0");
   shared_experts_alongside_ = !env_is("DSINFER_MOE_SIDE_STREAM", "0");
   shared_experts_in_routing_ = shared_experts_alongside_ && !env_is("DSINFER_MOE_SHARED_IN_ROUTING", "0");

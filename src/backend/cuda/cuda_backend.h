@@ -400,6 +400,9 @@ class CudaBackend final : public Backend {
   // Steps of a few tokens write the attention's cache entries in the W_UK product's launch
   // (DSINFER_MLA_CACHE_WRITE_BESIDE=0: in a launch of their own before it; same results).
   bool cache_write_beside_ = true;
+  // The split attention kernel's forms for DeepSeek's widths (DSINFER_MLA_SPLIT_GENERIC=1: the
+  // generic form, the same bits).
+  bool fixed_split_forms_ = true;
   // make_random_linear fills weights on the device (DSINFER_DEVICE_RANDOM_WEIGHTS=0: it declines,
   // and the caller draws them on the host).
   bool device_random_weights_ = true;

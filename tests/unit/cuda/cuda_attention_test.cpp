@@ -205,6 +205,20 @@ TEST_F(CudaAttentionTest, LongContextDecodeSplitsTheContext) {
   run_case(kTinyDims, {{3000, 1}}, 500);
 }
 
+TEST_F(CudaAttentionTest, SplitKernelOfDeepSeekWidthsGivesTheGenericFormsBits) {
+  // Decode steps of fewer than 16 tokens attend in the split kernel, whose forms for 512 latent
+  // and 64 rope columns in 64-position blocks (fp32 and FP8 caches) read each lane's columns at
+  // fixed offsets; DSINFER_MLA_SPLIT_GENERIC=1 takes the form that reads the widths from
+  // MlaDims. Same columns a lane, same order of sums: the same bits, for one and several
+  // sequences, contexts from one position to past 2k, and splits left empty.
+  auto generic = make_backend_with_env("cuda", "DSINFER_MLA_SPLIT_GENERIC", "1");
+  for (KvCacheFormat format : {KvCacheFormat::kF32, KvCacheFormat::kFp8}) {
+    run_case(kV3Dims, {{2100, 1}}, 800, format, generic.get());
+    run_case(kV3Dims, {{0, 1}, {700, 1}, {63, 1}, {64, 1}, {1500, 1}}, 810, format, generic.get());
+    run_case(kV3Dims, {{61, 4}}, 820, format, generic.get());
+  }
+}
+
 TEST_F(CudaAttentionTest, CacheWriteBesideTheQueryProductGivesTheSameBits) {
   // Steps of up to four tokens write their cache entries in the W_UK product's launch, and the
   // split kernel then reads the newest entries only after its wait;
