@@ -177,6 +177,7 @@ __global__ void __launch_bounds__(kThreads) attention_partial_kernel(MlaDims d, 
   auto read_entry = [&](int s) {
     const uint8_t* kv = cache_entry(d, cache, static_cast<int64_t>(table[s / bs]) * bs + s % bs);
     const float* scales = reinterpret_cast<const float*>(kv + d.cache_scales_offset);
+    const auto* rope_bf16 = reinterpret_cast<const __nv_bfloat16*>(kv + d.cache_rope_offset);
 #pragma unroll
     for (int i = 0; i < kLoraPerLane; ++i) {
       const int l = lane + 32 * i;
@@ -188,7 +189,7 @@ __global__ void __launch_bounds__(kThreads) attention_partial_kernel(MlaDims d, 
     for (int i = 0; i < kRopePerLane; ++i) {
       const int r = lane + 32 * i;
       if (r >= rope) next_rope[i] = 0.0f;
-      else if (fp8) next_rope[i] = __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(kv + d.cache_rope_offset)[r]);
+      else if (fp8) next_rope[i] = __bfloat162float(rope_bf16[r]);
       else next_rope[i] = reinterpret_cast<const float*>(kv)[lora + r];
     }
   };
