@@ -151,13 +151,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  int device_count = 0;
-  if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
-    std::fprintf(stderr, "bench_launch_chain: no CUDA device\n");
-    return 1;
-  }
   cudaDeviceProp prop;
-  DS_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  if (!dsinfer::bench::first_device("bench_launch_chain", prop)) return 1;
   int per_sm = 0;
   DS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, step_kernel, kThreads, 0));
   const int sms = prop.multiProcessorCount;

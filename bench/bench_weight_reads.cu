@@ -320,13 +320,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_weight_reads: --rows must be a multiple of 32 and --cols of 2048\n");
     return 2;
   }
-  int device_count = 0;
-  if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
-    std::fprintf(stderr, "bench_weight_reads: no CUDA device\n");
-    return 1;
-  }
   cudaDeviceProp prop;
-  DS_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  if (!dsinfer::bench::first_device("bench_weight_reads", prop)) return 1;
   const int sms = prop.multiProcessorCount;
   const int64_t bytes = rows * row_bytes, large_bytes = 16 * bytes;
   uint8_t* copies[kCopies];

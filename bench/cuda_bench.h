@@ -1,9 +1,10 @@
-// What the CUDA micro-benchmarks share: timing a recorded graph's replays, and the date and file
-// their markdown tables go to.
+// What the CUDA micro-benchmarks share: the device they run on, timing a recorded graph's
+// replays, and the date and file their markdown tables go to.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <cstdio>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +14,18 @@
 #include "backend/cuda/cuda_check.h"
 
 namespace dsinfer::bench {
+
+// The first CUDA device's properties into prop; false, with a line naming `program` on stderr,
+// where there is none.
+inline bool first_device(const char* program, cudaDeviceProp& prop) {
+  int device_count = 0;
+  if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
+    std::fprintf(stderr, "%s: no CUDA device\n", program);
+    return false;
+  }
+  DS_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  return true;
+}
 
 // Milliseconds a replay takes of the graph that `record` captures on `stream`: replayed
 // num_warmups times untimed, then num_replays times between two events.
