@@ -26,6 +26,7 @@ struct GateSpec {
   float scaling;
   bool shared;
   int favoured_experts = 0;  // noaux_tc: experts 0 .. n-1 get a correction bias every token picks
+  int tied_experts = 0;      // experts 0 .. n-1 share one gate row: equal scores, picked by index
 };
 
 // The e4m3 codes of the experts' weights: random values, every finite code in turn, or only the
@@ -57,6 +58,7 @@ class CudaMoeTest : public CudaVsCpuTest {
   }
 
   Fp8Codes fp8_codes_ = Fp8Codes::kRandom;
+  std::vector<int32_t> last_expert_ids_;  // the CUDA side's picks of the last run_case
 
   MoeWeights build(Backend& be, const GateSpec& g, int64_t hidden, int64_t inter, uint32_t seed, bool fp8 = false) {
     MoeWeights w;
@@ -68,7 +70,9 @@ class CudaMoeTest : public CudaVsCpuTest {
     w.topk_method = g.method;
     w.norm_topk_prob = g.norm_topk_prob;
     w.routed_scaling_factor = g.scaling;
-    w.gate = upload(be, {g.num_experts, hidden}, random_values(g.num_experts * hidden, seed, 0.3f));
+    auto gate = random_values(g.num_experts * hidden, seed, 0.3f);
+    for (int e = 1; e < g.tied_experts; ++e) std::copy_n(gate.begin(), hidden, gate.begin() + e * hidden);
+    w.gate = upload(be, {g.num_experts, hidden}, gate);
     if (g.method == GateTopk::kNoauxTc) {
       auto bias = random_values(g.num_experts, seed + 1, 0.05f);
       for (int e = 0; e < g.favoured_experts; ++e) bias[e] += 10.0f;
@@ -116,6 +120,7 @@ class CudaMoeTest : public CudaVsCpuTest {
     }
     ASSERT_EQ(routing[1].expert_ids.size(), static_cast<size_t>(num_tokens * g.top_k));
     EXPECT_EQ(routing[1].expert_ids, routing[0].expert_ids);
+    last_expert_ids_ = routing[1].expert_ids;
     for (size_t i = 0; i < routing[0].weights.size(); ++i)
       EXPECT_NEAR(routing[1].weights[i], routing[0].weights[i], 1e-4 * std::max(1.0f, std::abs(routing[0].weights[i])));
     // Group limits: no chosen expert outside the kept groups (checked on the CUDA side).
@@ -427,6 +432,57 @@ TEST_F(CudaMoeTest, Fp32PrecisionModeMatchesCpuToFp32Rounding) {
   run_case(g, 90, 43, 256, 128, /*fp8=*/true, /*tolerance=*/1e-5);
   const GateSpec skewed{64, 4, 1, 1, GateScoring::kSigmoid, GateTopk::kNoauxTc, true, 1.0f, true, 4};
   run_case(skewed, 100, 44, 80, 96, /*fp8=*/false, /*tolerance=*/1e-5);
+}
+
+// Steps of up to four tokens route and plan in one block (a warp per token, then one warp's plan
+// when the entries fit in a warp; the block's shared counters beyond that), with or without the
+// shared experts in the same launch.
+TEST_F(CudaMoeTest, DecodeSizedStepsPickTheReferenceExperts) {
+  const GateSpec v2_lite{64, 6, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, false, 1.0f, true};
+  const GateSpec v3{256, 8, 8, 4, GateScoring::kSigmoid, GateTopk::kNoauxTc, true, 2.5f, false};
+  // Experts sharing one gate row have equal scores, and equal scores go by index: every expert
+  // (the picks are 0 .. 5 in every token), or a third of them.
+  const GateSpec tied{64, 6, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, true, 1.0f, false, 0, 64};
+  const GateSpec tied_v3{256, 8, 8, 4, GateScoring::kSigmoid, GateTopk::kNoauxTc, true, 2.5f, true, 0, 80};
+  // Four tokens of nine picks: more entries than a warp's lanes.
+  const GateSpec wide{40, 9, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, true, 1.0f, true};
+  for (int64_t tokens = 1; tokens <= 4; ++tokens) {
+    SCOPED_TRACE(tokens);
+    run_case(v2_lite, tokens, 60 + tokens);
+    run_case(v3, tokens, 70 + tokens);
+    run_case(tied, tokens, 80 + tokens);
+    EXPECT_EQ(last_expert_ids_[0], 0);
+    EXPECT_EQ(last_expert_ids_[5], 5);
+    run_case(tied_v3, tokens, 90 + tokens);
+    run_case(wide, tokens, 100 + tokens);
+  }
+}
+
+// A token's experts and weights have the same bits in a step of its own (the one-block routing
+// and plan) as in a prefill-sized step (a launch of a warp per token, then the planning kernel).
+TEST_F(CudaMoeTest, ATokensRoutingHasTheSameBitsAloneAndInAManyTokenStep) {
+  const GateSpec v2_lite{64, 6, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, false, 1.0f, true};
+  const GateSpec v3{256, 8, 8, 4, GateScoring::kSigmoid, GateTopk::kNoauxTc, true, 2.5f, false};
+  const int64_t hidden = 256, inter = 96, num_tokens = 40;
+  for (const GateSpec& g : {v2_lite, v3}) {
+    MoeWeights w = build(*gpu_, g, hidden, inter, 51);
+    const auto x = random_values(num_tokens * hidden, 52);
+    Tensor tx = upload(*gpu_, {num_tokens, hidden}, x), tout = gpu_->empty({num_tokens, hidden}, DType::kF32);
+    MoeRouting all;
+    gpu_->moe(tx, w, tout, &all);
+    for (int64_t t : {0, 17, 39}) {
+      const std::vector<float> row(x.begin() + t * hidden, x.begin() + (t + 1) * hidden);
+      Tensor one = upload(*gpu_, {1, hidden}, row), one_out = gpu_->empty({1, hidden}, DType::kF32);
+      MoeRouting alone;
+      gpu_->moe(one, w, one_out, &alone);
+      const auto first = static_cast<size_t>(t * g.top_k);
+      EXPECT_EQ(alone.expert_ids, std::vector<int32_t>(all.expert_ids.begin() + first,
+                                                       all.expert_ids.begin() + first + g.top_k))
+          << "token " << t;
+      EXPECT_EQ(alone.weights, std::vector<float>(all.weights.begin() + first, all.weights.begin() + first + g.top_k))
+          << "token " << t;
+    }
+  }
 }
 
 TEST_F(CudaMoeTest, GroupLimitedGreedySoftmax) {
