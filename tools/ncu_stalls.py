@@ -4,6 +4,8 @@
 Reads what `ncu --import REPORT --page source --csv --print-source sass` prints (plain or
 gzipped) for a report taken with `--section SourceCounters --section WarpStateStats`, and
 tables for each kernel:
+- the instructions run at least once, in bytes of code and 128-byte lines: what a launch
+  fetches into the SM's instruction caches;
 - the warp stall samples by reason, largest first, with their share of all samples;
 - the instructions with the most samples, each with its offset in the kernel, its SASS and its
   two largest reasons;
@@ -28,6 +30,8 @@ EXECUTED = "Instructions Executed"
 WAVEFRONTS = "L1 Wavefronts Shared"
 WAVEFRONTS_IDEAL = "L1 Wavefronts Shared Ideal"
 STALL_PREFIX = "stall_"
+INSTRUCTION_BYTES = 16  # every SASS instruction since Volta
+CODE_LINE_BYTES = 128
 NOT_ISSUED = "(Not Issued)"
 
 
@@ -92,9 +96,15 @@ def report(kernel, top):
         return f"## {kernel.name}\n\nno per-instruction samples in this block\n"
     stalls = stall_columns(kernel.header)
     total = sum(number(r[SAMPLES]) for r in rows)
+    # The code a launch fetches: the instructions run at least once, and the 128-byte lines
+    # that hold them (a short launch finds its code cold in the SM's instruction caches).
+    run = [int(r["Address"], 16) for r in rows
+           if number(r.get(EXECUTED, "")) > 0 and r["Address"].startswith("0x")]
     out = [f"## {kernel.name}", "",
            f"{total:,} samples over {len(rows):,} instructions; "
-           f"{sum(number(r.get(EXECUTED, '')) for r in rows):,} warp instructions executed", ""]
+           f"{sum(number(r.get(EXECUTED, '')) for r in rows):,} warp instructions executed",
+           f"{len(run):,} instructions run at least once ({len(run) * INSTRUCTION_BYTES:,} bytes of code; "
+           f"{CODE_LINE_BYTES}-byte lines: {len({a // CODE_LINE_BYTES for a in run}):,})", ""]
 
     by_reason = collections.Counter()
     for r in rows:

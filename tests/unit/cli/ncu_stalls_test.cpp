@@ -1,7 +1,8 @@
 // tools/ncu_stalls.py, which tables where a kernel's warps wait from Nsight Compute's
 // per-instruction source counters: stall reasons, the instructions with the most samples, and
-// per opcode the instructions executed and shared-memory wavefronts. The sample holds a kernel
-// whose block repeats (a second profiled launch) and one other kernel.
+// per opcode the instructions executed and shared-memory wavefronts, and the code a launch runs.
+// The sample holds a kernel whose block repeats (a second profiled launch) and two others, one of
+// them with an instruction that no warp ran.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -42,6 +43,20 @@ TEST(NcuStallsTest, TablesEachKernelOnceWithReasonsInstructionsAndOpcodes) {
   EXPECT_NE(r.out.find("| QGMMA | 400 | 20 | 4,800 | 4,800 |"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("| BRA | 800 | 15 | 0 | 0 |"), std::string::npos) << r.out;  // guard not an opcode
   EXPECT_NE(r.out.find("## void k_b()\n\n10 samples over 2 instructions"), std::string::npos) << r.out;
+}
+
+TEST(NcuStallsTest, CountsTheCodeALaunchRanInInstructionsBytesAndLines) {
+  const auto r = run_tool("ncu_stalls.py", kSample);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("1,900 warp instructions executed\n5 instructions run at least once (80 bytes of code; "
+                       "128-byte lines: 1)"),
+            std::string::npos)
+      << r.out;
+  // k_c's NOP, branched over, is not counted; its EXIT lies in a second line.
+  EXPECT_NE(r.out.find("## void k_c()\n\n2 samples over 4 instructions; 96 warp instructions executed\n"
+                       "3 instructions run at least once (48 bytes of code; 128-byte lines: 2)"),
+            std::string::npos)
+      << r.out;
 }
 
 TEST(NcuStallsTest, PicksKernelsByNameAndCutsTablesToTop) {
