@@ -173,7 +173,9 @@ __global__ void __launch_bounds__(kThreads) attention_partial_kernel(MlaDims d, 
   // entry is read while the current one is used: each step waits for one memory round trip
   // less. The sums keep their order.
   float next_lat[kLoraPerLane], next_rope[kRopePerLane];
-  // latent_value and rope_value of the entry, for the form's format.
+  // latent_value and rope_value of the entry, for the form's format. Written out rather than
+  // called: through those helpers (in either operand order) the FP8 and generic forms, or the
+  // head tiles and the gather that share them, compile to other machine code than was measured.
   auto read_entry = [&](int s) {
     const uint8_t* kv = cache_entry(d, cache, static_cast<int64_t>(table[s / bs]) * bs + s % bs);
     const float* scales = reinterpret_cast<const float*>(kv + d.cache_scales_offset);
