@@ -6,7 +6,9 @@
 // (split, head, token) walks its slice of the context with four warps; each warp owns every
 // fourth position and keeps an online-softmax state whose latent accumulator is spread over the
 // lanes (lane i holds columns i, i+32, …), so a position costs one coalesced 576-float read
-// (issued one position ahead) and one warp reduction; (3) the splits are merged flash-decoding
+// (issued one position ahead) and one warp reduction, or, in grids of one wave, scores four of
+// its positions at once (their reads, products and reductions side by side, the state rescaled
+// once for the four); (3) the splits are merged flash-decoding
 // style into the latent output; (4) that output is projected through W_UV by the same per-head
 // GEMM. Decode batches use many splits so that 132 SMs have work even for one sequence. Steps
 // of up to four tokens write their cache entries in the launch of (1), in blocks beside the
@@ -40,6 +42,37 @@ constexpr int kTensorCoreTokens = 16;
 __device__ float warp_sum(float v) {
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
   return v;
+}
+
+// The warp sums of kGroup values at once (a power of two up to 32), each lane's v[j] its part
+// of sum j; on return every lane holds every sum. Each exchange passes the partner the half of
+// the values it keeps, so the sums take kGroup - 1 + log2(32 / kGroup) shuffles and kGroup
+// broadcasts instead of 5 · kGroup, and each sum is added in warp_sum's order (the same bits).
+template <int kGroup>
+__device__ __forceinline__ void group_sums(float (&v)[kGroup], int lane) {
+  static_assert(kGroup >= 2 && kGroup <= 32 && (kGroup & (kGroup - 1)) == 0, "a power of two up to 32");
+  int off = 16;
+#pragma unroll
+  for (int n = kGroup; n > 1; n /= 2, off /= 2) {
+    const bool upper = (lane & off) != 0;
+#pragma unroll
+    for (int k = 0; k < n / 2; ++k) {
+      const float keep = upper ? v[k + n / 2] : v[k], send = upper ? v[k] : v[k + n / 2];
+      v[k] = keep + __shfl_xor_sync(0xffffffffu, send, off);
+    }
+  }
+#pragma unroll
+  for (; off > 0; off /= 2) v[0] += __shfl_xor_sync(0xffffffffu, v[0], off);
+  // A lane now holds the sum whose index its lane bits 16, 8, … spell (upper halves first).
+  const float mine = v[0];
+#pragma unroll
+  for (int j = 0; j < kGroup; ++j) {
+    int src = 0, o = 16;
+#pragma unroll
+    for (int n = kGroup; n > 1; n /= 2, o /= 2)
+      if (j % n >= n / 2) src += o;
+    v[j] = __shfl_sync(0xffffffffu, mine, src);
+  }
 }
 
 // Token t's cache entry, written by a block of kThreads threads or more: the first kThreads do
@@ -128,8 +161,9 @@ __global__ void __launch_bounds__(kThreads) cache_write_kernel(MlaDims d, MlaBat
 // entry's start, and the bounds checks and the division by the block size fall away (the
 // generic form runs about 300 warp instructions a position at batch 1, two fifths of them
 // integer: addresses and bounds). Either form reads the same columns in each lane and adds them
-// in the same order, so the bits are the same.
-template <int kLora, int kRope, int kBlock, int kFp8>
+// in the same order, so the bits are the same. kGroup (1 or 4): the positions a warp scores at
+// once; 4 leaves 127 registers a thread (four blocks an SM), 1 about 95 (five).
+template <int kLora, int kRope, int kBlock, int kFp8, int kGroup>
 __global__ void __launch_bounds__(kThreads) attention_partial_kernel(MlaDims d, MlaBatchView b, const float* q,
                                                                      const float* q_latent, const float* rope_cos,
                                                                      const float* rope_sin, const void* cache,
@@ -137,6 +171,7 @@ __global__ void __launch_bounds__(kThreads) attention_partial_kernel(MlaDims d, 
                                                                      int split_len, int token_base,
                                                                      float* workspace, bool cache_just_written) {
   static_assert(kLora <= kMaxLora && kRope <= kMaxRope, "the kernel's shared rows");
+  static_assert(kGroup == 1 || kGroup == 4, "one position a warp at a time, or four");
   __shared__ float s_q_lat[kMaxLora];
   __shared__ float s_q_rope[kMaxRope];
   __shared__ float s_m[kWarps], s_l[kWarps];
@@ -169,40 +204,46 @@ __global__ void __launch_bounds__(kThreads) attention_partial_kernel(MlaDims d, 
   const int begin = split * split_len;
   const int end = min(begin + split_len, num_ctx);
   const int32_t* table = b.tables + b.table_offsets[b.token_seq[t]];
-  // A warp's positions form a chain (score, then the running softmax), so the next position's
-  // entry is read while the current one is used: each step waits for one memory round trip
-  // less. The sums keep their order.
-  float next_lat[kLoraPerLane], next_rope[kRopePerLane];
-  // latent_value and rope_value of the entry, for the form's format. Written out rather than
-  // called: through those helpers (in either operand order) the FP8 and generic forms, or the
-  // head tiles and the gather that share them, compile to other machine code than was measured.
-  auto read_entry = [&](int s) {
+  // latent_value and rope_value of the entry at position s, for the form's format. Written out
+  // rather than called: through those helpers (in either operand order) the FP8 and generic
+  // forms, or the head tiles and the gather that share them, compile to other machine code than
+  // was measured.
+  auto read_entry = [&](int s, float (&lat)[kLoraPerLane], float (&rope_part)[kRopePerLane]) {
     const uint8_t* kv = cache_entry(d, cache, static_cast<int64_t>(table[s / bs]) * bs + s % bs);
     const float* scales = reinterpret_cast<const float*>(kv + d.cache_scales_offset);
     const auto* rope_bf16 = reinterpret_cast<const __nv_bfloat16*>(kv + d.cache_rope_offset);
 #pragma unroll
     for (int i = 0; i < kLoraPerLane; ++i) {
       const int l = lane + 32 * i;
-      if (l >= lora) next_lat[i] = 0.0f;
-      else if (fp8) next_lat[i] = fp8_to_float(kv[l]) * scales[l / kFp8TileColumns];
-      else next_lat[i] = reinterpret_cast<const float*>(kv)[l];
+      if (l >= lora) lat[i] = 0.0f;
+      else if (fp8) lat[i] = fp8_to_float(kv[l]) * scales[l / kFp8TileColumns];
+      else lat[i] = reinterpret_cast<const float*>(kv)[l];
     }
 #pragma unroll
     for (int i = 0; i < kRopePerLane; ++i) {
       const int r = lane + 32 * i;
-      if (r >= rope) next_rope[i] = 0.0f;
-      else if (fp8) next_rope[i] = __bfloat162float(rope_bf16[r]);
-      else next_rope[i] = reinterpret_cast<const float*>(kv)[lora + r];
+      if (r >= rope) rope_part[i] = 0.0f;
+      else if (fp8) rope_part[i] = __bfloat162float(rope_bf16[r]);
+      else rope_part[i] = reinterpret_cast<const float*>(kv)[lora + r];
     }
   };
   // With the cache just written (by the launch before this one, beside the W_UK product), the
   // entries of a step's new tokens, at most kFewTokens positions up to pos, are read after the
-  // wait.
+  // wait; older entries before it.
+  const auto readable_early = [&](int s) { return !cache_just_written || s + kFewTokens <= pos; };
+  // A warp's positions: begin + warp, then every kWarps-th. kGroup of them form a group.
   const int first = begin + warp;
-  const bool read_early = first < end && (!cache_just_written || first + kFewTokens <= pos);
-  if (read_early) read_entry(first);
+  float lat[kGroup][kLoraPerLane], rope_part[kGroup][kRopePerLane];
+  unsigned read_before_wait = 0;  // bit j: the first group's entry j is in lat[j] already
+#pragma unroll
+  for (int j = 0; j < kGroup; ++j) {
+    const int s = first + j * kWarps;
+    if (s < end && readable_early(s)) {
+      read_entry(s, lat[j], rope_part[j]);
+      read_before_wait |= 1u << j;
+    }
+  }
   await_previous_kernels();
-  if (first < end && !read_early) read_entry(first);
 
   const float* ql = q_latent + (static_cast<int64_t>(t) * d.num_heads + h) * lora;
   for (int i = threadIdx.x; i < lora; i += kThreads) s_q_lat[i] = ql[i];
@@ -221,30 +262,93 @@ __global__ void __launch_bounds__(kThreads) attention_partial_kernel(MlaDims d, 
     q_rope[i] = r < rope ? s_q_rope[r] : 0.0f;
   }
 
+  // Roundings spelled out below, so that every form of the kernel rounds alike (left to the
+  // compiler, which product fuses into an add depends on the code around it).
   float m = -FLT_MAX, l_sum = 0.0f;
-  for (int s = begin + warp; s < end; s += kWarps) {
-    float kv_lat[kLoraPerLane], kv_rope[kRopePerLane];
+  if constexpr (kGroup == 1) {
+    // A warp's positions form a chain (score, then the running softmax), so the next position's
+    // entry is read while the current one is used: each step waits for one memory round trip
+    // less.
+    if (first < end && read_before_wait == 0) read_entry(first, lat[0], rope_part[0]);
+    for (int s = first; s < end; s += kWarps) {
+      float kv_lat[kLoraPerLane], kv_rope[kRopePerLane];
 #pragma unroll
-    for (int i = 0; i < kLoraPerLane; ++i) kv_lat[i] = next_lat[i];
+      for (int i = 0; i < kLoraPerLane; ++i) kv_lat[i] = lat[0][i];
 #pragma unroll
-    for (int i = 0; i < kRopePerLane; ++i) kv_rope[i] = next_rope[i];
-    if (s + kWarps < end) read_entry(s + kWarps);
-    // Roundings spelled out, so that every form of the kernel rounds alike (left to the
-    // compiler, which product fuses into an add depends on the code around it).
-    float part = 0.0f;
+      for (int i = 0; i < kRopePerLane; ++i) kv_rope[i] = rope_part[0][i];
+      if (s + kWarps < end) read_entry(s + kWarps, lat[0], rope_part[0]);
+      float part = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kLoraPerLane; ++i) part = __fmaf_rn(q_lat[i], kv_lat[i], part);
+      for (int i = 0; i < kLoraPerLane; ++i) part = __fmaf_rn(q_lat[i], kv_lat[i], part);
 #pragma unroll
-    for (int i = 0; i < kRopePerLane; ++i)
-      if (lane + 32 * i < rope) part = __fmaf_rn(q_rope[i], kv_rope[i], part);
-    const float score = __fmul_rn(warp_sum(part), softmax_scale);
-    const float m_new = fmaxf(m, score);
-    const float corr = expf(m - m_new);
-    const float p = expf(score - m_new);
-    l_sum = __fmaf_rn(l_sum, corr, p);
+      for (int i = 0; i < kRopePerLane; ++i)
+        if (lane + 32 * i < rope) part = __fmaf_rn(q_rope[i], kv_rope[i], part);
+      const float score = __fmul_rn(warp_sum(part), softmax_scale);
+      // The accumulator is rescaled only when the maximum grows (the score is the same in every
+      // lane, so the branch is the warp's); otherwise the factor is exactly 1 (expf(0)), and
+      // leaving it out gives the same bits.
+      float corr = 1.0f;
+      if (score > m) {
+        corr = expf(m - score);
 #pragma unroll
-    for (int i = 0; i < kLoraPerLane; ++i) acc[i] = __fmaf_rn(p, kv_lat[i], __fmul_rn(acc[i], corr));
-    m = m_new;
+        for (int i = 0; i < kLoraPerLane; ++i) acc[i] = __fmul_rn(acc[i], corr);
+        m = score;
+      }
+      const float p = expf(score - m);
+      l_sum = __fmaf_rn(l_sum, corr, p);
+#pragma unroll
+      for (int i = 0; i < kLoraPerLane; ++i) acc[i] = __fmaf_rn(p, kv_lat[i], acc[i]);
+    }
+  } else {
+    // kGroup positions at a time: their scores are independent, so their reads, products and
+    // warp sums overlap, the sums share their shuffles (group_sums), and the running softmax
+    // rescales once a group instead of once a position.
+    for (int s0 = first; s0 < end; s0 += kGroup * kWarps) {
+#pragma unroll
+      for (int j = 0; j < kGroup; ++j) {
+        const int s = s0 + j * kWarps;
+        if (s0 == first && (read_before_wait >> j & 1u)) continue;
+        if (s < end) {
+          read_entry(s, lat[j], rope_part[j]);
+        } else {
+#pragma unroll
+          for (int i = 0; i < kLoraPerLane; ++i) lat[j][i] = 0.0f;
+#pragma unroll
+          for (int i = 0; i < kRopePerLane; ++i) rope_part[j][i] = 0.0f;
+        }
+      }
+      float part[kGroup];
+#pragma unroll
+      for (int j = 0; j < kGroup; ++j) {
+        part[j] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kLoraPerLane; ++i) part[j] = __fmaf_rn(q_lat[i], lat[j][i], part[j]);
+#pragma unroll
+        for (int i = 0; i < kRopePerLane; ++i)
+          if (lane + 32 * i < rope) part[j] = __fmaf_rn(q_rope[i], rope_part[j][i], part[j]);
+      }
+      group_sums<kGroup>(part, lane);
+      float score[kGroup], m_new = m;
+#pragma unroll
+      for (int j = 0; j < kGroup; ++j) {
+        score[j] = __fmul_rn(part[j], softmax_scale);
+        if (s0 + j * kWarps < end) m_new = fmaxf(m_new, score[j]);
+      }
+      if (m_new > m) {  // as in the form above: a factor of 1 is left out
+        const float corr = expf(m - m_new);
+        l_sum = __fmul_rn(l_sum, corr);
+#pragma unroll
+        for (int i = 0; i < kLoraPerLane; ++i) acc[i] = __fmul_rn(acc[i], corr);
+      }
+#pragma unroll
+      for (int j = 0; j < kGroup; ++j) {
+        const float p = s0 + j * kWarps < end ? expf(score[j] - m_new) : 0.0f;
+        l_sum = __fadd_rn(l_sum, p);
+#pragma unroll
+        for (int i = 0; i < kLoraPerLane; ++i) acc[i] = __fmaf_rn(p, lat[j][i], acc[i]);
+      }
+      m = m_new;
+    }
   }
   if (lane == 0) {
     s_m[warp] = m;
@@ -622,7 +726,7 @@ bool launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
                           float* q_latent, float* o_latent, float* out, const int32_t* prefill_tiles,
                           int num_prefill_tiles, int head_tile_blocks, int32_t* work_starts, bool fast_forms,
                           Stream stream, uint16_t* out_bf16, int64_t ld_out_bf16, const MlaCacheWrite* cache_write,
-                          bool fixed_split_forms) {
+                          bool fixed_split_forms, int split_group_positions) {
   check_dims(d);
   if (b.num_tokens == 0) return false;
   DS_CHECK(num_splits >= 1 && num_splits <= kMaxSplits && split_len_tokens >= 0 && d.num_heads <= 65535);
@@ -655,9 +759,14 @@ bool launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
     // widths (512 latent, 64 rope columns) in 64-position blocks take the fixed forms.
     const bool fixed =
         fixed_split_forms && d.kv_lora_rank == 512 && d.qk_rope_head_dim == 64 && d.block_size == 64;
-    const auto partial_kernel = !fixed       ? attention_partial_kernel<0, 0, 0, -1>
-                                : d.cache_fp8 ? attention_partial_kernel<512, 64, 64, 1>
-                                              : attention_partial_kernel<512, 64, 64, 0>;
+    DS_CHECK(split_group_positions == 1 || split_group_positions == 4);
+    const bool grouped = split_group_positions == 4;
+    const auto partial_kernel =
+        !fixed        ? (grouped ? attention_partial_kernel<0, 0, 0, -1, 4> : attention_partial_kernel<0, 0, 0, -1, 1>)
+        : d.cache_fp8 ? (grouped ? attention_partial_kernel<512, 64, 64, 1, 4>
+                                 : attention_partial_kernel<512, 64, 64, 1, 1>)
+                      : (grouped ? attention_partial_kernel<512, 64, 64, 0, 4>
+                                 : attention_partial_kernel<512, 64, 64, 0, 1>);
     constexpr int kMaxGridY = 65535;
     for (int token_base = 0; token_base < b.num_tokens; token_base += kMaxGridY) {
       const dim3 grid(d.num_heads, std::min(kMaxGridY, b.num_tokens - token_base), num_splits);

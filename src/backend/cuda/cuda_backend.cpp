@@ -102,6 +102,8 @@ CudaBackend::CudaBackend(Precision precision) {
   warpgroup_flash_attention_ = !env_is("DSINFER_MLA_FLASH_WGMMA", "0");
   cache_write_beside_ = !env_is("DSINFER_MLA_CACHE_WRITE_BESIDE", "0");
   fixed_split_forms_ = !env_is("DSINFER_MLA_SPLIT_GENERIC", "1");
+  if (env_is("DSINFER_MLA_SPLIT_GROUP", "4")) split_group_positions_ = 4;
+  if (env_is("DSINFER_MLA_SPLIT_GROUP", "1")) split_group_positions_ = 1;
   device_random_weights_ = !env_is("DSINFER_DEVICE_RANDOM_WEIGHTS", "0");
   shared_experts_alongside_ = !env_is("DSINFER_MOE_SIDE_STREAM", "0");
   shared_experts_in_routing_ = shared_experts_alongside_ && !env_is("DSINFER_MOE_SHARED_IN_ROUTING", "0");
@@ -111,6 +113,8 @@ CudaBackend::CudaBackend(Precision precision) {
     shared_beside_library_max_tokens_ = INT64_MAX;
   if (env_is("DSINFER_MOE_COMBINE_IN_NORM", "0")) combine_in_norm_min_rows_ = INT64_MAX;
   if (env_is("DSINFER_MOE_COMBINE_IN_NORM", "1")) combine_in_norm_min_rows_ = 1;
+  if (const char* tokens = std::getenv("DSINFER_MLA_HEAD_TILE_MIN_TOKENS"))
+    head_tile_min_tokens_ = std::max(1, std::atoi(tokens));
   if (env_is("DSINFER_MOE_PREFILL_EXPERTS", "chunked")) prefill_experts_ = PrefillExperts::kChunked;
   if (env_is("DSINFER_MOE_PREFILL_EXPERTS", "host")) prefill_experts_ = PrefillExperts::kHostPlanned;
   if (env_is("DSINFER_MOE_PREFILL_EXPERTS", "grouped")) prefill_experts_ = PrefillExperts::kGrouped;

@@ -339,6 +339,9 @@ class CudaBackend final : public Backend {
   // batch-1 and 2 decode ran 0.7% and 1.7% slower with it, a 4 x 4k bf16 prefill 1% faster.
   // DSINFER_MOE_COMBINE_IN_NORM=0: never; =1: every step.
   int64_t combine_in_norm_min_rows_ = 512;
+  // Decode batches of this many tokens or more attend in head tiles (mla_decode_tiles.cu);
+  // smaller ones in the fp32 split kernel (DSINFER_MLA_HEAD_TILE_MIN_TOKENS).
+  int head_tile_min_tokens_ = 16;
   // Where prefill-sized MoE layers run their experts (DSINFER_MOE_PREFILL_EXPERTS):
   // - kAuto (the default): e4m3 experts that take DeepSeek's FP8 activations
   //   (fp8_expert_activations_for) as kGrouped, in the prefill expert blocks; others as kChunked;
@@ -403,6 +406,9 @@ class CudaBackend final : public Backend {
   // The split attention kernel's forms for DeepSeek's widths (DSINFER_MLA_SPLIT_GENERIC=1: the
   // generic form, the same bits).
   bool fixed_split_forms_ = true;
+  // Positions a warp of the split attention kernel scores at once: 0 chooses by the grid
+  // (cuda_backend_mla.cpp); DSINFER_MLA_SPLIT_GROUP=1 or 4 fixes it.
+  int split_group_positions_ = 0;
   // make_random_linear fills weights on the device (DSINFER_DEVICE_RANDOM_WEIGHTS=0: it declines,
   // and the caller draws them on the host).
   bool device_random_weights_ = true;

@@ -34,8 +34,6 @@ constexpr int kExpandedMinTokens = 64;
 constexpr int kExpandedMaxQueryRows = 512;
 // Score block size (heads × queries × keys fp32, plus bf16 probabilities of the same shape).
 constexpr int64_t kExpandedScoreElements = int64_t{1} << 27;
-// Decode batches of this many tokens or more attend in head tiles (mla_decode_tiles.cu).
-constexpr int kHeadTileMinTokens = 16;
 // Small decode batches split their contexts until there are this many fp32 blocks per SM: as
 // many as fit on one at a time (the kernel's registers allow five), so that the splits run in
 // one wave. Eight made a batch-1 step's 1,024 blocks one and a half waves, and took 1-2% longer
@@ -355,17 +353,25 @@ bool CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView&
     split_len = static_cast<int>(std::max<int64_t>(256, (max_positions + 64 * 256 - 1) / (64 * 256) * 256));
     num_splits = static_cast<int>((max_positions + split_len - 1) / split_len);
   }
-  // Decode batches of kHeadTileMinTokens tokens or more run in head tiles on tensor cores (up
+  // Decode batches of head_tile_min_tokens_ tokens or more run in head tiles on tensor cores (up
   // to 16 heads of a token per block, sharing its cache reads; TF32 products), their work
   // balanced over the GPU whatever the mix of context lengths. Smaller ones keep the fp32
   // kernel: their (token, head, split) blocks fill the GPU without the tiles' fixed cost, and
   // single-sequence decode stays at fp32 accuracy.
-  const bool head_tiles = !batch_invariant_ && num_tokens >= kHeadTileMinTokens && mla_head_tiles_supported(dims);
+  const bool head_tiles = !batch_invariant_ && num_tokens >= head_tile_min_tokens_ && mla_head_tiles_supported(dims);
   // The fp32 kernel's (token, head, split) blocks are small (four warps, a few KB of shared
   // memory), and a warp walks its positions one after another: many short splits finish sooner
   // than a few long ones, up to what fits on the GPU at once.
   if (!batch_invariant_ && !head_tiles && work < kSplitBlocksPerSm * num_sms_)
     num_splits = static_cast<int>(std::min<int64_t>((kSplitBlocksPerSm * num_sms_ + work - 1) / work, 64));
+  // Grids that fit in one wave at kSplitBlocksPerSm blocks an SM score four positions a warp at
+  // once (127 registers: four blocks an SM), which took 1.5% off a batch-1 and batch-2 step;
+  // larger ones (V2-Lite's batch 8: 640 blocks) keep one position at a time, whose 96 registers
+  // fit five blocks an SM, where four at once were 9-11% slower. Batch-invariant steps keep one
+  // at a time, so that a token's sums do not depend on the batch.
+  int split_group = split_group_positions_;
+  if (split_group == 0)
+    split_group = !batch_invariant_ && work * num_splits <= kSplitBlocksPerSm * num_sms_ ? 4 : 1;
   // Prefill chunks (a sequence with 16 new tokens or more) go to the tensor-core kernel, which
   // reads each cache entry once per 16 queries; every token of the batch then runs in tiles.
   std::vector<int32_t> tiles;
@@ -400,7 +406,7 @@ bool CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView&
                               split_len, workspace.as<float>(), q_latent.as<float>(), o_latent.as<float>(), out,
                               tiles.empty() ? nullptr : d_tiles.as<int32_t>(), static_cast<int>(tiles.size() / 2),
                               head_tile_blocks, work_starts.as<int32_t>(), !batch_invariant_, stream_,
-                              out_bf16.data, out_bf16.ld, cache_write, fixed_split_forms_);
+                              out_bf16.data, out_bf16.ld, cache_write, fixed_split_forms_, split_group);
 }
 
 // latent = each context's cache entries (bf16, one after another), kv = latent · W_upᵀ.

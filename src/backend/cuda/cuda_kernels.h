@@ -168,14 +168,16 @@ void launch_mla_cache_write(const MlaDims& d, const MlaBatchView& b, const MlaCa
 // cache_write (may be null: the entries are written already): the step's new entries, written
 // before the attention reads them; in steps of up to four tokens, inside the W_UK product's
 // launch. fixed_split_forms: the split kernel takes its forms for DeepSeek's widths where they
-// apply (the same bits as its generic form).
+// apply (the same bits as its generic form); split_group_positions (1 or 4): how many of its
+// positions a warp scores at once.
 bool launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* q, const float* w_uk,
                           const float* w_uv_t, const float* rope_cos, const float* rope_sin, const void* cache,
                           float softmax_scale, int num_splits, int split_len_tokens, float* workspace,
                           float* q_latent, float* o_latent, float* out, const int32_t* prefill_tiles,
                           int num_prefill_tiles, int head_tile_blocks, int32_t* work_starts, bool fast_forms,
                           Stream stream, uint16_t* out_bf16 = nullptr, int64_t ld_out_bf16 = 0,
-                          const MlaCacheWrite* cache_write = nullptr, bool fixed_split_forms = true);
+                          const MlaCacheWrite* cache_write = nullptr, bool fixed_split_forms = true,
+                          int split_group_positions = 1);
 
 // ---- the per-head products of absorbed MLA on tensor cores (head_gemm_tf32.cu) ----
 // y[t, h, n] = Σ_k x[t, h, k] · w[h, k, n] for num_tokens tokens and every head, fp32 in memory,

@@ -219,6 +219,29 @@ TEST_F(CudaAttentionTest, SplitKernelOfDeepSeekWidthsGivesTheGenericFormsBits) {
   }
 }
 
+TEST_F(CudaAttentionTest, SplitKernelScoringOneOrFourPositionsAtOnceFollowsTheCpu) {
+  // Split grids that fit in one wave score four positions a warp at once, larger ones one at a
+  // time (DSINFER_MLA_SPLIT_GROUP fixes either): two orders of the running softmax's sums, each
+  // within the fp32 bound of the CPU, for both caches, both kernel forms (DeepSeek's widths
+  // and the generic one), groups cut short by a split's end and splits left empty. And the
+  // fixed and generic forms of each keep the same bits.
+  for (const char* group : {"1", "4"}) {
+    SCOPED_TRACE(std::string("DSINFER_MLA_SPLIT_GROUP=") + group);
+    gpu_ = make_backend_with_env("cuda", "DSINFER_MLA_SPLIT_GROUP", group);
+    for (KvCacheFormat format : {KvCacheFormat::kF32, KvCacheFormat::kFp8}) {
+      run_case(kV3Dims, {{2100, 1}}, 900, format);
+      run_case(kV3Dims, {{0, 1}, {700, 1}, {63, 1}, {66, 1}, {1500, 1}}, 910, format);
+      run_case(kV3Dims, {{61, 4}, {3, 1}}, 920, format);
+    }
+    run_case(kTinyDims, {{3000, 1}, {1, 1}, {37, 2}}, 930);
+    setenv("DSINFER_MLA_SPLIT_GROUP", group, 1);
+    auto generic = make_backend_with_env("cuda", "DSINFER_MLA_SPLIT_GENERIC", "1");
+    unsetenv("DSINFER_MLA_SPLIT_GROUP");
+    run_case(kV3Dims, {{1300, 1}, {5, 1}}, 940, KvCacheFormat::kF32, generic.get());
+    run_case(kV3Dims, {{2100, 1}}, 950, KvCacheFormat::kFp8, generic.get());
+  }
+}
+
 TEST_F(CudaAttentionTest, CacheWriteBesideTheQueryProductGivesTheSameBits) {
   // Steps of up to four tokens write their cache entries in the W_UK product's launch, and the
   // split kernel then reads the newest entries only after its wait;
