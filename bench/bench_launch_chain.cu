@@ -14,7 +14,9 @@
 //    group doing what a block of 128 does (so the groups read the vector as often as four
 //    blocks would): what starting a block costs apart from its work;
 //  - persistent: one kernel of one block an SM, its steps apart by a grid-wide barrier (an
-//    arrival counter in global memory).
+//    arrival counter in global memory), or handed on by flags: each block publishes that its
+//    slice of a step is written, and before the next step waits for every block's flag (no
+//    counter that every block updates in turn; a flag a 128-byte line).
 // Prints µs per step and each form's ratio to the persistent one.
 //
 // Usage: bench_launch_chain [--steps N] [--replays N] [--append RESULTS.md]
@@ -89,10 +91,35 @@ __device__ void grid_barrier(unsigned* arrived, unsigned target) {
   __syncthreads();
 }
 
-__global__ void __launch_bounds__(kThreads) persistent_kernel(float* a, float* b, int num_steps, unsigned* arrived) {
+constexpr int kFlagStride = 32;  // unsigned a flag: one 128-byte line each
+
+// This block's slice of step `step_done` - 1 is written: publish it, then wait until every
+// block's is. The block's threads each watch some of the flags.
+__device__ void hand_on_by_flags(unsigned* flags, unsigned step_done) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(flags + blockIdx.x * kFlagStride), "r"(step_done)
+                 : "memory");
+  }
+  for (unsigned j = threadIdx.x; j < gridDim.x; j += blockDim.x) {
+    unsigned seen = 0;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(flags + j * kFlagStride) : "memory");
+    } while (seen < step_done);
+  }
+  __threadfence();
+  __syncthreads();
+}
+
+// sync: the grid-wide barrier on `sync` (one counter) or, with by_flags, the flags there
+// (gridDim.x of them).
+__global__ void __launch_bounds__(kThreads)
+    persistent_kernel(float* a, float* b, int num_steps, unsigned* sync, bool by_flags) {
   for (int k = 0; k < num_steps; ++k) {
     step<1>(k % 2 == 0 ? a : b, k % 2 == 0 ? b : a, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
-    grid_barrier(arrived, static_cast<unsigned>(k + 1) * gridDim.x);
+    if (by_flags) hand_on_by_flags(sync, static_cast<unsigned>(k + 1));
+    else grid_barrier(sync, static_cast<unsigned>(k + 1) * gridDim.x);
   }
 }
 
@@ -112,18 +139,19 @@ void launch_step(int blocks, bool wide, bool dependent, cudaStream_t stream, con
 struct Form {
   std::string name;
   int blocks = 0;
-  bool persistent = false, dependent = false, wide = false;
+  bool persistent = false, dependent = false, wide = false, by_flags = false;
   double us_per_step = 0;
 };
 
 // µs per step of `form`: its chain of num_steps steps recorded once, replayed num_replays times
 // after a few untimed replays.
-double time_form(const Form& form, int num_steps, int num_replays, float* a, float* b, unsigned* arrived,
+double time_form(const Form& form, int num_steps, int num_replays, float* a, float* b, unsigned* sync,
                  cudaStream_t stream) {
   const auto record = [&](cudaStream_t s) {
     if (form.persistent) {
-      DS_CUDA_CHECK(cudaMemsetAsync(arrived, 0, sizeof(unsigned), s));
-      persistent_kernel<<<form.blocks, kThreads, 0, s>>>(a, b, num_steps, arrived);
+      const size_t sync_bytes = (form.by_flags ? form.blocks * kFlagStride : 1) * sizeof(unsigned);
+      DS_CUDA_CHECK(cudaMemsetAsync(sync, 0, sync_bytes, s));
+      persistent_kernel<<<form.blocks, kThreads, 0, s>>>(a, b, num_steps, sync, form.by_flags);
       DS_CUDA_CHECK(cudaGetLastError());
     } else {
       for (int k = 0; k < num_steps; ++k)
@@ -157,10 +185,10 @@ int main(int argc, char** argv) {
   DS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, step_kernel, kThreads, 0));
   const int sms = prop.multiProcessorCount;
   float *a = nullptr, *b = nullptr;
-  unsigned* arrived = nullptr;
+  unsigned* sync = nullptr;  // the barrier's counter, or the blocks' flags
   DS_CUDA_CHECK(cudaMalloc(&a, kWidth * sizeof(float)));
   DS_CUDA_CHECK(cudaMalloc(&b, kWidth * sizeof(float)));
-  DS_CUDA_CHECK(cudaMalloc(&arrived, sizeof(unsigned)));
+  DS_CUDA_CHECK(cudaMalloc(&sync, static_cast<size_t>(sms) * kFlagStride * sizeof(unsigned)));
   // A vector of RMS 3: every step brings it to 1, so a chain that ran leaves RMS 1.
   const std::vector<float> threes(kWidth, 3.0f);
   DS_CUDA_CHECK(cudaMemcpy(a, threes.data(), kWidth * sizeof(float), cudaMemcpyHostToDevice));
@@ -169,6 +197,7 @@ int main(int argc, char** argv) {
 
   std::vector<Form> forms = {
       {"persistent kernel, grid-wide barrier between steps", sms, true, false},
+      {"persistent kernel, steps handed on by every block's flag", sms, true, false, false, true},
       {"a kernel a step, programmatic dependents, one block an SM", sms, false, true},
       {"a kernel a step, programmatic dependents, two blocks an SM", 2 * sms, false, true},
       {"a kernel a step, programmatic dependents, four blocks an SM", 4 * sms, false, true},
@@ -178,7 +207,7 @@ int main(int argc, char** argv) {
       {"a kernel a step, stream order, one block an SM", sms, false, false},
       {"a kernel a step, stream order, every resident block", sms * per_sm, false, false},
   };
-  for (Form& f : forms) f.us_per_step = time_form(f, num_steps, num_replays, a, b, arrived, stream);
+  for (Form& f : forms) f.us_per_step = time_form(f, num_steps, num_replays, a, b, sync, stream);
   // The chains must have computed: the vector normalised again and again has RMS 1. Step k
   // writes b when k is even, a when it is odd.
   std::vector<float> out(kWidth);
@@ -210,6 +239,6 @@ int main(int argc, char** argv) {
   DS_CUDA_CHECK(cudaStreamDestroy(stream));
   DS_CUDA_CHECK(cudaFree(a));
   DS_CUDA_CHECK(cudaFree(b));
-  DS_CUDA_CHECK(cudaFree(arrived));
+  DS_CUDA_CHECK(cudaFree(sync));
   return 0;
 }
