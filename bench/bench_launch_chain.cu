@@ -80,14 +80,7 @@ __global__ void __launch_bounds__(kThreads * kGroupsPerWideBlock) wide_step_kern
 // Every block arrives once per step; a block leaves the barrier once all have arrived.
 __device__ void grid_barrier(unsigned* arrived, unsigned target) {
   __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    atomicAdd(arrived, 1u);
-    unsigned seen = 0;
-    do {
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(arrived) : "memory");
-    } while (seen < target);
-  }
+  if (threadIdx.x == 0) dsinfer::bench::arrive_and_wait(arrived, target);
   __syncthreads();
 }
 
@@ -164,21 +157,9 @@ double time_form(const Form& form, int num_steps, int num_replays, float* a, flo
 }  // namespace
 
 int main(int argc, char** argv) {
-  int num_steps = 130, num_replays = 200;
-  std::string append_path;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next_int = [&](int& v) {
-      if (i + 1 < argc) v = std::max(1, std::atoi(argv[++i]));
-    };
-    if (a == "--steps") next_int(num_steps);
-    else if (a == "--replays") next_int(num_replays);
-    else if (a == "--append" && i + 1 < argc) append_path = argv[++i];
-    else {
-      std::fprintf(stderr, "usage: %s [--steps N] [--replays N] [--append FILE]\n", argv[0]);
-      return 2;
-    }
-  }
+  dsinfer::bench::ChainOptions options;
+  if (!dsinfer::bench::parse_chain_options(argc, argv, options)) return 2;
+  const int num_steps = options.num_steps, num_replays = options.num_replays;
   cudaDeviceProp prop;
   if (!dsinfer::bench::first_device("bench_launch_chain", prop)) return 1;
   int per_sm = 0;
@@ -210,11 +191,7 @@ int main(int argc, char** argv) {
   for (Form& f : forms) f.us_per_step = time_form(f, num_steps, num_replays, a, b, sync, stream);
   // The chains must have computed: the vector normalised again and again has RMS 1. Step k
   // writes b when k is even, a when it is odd.
-  std::vector<float> out(kWidth);
-  DS_CUDA_CHECK(cudaMemcpy(out.data(), num_steps % 2 == 0 ? a : b, kWidth * sizeof(float), cudaMemcpyDeviceToHost));
-  double mean_square = 0;
-  for (float v : out) mean_square += static_cast<double>(v) * v;
-  mean_square /= kWidth;
+  const double mean_square = dsinfer::bench::device_mean_square(num_steps % 2 == 0 ? a : b, kWidth);
   if (std::abs(mean_square - 1.0) > 1e-3) {
     std::fprintf(stderr, "bench_launch_chain: the chain's output has mean square %g, not 1\n", mean_square);
     return 1;
@@ -235,7 +212,7 @@ int main(int argc, char** argv) {
     text << line;
   }
   std::fputs(text.str().c_str(), stdout);
-  if (!append_path.empty()) dsinfer::bench::append_results(append_path, text.str());
+  if (!options.append_path.empty()) dsinfer::bench::append_results(options.append_path, text.str());
   DS_CUDA_CHECK(cudaStreamDestroy(stream));
   DS_CUDA_CHECK(cudaFree(a));
   DS_CUDA_CHECK(cudaFree(b));

@@ -9,7 +9,10 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <algorithm>
+#include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "backend/cuda/cuda_check.h"
 
@@ -52,6 +55,56 @@ inline double graph_replay_ms(const std::function<void(cudaStream_t)>& record, i
   DS_CUDA_CHECK(cudaGraphExecDestroy(exec));
   DS_CUDA_CHECK(cudaGraphDestroy(graph));
   return static_cast<double>(ms) / num_replays;
+}
+
+#ifdef __CUDACC__
+// The grid-wide barrier of the chain benches' persistent kernels, for a block's thread 0 (the
+// block's own barriers around it are the caller's): arrive at the counter, then wait until
+// `target` arrivals are in.
+__device__ __forceinline__ void arrive_and_wait(unsigned* arrived, unsigned target) {
+  __threadfence();
+  atomicAdd(arrived, 1u);
+  unsigned seen = 0;
+  do {
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(arrived) : "memory");
+  } while (seen < target);
+}
+#endif
+
+// The options of the chain benches (bench_launch_chain, bench_chain_and_stream).
+struct ChainOptions {
+  int num_steps = 130;
+  int num_replays = 200;
+  std::string append_path;  // where the results table is appended; empty: nowhere
+};
+
+// Reads --steps N, --replays N and --append FILE into options, whose fields hold the defaults;
+// false, with the usage on stderr, for any other argument.
+inline bool parse_chain_options(int argc, char** argv, ChainOptions& options) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next_int = [&](int& v) {
+      if (i + 1 < argc) v = std::max(1, std::atoi(argv[++i]));
+    };
+    if (a == "--steps") next_int(options.num_steps);
+    else if (a == "--replays") next_int(options.num_replays);
+    else if (a == "--append" && i + 1 < argc) options.append_path = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: %s [--steps N] [--replays N] [--append FILE]\n", argv[0]);
+      return false;
+    }
+  }
+  return true;
+}
+
+// The mean square of the n floats at device address v: a chain of normalising steps that ran
+// leaves 1.
+inline double device_mean_square(const float* v, int n) {
+  std::vector<float> host(n);
+  DS_CUDA_CHECK(cudaMemcpy(host.data(), v, n * sizeof(float), cudaMemcpyDeviceToHost));
+  double sum = 0;
+  for (float x : host) sum += static_cast<double>(x) * x;
+  return sum / n;
 }
 
 // Today's date (UTC) as YYYY-MM-DD, for a results section's title.

@@ -1,0 +1,226 @@
+// Whether a weight stream can run beside a chain of dependent steps without slowing it: the
+// question a per-layer persistent kernel for batch-1 decode rests on. A decode layer at batch 1
+// alternates weight reads with short chains of dependent steps (norms, attention, routing)
+// during which memory sits idle; such a kernel would load the next products' weights while
+// those chains run. bench_launch_chain measured the chain's hand-offs; this measures what
+// streaming beside it costs the chain, and what the stream gets.
+//
+// One persistent kernel, one block an SM. A block's first 128 threads run the chain: each step
+// reads a 2,048-float vector whole (written by every block the step before), reduces it and
+// writes the block's slice of the next, with a grid-wide barrier between steps (an arrival
+// counter). The block's other threads (the streamers) read a weight buffer far larger than L2,
+// each block its own slice round and round, kInFlight 16-byte loads a thread at a time, until
+// the chain's last step is done. Forms:
+//  - the chain alone (the streamers leave at once);
+//  - the chain with the streamers reading.
+// Printed: µs a chain step, and the streamers' GB/s against a plain read of the same buffer by
+// every resident thread (the ceiling, measured in the same run).
+//
+// Usage: bench_chain_and_stream [--steps N] [--replays N] [--append RESULTS.md]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_check.h"
+#include "cuda_bench.h"
+
+namespace {
+
+constexpr int kChainThreads = 128;
+constexpr int kStreamThreads = 256;
+constexpr int kThreads = kChainThreads + kStreamThreads;
+constexpr int kInFlight = 8;        // 16-byte loads a streamer has in flight
+constexpr int kWidth = 2048;        // floats a chain step reads and writes
+constexpr int kPollEvery = 16;      // a streamer's rounds between looks at the chain's done flag
+constexpr int kCeilingThreads = 256;
+
+// The chain's threads meet at barrier 1, so the streamers never wait for them.
+__device__ __forceinline__ void chain_barrier() { asm volatile("bar.sync 1, %0;" ::"n"(kChainThreads) : "memory"); }
+
+// One chain step of this block: the sum of squares of the whole input, then the block's slice of
+// the output, normalised by it.
+__device__ void chain_step(const float* in, float* out) {
+  __shared__ float warp_sums[kChainThreads / 32];
+  const int tid = threadIdx.x;
+  float sum = 0.0f;
+  for (int i = tid; i < kWidth; i += kChainThreads) {
+    const float v = __ldcg(in + i);
+    sum = fmaf(v, v, sum);
+  }
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  if (tid % 32 == 0) warp_sums[tid / 32] = sum;
+  chain_barrier();
+  float total = 0.0f;
+  for (int w = 0; w < kChainThreads / 32; ++w) total += warp_sums[w];
+  const float inv = rsqrtf(total / kWidth + 1e-6f);
+  const int slice = (kWidth + gridDim.x - 1) / gridDim.x;
+  const int begin = blockIdx.x * slice, end = min(kWidth, begin + slice);
+  for (int i = begin + tid; i < end; i += kChainThreads) __stcg(out + i, __ldcg(in + i) * inv);
+  chain_barrier();  // warp_sums is reused by the next step
+}
+
+// Every block's chain arrives once a step; a block goes on once all have arrived.
+__device__ void chain_grid_barrier(unsigned* arrived, unsigned target) {
+  chain_barrier();
+  if (threadIdx.x == 0) dsinfer::bench::arrive_and_wait(arrived, target);
+  chain_barrier();
+}
+
+struct Counters {
+  unsigned arrived;           // the chain's barrier
+  unsigned done;              // set once the chain's last step is done
+  unsigned long long loads;   // 16-byte loads the streamers made
+  unsigned long long sink;    // keeps the streamed values live
+};
+
+// a, b: the chain's two vectors; weights: the buffer, slice_loads 16-byte pieces a block (a
+// multiple of kInFlight * kStreamThreads).
+__global__ void __launch_bounds__(kThreads)
+    chain_and_stream_kernel(float* a, float* b, int num_steps, const int4* weights, int64_t slice_loads,
+                            bool stream, Counters* counters) {
+  if (threadIdx.x < kChainThreads) {
+    for (int k = 0; k < num_steps; ++k) {
+      chain_step(k % 2 == 0 ? a : b, k % 2 == 0 ? b : a);
+      chain_grid_barrier(&counters->arrived, static_cast<unsigned>(k + 1) * gridDim.x);
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+      asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(&counters->done), "r"(1u) : "memory");
+    return;
+  }
+  if (!stream) return;
+  const int st = threadIdx.x - kChainThreads;
+  const int4* slice = weights + blockIdx.x * slice_loads;
+  const int64_t round = static_cast<int64_t>(kInFlight) * kStreamThreads;
+  unsigned x = 0;
+  unsigned long long loads = 0;
+  // slice_loads is a whole number of rounds, so a round never runs past the slice's end.
+  for (int64_t i = st, r = 0;; ++r) {
+    int4 v[kInFlight];
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) v[u] = __ldcs(slice + i + u * kStreamThreads);
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) x ^= static_cast<unsigned>(v[u].x ^ v[u].y ^ v[u].z ^ v[u].w);
+    loads += kInFlight;
+    i += round;
+    if (i >= slice_loads) i -= slice_loads;
+    if (r % kPollEvery == kPollEvery - 1) {
+      unsigned done = 0;
+      asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(done) : "l"(&counters->done) : "memory");
+      if (done != 0) break;
+    }
+  }
+  atomicAdd(&counters->loads, loads);
+  if (x == 0x9e3779b9u) atomicAdd(&counters->sink, 1ull);  // never in practice; keeps x computed
+}
+
+// The ceiling: every resident thread reads the buffer once, kInFlight pieces at a time.
+__global__ void __launch_bounds__(kCeilingThreads) stream_kernel(const int4* weights, int64_t num_loads,
+                                                                 unsigned long long* sink) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kCeilingThreads;
+  unsigned x = 0;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(kCeilingThreads) + threadIdx.x; i < num_loads;
+       i += stride * kInFlight) {
+    int4 v[kInFlight];
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) v[u] = i + u * stride < num_loads ? __ldcs(weights + i + u * stride) : int4{};
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) x ^= static_cast<unsigned>(v[u].x ^ v[u].y ^ v[u].z ^ v[u].w);
+  }
+  if (x == 0x9e3779b9u) atomicAdd(sink, 1ull);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  dsinfer::bench::ChainOptions options;
+  options.num_replays = 50;
+  if (!dsinfer::bench::parse_chain_options(argc, argv, options)) return 2;
+  const int num_steps = options.num_steps, num_replays = options.num_replays;
+  cudaDeviceProp prop;
+  if (!dsinfer::bench::first_device("bench_chain_and_stream", prop)) return 1;
+  const int sms = prop.multiProcessorCount;
+  // 2 GiB of weights (40 times the L2), an equal slice a block, a whole number of streamer rounds.
+  const int64_t round = static_cast<int64_t>(kInFlight) * kStreamThreads;
+  const int64_t slice_loads = (int64_t{2} << 30) / 16 / sms / round * round;
+  const int64_t num_loads = slice_loads * sms;
+  int4* weights = nullptr;
+  float *a = nullptr, *b = nullptr;
+  Counters* counters = nullptr;
+  DS_CUDA_CHECK(cudaMalloc(&weights, num_loads * sizeof(int4)));
+  DS_CUDA_CHECK(cudaMemset(weights, 0x5a, num_loads * sizeof(int4)));
+  DS_CUDA_CHECK(cudaMalloc(&a, kWidth * sizeof(float)));
+  DS_CUDA_CHECK(cudaMalloc(&b, kWidth * sizeof(float)));
+  DS_CUDA_CHECK(cudaMalloc(&counters, sizeof(Counters)));
+  cudaStream_t stream;
+  DS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+  // Each replay starts from a vector of RMS 3 (every step brings it to 1) and fresh counters.
+  const std::vector<float> threes(kWidth, 3.0f);
+  const auto time_chain = [&](bool with_stream, double& us_per_step, double& stream_gbs) {
+    const auto record = [&](cudaStream_t s) {
+      DS_CUDA_CHECK(cudaMemsetAsync(counters, 0, sizeof(Counters), s));
+      chain_and_stream_kernel<<<sms, kThreads, 0, s>>>(a, b, num_steps, weights, slice_loads, with_stream,
+                                                       counters);
+      DS_CUDA_CHECK(cudaGetLastError());
+    };
+    DS_CUDA_CHECK(cudaMemcpy(a, threes.data(), kWidth * sizeof(float), cudaMemcpyHostToDevice));
+    const double ms = dsinfer::bench::graph_replay_ms(record, 3, num_replays, stream);
+    Counters c;
+    DS_CUDA_CHECK(cudaMemcpy(&c, counters, sizeof(Counters), cudaMemcpyDeviceToHost));
+    us_per_step = 1e3 * ms / num_steps;
+    stream_gbs = static_cast<double>(c.loads) * 16 / (ms * 1e-3) / 1e9;  // the last replay's loads
+    return c;
+  };
+  double alone_us = 0, alone_gbs = 0, beside_us = 0, beside_gbs = 0;
+  time_chain(false, alone_us, alone_gbs);
+  const Counters beside = time_chain(true, beside_us, beside_gbs);
+  // The chain must have computed: normalised again and again, the vector has RMS 1.
+  const double mean_square = dsinfer::bench::device_mean_square(num_steps % 2 == 0 ? a : b, kWidth);
+  if (std::abs(mean_square - 1.0) > 1e-3 || beside.loads == 0) {
+    std::fprintf(stderr, "bench_chain_and_stream: mean square %g (not 1) or no loads streamed (%llu)\n", mean_square,
+                 beside.loads);
+    return 1;
+  }
+  int ceiling_per_sm = 0;
+  DS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ceiling_per_sm, stream_kernel, kCeilingThreads, 0));
+  const double ceiling_ms = dsinfer::bench::graph_replay_ms(
+      [&](cudaStream_t s) {
+        stream_kernel<<<sms * ceiling_per_sm, kCeilingThreads, 0, s>>>(weights, num_loads, &counters->sink);
+        DS_CUDA_CHECK(cudaGetLastError());
+      },
+      3, num_replays, stream);
+  const double ceiling_gbs = static_cast<double>(num_loads) * 16 / (ceiling_ms * 1e-3) / 1e9;
+
+  std::ostringstream text;
+  text << "\n## A weight stream beside a chain of dependent steps (" << dsinfer::bench::utc_date() << ")\n\n"
+       << "Machine: " << prop.name << " (" << sms << " SMs). Command: `build-gpu/bench_chain_and_stream";
+  for (int i = 1; i < argc; ++i) text << " " << argv[i];
+  text << "`\n\nOne persistent kernel, one block an SM: " << kChainThreads << " threads a block run " << num_steps
+       << " chain steps (a " << kWidth << "-float vector read whole, a slice of the next written, a grid-wide "
+       << "barrier), " << kStreamThreads << " more read a 2 GiB buffer, " << kInFlight
+       << " 16-byte loads a thread in flight, until the chain is done. Ceiling: every resident thread reading the "
+       << "buffer once.\n\n"
+       << "| form | µs a chain step | streamed GB/s | of the ceiling (" << static_cast<int>(ceiling_gbs)
+       << " GB/s) |\n|---|---:|---:|---:|\n";
+  char line[256];
+  std::snprintf(line, sizeof(line), "| the chain alone | %.2f | – | – |\n", alone_us);
+  text << line;
+  std::snprintf(line, sizeof(line), "| the chain with the streamers reading | %.2f (%.2f times) | %.0f | %.0f%% |\n",
+                beside_us, beside_us / alone_us, beside_gbs, 100.0 * beside_gbs / ceiling_gbs);
+  text << line;
+  std::fputs(text.str().c_str(), stdout);
+  if (!options.append_path.empty()) dsinfer::bench::append_results(options.append_path, text.str());
+  DS_CUDA_CHECK(cudaStreamDestroy(stream));
+  DS_CUDA_CHECK(cudaFree(weights));
+  DS_CUDA_CHECK(cudaFree(a));
+  DS_CUDA_CHECK(cudaFree(b));
+  DS_CUDA_CHECK(cudaFree(counters));
+  return 0;
+}
