@@ -365,7 +365,7 @@ bool CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView&
   if (!batch_invariant_ && !head_tiles && work < kSplitBlocksPerSm * num_sms_)
     num_splits = static_cast<int>(std::min<int64_t>((kSplitBlocksPerSm * num_sms_ + work - 1) / work, 64));
   // Grids that fit in one wave at kSplitBlocksPerSm blocks an SM score four positions a warp at
-  // once (127 registers: four blocks an SM), which took 1.5% off a batch-1 and batch-2 step;
+  // once (127 registers: four blocks an SM), which took 1.1-1.5% off V2-Lite's batch-1 step;
   // larger ones (V2-Lite's batch 8: 640 blocks) keep one position at a time, whose 96 registers
   // fit five blocks an SM, where four at once were 9-11% slower. Batch-invariant steps keep one
   // at a time, so that a token's sums do not depend on the batch.
