@@ -9,10 +9,9 @@
 // reads a 2,048-float vector whole (written by every block the step before), reduces it and
 // writes the block's slice of the next, with a grid-wide barrier between steps (an arrival
 // counter). The block's other threads (the streamers) read a weight buffer far larger than L2,
-// each block its own slice round and round, kInFlight 16-byte loads a thread at a time, until
-// the chain's last step is done. Forms:
-//  - the chain alone (the streamers leave at once);
-//  - the chain with the streamers reading.
+// each block its own slice round and round, a few 16-byte loads a thread at a time, until the
+// chain's last step is done. Forms: the chain alone (no streamers), and the chain with 64 to 256
+// streamers a block keeping 2 to 8 loads each in flight (how hard the stream presses).
 // Printed: µs a chain step, and the streamers' GB/s against a plain read of the same buffer by
 // every resident thread (the ceiling, measured in the same run).
 //
@@ -34,9 +33,9 @@
 namespace {
 
 constexpr int kChainThreads = 128;
-constexpr int kStreamThreads = 256;
-constexpr int kThreads = kChainThreads + kStreamThreads;
-constexpr int kInFlight = 8;        // 16-byte loads a streamer has in flight
+constexpr int kMaxStreamThreads = 256;
+constexpr int kMaxThreads = kChainThreads + kMaxStreamThreads;
+constexpr int kMaxInFlight = 8;     // 16-byte loads a streamer has in flight, at most
 constexpr int kWidth = 2048;        // floats a chain step reads and writes
 constexpr int kPollEvery = 16;      // a streamer's rounds between looks at the chain's done flag
 constexpr int kCeilingThreads = 256;
@@ -81,10 +80,11 @@ struct Counters {
 };
 
 // a, b: the chain's two vectors; weights: the buffer, slice_loads 16-byte pieces a block (a
-// multiple of kInFlight * kStreamThreads).
-__global__ void __launch_bounds__(kThreads)
+// multiple of kMaxInFlight * kMaxStreamThreads). The block's threads past kChainThreads stream.
+template <int kInFlight>
+__global__ void __launch_bounds__(kMaxThreads)
     chain_and_stream_kernel(float* a, float* b, int num_steps, const int4* weights, int64_t slice_loads,
-                            bool stream, Counters* counters) {
+                            Counters* counters) {
   if (threadIdx.x < kChainThreads) {
     for (int k = 0; k < num_steps; ++k) {
       chain_step(k % 2 == 0 ? a : b, k % 2 == 0 ? b : a);
@@ -94,17 +94,16 @@ __global__ void __launch_bounds__(kThreads)
       asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(&counters->done), "r"(1u) : "memory");
     return;
   }
-  if (!stream) return;
-  const int st = threadIdx.x - kChainThreads;
+  const int st = threadIdx.x - kChainThreads, num_streamers = blockDim.x - kChainThreads;
   const int4* slice = weights + blockIdx.x * slice_loads;
-  const int64_t round = static_cast<int64_t>(kInFlight) * kStreamThreads;
+  const int64_t round = static_cast<int64_t>(kInFlight) * num_streamers;
   unsigned x = 0;
   unsigned long long loads = 0;
   // slice_loads is a whole number of rounds, so a round never runs past the slice's end.
   for (int64_t i = st, r = 0;; ++r) {
     int4 v[kInFlight];
 #pragma unroll
-    for (int u = 0; u < kInFlight; ++u) v[u] = __ldcs(slice + i + u * kStreamThreads);
+    for (int u = 0; u < kInFlight; ++u) v[u] = __ldcs(slice + i + u * num_streamers);
 #pragma unroll
     for (int u = 0; u < kInFlight; ++u) x ^= static_cast<unsigned>(v[u].x ^ v[u].y ^ v[u].z ^ v[u].w);
     loads += kInFlight;
@@ -120,18 +119,19 @@ __global__ void __launch_bounds__(kThreads)
   if (x == 0x9e3779b9u) atomicAdd(&counters->sink, 1ull);  // never in practice; keeps x computed
 }
 
-// The ceiling: every resident thread reads the buffer once, kInFlight pieces at a time.
+// The ceiling: every resident thread reads the buffer once, kMaxInFlight pieces at a time.
 __global__ void __launch_bounds__(kCeilingThreads) stream_kernel(const int4* weights, int64_t num_loads,
                                                                  unsigned long long* sink) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kCeilingThreads;
   unsigned x = 0;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(kCeilingThreads) + threadIdx.x; i < num_loads;
-       i += stride * kInFlight) {
-    int4 v[kInFlight];
+       i += stride * kMaxInFlight) {
+    int4 v[kMaxInFlight];
 #pragma unroll
-    for (int u = 0; u < kInFlight; ++u) v[u] = i + u * stride < num_loads ? __ldcs(weights + i + u * stride) : int4{};
+    for (int u = 0; u < kMaxInFlight; ++u)
+      v[u] = i + u * stride < num_loads ? __ldcs(weights + i + u * stride) : int4{};
 #pragma unroll
-    for (int u = 0; u < kInFlight; ++u) x ^= static_cast<unsigned>(v[u].x ^ v[u].y ^ v[u].z ^ v[u].w);
+    for (int u = 0; u < kMaxInFlight; ++u) x ^= static_cast<unsigned>(v[u].x ^ v[u].y ^ v[u].z ^ v[u].w);
   }
   if (x == 0x9e3779b9u) atomicAdd(sink, 1ull);
 }
@@ -146,8 +146,9 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   if (!dsinfer::bench::first_device("bench_chain_and_stream", prop)) return 1;
   const int sms = prop.multiProcessorCount;
-  // 2 GiB of weights (40 times the L2), an equal slice a block, a whole number of streamer rounds.
-  const int64_t round = static_cast<int64_t>(kInFlight) * kStreamThreads;
+  // 2 GiB of weights (40 times the L2), an equal slice a block, a whole number of every form's
+  // rounds.
+  const int64_t round = static_cast<int64_t>(kMaxInFlight) * kMaxStreamThreads;
   const int64_t slice_loads = (int64_t{2} << 30) / 16 / sms / round * round;
   const int64_t num_loads = slice_loads * sms;
   int4* weights = nullptr;
@@ -161,32 +162,36 @@ int main(int argc, char** argv) {
   cudaStream_t stream;
   DS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
+  struct Form {
+    int num_streamers, in_flight;
+    double us_per_step = 0, stream_gbs = 0;
+  };
+  std::vector<Form> forms = {{0, 0}, {256, 8}, {256, 4}, {256, 2}, {128, 4}, {64, 4}, {64, 2}};
   // Each replay starts from a vector of RMS 3 (every step brings it to 1) and fresh counters.
   const std::vector<float> threes(kWidth, 3.0f);
-  const auto time_chain = [&](bool with_stream, double& us_per_step, double& stream_gbs) {
+  for (Form& f : forms) {
+    const auto kernel = f.in_flight == 8   ? chain_and_stream_kernel<8>
+                        : f.in_flight == 4 ? chain_and_stream_kernel<4>
+                                           : chain_and_stream_kernel<2>;
     const auto record = [&](cudaStream_t s) {
       DS_CUDA_CHECK(cudaMemsetAsync(counters, 0, sizeof(Counters), s));
-      chain_and_stream_kernel<<<sms, kThreads, 0, s>>>(a, b, num_steps, weights, slice_loads, with_stream,
-                                                       counters);
+      kernel<<<sms, kChainThreads + f.num_streamers, 0, s>>>(a, b, num_steps, weights, slice_loads, counters);
       DS_CUDA_CHECK(cudaGetLastError());
     };
     DS_CUDA_CHECK(cudaMemcpy(a, threes.data(), kWidth * sizeof(float), cudaMemcpyHostToDevice));
     const double ms = dsinfer::bench::graph_replay_ms(record, 3, num_replays, stream);
     Counters c;
     DS_CUDA_CHECK(cudaMemcpy(&c, counters, sizeof(Counters), cudaMemcpyDeviceToHost));
-    us_per_step = 1e3 * ms / num_steps;
-    stream_gbs = static_cast<double>(c.loads) * 16 / (ms * 1e-3) / 1e9;  // the last replay's loads
-    return c;
-  };
-  double alone_us = 0, alone_gbs = 0, beside_us = 0, beside_gbs = 0;
-  time_chain(false, alone_us, alone_gbs);
-  const Counters beside = time_chain(true, beside_us, beside_gbs);
-  // The chain must have computed: normalised again and again, the vector has RMS 1.
-  const double mean_square = dsinfer::bench::device_mean_square(num_steps % 2 == 0 ? a : b, kWidth);
-  if (std::abs(mean_square - 1.0) > 1e-3 || beside.loads == 0) {
-    std::fprintf(stderr, "bench_chain_and_stream: mean square %g (not 1) or no loads streamed (%llu)\n", mean_square,
-                 beside.loads);
-    return 1;
+    f.us_per_step = 1e3 * ms / num_steps;
+    f.stream_gbs = static_cast<double>(c.loads) * 16 / (ms * 1e-3) / 1e9;  // the last replay's loads
+    // The chain must have computed: normalised again and again, the vector has RMS 1; and
+    // streamers must have read.
+    const double mean_square = dsinfer::bench::device_mean_square(num_steps % 2 == 0 ? a : b, kWidth);
+    if (std::abs(mean_square - 1.0) > 1e-3 || (f.num_streamers > 0) != (c.loads > 0)) {
+      std::fprintf(stderr, "bench_chain_and_stream: mean square %g (not 1), or %llu loads by %d streamers\n",
+                   mean_square, c.loads, f.num_streamers);
+      return 1;
+    }
   }
   int ceiling_per_sm = 0;
   DS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ceiling_per_sm, stream_kernel, kCeilingThreads, 0));
@@ -204,17 +209,22 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) text << " " << argv[i];
   text << "`\n\nOne persistent kernel, one block an SM: " << kChainThreads << " threads a block run " << num_steps
        << " chain steps (a " << kWidth << "-float vector read whole, a slice of the next written, a grid-wide "
-       << "barrier), " << kStreamThreads << " more read a 2 GiB buffer, " << kInFlight
-       << " 16-byte loads a thread in flight, until the chain is done. Ceiling: every resident thread reading the "
-       << "buffer once.\n\n"
+       << "barrier), the block's other threads read a 2 GiB buffer until the chain is done. Ceiling: every "
+       << "resident thread reading the buffer once, " << kMaxInFlight << " 16-byte loads in flight each.\n\n"
        << "| form | µs a chain step | streamed GB/s | of the ceiling (" << static_cast<int>(ceiling_gbs)
        << " GB/s) |\n|---|---:|---:|---:|\n";
   char line[256];
-  std::snprintf(line, sizeof(line), "| the chain alone | %.2f | – | – |\n", alone_us);
-  text << line;
-  std::snprintf(line, sizeof(line), "| the chain with the streamers reading | %.2f (%.2f times) | %.0f | %.0f%% |\n",
-                beside_us, beside_us / alone_us, beside_gbs, 100.0 * beside_gbs / ceiling_gbs);
-  text << line;
+  for (const Form& f : forms) {
+    if (f.num_streamers == 0) {
+      std::snprintf(line, sizeof(line), "| the chain alone | %.2f | – | – |\n", f.us_per_step);
+    } else {
+      std::snprintf(line, sizeof(line),
+                    "| %d streamers a block, %d loads each in flight | %.2f (%.2f times) | %.0f | %.0f%% |\n",
+                    f.num_streamers, f.in_flight, f.us_per_step, f.us_per_step / forms[0].us_per_step, f.stream_gbs,
+                    100.0 * f.stream_gbs / ceiling_gbs);
+    }
+    text << line;
+  }
   std::fputs(text.str().c_str(), stdout);
   if (!options.append_path.empty()) dsinfer::bench::append_results(options.append_path, text.str());
   DS_CUDA_CHECK(cudaStreamDestroy(stream));
