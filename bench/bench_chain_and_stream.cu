@@ -10,8 +10,10 @@
 // writes the block's slice of the next, with a grid-wide barrier between steps (an arrival
 // counter). The block's other threads (the streamers) read a weight buffer far larger than L2,
 // each block its own slice round and round, a few 16-byte loads a thread at a time, until the
-// chain's last step is done. Forms: the chain alone (no streamers), and the chain with 64 to 256
-// streamers a block keeping 2 to 8 loads each in flight (how hard the stream presses).
+// chain's last step is done. Forms: the chain alone (no streamers), the chain with 64 to 256
+// streamers a block keeping 2 to 8 loads each in flight (how hard the stream presses), and the
+// chain with one thread a block streaming by bulk copies into a ring of shared-memory stages
+// (the copy engine's way: a few instructions a stage instead of a load a thread).
 // Printed: µs a chain step, and the streamers' GB/s against a plain read of the same buffer by
 // every resident thread (the ceiling, measured in the same run).
 //
@@ -28,6 +30,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/mbarrier.cuh"
 #include "cuda_bench.h"
 
 namespace {
@@ -39,6 +42,8 @@ constexpr int kMaxInFlight = 8;     // 16-byte loads a streamer has in flight, a
 constexpr int kWidth = 2048;        // floats a chain step reads and writes
 constexpr int kPollEvery = 16;      // a streamer's rounds between looks at the chain's done flag
 constexpr int kCeilingThreads = 256;
+constexpr int kMaxBulkStageBytes = 16 * 1024;  // a bulk copy's stage, at most
+constexpr int kMaxBulkStages = 8;
 
 // The chain's threads meet at barrier 1, so the streamers never wait for them.
 __device__ __forceinline__ void chain_barrier() { asm volatile("bar.sync 1, %0;" ::"n"(kChainThreads) : "memory"); }
@@ -79,6 +84,22 @@ struct Counters {
   unsigned long long sink;    // keeps the streamed values live
 };
 
+// The chain's threads: num_steps steps between a and b, then the done flag (by block 0).
+__device__ void run_chain(float* a, float* b, int num_steps, Counters* counters) {
+  for (int k = 0; k < num_steps; ++k) {
+    chain_step(k % 2 == 0 ? a : b, k % 2 == 0 ? b : a);
+    chain_grid_barrier(&counters->arrived, static_cast<unsigned>(k + 1) * gridDim.x);
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0)
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(&counters->done), "r"(1u) : "memory");
+}
+
+__device__ __forceinline__ bool chain_done(const Counters* counters) {
+  unsigned done = 0;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(done) : "l"(&counters->done) : "memory");
+  return done != 0;
+}
+
 // a, b: the chain's two vectors; weights: the buffer, slice_loads 16-byte pieces a block (a
 // multiple of kMaxInFlight * kMaxStreamThreads). The block's threads past kChainThreads stream.
 template <int kInFlight>
@@ -86,12 +107,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     chain_and_stream_kernel(float* a, float* b, int num_steps, const int4* weights, int64_t slice_loads,
                             Counters* counters) {
   if (threadIdx.x < kChainThreads) {
-    for (int k = 0; k < num_steps; ++k) {
-      chain_step(k % 2 == 0 ? a : b, k % 2 == 0 ? b : a);
-      chain_grid_barrier(&counters->arrived, static_cast<unsigned>(k + 1) * gridDim.x);
-    }
-    if (blockIdx.x == 0 && threadIdx.x == 0)
-      asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(&counters->done), "r"(1u) : "memory");
+    run_chain(a, b, num_steps, counters);
     return;
   }
   const int st = threadIdx.x - kChainThreads, num_streamers = blockDim.x - kChainThreads;
@@ -109,14 +125,57 @@ __global__ void __launch_bounds__(kMaxThreads)
     loads += kInFlight;
     i += round;
     if (i >= slice_loads) i -= slice_loads;
-    if (r % kPollEvery == kPollEvery - 1) {
-      unsigned done = 0;
-      asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(done) : "l"(&counters->done) : "memory");
-      if (done != 0) break;
-    }
+    if (r % kPollEvery == kPollEvery - 1 && chain_done(counters)) break;
   }
   atomicAdd(&counters->loads, loads);
   if (x == 0x9e3779b9u) atomicAdd(&counters->sink, 1ull);  // never in practice; keeps x computed
+}
+
+// The same chain beside one thread that streams the block's slice by bulk copies of stage_bytes
+// (a multiple of 16 dividing the slice) into num_stages shared-memory stages (dynamic shared
+// memory), each stage re-issued as soon as its copy has landed, until the chain is done.
+__global__ void __launch_bounds__(kChainThreads + 32)
+    chain_and_bulk_stream_kernel(float* a, float* b, int num_steps, const int4* weights, int64_t slice_loads,
+                                 int num_stages, int stage_bytes, Counters* counters) {
+  extern __shared__ __align__(128) uint8_t stages[];
+  __shared__ __align__(8) uint64_t landed[kMaxBulkStages];
+  if (threadIdx.x < kChainThreads) {
+    run_chain(a, b, num_steps, counters);
+    return;
+  }
+  if (threadIdx.x != kChainThreads) return;
+  using namespace dsinfer::cuda;
+  const auto* slice = reinterpret_cast<const uint8_t*>(weights + blockIdx.x * slice_loads);
+  const int64_t slice_bytes = slice_loads * 16;
+  const uint32_t bar0 = static_cast<uint32_t>(__cvta_generic_to_shared(landed));
+  const uint32_t stage0 = static_cast<uint32_t>(__cvta_generic_to_shared(stages));
+  for (int st = 0; st < num_stages; ++st) mbarrier_init(bar0 + 8 * st, 1);
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  int64_t offset = 0;
+  const auto issue = [&](int st) {
+    mbarrier_arrive_expect_bytes(bar0 + 8 * st, stage_bytes);
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+            stage0 + st * stage_bytes),
+        "l"(slice + offset), "r"(stage_bytes), "r"(bar0 + 8 * st)
+        : "memory");
+    offset += stage_bytes;
+    if (offset >= slice_bytes) offset = 0;
+  };
+  for (int st = 0; st < num_stages; ++st) issue(st);
+  unsigned long long copies = 0;
+  uint32_t round = 0;  // a stage's copy of round r completes its barrier's phase of parity r % 2
+  for (;; ++round) {
+    for (int st = 0; st < num_stages; ++st) {
+      mbarrier_wait(bar0 + 8 * st, round & 1u);
+      ++copies;
+      issue(st);
+    }
+    if (chain_done(counters)) break;
+  }
+  // The copies still in flight land before the block's shared memory goes away.
+  for (int st = 0; st < num_stages; ++st) mbarrier_wait(bar0 + 8 * st, (round + 1) & 1u);
+  atomicAdd(&counters->loads, copies * (stage_bytes / 16));
 }
 
 // The ceiling: every resident thread reads the buffer once, kMaxInFlight pieces at a time.
@@ -147,7 +206,7 @@ int main(int argc, char** argv) {
   if (!dsinfer::bench::first_device("bench_chain_and_stream", prop)) return 1;
   const int sms = prop.multiProcessorCount;
   // 2 GiB of weights (40 times the L2), an equal slice a block, a whole number of every form's
-  // rounds.
+  // rounds (and of bulk stages).
   const int64_t round = static_cast<int64_t>(kMaxInFlight) * kMaxStreamThreads;
   const int64_t slice_loads = (int64_t{2} << 30) / 16 / sms / round * round;
   const int64_t num_loads = slice_loads * sms;
@@ -164,9 +223,15 @@ int main(int argc, char** argv) {
 
   struct Form {
     int num_streamers, in_flight;
+    int bulk_stages = 0;  // > 0: one thread streams by bulk copies into this many stages instead,
+    int bulk_kb = 16;     // of this many KB each
     double us_per_step = 0, stream_gbs = 0;
   };
-  std::vector<Form> forms = {{0, 0}, {256, 8}, {256, 4}, {256, 2}, {128, 4}, {64, 4}, {64, 2}};
+  std::vector<Form> forms = {{0, 0},       {256, 8},     {256, 4},     {256, 2},     {128, 4},
+                             {64, 4},      {64, 2},      {0, 0, 1, 4}, {0, 0, 1, 8}, {0, 0, 2, 8},
+                             {0, 0, 1, 16}, {0, 0, 2, 16}, {0, 0, 4, 16}, {0, 0, 8, 16}};
+  DS_CUDA_CHECK(cudaFuncSetAttribute(chain_and_bulk_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     kMaxBulkStages * kMaxBulkStageBytes));
   // Each replay starts from a vector of RMS 3 (every step brings it to 1) and fresh counters.
   const std::vector<float> threes(kWidth, 3.0f);
   for (Form& f : forms) {
@@ -175,7 +240,11 @@ int main(int argc, char** argv) {
                                            : chain_and_stream_kernel<2>;
     const auto record = [&](cudaStream_t s) {
       DS_CUDA_CHECK(cudaMemsetAsync(counters, 0, sizeof(Counters), s));
-      kernel<<<sms, kChainThreads + f.num_streamers, 0, s>>>(a, b, num_steps, weights, slice_loads, counters);
+      if (f.bulk_stages > 0)
+        chain_and_bulk_stream_kernel<<<sms, kChainThreads + 32, f.bulk_stages * f.bulk_kb * 1024, s>>>(
+            a, b, num_steps, weights, slice_loads, f.bulk_stages, f.bulk_kb * 1024, counters);
+      else
+        kernel<<<sms, kChainThreads + f.num_streamers, 0, s>>>(a, b, num_steps, weights, slice_loads, counters);
       DS_CUDA_CHECK(cudaGetLastError());
     };
     DS_CUDA_CHECK(cudaMemcpy(a, threes.data(), kWidth * sizeof(float), cudaMemcpyHostToDevice));
@@ -187,7 +256,7 @@ int main(int argc, char** argv) {
     // The chain must have computed: normalised again and again, the vector has RMS 1; and
     // streamers must have read.
     const double mean_square = dsinfer::bench::device_mean_square(num_steps % 2 == 0 ? a : b, kWidth);
-    if (std::abs(mean_square - 1.0) > 1e-3 || (f.num_streamers > 0) != (c.loads > 0)) {
+    if (std::abs(mean_square - 1.0) > 1e-3 || (f.num_streamers > 0 || f.bulk_stages > 0) != (c.loads > 0)) {
       std::fprintf(stderr, "bench_chain_and_stream: mean square %g (not 1), or %llu loads by %d streamers\n",
                    mean_square, c.loads, f.num_streamers);
       return 1;
@@ -215,7 +284,12 @@ int main(int argc, char** argv) {
        << " GB/s) |\n|---|---:|---:|---:|\n";
   char line[256];
   for (const Form& f : forms) {
-    if (f.num_streamers == 0) {
+    if (f.bulk_stages > 0) {
+      std::snprintf(line, sizeof(line),
+                    "| one thread a block, bulk copies into %d stages of %d KB | %.2f (%.2f times) | %.0f | %.0f%% |\n",
+                    f.bulk_stages, f.bulk_kb, f.us_per_step, f.us_per_step / forms[0].us_per_step,
+                    f.stream_gbs, 100.0 * f.stream_gbs / ceiling_gbs);
+    } else if (f.num_streamers == 0) {
       std::snprintf(line, sizeof(line), "| the chain alone | %.2f | – | – |\n", f.us_per_step);
     } else {
       std::snprintf(line, sizeof(line),
