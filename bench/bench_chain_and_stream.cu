@@ -35,47 +35,20 @@
 
 namespace {
 
-constexpr int kChainThreads = 128;
+constexpr int kChainThreads = dsinfer::bench::kChainGroupThreads;
 constexpr int kMaxStreamThreads = 256;
 constexpr int kMaxThreads = kChainThreads + kMaxStreamThreads;
 constexpr int kMaxInFlight = 8;     // 16-byte loads a streamer has in flight, at most
-constexpr int kWidth = 2048;        // floats a chain step reads and writes
+constexpr int kWidth = dsinfer::bench::kChainWidth;
 constexpr int kPollEvery = 16;      // a streamer's rounds between looks at the chain's done flag
 constexpr int kCeilingThreads = 256;
 constexpr int kMaxBulkStageBytes = 16 * 1024;  // a bulk copy's stage, at most
 constexpr int kMaxBulkStages = 8;
 
 // The chain's threads meet at barrier 1, so the streamers never wait for them.
-__device__ __forceinline__ void chain_barrier() { asm volatile("bar.sync 1, %0;" ::"n"(kChainThreads) : "memory"); }
-
-// One chain step of this block: the sum of squares of the whole input, then the block's slice of
-// the output, normalised by it.
-__device__ void chain_step(const float* in, float* out) {
-  __shared__ float warp_sums[kChainThreads / 32];
-  const int tid = threadIdx.x;
-  float sum = 0.0f;
-  for (int i = tid; i < kWidth; i += kChainThreads) {
-    const float v = __ldcg(in + i);
-    sum = fmaf(v, v, sum);
-  }
-  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-  if (tid % 32 == 0) warp_sums[tid / 32] = sum;
-  chain_barrier();
-  float total = 0.0f;
-  for (int w = 0; w < kChainThreads / 32; ++w) total += warp_sums[w];
-  const float inv = rsqrtf(total / kWidth + 1e-6f);
-  const int slice = (kWidth + gridDim.x - 1) / gridDim.x;
-  const int begin = blockIdx.x * slice, end = min(kWidth, begin + slice);
-  for (int i = begin + tid; i < end; i += kChainThreads) __stcg(out + i, __ldcg(in + i) * inv);
-  chain_barrier();  // warp_sums is reused by the next step
-}
-
-// Every block's chain arrives once a step; a block goes on once all have arrived.
-__device__ void chain_grid_barrier(unsigned* arrived, unsigned target) {
-  chain_barrier();
-  if (threadIdx.x == 0) dsinfer::bench::arrive_and_wait(arrived, target);
-  chain_barrier();
-}
+struct ChainBarrier {
+  __device__ void operator()() const { asm volatile("bar.sync 1, %0;" ::"n"(kChainThreads) : "memory"); }
+};
 
 struct Counters {
   unsigned arrived;           // the chain's barrier
@@ -87,8 +60,9 @@ struct Counters {
 // The chain's threads: num_steps steps between a and b, then the done flag (by block 0).
 __device__ void run_chain(float* a, float* b, int num_steps, Counters* counters) {
   for (int k = 0; k < num_steps; ++k) {
-    chain_step(k % 2 == 0 ? a : b, k % 2 == 0 ? b : a);
-    chain_grid_barrier(&counters->arrived, static_cast<unsigned>(k + 1) * gridDim.x);
+    dsinfer::bench::chain_step<1>(k % 2 == 0 ? a : b, k % 2 == 0 ? b : a, static_cast<int>(blockIdx.x),
+                                  static_cast<int>(gridDim.x), ChainBarrier{});
+    dsinfer::bench::grid_barrier(&counters->arrived, static_cast<unsigned>(k + 1) * gridDim.x, ChainBarrier{});
   }
   if (blockIdx.x == 0 && threadIdx.x == 0)
     asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(&counters->done), "r"(1u) : "memory");

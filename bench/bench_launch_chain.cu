@@ -38,50 +38,21 @@ namespace {
 
 using dsinfer::cuda::await_previous_kernels;
 
-constexpr int kThreads = 128;
+using dsinfer::bench::BlockBarrier;
+using dsinfer::bench::chain_step;
+constexpr int kThreads = dsinfer::bench::kChainGroupThreads;
 constexpr int kGroupsPerWideBlock = 4;  // groups of kThreads threads in a block of the wide form
-constexpr int kWidth = 2048;  // floats a step reads and writes
-
-// One step of group `group` of `num_groups` (a block of kThreads threads, or one such group of a
-// wide block): the sum of squares of the whole input, then this group's slice of the output,
-// normalised by it. The input comes from L2 (another block, or the kernel before, wrote it).
-template <int kGroups>
-__device__ void step(const float* in, float* out, int group, int num_groups) {
-  __shared__ float warp_sums[kGroups][kThreads / 32];
-  const int sub = threadIdx.x / kThreads, tid = threadIdx.x % kThreads;
-  float sum = 0.0f;
-  for (int i = tid; i < kWidth; i += kThreads) {
-    const float v = __ldcg(in + i);
-    sum = fmaf(v, v, sum);
-  }
-  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-  if (tid % 32 == 0) warp_sums[sub][tid / 32] = sum;
-  __syncthreads();
-  float total = 0.0f;
-  for (int w = 0; w < kThreads / 32; ++w) total += warp_sums[sub][w];
-  const float inv = rsqrtf(total / kWidth + 1e-6f);
-  const int slice = (kWidth + num_groups - 1) / num_groups;
-  for (int i = group * slice + tid; i < min(kWidth, (group + 1) * slice); i += kThreads)
-    __stcg(out + i, __ldcg(in + i) * inv);
-  __syncthreads();  // warp_sums is reused by the next step
-}
+constexpr int kWidth = dsinfer::bench::kChainWidth;
 
 __global__ void __launch_bounds__(kThreads) step_kernel(const float* in, float* out) {
   await_previous_kernels();
-  step<1>(in, out, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
+  chain_step<1>(in, out, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), BlockBarrier{});
 }
 
 __global__ void __launch_bounds__(kThreads * kGroupsPerWideBlock) wide_step_kernel(const float* in, float* out) {
   await_previous_kernels();
-  step<kGroupsPerWideBlock>(in, out, static_cast<int>(blockIdx.x * kGroupsPerWideBlock + threadIdx.x / kThreads),
-                            static_cast<int>(gridDim.x * kGroupsPerWideBlock));
-}
-
-// Every block arrives once per step; a block leaves the barrier once all have arrived.
-__device__ void grid_barrier(unsigned* arrived, unsigned target) {
-  __syncthreads();
-  if (threadIdx.x == 0) dsinfer::bench::arrive_and_wait(arrived, target);
-  __syncthreads();
+  chain_step<kGroupsPerWideBlock>(in, out, static_cast<int>(blockIdx.x * kGroupsPerWideBlock + threadIdx.x / kThreads),
+                                  static_cast<int>(gridDim.x * kGroupsPerWideBlock), BlockBarrier{});
 }
 
 constexpr int kFlagStride = 32;  // unsigned a flag: one 128-byte line each
@@ -110,9 +81,10 @@ __device__ void hand_on_by_flags(unsigned* flags, unsigned step_done) {
 __global__ void __launch_bounds__(kThreads)
     persistent_kernel(float* a, float* b, int num_steps, unsigned* sync, bool by_flags) {
   for (int k = 0; k < num_steps; ++k) {
-    step<1>(k % 2 == 0 ? a : b, k % 2 == 0 ? b : a, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
+    chain_step<1>(k % 2 == 0 ? a : b, k % 2 == 0 ? b : a, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x),
+                  BlockBarrier{});
     if (by_flags) hand_on_by_flags(sync, static_cast<unsigned>(k + 1));
-    else grid_barrier(sync, static_cast<unsigned>(k + 1) * gridDim.x);
+    else dsinfer::bench::grid_barrier(sync, static_cast<unsigned>(k + 1) * gridDim.x, BlockBarrier{});
   }
 }
 

@@ -58,16 +58,54 @@ inline double graph_replay_ms(const std::function<void(cudaStream_t)>& record, i
 }
 
 #ifdef __CUDACC__
-// The grid-wide barrier of the chain benches' persistent kernels, for a block's thread 0 (the
-// block's own barriers around it are the caller's): arrive at the counter, then wait until
-// `target` arrivals are in.
-__device__ __forceinline__ void arrive_and_wait(unsigned* arrived, unsigned target) {
-  __threadfence();
-  atomicAdd(arrived, 1u);
-  unsigned seen = 0;
-  do {
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(arrived) : "memory");
-  } while (seen < target);
+constexpr int kChainGroupThreads = 128;  // threads of a group that runs a chain step
+constexpr int kChainWidth = 2048;        // floats a chain step reads and writes
+
+// The block's own barrier, for chain steps whose groups make up the whole block.
+struct BlockBarrier {
+  __device__ void operator()() const { __syncthreads(); }
+};
+
+// One chain step (bench_launch_chain, bench_chain_and_stream) of group `group` of `num_groups`:
+// the sum of squares of the whole input, then this group's slice of the output, normalised by
+// it. A block holds kGroups groups of kChainGroupThreads threads; barrier() meets the threads
+// that run the step. The input comes from L2 (another block, or the kernel before, wrote it).
+template <int kGroups, typename Barrier>
+__device__ void chain_step(const float* in, float* out, int group, int num_groups, Barrier barrier) {
+  __shared__ float warp_sums[kGroups][kChainGroupThreads / 32];
+  const int sub = threadIdx.x / kChainGroupThreads, tid = threadIdx.x % kChainGroupThreads;
+  float sum = 0.0f;
+  for (int i = tid; i < kChainWidth; i += kChainGroupThreads) {
+    const float v = __ldcg(in + i);
+    sum = fmaf(v, v, sum);
+  }
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  if (tid % 32 == 0) warp_sums[sub][tid / 32] = sum;
+  barrier();
+  float total = 0.0f;
+  for (int w = 0; w < kChainGroupThreads / 32; ++w) total += warp_sums[sub][w];
+  const float inv = rsqrtf(total / kChainWidth + 1e-6f);
+  const int slice = (kChainWidth + num_groups - 1) / num_groups;
+  for (int i = group * slice + tid; i < min(kChainWidth, (group + 1) * slice); i += kChainGroupThreads)
+    __stcg(out + i, __ldcg(in + i) * inv);
+  barrier();  // warp_sums is reused by the next step
+}
+
+// The grid-wide barrier of the chain benches' persistent kernels: every block arrives once at
+// the counter (its thread 0, after barrier() has met the block's chain threads), and goes on
+// once `target` arrivals are in.
+template <typename Barrier>
+__device__ void grid_barrier(unsigned* arrived, unsigned target, Barrier barrier) {
+  barrier();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(arrived, 1u);
+    unsigned seen = 0;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(arrived) : "memory");
+    } while (seen < target);
+  }
+  barrier();
 }
 #endif
 
