@@ -12,6 +12,12 @@ void Backend::add_rms_norm(Tensor& x, const Tensor& y, const Tensor& w, float ep
   rms_norm(x, w, eps, out);
 }
 
+void Backend::linear_add_rms_norm(const Tensor& x, const LinearWeight& w, Tensor& out, Tensor& residual,
+                                  const Tensor& norm_w, float eps, Tensor& normed) {
+  linear(x, w, out);
+  add_rms_norm(residual, out, norm_w, eps, normed);
+}
+
 void Backend::moe_add_rms_norm(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRouting* routing,
                                Tensor& residual, const Tensor& norm_w, float eps, Tensor& normed) {
   moe(x, w, out, routing);

@@ -195,6 +195,11 @@ class Backend {
     linear(x, wq, q);
   }
   virtual void moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRouting* routing) = 0;
+  // A linear layer and the residual step after it: linear(x, w, out), then
+  // add_rms_norm(residual, out, norm_w, eps, normed). out is scratch, as in moe_add_rms_norm.
+  // The default runs the two.
+  virtual void linear_add_rms_norm(const Tensor& x, const LinearWeight& w, Tensor& out, Tensor& residual,
+                                   const Tensor& norm_w, float eps, Tensor& normed);
   // A MoE layer and the residual step after it: moe(x, w, out, routing), then
   // add_rms_norm(residual, out, norm_w, eps, normed). out is scratch: a backend that makes the
   // layer's output where the norm adds it may leave it unwritten. normed may be x. The default

@@ -40,8 +40,8 @@ KvCaches DeepseekModel::allocate_caches(int num_blocks, int block_size, KvCacheF
   return caches;
 }
 
-void DeepseekModel::attention(const LayerWeights& l, const Tensor& h, const ForwardBatch& batch, LayerKvCache& cache,
-                              int block_size, Tensor& out) {
+Tensor DeepseekModel::attention(const LayerWeights& l, const Tensor& h, const ForwardBatch& batch,
+                                LayerKvCache& cache, int block_size) {
   const int64_t t = h.dim(0);
   const int64_t heads = config_.num_attention_heads;
   Tensor q = backend_.empty({t, heads * config_.qk_head_dim()}, DType::kF32);
@@ -69,7 +69,7 @@ void DeepseekModel::attention(const LayerWeights& l, const Tensor& h, const Forw
   args.latent_norm_eps = kLatentNormEps;
   args.out = &attn;
   backend_.mla_attention(args);
-  backend_.linear(attn, l.o_proj, out);
+  return attn;
 }
 
 void DeepseekModel::mlp(const LayerWeights& l, const Tensor& h, Tensor& out, MoeRouting* routing) {
@@ -186,8 +186,8 @@ ForwardOutput DeepseekModel::run_layers(const ForwardBatch& batch, KvCaches& cac
   if (num_layers > 0) backend_.rms_norm(x, weights_.layers[0].input_norm, eps, h);
   for (size_t i = 0; i < num_layers; ++i) {
     const LayerWeights& l = weights_.layers[i];
-    attention(l, h, batch, caches.layers[i], caches.block_size, y);
-    backend_.add_rms_norm(x, y, l.post_attn_norm, eps, h);
+    const Tensor attn = attention(l, h, batch, caches.layers[i], caches.block_size);
+    backend_.linear_add_rms_norm(attn, l.o_proj, y, x, l.post_attn_norm, eps, h);
     MoeRouting routing;
     MoeRouting* recorded = record_routing && l.is_moe ? &routing : nullptr;
     if (i + 1 < num_layers && l.is_moe) {

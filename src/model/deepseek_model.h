@@ -39,8 +39,9 @@ class DeepseekModel {
   ForwardOutput forward(const ForwardBatch& batch, KvCaches& caches, bool record_routing = false);
 
  private:
-  void attention(const LayerWeights& l, const Tensor& h, const ForwardBatch& batch, LayerKvCache& cache,
-                 int block_size, Tensor& out);
+  // The layer's attention output before o_proj: [T, heads * v_head_dim].
+  Tensor attention(const LayerWeights& l, const Tensor& h, const ForwardBatch& batch, LayerKvCache& cache,
+                   int block_size);
   void mlp(const LayerWeights& l, const Tensor& h, Tensor& out, MoeRouting* routing);
   ForwardOutput run_layers(const ForwardBatch& batch, KvCaches& caches, bool record_routing);
   // Decode steps (one token per sequence, every sequence sampled) are recorded per batch-size

@@ -126,6 +126,7 @@ CudaBackend::CudaBackend(Precision precision) {
   f32_e4m3_ = !env_is("DSINFER_F32_E4M3", "0");
   prefill_expert_outputs_bf16_ = !env_is("DSINFER_MOE_PREFILL_OUTPUTS_BF16", "0");
   norm_writes_e4m3_ = !env_is("DSINFER_NORM_E4M3", "0");
+  norms_in_products_ = !env_is("DSINFER_NORM_IN_PRODUCTS", "0");
   if (env_is("DSINFER_MOE_PREFILL_WEIGHT_ROWS", "128")) prefill_expert_weight_rows_ = 128;
   if (env_is("DSINFER_MOE_PREFILL_WEIGHT_ROWS", "192")) prefill_expert_weight_rows_ = 192;
   if (env_is("DSINFER_MOE_PREFILL_WEIGHT_ROWS", "256")) prefill_expert_weight_rows_ = 256;
@@ -316,6 +317,7 @@ void CudaBackend::choose_into(const Tensor& logits, std::span<const RowSampling>
 }
 
 void CudaBackend::sample_rows(const Tensor& logits, std::span<const RowSampling> rows, std::vector<int32_t>& out) {
+  reconcile_norm({&logits}, {});
   forget_normed_copy();
   const int64_t num_rows = logits.dim(0);
   out.resize(static_cast<size_t>(num_rows));
@@ -335,6 +337,7 @@ void CudaBackend::end_step() {
 std::optional<StepGapStats> CudaBackend::step_gaps() { return step_gaps_->take_stats(); }
 
 uint64_t CudaBackend::choose_async(const Tensor& logits, std::span<const RowSampling> rows) {
+  reconcile_norm({&logits}, {});
   forget_normed_copy();
   Choices& c = *choices_;
   Choices::Slot& slot = c.slots[c.latest == 0 ? 1 : 0];
@@ -407,6 +410,7 @@ Tensor CudaBackend::from_host(const HostTensor& host) {
 }
 
 void CudaBackend::to_host(const Tensor& t, float* dst) {
+  reconcile_norm({&t}, {});
   if (t.dtype == DType::kBF16) {
     std::vector<uint16_t> bits(t.num_elements());
     DS_CUDA_CHECK(cudaMemcpyAsync(bits.data(), t.data, t.num_bytes(), cudaMemcpyDeviceToHost, stream_));
@@ -522,6 +526,12 @@ GemmWeight gemm_weight_of(const LinearWeight& w) {
 
 Tensor CudaBackend::to_bf16_padded(const Tensor& x, int64_t k_padded) {
   DS_CHECK(x.dtype == DType::kF32 && x.shape.size() == 2 && x.dim(1) <= k_padded);
+  // A pending norm's copy, for products that apply its factor (gemm, moe_until_combine); any
+  // other view of its rows gets them finished first.
+  if (pending_norm_.of == x.data && pending_norm_.rows == x.dim(0) && pending_norm_.scale.n == x.dim(1) &&
+      pending_norm_.bf16.dim(1) == k_padded)
+    return pending_norm_.bf16;
+  reconcile_norm({&x}, {});
   if (normed_copy_.of != nullptr && normed_copy_.of == x.data && normed_copy_.shape == x.shape &&
       normed_copy_.bf16.dim(1) == k_padded)
     return normed_copy_.bf16;
@@ -595,9 +605,11 @@ void CudaBackend::gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w
   GroupedGemmArgs a = dense_product(x_bf16, rows, w, kind, y, ldy, n_out);
   const GemmWeight g = a.dense;
   if (!library_gemm && few_row_gemm_takes(rows)) {
+    a.rms_scale = left_norm_scale(x_bf16.data);
     launch_few_row_gemm(a, g.n_padded, 1, static_cast<int>(rows), stream_);
     return;
   }
+  if (left_norm_scale(x_bf16.data).partials != nullptr) settle_norm();
   if (library_gemm || library_gemm_takes(g, rows)) {
     // Many rows: compute-bound, cuBLASLt. Its fp32 output lands in y directly when the layouts
     // agree (an FP8 product writes whole groups of 4 rows).
@@ -771,6 +783,9 @@ void CudaBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   check_linear(x, w, out);
   const int64_t m = x.dim(0);
   if (m == 0) return;
+  // Only the few-row kernel applies a pending norm's factor (the e4m3 path below reads x itself).
+  if (!few_row_gemm_takes(m)) reconcile_norm({&x}, {});
+  reconcile_norm({}, {&out});
   if (f32_products_) product_f32(x.as<float>(), m, x.dim(1), w, out.as<float>(), out.dim(1));
   else if (!linear_f32_e4m3(x, w, out)) linear_bf16(to_bf16_padded(x, w.weight.dim(1)), m, w, out);
   forget_normed_copy_if_written(out);
@@ -813,6 +828,7 @@ void CudaBackend::linear_pair(const Tensor& x, const LinearWeight& w1, Tensor& o
   DS_CHECK(w1.weight.dim(1) == w2.weight.dim(1));
   const int64_t m = x.dim(0);
   if (m == 0) return;
+  reconcile_norm({}, {&out1, &out2});
   const Tensor xb = to_bf16_padded(x, w1.weight.dim(1));
   linear_bf16(xb, m, w1, out1);
   linear_bf16(xb, m, w2, out2);
@@ -826,6 +842,8 @@ void CudaBackend::gated_mlp_bf16(const Tensor& x_bf16, int64_t rows, const Linea
   DS_CHECK_MSG(down.weight.dim(1) == inter_p && down.in_features == gate_up.out_features / 2,
                "gated MLP: down projection takes " << down.in_features << " inputs, gate/up gives "
                                                    << gate_up.out_features / 2);
+  // cuBLASLt's products apply no pending norm's factor.
+  if (!few_row_gemm_takes(rows) && left_norm_scale(x_bf16.data).partials != nullptr) settle_norm();
   if (silu_e4m3_ && gated_mlp_e4m3(x_bf16, rows, gate_up, down, out, ldo)) return;
   Tensor act = alloc_->cached({rows, inter_p}, DType::kBF16);
   gemm(x_bf16, rows, gate_up, static_cast<int>(GemmEpilogue::kSiluMulBf16), act.data, inter_p, inter_p);
@@ -856,12 +874,14 @@ void CudaBackend::gated_mlp(const Tensor& x, const LinearWeight& gate_up, const 
   DS_CHECK(x.dim(1) == gate_up.in_features && out.dim(1) == down.out_features);
   const int64_t m = x.dim(0);
   if (m == 0) return;
+  reconcile_norm({}, {&out});
   if (f32_products_) gated_mlp_f32(x, gate_up, down, out.as<float>(), out.dim(1));
   else gated_mlp_bf16(to_bf16_padded(x, gate_up.weight.dim(1)), m, gate_up, down, out.as<float>(), out.dim(1));
   forget_normed_copy_if_written(out);
 }
 
 void CudaBackend::embedding(const Tensor& table, std::span<const TokenId> ids, Tensor& out) {
+  reconcile_norm({}, {&out});
   forget_normed_copy();
   const int64_t vocab = table.dim(0), hidden = table.dim(1);
   // Placeholders (< 0) are the step's, resolved on the device by begin_step.
@@ -874,12 +894,14 @@ void CudaBackend::embedding(const Tensor& table, std::span<const TokenId> ids, T
 }
 
 void CudaBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) {
+  reconcile_norm({&x}, {&out});
   const Bf16Rows copy = start_normed_copy(out);
   launch_rms_norm(x.as<float>(), w.as<float>(), eps, x.dim(0), x.dim(1), out.as<float>(), copy.data, copy.ld,
                   normed_e4m3_rows(x.dim(0)), stream_);
 }
 
 void CudaBackend::add(Tensor& x, const Tensor& y) {
+  reconcile_norm({&x, &y}, {&x});
   forget_normed_copy();
   DS_CHECK(y.num_elements() == x.num_elements());
   launch_add(x.as<float>(), y.as<float>(), x.num_elements(), stream_);
@@ -887,22 +909,26 @@ void CudaBackend::add(Tensor& x, const Tensor& y) {
 
 void CudaBackend::add_rms_norm(Tensor& x, const Tensor& y, const Tensor& w, float eps, Tensor& out) {
   DS_CHECK(y.num_elements() == x.num_elements() && out.num_elements() == x.num_elements());
+  reconcile_norm({&x, &y}, {&x, &out});
   const Bf16Rows copy = start_normed_copy(out);
   launch_add_rms_norm(x.as<float>(), y.as<float>(), w.as<float>(), eps, x.dim(0), x.dim(1), out.as<float>(), copy.data,
                       copy.ld, normed_e4m3_rows(x.dim(0)), stream_);
 }
 
 void CudaBackend::silu_mul(const Tensor& gate_up, Tensor& out) {
+  reconcile_norm({&gate_up}, {&out});
   forget_normed_copy();
   launch_silu_mul(gate_up.as<float>(), gate_up.dim(0), gate_up.dim(1) / 2, out.as<float>(), stream_);
 }
 
 void CudaBackend::concat_cols(const Tensor& a, const Tensor& b, Tensor& out) {
+  reconcile_norm({&a, &b}, {&out});
   forget_normed_copy();
   launch_concat_cols(a.as<float>(), b.as<float>(), a.dim(0), a.dim(1), b.dim(1), out.as<float>(), stream_);
 }
 
 void CudaBackend::gather_rows(const Tensor& x, std::span<const int32_t> rows, Tensor& out) {
+  reconcile_norm({&x}, {&out});
   forget_normed_copy();
   const int64_t num_rows = x.dim(0);
   for (int32_t i : rows) DS_CHECK_MSG(i >= 0 && i < num_rows, "gather_rows: row " << i << " of " << num_rows);

@@ -31,6 +31,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <span>
 #include <unordered_map>
@@ -82,7 +83,11 @@ class CudaBackend final : public Backend {
   void mla_queries(const Tensor& x, const LinearWeight& wq, const MlaWeights& w, const ForwardBatch& batch,
                    Tensor& q) override;
   void moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRouting* routing) override;
-  // The combine made by the norm where it adds it (launch_moe_combine_add_rms_norm).
+  // In steps of a few rows, the norm left to the products after it (PendingNorm).
+  void linear_add_rms_norm(const Tensor& x, const LinearWeight& w, Tensor& out, Tensor& residual,
+                           const Tensor& norm_w, float eps, Tensor& normed) override;
+  // The combine made by the norm where it adds it (launch_moe_combine_add_rms_norm); in steps of
+  // a few rows, the norm left to the products after it (PendingNorm).
   void moe_add_rms_norm(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRouting* routing, Tensor& residual,
                         const Tensor& norm_w, float eps, Tensor& normed) override;
   LinearWeight make_gate_up(const HostTensor& w) override;
@@ -185,9 +190,10 @@ class CudaBackend final : public Backend {
   // rows (kExpertBlockWideRows only where fp8_expert_activations_for holds). Gives their rows
   // [num_entries, hidden]: bf16 from the prefill expert blocks (prefill_expert_outputs_bf16_),
   // fp32 otherwise.
+  // x_scale: xb's rows are a pending norm's output (the few-row kernel only; see PendingNorm).
   Tensor moe_experts_grouped(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
                              const int32_t* block_offsets, const int32_t* src_rows, int64_t num_entries,
-                             int rows_per_block);
+                             int rows_per_block, const RowRmsScale& x_scale = {});
   // Whether the layer's experts, where they take the 128-row expert blocks, run DeepSeek's FP8
   // activations there (e4m3 weights, both switches on, k and the intermediate size whole
   // 128-column scale blocks).
@@ -486,6 +492,42 @@ class CudaBackend final : public Backend {
     int64_t quantised_rows = 0;
   };
   NormedCopy normed_copy_;
+  // A norm left to the products that read its output (ResidualNormOutput, RowRmsScale): in a
+  // step of a few rows its own launch is a link in the step's chain of launches that moves almost
+  // no bytes, two a layer (a build that skipped both ran batch-1 decode 5% faster). The kernel
+  // before it (o_proj's few-row product, or the MoE combine) adds to the residual and writes x · w
+  // as the norm's output and its bf16 copy; the few-row products that read them, and the router
+  // logits beside them, multiply their sums by each row's 1 / rms, which every block finds from
+  // the residual rows. Any other reader gets finished rows first (settle_norm), and so does any
+  // write to the residual while the output lives; overwriting the output ends it.
+  struct PendingNorm {
+    const void* of = nullptr;    // the norm's fp32 output [rows, n], x · w
+    std::shared_ptr<void> keep;  // of's storage
+    Tensor bf16;                 // its copy [rows, n] (n a multiple of 128, so unpadded)
+    Tensor partials;             // [rows, n / 4] the residual's squares (ResidualNormOutput)
+    RowRmsScale scale;           // over partials
+    const void* residual = nullptr;  // [rows, n]
+    std::shared_ptr<void> keep_residual;
+    int64_t rows = 0;
+  };
+  PendingNorm pending_norm_;
+  // Steps of a few rows leave their norms to the products (DSINFER_NORM_IN_PRODUCTS=0: every norm
+  // runs in its own launch).
+  bool norms_in_products_ = true;
+  // Whether a norm of `rows` rows of n after a residual add may be left to the products.
+  bool can_leave_norm(int64_t rows, int64_t n) const;
+  // The output's copy and the residual that a kernel about to be launched fills as
+  // ResidualNormOutput, and the pending norm it leaves (after start_normed_copy(normed)).
+  ResidualNormOutput leave_norm(Tensor& residual, const Tensor& norm_w, float eps, Tensor& normed);
+  // The factor a few-row product reading `rows` (the pending norm's output or its copy) applies;
+  // none for other rows.
+  RowRmsScale left_norm_scale(const void* rows) const;
+  // Finishes the pending norm's output and copy in place (launch_apply_row_rms) and ends it.
+  void settle_norm();
+  // Before an op that reads `reads` and writes `writes`: settles the pending norm where it reads
+  // its output or writes the residual without overwriting that output, ends it where it
+  // overwrites the output.
+  void reconcile_norm(std::initializer_list<const Tensor*> reads, std::initializer_list<const Tensor*> writes);
   // Queries mla_queries wrote in bf16 only, for the mla_attention that reads the fp32 tensor at
   // `of` (whose rows were not written); taken by that call.
   struct QueryRows {

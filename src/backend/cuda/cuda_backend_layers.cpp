@@ -18,6 +18,11 @@
 
 namespace dsinfer::cuda {
 namespace {
+GroupedGemmArgs scaled(GroupedGemmArgs a, const RowRmsScale& s) {
+  a.rms_scale = s;
+  return a;
+}
+
 // From this many routed rows per expert on average (prefill), an MoE layer's experts go to
 // cuBLASLt (moe_experts_chunked, or moe_experts_host_planned); below it (decode) they stay on
 // the own grouped kernel.
@@ -155,6 +160,7 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
   const int64_t num_tokens = x.dim(0), hidden = x.dim(1);
   if (num_tokens == 0) return;
   DS_CHECK(out.dim(0) == num_tokens && out.dim(1) == hidden);
+  reconcile_norm({}, {&out});
   const MoeOutputs m = moe_until_combine(x, w);
   launch_moe_combine(m.combine, num_tokens, hidden, out.as<float>(), stream_);
   copy_routing(m, routing);
@@ -164,7 +170,23 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRout
 void CudaBackend::moe_add_rms_norm(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRouting* routing,
                                    Tensor& residual, const Tensor& norm_w, float eps, Tensor& normed) {
   if (x.dim(0) < combine_in_norm_min_rows_) {
-    Backend::moe_add_rms_norm(x, w, out, routing, residual, norm_w, eps, normed);
+    const int64_t rows = x.dim(0), n = residual.dim(-1);
+    if (!can_leave_norm(rows, n) || normed.shape != residual.shape || residual.shape != x.shape ||
+        out.shape != x.shape || norm_w.num_elements() != n) {
+      Backend::moe_add_rms_norm(x, w, out, routing, residual, norm_w, eps, normed);
+      return;
+    }
+    // The combine adds to the residual and writes the norm's output before its factor, which
+    // the next layer's products apply (PendingNorm).
+    const MoeOutputs m = moe_until_combine(x, w);
+    if (moe_combine_rows_in_fours(m.combine, n)) {
+      reconcile_norm({}, {&out, &residual, &normed});  // ends the norm x was, if it was one
+      launch_moe_combine_residual(m.combine, rows, n, leave_norm(residual, norm_w, eps, normed), stream_);
+    } else {
+      launch_moe_combine(m.combine, rows, n, out.as<float>(), stream_);
+      add_rms_norm(residual, out, norm_w, eps, normed);
+    }
+    copy_routing(m, routing);
     return;
   }
   // A step without tokens took the two kernels above: every bound is at least one row.
@@ -273,6 +295,11 @@ CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const Mo
   const bool shared_in_routing = w.has_shared && shared_experts_in_routing_ && !host_planned && !chunked &&
                                  num_tokens <= kMoeRoutePlanMaxTokens && num_tokens <= kRouterKernelMaxTokens &&
                                  few_row_gemm_takes(num_tokens);
+  // x as a pending norm's output (xb its copy): the launches below apply its factor where the
+  // shared experts run in the routing's launches and the routed ones take the few-row kernel
+  // (both then do); else x and xb are finished here, before any launch reads them.
+  if (!shared_in_routing) reconcile_norm({&x}, {});
+  const RowRmsScale x_scale = left_norm_scale(x.data);
   const bool shared_on_side = w.has_shared && !shared_in_routing && shared_experts_alongside_ && !host_planned &&
                               !f32_products_ && [&] {
                                 const GemmWeight gu = gemm_weight_of(w.shared_gate_up);
@@ -295,8 +322,9 @@ CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const Mo
   if (shared_in_routing) {
     launch_router_logits_beside(x.as<float>(), w.gate.as<float>(), num_tokens, static_cast<int>(hidden), num_experts,
                                 logits.as<float>(),
-                                dense_product(xb, num_tokens, w.shared_gate_up, GemmEpilogue::kSiluMulBf16,
-                                              shared_act.data, shared_inter_p, shared_inter_p),
+                                scaled(dense_product(xb, num_tokens, w.shared_gate_up, GemmEpilogue::kSiluMulBf16,
+                                                     shared_act.data, shared_inter_p, shared_inter_p),
+                                       x_scale),
                                 stream_);
   } else if (!batch_invariant_ && num_tokens > kRouterKernelMaxTokens) {
     matmul_->f32(w.gate.as<float>(), x.as<float>(), logits.as<float>(), num_tokens, num_experts, hidden);
@@ -340,8 +368,8 @@ CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const Mo
   } else if (f32_products_) {
     expert_out = moe_experts_f32(w, x, row_offsets, block_offsets, src_rows, num_entries);
   } else {
-    expert_out =
-        moe_experts_grouped(w, xb, row_offsets, block_offsets, src_rows, num_entries, grouped_rows_per_block);
+    expert_out = moe_experts_grouped(w, xb, row_offsets, block_offsets, src_rows, num_entries,
+                                     grouped_rows_per_block, x_scale);
   }
 
   if (forked) forked->join();
@@ -392,7 +420,7 @@ bool CudaBackend::fp8_expert_activations_for(const MoeWeights& w) const {
 // All experts in two grouped GEMMs that read the routing from the device (no host wait).
 Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
                                         const int32_t* block_offsets, const int32_t* src_rows, int64_t num_entries,
-                                        int rows_per_block) {
+                                        int rows_per_block, const RowRmsScale& x_scale) {
   const int num_experts = w.num_experts;
   const GemmWeight* gate_up_table = static_cast<const GemmWeight*>(w.derived.data);
   const LinearWeight& gu0 = w.expert_gate_up[0];
@@ -455,12 +483,15 @@ Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, c
     up.y = act.data;
   }
   const int max_rows_per_block = static_cast<int>(num_tokens);
+  DS_CHECK_MSG(x_scale.partials == nullptr || few_rows, "moe: only the few-row kernel applies a pending norm's factor");
+  up.rms_scale = x_scale;
   if (few_rows)
     launch_few_row_gemm(up, static_cast<int>(gu0.weight.dim(0)), max_blocks, max_rows_per_block, stream_);
   else
     launch_grouped_gemm(up, static_cast<int>(gu0.weight.dim(0)), max_blocks, rows_hint, stream_);
 
   GroupedGemmArgs down = up;
+  down.rms_scale = {};
   down.x = act_e4m3 ? nullptr : act.as<uint16_t>();
   down.y_scales = nullptr;
   down.y_scale_rows = 0;

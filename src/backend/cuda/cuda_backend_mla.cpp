@@ -206,6 +206,8 @@ void CudaBackend::mla_queries(const Tensor& x, const LinearWeight& wq, const Mla
     linear(x, wq, q);
     return;
   }
+  // cuBLASLt's products apply no pending norm's factor.
+  reconcile_norm({&x}, {&q});
   const Tensor xb = to_bf16_padded(x, g.k_padded);
   // e4m3 products write whole groups of rows.
   Tensor bf16 = alloc_->cached({round_up(rows, kLibraryFp8RowMultiple), q_width}, DType::kBF16);
@@ -216,6 +218,7 @@ void CudaBackend::mla_queries(const Tensor& x, const LinearWeight& wq, const Mla
 }
 
 void CudaBackend::mla_attention(const MlaAttentionArgs& args) {
+  reconcile_norm({args.q, args.kv_a}, {args.out});
   forget_normed_copy();
   const MlaWeights& w = *args.weights;
   DS_CHECK_MSG(!w.derived.empty(), "mla_attention: the layer's weights were not prepared (Backend::prepare)");

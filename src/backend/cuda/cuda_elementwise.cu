@@ -11,6 +11,7 @@
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/fp8_quantize.cuh"
 #include "backend/cuda/kernel_launch.cuh"
+#include "backend/cuda/row_rms.cuh"
 #include "backend/cuda/vector_load.cuh"
 
 namespace dsinfer::cuda {
@@ -249,6 +250,28 @@ __global__ void rms_norm_loop_kernel(float* x, const float* y, const float* w, f
   }
   if (copy_row != nullptr)
     for (int64_t c = n + threadIdx.x; c < copy.ldy; c += blockDim.x) copy_row[c] = __float2bfloat16_rn(0.0f);
+}
+
+// A block of kRmsThreads a row: the row's 1 / rms as the products apply it (row_rms.cuh).
+constexpr int kRmsThreads = 128;
+__global__ void __launch_bounds__(kRmsThreads)
+    apply_row_rms_kernel(RowRmsScale s, float* out, __nv_bfloat16* out_bf16) {
+  await_previous_kernels();
+  __shared__ float warp_sums[kRmsThreads / 32];
+  __shared__ float4 stage[kRmsThreads];
+  const int64_t row = blockIdx.x;
+  stage_rms_share<kRmsThreads>(s, row, stage);
+  cp_async_commit();
+  cp_async_wait<0>();
+  const float v = rms_warp_sum(rms_share_sum<kRmsThreads>(s, stage, [row] { return row; }));
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
+  __syncthreads();
+  const float scale = rms_scale_of<kRmsThreads / 32>(warp_sums, 1, s);
+  for (int64_t i = row * s.n + threadIdx.x; i < (row + 1) * s.n; i += kRmsThreads) {
+    const float o = out[i] * scale;
+    out[i] = o;
+    out_bf16[i] = __float2bfloat16_rn(o);
+  }
 }
 
 __global__ void add_kernel(float* x, const float* y, int64_t n) {
@@ -601,6 +624,14 @@ void launch_moe_combine_add_rms_norm(float* x, const MoeCombineRows& moe, float*
     launch_norm_registers(x, CombineAddend<__nv_bfloat16>{moe, n}, w, eps, rows, n, out, copy, e4m3, stream);
   else
     launch_norm_registers(x, CombineAddend<float>{moe, n}, w, eps, rows, n, out, copy, e4m3, stream);
+}
+
+void launch_apply_row_rms(const RowRmsScale& s, int64_t rows, float* out, uint16_t* out_bf16, Stream stream) {
+  DS_CHECK(s.partials != nullptr && s.n % 16 == 0 && reinterpret_cast<uintptr_t>(s.partials) % 16 == 0);
+  if (rows == 0) return;
+  launch_kernel(apply_row_rms_kernel, static_cast<unsigned>(rows), kRmsThreads, 0, stream, s, out,
+                reinterpret_cast<__nv_bfloat16*>(out_bf16));
+  DS_CUDA_CHECK_LAUNCH();
 }
 
 void launch_add(float* x, const float* y, int64_t n, Stream stream) {

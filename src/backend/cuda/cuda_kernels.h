@@ -35,6 +35,30 @@ void launch_add(float* x, const float* y, int64_t n, Stream stream);
 // as there.
 void launch_add_rms_norm(float* x, const float* y, const float* w, float eps, int64_t rows, int64_t n, float* out,
                          uint16_t* out_bf16, int64_t ld_bf16, const E4m3Rows& e4m3, Stream stream);
+// A norm left to the products that read its output (steps of a few rows; CudaBackend's
+// PendingNorm has the why): the kernel before them adds its outputs to the residual rows x,
+// writes x · w (the norm's output before each row's 1 / rms(x)) and each 4 columns' squares of
+// x (squares_of_four, row_rms.cuh); every product that reads those rows multiplies its sums by
+// the row's factor, which it finishes from those partial sums. So the norm costs no launch of its
+// own between the product before it and the ones after.
+struct ResidualNormOutput {
+  float* x = nullptr;            // [rows, n] residual, += the kernel's outputs; null: none
+  const float* w = nullptr;      // [n] the norm's weight
+  float* out = nullptr;          // [rows, n] x · w
+  uint16_t* out_bf16 = nullptr;  // [rows, n] the same in bf16 (n a multiple of 128: no padding)
+  float* partials = nullptr;     // [rows, n / 4] columns 4j .. 4j + 3's squares of the new x
+};
+// The rows a kernel reads hold x · w of residual rows x of n columns (n a multiple of 16): its
+// sums get each row's 1 / sqrt(mean(x²) + eps), from the partials the kernel before wrote
+// (ResidualNormOutput). partials null: the rows are whole.
+struct RowRmsScale {
+  const float* partials = nullptr;  // [rows, n / 4]
+  int n = 0;
+  float eps = 0.0f;
+};
+// Applies s to rows [rows, n] of out (fp32) and out_bf16 (its copy), in place: the norm's output
+// as the products above see it, for a reader that applies no factor.
+void launch_apply_row_rms(const RowRmsScale& s, int64_t rows, float* out, uint16_t* out_bf16, Stream stream);
 // A MoE layer's routed rows and what its combine reads besides: expert_out [T * top_k,
 // ld_expert] fp32, or bf16 where expert_out_bf16; slot_row (each entry's row of expert_out) and
 // weights [T * top_k]; shared fp32 [T, hidden] or null.
@@ -53,6 +77,10 @@ bool moe_combine_rows_in_fours(const MoeCombineRows& moe, int64_t hidden);
 // out fp32 [T, hidden]: out[t] = sum_k weights[t, k] * expert_out[slot_row[t * top_k + k]] in
 // slot order, + shared[t] where shared is not null.
 void launch_moe_combine(const MoeCombineRows& moe, int64_t num_tokens, int64_t hidden, float* out, Stream stream);
+// The same sums added to the residual rows r.x instead, which then give r.out, r.out_bf16 and
+// r.partials (ResidualNormOutput; hidden a multiple of 128, moe_combine_rows_in_fours).
+void launch_moe_combine_residual(const MoeCombineRows& moe, int64_t num_tokens, int64_t hidden,
+                                 const ResidualNormOutput& r, Stream stream);
 // Routed entries per token up to which the norm below makes the combined rows itself.
 constexpr int kMoeCombineInNormMaxTopK = 8;
 // launch_moe_combine into `combined`, then launch_add_rms_norm(x, combined, ...), with the same

@@ -11,6 +11,7 @@
 #include "backend/cuda/grouped_gemm.cuh"
 #include "backend/cuda/kernel_launch.cuh"
 #include "backend/cuda/moe_routing.cuh"
+#include "backend/cuda/row_rms.cuh"
 #include "backend/cuda/vector_load.cuh"
 
 namespace dsinfer::cuda {
@@ -119,13 +120,23 @@ __device__ void load_values(const __nv_bfloat16* p, float (&v)[4]) { load4(p, v)
 // kWidth consecutive columns per thread (hidden and ld_expert multiples of kWidth, buffers
 // aligned to kWidth elements); each column's sum runs in slot order, as the scalar version's.
 template <typename T, int kWidth>
+// With r.x, the sums go to the residual and the norm's output before its 1 / rms instead of out.
 __global__ void combine_kernel(const T* expert_out, int64_t ld_expert, const int32_t* slot_row, const float* weights,
-                               const float* shared, int64_t num_tokens, int top_k, int64_t hidden, float* out) {
+                               const float* shared, int64_t num_tokens, int top_k, int64_t hidden, float* out,
+                               ResidualNormOutput r) {
   await_previous_kernels();
   const int64_t groups = hidden / kWidth;
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= num_tokens * groups) return;
   const int64_t t = i / groups, c = (i % groups) * kWidth;
+  // The residual form's reads, requested with the first rows'.
+  float4 residual = make_float4(0.0f, 0.0f, 0.0f, 0.0f), norm_w = residual;
+  if constexpr (kWidth == 4) {
+    if (r.x != nullptr) {
+      residual = *reinterpret_cast<const float4*>(r.x + t * hidden + c);
+      norm_w = __ldg(reinterpret_cast<const float4*>(r.w + c));
+    }
+  }
   float acc[kWidth] = {}, v[kWidth];
   for (int k = 0; k < top_k; ++k) {
     const float w = weights[t * top_k + k];
@@ -135,6 +146,24 @@ __global__ void combine_kernel(const T* expert_out, int64_t ld_expert, const int
   if (shared != nullptr) {
     load_values(shared + t * hidden + c, v);
     for (int j = 0; j < kWidth; ++j) acc[j] += v[j];
+  }
+  if constexpr (kWidth == 4) {
+    if (r.x != nullptr) {
+      const int64_t i = t * hidden + c;
+      float4 x = residual, w = norm_w;
+      x.x += acc[0];  // launch_add's fp32 adds
+      x.y += acc[1];
+      x.z += acc[2];
+      x.w += acc[3];
+      *reinterpret_cast<float4*>(r.x + i) = x;
+      const float4 u = make_float4(x.x * w.x, x.y * w.y, x.z * w.z, x.w * w.w);
+      *reinterpret_cast<float4*>(r.out + i) = u;
+      auto* bf16 = reinterpret_cast<__nv_bfloat162*>(r.out_bf16 + i);
+      bf16[0] = __floats2bfloat162_rn(u.x, u.y);
+      bf16[1] = __floats2bfloat162_rn(u.z, u.w);
+      r.partials[i / 4] = squares_of_four(x.x, x.y, x.z, x.w);
+      return;
+    }
   }
   for (int j = 0; j < kWidth; ++j) out[t * hidden + c + j] = acc[j];
 }
@@ -236,7 +265,7 @@ void launch_router_logits(const float* x, const float* gate, int64_t num_tokens,
                           float* logits, Stream stream) {
   if (num_tokens == 0) return;
   DS_CHECK(num_tokens <= 0x7fffffff);
-  const moe::RouterLogitsJob job{x, gate, hidden, num_experts, logits, num_tokens};
+  const moe::RouterLogitsJob job{x, gate, hidden, num_experts, logits, num_tokens, RowRmsScale{}};
   const dim3 grid(static_cast<unsigned>(num_tokens), job.expert_blocks());
   launch_kernel(router_logits_kernel, grid, moe::kLogitWarps * 32, 0, stream, job);
   DS_CUDA_CHECK_LAUNCH();
@@ -255,8 +284,13 @@ bool moe_combine_rows_in_fours(const MoeCombineRows& moe, int64_t hidden) {
          (moe.shared == nullptr || aligned(moe.shared, 16));
 }
 
-void launch_moe_combine(const MoeCombineRows& moe, int64_t num_tokens, int64_t hidden, float* out, Stream stream) {
-  const bool vectors = moe_combine_rows_in_fours(moe, hidden) && reinterpret_cast<uintptr_t>(out) % 16 == 0;
+namespace {
+void combine(const MoeCombineRows& moe, int64_t num_tokens, int64_t hidden, float* out, const ResidualNormOutput& r,
+             Stream stream) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool vectors = moe_combine_rows_in_fours(moe, hidden) &&
+                       (r.x != nullptr ? aligned(r.x) && aligned(r.w) && aligned(r.out) : aligned(out));
+  DS_CHECK_MSG(r.x == nullptr || vectors, "moe combine: the residual form reads and writes four columns at a time");
   const int width = vectors ? 4 : 1;
   const int64_t n = num_tokens * (hidden / width);
   if (n == 0) return;
@@ -264,13 +298,25 @@ void launch_moe_combine(const MoeCombineRows& moe, int64_t num_tokens, int64_t h
   auto launch = [&](auto* typed_out) {
     using T = std::remove_const_t<std::remove_pointer_t<decltype(typed_out)>>;
     launch_kernel(vectors ? combine_kernel<T, 4> : combine_kernel<T, 1>, blocks, 256, 0, stream, typed_out,
-                  moe.ld_expert, moe.slot_row, moe.weights, moe.shared, num_tokens, moe.top_k, hidden, out);
+                  moe.ld_expert, moe.slot_row, moe.weights, moe.shared, num_tokens, moe.top_k, hidden, out, r);
   };
   if (moe.expert_out_bf16)
     launch(static_cast<const __nv_bfloat16*>(moe.expert_out));
   else
     launch(static_cast<const float*>(moe.expert_out));
   DS_CUDA_CHECK_LAUNCH();
+}
+}  // namespace
+
+void launch_moe_combine(const MoeCombineRows& moe, int64_t num_tokens, int64_t hidden, float* out, Stream stream) {
+  combine(moe, num_tokens, hidden, out, ResidualNormOutput{}, stream);
+}
+
+void launch_moe_combine_residual(const MoeCombineRows& moe, int64_t num_tokens, int64_t hidden,
+                                 const ResidualNormOutput& r, Stream stream) {
+  DS_CHECK(r.x != nullptr && r.w != nullptr && r.out != nullptr && r.out_bf16 != nullptr && r.partials != nullptr &&
+           hidden % 128 == 0 && moe_combine_rows_in_fours(moe, hidden));
+  combine(moe, num_tokens, hidden, nullptr, r, stream);
 }
 
 }  // namespace dsinfer::cuda

@@ -9,6 +9,7 @@
 
 #include "backend/cuda/grouped_gemm.cuh"
 #include "backend/cuda/kernel_launch.cuh"
+#include "backend/cuda/row_rms.cuh"
 #include "backend/cuda/step_divisor.h"
 
 namespace dsinfer::cuda::few_row {
@@ -68,6 +69,23 @@ __device__ __forceinline__ void widen_e4m3x16(const uint4& v, float (&out)[16]) 
     out[4 * i + 2] = f.z;
     out[4 * i + 3] = f.w;
   }
+}
+
+// Quad q's outputs v of row `row` (element `at` of rows n apart) added to its residual x (the
+// fp32 adds of launch_add), times the norm's weight w, and the quad's partial (ResidualNormOutput).
+__device__ __forceinline__ void store_residual_norm(const ResidualNormOutput& r, int64_t at, int64_t row, int q,
+                                                    float4 x, float4 w, const float (&v)[kQuadRows], int64_t n) {
+  x.x += v[0];
+  x.y += v[1];
+  x.z += v[2];
+  x.w += v[3];
+  *reinterpret_cast<float4*>(r.x + at) = x;
+  const float4 u = make_float4(x.x * w.x, x.y * w.y, x.z * w.z, x.w * w.w);
+  *reinterpret_cast<float4*>(r.out + at) = u;
+  auto* bf16 = reinterpret_cast<__nv_bfloat162*>(r.out_bf16 + at);
+  bf16[0] = __floats2bfloat162_rn(u.x, u.y);
+  bf16[1] = __floats2bfloat162_rn(u.z, u.w);
+  r.partials[row * (n / 4) + q] = squares_of_four(x.x, x.y, x.z, x.w);
 }
 
 // Weight row r of quad q: outputs 4q .. 4q + 3, or the gate and up rows of outputs 2q and
@@ -146,19 +164,39 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
   if (k.num_steps == 0) return;
   const int scale_cols = (w.k_padded + kScaleCols - 1) / kScaleCols;
   __shared__ float warp_sums[kWarps][kMaxQuadsPerBlock][kQuadRows][kTokens];
+  __shared__ float rms_sums[kWarps][kTokens];
+  __shared__ float4 rms_stage[kTokens][kThreads];
+  __shared__ float4 residual_stage[kThreads][2];  // the residual form's first quad: x and the norm's weight
   for (int pass_begin = row_begin; pass_begin < row_end; pass_begin += kTokens) {
     const int pass_rows = min(kTokens, row_end - pass_begin);
     if (!requested || pass_begin != row_begin) {
 #pragma unroll
       for (int d = 0; d < kDepth; ++d) issue(w, k, d, pieces[d]);
     }
-    int64_t x_offset[kTokens];
+    int64_t x_rows[kTokens], x_offset[kTokens];
 #pragma unroll
     for (int t = 0; t < kTokens; ++t) {
-      int64_t row = 0;
-      if (t < pass_rows) row = a.src_rows != nullptr ? a.src_rows[pass_begin + t] : pass_begin + t;
-      x_offset[t] = row * a.ldx;
+      x_rows[t] = 0;
+      if (t < pass_rows) x_rows[t] = a.src_rows != nullptr ? a.src_rows[pass_begin + t] : pass_begin + t;
+      x_offset[t] = x_rows[t] * a.ldx;
     }
+    // Where a norm left each row's 1 / rms to this product: the thread's share of its partial
+    // sums, requested now and added at the end, and the residual and norm weight of the first quad
+    // this thread writes in the residual form (the epilogue's reads), copied to shared memory
+    // meanwhile, where they hold no registers.
+    const bool scaled = a.rms_scale.partials != nullptr;
+    if (scaled) {
+#pragma unroll
+      for (int t = 0; t < kTokens; ++t)
+        if (t < pass_rows) stage_rms_share<kThreads>(a.rms_scale, x_rows[t], rms_stage[t]);
+    }
+    const ResidualNormOutput& res = a.residual_norm;
+    if (res.x != nullptr && tid < pass_rows * k.num_quads) {
+      const int t = tid / k.num_quads, q = first_quad + tid % k.num_quads;
+      cp_async16(&residual_stage[tid][0], res.x + (pass_begin + t) * a.ldy + q * kQuadRows, true);
+      cp_async16(&residual_stage[tid][1], res.w + q * kQuadRows, true);
+    }
+    cp_async_commit();
     float acc[kQuadRows][kTokens];
 #pragma unroll
     for (int r = 0; r < kQuadRows; ++r)
@@ -240,7 +278,22 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
         }
       }
     }
+    cp_async_wait<0>();
+    if (scaled) {
+#pragma unroll
+      for (int t = 0; t < kTokens; ++t) {
+        const auto row_of = [&] {
+          return a.src_rows != nullptr ? int64_t{a.src_rows[pass_begin + t]} : int64_t{pass_begin + t};
+        };
+        const float v = t < pass_rows ? rms_warp_sum(rms_share_sum<kThreads>(a.rms_scale, rms_stage[t], row_of)) : 0.0f;
+        if (lane == 0) rms_sums[warp][t] = v;
+      }
+    }
     __syncthreads();
+    float rms[kTokens];
+#pragma unroll
+    for (int t = 0; t < kTokens; ++t)
+      rms[t] = scaled ? rms_scale_of<kWarps>(&rms_sums[0][t], kTokens, a.rms_scale) : 1.0f;
     // Outputs in row order, a quad's outputs adjacent; the warps' sums added in order.
     auto total = [&](int i, int r, int t) {
       float v = warp_sums[0][i][r][t];
@@ -248,19 +301,44 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
       for (int q = 1; q < kWarps; ++q) v += warp_sums[q][i][r][t];
       return v;
     };
+    if (res.x != nullptr) {
+      // The residual form: a quad a thread, its four columns added to the residual, times the
+      // norm's weight, and their squares as the quad's partial.
+      for (int idx = tid; idx < pass_rows * k.num_quads; idx += kThreads) {
+        const int t = idx / k.num_quads, i = idx % k.num_quads, q = first_quad + i;
+        const int64_t at = (pass_begin + t) * a.ldy + q * kQuadRows;
+        const float4 xv = idx == tid ? residual_stage[tid][0] : *reinterpret_cast<const float4*>(res.x + at);
+        const float4 wv = idx == tid ? residual_stage[tid][1] : __ldg(reinterpret_cast<const float4*>(res.w) + q);
+        const float row_scale = scaled ? scale_of_row(rms, t) : 1.0f;
+        float sums[kQuadRows];
+#pragma unroll
+        for (int o = 0; o < kQuadRows; ++o) sums[o] = scaled ? total(i, o, t) * row_scale : total(i, o, t);
+        store_residual_norm(res, at, pass_begin + t, q, xv, wv, sums, a.ldy);
+      }
+      __syncthreads();  // the next pass reuses warp_sums
+      continue;
+    }
     const int outs_per_quad = gate_up ? 2 : kQuadRows;
     const int outs = k.num_quads * outs_per_quad;
     for (int idx = tid; idx < pass_rows * outs; idx += kThreads) {
       const int t = idx / outs, i = idx % outs / outs_per_quad, o = idx % outs_per_quad;
       const int64_t y_row = static_cast<int64_t>(pass_begin + t) * a.ldy;
+      const float row_scale = scaled ? scale_of_row(rms, t) : 1.0f;
       if (gate_up) {
         const int out = (first_quad + i) * 2 + o;
         if (out >= a.n_out) continue;
-        const float g = total(i, 2 * o, t), u = total(i, 2 * o + 1, t);
+        float g = total(i, 2 * o, t), u = total(i, 2 * o + 1, t);
+        if (scaled) {
+          g *= row_scale;
+          u *= row_scale;
+        }
         static_cast<__nv_bfloat16*>(a.y)[y_row + out] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * u);
       } else {
         const int out = (first_quad + i) * kQuadRows + o;
-        if (out < a.n_out) static_cast<float*>(a.y)[y_row + out] = total(i, o, t);
+        if (out >= a.n_out) continue;
+        float v = total(i, o, t);
+        if (scaled) v *= row_scale;
+        static_cast<float*>(a.y)[y_row + out] = v;
       }
     }
     __syncthreads();  // the next pass reuses warp_sums

@@ -141,6 +141,8 @@ __device__ __forceinline__ void gemm_block_mma(const GroupedGemmArgs& a, int til
   extern __shared__ __align__(16) uint16_t few_row_x_f16[];  // [kTokens][ldx]: the pass's x rows, scaled
   __shared__ float warp_sums[kWarps][kMmaMaxTilesPerBlock][kGemmTileRows][kTokens];
   __shared__ float unscale[kTokens];
+  __shared__ float rms_sums[kWarps][kTokens];
+  __shared__ float4 rms_stage[kTokens][kThreads];
   __shared__ uint32_t warp_max[kWarps][kTokens];
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const bool gate_up = a.epilogue == GemmEpilogue::kSiluMulBf16;
@@ -210,6 +212,19 @@ __device__ __forceinline__ void gemm_block_mma(const GroupedGemmArgs& a, int til
 #pragma unroll
       for (int d = 0; d < kMmaDepth; ++d) issue(w, k, d, steps[d]);
     }
+    // Where a norm left each row's 1 / rms to this product: the thread's share of its partial
+    // sums, requested now and added at the end (few_row_gemm.cuh has the same).
+    const bool scaled = a.rms_scale.partials != nullptr;
+    int64_t x_rows[kTokens];
+#pragma unroll
+    for (int r = 0; r < kTokens; ++r)
+      x_rows[r] = r < pass_rows ? (a.src_rows != nullptr ? a.src_rows[pass_begin + r] : pass_begin + r) : 0;
+    if (scaled) {
+#pragma unroll
+      for (int r = 0; r < kTokens; ++r)
+        if (r < pass_rows) stage_rms_share<kThreads>(a.rms_scale, x_rows[r], rms_stage[r]);
+      cp_async_commit();
+    }
     stage_x_rows_f16<kTokens>(a, pass_begin, pass_rows, w.k_padded, few_row_x_f16, unscale, warp_max);
     const uint16_t* x_row = few_row_x_f16 + static_cast<int64_t>(min(g, kTokens - 1)) * a.ldx;
     float acc[2][4] = {};
@@ -258,13 +273,30 @@ __device__ __forceinline__ void gemm_block_mma(const GroupedGemmArgs& a, int til
     // A warp without chunks (K below four of them) adds zeros.
     if (k.warp_chunks == 0)
       for (int i = 0; i < k.num_tiles; ++i) keep_sums(i, acc);
+    if (scaled) {
+      cp_async_wait<0>();
+#pragma unroll
+      for (int r = 0; r < kTokens; ++r) {
+        const auto row_of = [&] {
+          return a.src_rows != nullptr ? int64_t{a.src_rows[pass_begin + r]} : int64_t{pass_begin + r};
+        };
+        const float v = r < pass_rows ? rms_warp_sum(rms_share_sum<kThreads>(a.rms_scale, rms_stage[r], row_of)) : 0.0f;
+        if (lane == 0) rms_sums[warp][r] = v;
+      }
+    }
     __syncthreads();
-    // Outputs in row order; the warps' sums added in warp order, then scaled back.
+    float rms[kTokens];
+#pragma unroll
+    for (int r = 0; r < kTokens; ++r)
+      rms[r] = scaled ? rms_scale_of<kWarps>(&rms_sums[0][r], kTokens, a.rms_scale) : 1.0f;
+    // Outputs in row order; the warps' sums added in warp order, then scaled back (and by the
+    // row's 1 / rms where scaled).
     auto total = [&](int i, int row, int r) {
       float v = warp_sums[0][i][row][r];
 #pragma unroll
       for (int q = 1; q < kWarps; ++q) v += warp_sums[q][i][row][r];
-      return v * unscale[r];
+      v *= unscale[r];
+      return scaled ? v * scale_of_row(rms, r) : v;
     };
     const int outs_per_tile = gate_up ? kGemmGateUpHalf : kGemmTileRows;
     const int outs = k.num_tiles * outs_per_tile;

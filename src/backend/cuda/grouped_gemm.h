@@ -125,6 +125,12 @@ struct GroupedGemmArgs {
   int k_splits = 1;
   float* partials = nullptr;
   int* tile_counters = nullptr;
+  // Few-row kernel only. x's rows (by src_rows where given) hold a norm's output before each
+  // row's 1 / rms: the sums are multiplied by it (kStoreF32; both halves of kSiluMulBf16).
+  RowRmsScale rms_scale;
+  // Few-row kernel, dense kStoreF32 only: the outputs go to the residual rows (ldy apart) and the
+  // next norm's output instead of y (y unused).
+  ResidualNormOutput residual_norm;
 };
 
 // The split count the backend uses for a dense weight of this padded shape: enough thread
@@ -180,7 +186,9 @@ void launch_few_row_gemm(const GroupedGemmArgs& args, int max_n_padded, int max_
 // of a step of 1 to kMoeRoutePlanMaxTokens tokens, each with a dense few-row product (args of
 // launch_few_row_gemm, groups null, 1 to kFewRowGemmMaxRows rows) in the blocks after its own, in
 // one launch (moe_routing_beside.cu): an MoE layer's shared experts, gate/up beside the logits and
-// down beside the routing. The product's output has the bits of launch_few_row_gemm's.
+// down beside the routing. The product's output has the bits of launch_few_row_gemm's. Where the
+// product's rows leave a norm's 1 / rms to it (rms_scale), the router logits' x is that norm's
+// fp32 output and gets the same factor.
 void launch_router_logits_beside(const float* x, const float* gate, int64_t num_tokens, int hidden, int num_experts,
                                  float* logits, const GroupedGemmArgs& product, Stream stream);
 void launch_moe_route_and_plan_beside(const float* logits, int64_t num_tokens, const MoeRouteParams& p,

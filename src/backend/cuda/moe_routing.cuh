@@ -10,6 +10,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/kernel_launch.cuh"
+#include "backend/cuda/row_rms.cuh"
 
 namespace dsinfer::cuda::moe {
 
@@ -166,6 +167,8 @@ struct RouterLogitsJob {
   int num_experts = 0;
   float* logits = nullptr;
   int64_t num_tokens = 0;
+  // x holds a norm's output before each row's 1 / rms, which the logits then get (RowRmsScale).
+  RowRmsScale rms_scale;
   // Blocks per token, kLogitWarps experts each.
   __host__ __device__ int expert_blocks() const { return (num_experts + kLogitWarps - 1) / kLogitWarps; }
 };
@@ -176,26 +179,44 @@ struct RouterLogitsJob {
 // 2,048 is 16 float4 per lane). Blocks of kLogitWarps * 32 threads.
 inline __device__ void router_logits_block(const RouterLogitsJob& job, int64_t t, int expert_block) {
   await_previous_kernels();
+  // Where the logits get a norm's 1 / rms: this thread's share of its partial sums, in flight
+  // while the warp reads x, and the block's sum after (row_rms.cuh).
+  constexpr int kThreads = kLogitWarps * 32;
+  const bool scaled = job.rms_scale.partials != nullptr;
+  __shared__ float4 rms_stage[kThreads];
+  if (scaled) {
+    stage_rms_share<kThreads>(job.rms_scale, t, rms_stage);
+    cp_async_commit();
+  }
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int e = expert_block * kLogitWarps + warp;
-  if (e >= job.num_experts) return;
   const int hidden = job.hidden;
-  const float* xr = job.x + t * hidden;
-  const float* g = job.gate + static_cast<int64_t>(e) * hidden;
   float acc = 0.0f;
-  if (hidden % 4 == 0) {
-    const float4* x4 = reinterpret_cast<const float4*>(xr);
-    const float4* g4 = reinterpret_cast<const float4*>(g);
+  if (e < job.num_experts) {
+    const float* xr = job.x + t * hidden;
+    const float* g = job.gate + static_cast<int64_t>(e) * hidden;
+    if (hidden % 4 == 0) {
+      const float4* x4 = reinterpret_cast<const float4*>(xr);
+      const float4* g4 = reinterpret_cast<const float4*>(g);
 #pragma unroll 8
-    for (int i = lane; i < hidden / 4; i += 32) {
-      const float4 a = x4[i], b = __ldg(g4 + i);
-      acc += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+      for (int i = lane; i < hidden / 4; i += 32) {
+        const float4 a = x4[i], b = __ldg(g4 + i);
+        acc += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+      }
+    } else {
+      for (int i = lane; i < hidden; i += 32) acc += xr[i] * g[i];
     }
-  } else {
-    for (int i = lane; i < hidden; i += 32) acc += xr[i] * g[i];
+    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
   }
-  for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-  if (lane == 0) job.logits[t * job.num_experts + e] = acc;
+  if (scaled) {  // the whole block alike
+    __shared__ float rms_sums[kLogitWarps];
+    cp_async_wait<0>();
+    const float v = rms_warp_sum(rms_share_sum<kThreads>(job.rms_scale, rms_stage, [t] { return t; }));
+    if (lane == 0) rms_sums[warp] = v;
+    __syncthreads();
+    acc *= rms_scale_of<kLogitWarps>(rms_sums, 1, job.rms_scale);
+  }
+  if (lane == 0 && e < job.num_experts) job.logits[t * job.num_experts + e] = acc;
 }
 
 // Block-wide helpers of the planning kernels (every thread calls them).

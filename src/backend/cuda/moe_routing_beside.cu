@@ -70,7 +70,8 @@ void launch_router_logits_beside(const float* x, const float* gate, int64_t num_
                                  float* logits, const GroupedGemmArgs& product, Stream stream) {
   DS_CHECK(num_tokens >= 1 && num_tokens <= kMoeRoutePlanMaxTokens);
   check_product_beside(product);
-  const moe::RouterLogitsJob job{x, gate, hidden, num_experts, logits, num_tokens};
+  // x is the fp32 form of the product's rows: a norm left to the product is left to the logits too.
+  const moe::RouterLogitsJob job{x, gate, hidden, num_experts, logits, num_tokens, product.rms_scale};
   const int job_blocks = static_cast<int>(num_tokens) * job.expert_blocks();
   few_row::with_block_form(product, product.dense_rows, [&](auto form) {
     using Form = decltype(form);

@@ -266,8 +266,13 @@ TEST_F(CudaMoeTest, CombineMadeInTheNormGivesTheSameBits) {
   // normed rows and the routing. The fused form leaves the scratch rows as they were; rows the
   // norm's register form does not hold (hidden 90) and more than eight routed entries a token
   // take the two kernels, and write them.
+  // Each norm in a launch of its own, not left to the products after it (that form has its own
+  // test below).
+  setenv("DSINFER_NORM_IN_PRODUCTS", "0", 1);
   auto always = make_backend_with_env("cuda", "DSINFER_MOE_COMBINE_IN_NORM", "1");
   auto apart = make_backend_with_env("cuda", "DSINFER_MOE_COMBINE_IN_NORM", "0");
+  auto by_default = make_backend("cuda");
+  unsetenv("DSINFER_NORM_IN_PRODUCTS");
   struct Case {
     GateSpec g;
     int64_t num_tokens, hidden, inter;
@@ -291,7 +296,7 @@ TEST_F(CudaMoeTest, CombineMadeInTheNormGivesTheSameBits) {
     const auto x = random_values(c.num_tokens * c.hidden, 60 + static_cast<uint32_t>(c.num_tokens));
     const auto residual = random_values(c.num_tokens * c.hidden, 61 + static_cast<uint32_t>(c.num_tokens), 3.0f);
     const auto norm_w = random_values(c.hidden, 62, 1.0f);
-    Backend* bes[3] = {apart.get(), always.get(), gpu_.get()};
+    Backend* bes[3] = {apart.get(), always.get(), by_default.get()};
     std::vector<float> res_out[3], normed[3], scratch[3];
     MoeRouting routing[3];
     for (int b = 0; b < 3; ++b) {
@@ -318,6 +323,63 @@ TEST_F(CudaMoeTest, CombineMadeInTheNormGivesTheSameBits) {
         EXPECT_TRUE(std::all_of(scratch[b].begin(), scratch[b].end(), [](float v) { return v == kUnwritten; }));
       else
         EXPECT_EQ(scratch[b], scratch[0]);
+    }
+  }
+}
+
+// moe_add_rms_norm in steps of one and two tokens: the combine adds to the residual and writes
+// the next norm's output without each row's 1 / rms, which the products after it apply
+// (CudaBackend::PendingNorm): here a linear and the next MoE layer (router logits, shared experts
+// in the routing's launches, routed experts on the few-row kernel, both of its forms for e4m3).
+// Against the CUDA form with the norm in its own launch (DSINFER_NORM_IN_PRODUCTS=0) and the CPU:
+// the residual (that form's bits), both layers' routing, the products, and the norm's output read
+// after a write to the residual, which must not change it.
+TEST_F(CudaMoeTest, NormLeftToTheNextLayerFollowsTheNormInItsOwnLaunch) {
+  auto apart = make_backend_with_env("cuda", "DSINFER_NORM_IN_PRODUCTS", "0");
+  const GateSpec six{64, 6, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, false, 1.0f, true};
+  constexpr int64_t kHidden = 256, kInter = 96, kQ = 160;
+  const auto q_w = random_values(kQ * kHidden, 71, 1.0f / std::sqrt(static_cast<float>(kHidden)));
+  const auto norm_w = random_values(kHidden, 72, 0.5f, 1.0f);
+  for (const bool fp8 : {false, true}) {
+    for (const int64_t tokens : {int64_t{1}, int64_t{2}}) {
+      SCOPED_TRACE(testing::Message() << tokens << " tokens, fp8 " << fp8);
+      const auto x = random_values(tokens * kHidden, 73 + static_cast<uint32_t>(tokens));
+      const auto residual = random_values(tokens * kHidden, 75 + static_cast<uint32_t>(tokens), 3.0f);
+      const auto later = random_values(tokens * kHidden, 77 + static_cast<uint32_t>(tokens));
+      Backend* bes[3] = {apart.get(), gpu_.get(), cpu_.get()};
+      std::vector<float> res[3], q[3], out[3], normed[3];
+      MoeRouting first[3], next[3];
+      for (int b = 0; b < (fp8 ? 2 : 3); ++b) {
+        Backend& be = *bes[b];
+        MoeWeights w = build(be, six, kHidden, kInter, 80, fp8);
+        const LinearWeight wq = be.make_linear(HostTensor{DType::kF32, {kQ, kHidden}, q_w.data()});
+        Tensor tx = upload(be, {tokens, kHidden}, x), tres = upload(be, {tokens, kHidden}, residual);
+        Tensor tw = upload(be, {kHidden}, norm_w), tlater = upload(be, {tokens, kHidden}, later);
+        Tensor tout = be.empty({tokens, kHidden}, DType::kF32), tq = be.empty({tokens, kQ}, DType::kF32);
+        be.moe_add_rms_norm(tx, w, tout, &first[b], tres, tw, 1e-6f, tx);  // normed is x, as in the model
+        be.linear(tx, wq, tq);
+        be.moe(tx, w, tout, &next[b]);
+        res[b] = download(be, tres);
+        q[b] = download(be, tq);
+        out[b] = download(be, tout);
+        be.add(tres, tlater);
+        normed[b] = download(be, tx);
+      }
+      EXPECT_EQ(res[1], res[0]);
+      EXPECT_EQ(first[1].expert_ids, first[0].expert_ids);
+      EXPECT_EQ(first[1].weights, first[0].weights);
+      EXPECT_EQ(next[1].expert_ids, next[0].expert_ids);
+      for (size_t i = 0; i < next[0].weights.size(); ++i) EXPECT_NEAR(next[1].weights[i], next[0].weights[i], 1e-5);
+      EXPECT_LT(relative_error(q[1], q[0]), 1e-2);
+      EXPECT_LT(relative_error(out[1], out[0]), 1e-2);
+      EXPECT_LT(relative_error(normed[1], normed[0]), 1e-5);
+      if (!fp8) {
+        EXPECT_EQ(next[1].expert_ids, next[2].expert_ids);
+        EXPECT_LT(relative_error(res[1], res[2]), 1e-2);
+        EXPECT_LT(relative_error(q[1], q[2]), 2e-2);
+        EXPECT_LT(relative_error(out[1], out[2]), 3e-2);
+        EXPECT_LT(relative_error(normed[1], normed[2]), 1e-2);
+      }
     }
   }
 }

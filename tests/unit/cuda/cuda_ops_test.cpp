@@ -489,6 +489,72 @@ TEST(FewRowStepDivisorTest, QuotientsAreExactForEveryStepOfABlock) {
   EXPECT_TRUE(any_wrong);
 }
 
+// linear_add_rms_norm in steps of one and two rows: o_proj's few-row product adds its outputs to
+// the residual and writes the next norm's output without each row's 1 / rms, which the products
+// reading that output apply (CudaBackend::PendingNorm). Against the CPU (bf16 weights) and the
+// CUDA form that runs the norm in its own launch (DSINFER_NORM_IN_PRODUCTS=0): the residual (the
+// same bits as that form's), products of the norm's output (linear, linear_pair, gated_mlp), and
+// the output itself, read after a write to the residual, which must not change it.
+TEST_F(CudaOpsTest, NormLeftToTheProductsAfterItFollowsTheNormInItsOwnLaunch) {
+  auto apart = make_backend_with_env("cuda", "DSINFER_NORM_IN_PRODUCTS", "0");
+  constexpr int64_t kIn = 192, kHidden = 256, kQ = 160, kInter = 96;
+  const float eps = 1e-6f;
+  const auto o_w = random_values(kHidden * kIn, 91, 1.0f / std::sqrt(static_cast<float>(kIn)));
+  const auto q_w = random_values(kQ * kHidden, 92, 1.0f / std::sqrt(static_cast<float>(kHidden)));
+  const auto gu_w = random_values(2 * kInter * kHidden, 93, 1.0f / std::sqrt(static_cast<float>(kHidden)));
+  const auto down_w = random_values(kHidden * kInter, 94, 1.0f / std::sqrt(static_cast<float>(kInter)));
+  const auto norm_w = random_values(kHidden, 95, 0.5f, 1.0f);
+  const Fp8BlockScaledWeight o_fp8(kHidden, kIn, 96, 7, 5), q_fp8(kQ, kHidden, 97, 3, 11);
+  for (const bool fp8 : {false, true}) {
+    for (const int64_t rows : {int64_t{1}, int64_t{2}}) {
+      SCOPED_TRACE(testing::Message() << rows << " rows, fp8 " << fp8);
+      const auto x = random_values(rows * kIn, 100 + static_cast<uint32_t>(rows));
+      const auto residual = random_values(rows * kHidden, 110 + static_cast<uint32_t>(rows), 3.0f);
+      const auto later = random_values(rows * kHidden, 120 + static_cast<uint32_t>(rows));
+      // bf16: the CPU too; e4m3 weights: the two CUDA forms.
+      std::vector<Backend*> bes = {apart.get(), gpu_.get()};
+      if (!fp8) bes.push_back(cpu_.get());
+      std::vector<std::vector<float>> res(bes.size()), q(bes.size()), q2(bes.size()), kv(bes.size()),
+          mlp(bes.size()), normed(bes.size());
+      for (size_t b = 0; b < bes.size(); ++b) {
+        Backend& be = *bes[b];
+        const LinearWeight o = be.make_linear(fp8 ? o_fp8.host() : HostTensor{DType::kF32, {kHidden, kIn}, o_w.data()});
+        const LinearWeight wq = be.make_linear(fp8 ? q_fp8.host() : HostTensor{DType::kF32, {kQ, kHidden}, q_w.data()});
+        const LinearWeight gu = be.make_gate_up(HostTensor{DType::kF32, {2 * kInter, kHidden}, gu_w.data()});
+        const LinearWeight down = be.make_linear(HostTensor{DType::kF32, {kHidden, kInter}, down_w.data()});
+        Tensor tx = upload(be, {rows, kIn}, x), tres = upload(be, {rows, kHidden}, residual);
+        Tensor tw = upload(be, {kHidden}, norm_w), tlater = upload(be, {rows, kHidden}, later);
+        Tensor ty = be.empty({rows, kHidden}, DType::kF32), th = be.empty({rows, kHidden}, DType::kF32);
+        Tensor tq = be.empty({rows, kQ}, DType::kF32), tq2 = be.empty({rows, kQ}, DType::kF32);
+        Tensor tkv = be.empty({rows, kQ}, DType::kF32), tmlp = be.empty({rows, kHidden}, DType::kF32);
+        be.linear_add_rms_norm(tx, o, ty, tres, tw, eps, th);
+        be.linear(th, wq, tq);
+        be.linear_pair(th, wq, tq2, wq, tkv);
+        be.gated_mlp(th, gu, down, tmlp);
+        res[b] = download(be, tres);
+        q[b] = download(be, tq);
+        q2[b] = download(be, tq2);
+        kv[b] = download(be, tkv);
+        mlp[b] = download(be, tmlp);
+        be.add(tres, tlater);
+        normed[b] = download(be, th);
+      }
+      EXPECT_EQ(res[1], res[0]);
+      EXPECT_EQ(q2[1], q[1]);  // linear_pair's products are linear's
+      EXPECT_EQ(kv[1], q[1]);
+      EXPECT_LT(relative_error(q[1], q[0]), 1e-2);
+      EXPECT_LT(relative_error(mlp[1], mlp[0]), 2e-2);
+      EXPECT_LT(relative_error(normed[1], normed[0]), 1e-5);
+      if (!fp8) {
+        EXPECT_LT(relative_error(res[1], res[2]), 1e-2);
+        EXPECT_LT(relative_error(q[1], q[2]), 2e-2);
+        EXPECT_LT(relative_error(mlp[1], mlp[2]), 3e-2);
+        EXPECT_LT(relative_error(normed[1], normed[2]), 1e-2);
+      }
+    }
+  }
+}
+
 // The GEMM's summation order of a row does not depend on the other rows: a row computed alone
 // is bit-identical to the same row computed among others of the same kernel (the few-row
 // kernel's rows, and the tensor-core kernel's up to 32), and among any number once batch

@@ -1,0 +1,85 @@
+// Each row's 1 / rms for kernels that read a norm's output before it (RowRmsScale,
+// cuda_kernels.h), from the partial sums of squares the kernel before wrote: every block of such
+// a kernel loads its threads' shares of them with its first loads and finishes the sum at its
+// end, so the factor costs it no wait of its own.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/tensor_core.cuh"
+
+namespace dsinfer::cuda {
+
+// The residual's squares of 4 columns, x at i .. i + 3, as a producer adds them for its partial.
+__device__ __forceinline__ float squares_of_four(float x0, float x1, float x2, float x3) {
+  float s = x0 * x0;
+  s = fmaf(x1, x1, s);
+  s = fmaf(x2, x2, s);
+  return fmaf(x3, x3, s);
+}
+
+// A thread's share of a row's partials (n / 4 of them, n / 16 float4): float4 number threadIdx.x,
+// threadIdx.x + kThreads, … in order, each added .x, .y, .z, .w, from zero. The first is copied
+// into stage[threadIdx.x] (shared memory, kThreads float4 a row) by cp.async when the kernel
+// starts, so that it is in flight through the kernel's work without holding registers
+// (cp_async_wait<0>() before rms_share_sum); the others, which only rows wider than kThreads
+// × 16 have, are read by rms_share_sum itself.
+template <int kThreads>
+__device__ __forceinline__ void stage_rms_share(const RowRmsScale& s, int64_t row, float4* stage) {
+  const float4* p = reinterpret_cast<const float4*>(s.partials + row * (s.n / 4));
+  if (static_cast<int>(threadIdx.x) < s.n / 16) cp_async16(stage + threadIdx.x, p + threadIdx.x, true);
+}
+
+template <int kThreads, typename RowOf>
+__device__ __forceinline__ float rms_share_sum(const RowRmsScale& s, const float4* stage, RowOf row_of) {
+  const int n16 = s.n / 16;
+  float v = 0.0f;
+  if (static_cast<int>(threadIdx.x) < n16) {
+    const float4 f = stage[threadIdx.x];
+    v += f.x;
+    v += f.y;
+    v += f.z;
+    v += f.w;
+  }
+  if (n16 > kThreads) {  // rows wider than kThreads × 16: the row's others, by a row that row_of() gives
+    const float4* p = reinterpret_cast<const float4*>(s.partials + row_of() * (s.n / 4));
+    for (int i = threadIdx.x + kThreads; i < n16; i += kThreads) {
+      const float4 f = p[i];
+      v += f.x;
+      v += f.y;
+      v += f.z;
+      v += f.w;
+    }
+  }
+  return v;
+}
+
+// The warp's sum of its threads' values by a xor tree (every lane gets it).
+__device__ __forceinline__ float rms_warp_sum(float v) {
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+// 1 / sqrt(mean + eps) from the warps' sums of a block, added in warp order. Every kernel that
+// applies a row's factor takes it in this order from blocks of the same size, so all of them
+// apply the same bits whatever their grid.
+template <int kWarps>
+__device__ __forceinline__ float rms_scale_of(const float* warp_sums, int stride, const RowRmsScale& s) {
+  float total = warp_sums[0];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) total += warp_sums[w * stride];
+  return rsqrtf(total / static_cast<float>(s.n) + s.eps);
+}
+
+// scales[t] for a t known only at run time, without indexing the register array.
+template <int kRows>
+__device__ __forceinline__ float scale_of_row(const float (&scales)[kRows], int t) {
+  float v = scales[0];
+#pragma unroll
+  for (int r = 1; r < kRows; ++r)
+    if (t == r) v = scales[r];
+  return v;
+}
+
+}  // namespace dsinfer::cuda
