@@ -126,7 +126,8 @@ CudaBackend::CudaBackend(Precision precision) {
   f32_e4m3_ = !env_is("DSINFER_F32_E4M3", "0");
   prefill_expert_outputs_bf16_ = !env_is("DSINFER_MOE_PREFILL_OUTPUTS_BF16", "0");
   norm_writes_e4m3_ = !env_is("DSINFER_NORM_E4M3", "0");
-  norms_in_products_ = !env_is("DSINFER_NORM_IN_PRODUCTS", "0");
+  if (const char* rows = std::getenv("DSINFER_NORM_IN_PRODUCTS"))
+    norms_in_products_max_rows_ = std::max(0, std::atoi(rows));
   if (env_is("DSINFER_MOE_PREFILL_WEIGHT_ROWS", "128")) prefill_expert_weight_rows_ = 128;
   if (env_is("DSINFER_MOE_PREFILL_WEIGHT_ROWS", "192")) prefill_expert_weight_rows_ = 192;
   if (env_is("DSINFER_MOE_PREFILL_WEIGHT_ROWS", "256")) prefill_expert_weight_rows_ = 256;

@@ -24,7 +24,7 @@ bool is_rows(const Tensor& t, int64_t rows, int64_t n) {
 }  // namespace
 
 bool CudaBackend::can_leave_norm(int64_t rows, int64_t n) const {
-  return norms_in_products_ && !f32_products_ && rows >= 1 && few_row_gemm_takes(rows) &&
+  return !f32_products_ && rows >= 1 && rows <= norms_in_products_max_rows_ && few_row_gemm_takes(rows) &&
          n % kLibraryFp8TileColumns == 0;
 }
 

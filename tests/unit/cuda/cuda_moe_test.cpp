@@ -333,9 +333,11 @@ TEST_F(CudaMoeTest, CombineMadeInTheNormGivesTheSameBits) {
 // in the routing's launches, routed experts on the few-row kernel, both of its forms for e4m3).
 // Against the CUDA form with the norm in its own launch (DSINFER_NORM_IN_PRODUCTS=0) and the CPU:
 // the residual (that form's bits), both layers' routing, the products, and the norm's output read
-// after a write to the residual, which must not change it.
+// after a write to the residual, which must not change it. (By default only steps of one token
+// leave the norm; DSINFER_NORM_IN_PRODUCTS=2 takes two as well.)
 TEST_F(CudaMoeTest, NormLeftToTheNextLayerFollowsTheNormInItsOwnLaunch) {
   auto apart = make_backend_with_env("cuda", "DSINFER_NORM_IN_PRODUCTS", "0");
+  gpu_ = make_backend_with_env("cuda", "DSINFER_NORM_IN_PRODUCTS", "2");
   const GateSpec six{64, 6, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, false, 1.0f, true};
   constexpr int64_t kHidden = 256, kInter = 96, kQ = 160;
   const auto q_w = random_values(kQ * kHidden, 71, 1.0f / std::sqrt(static_cast<float>(kHidden)));

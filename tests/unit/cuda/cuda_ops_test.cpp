@@ -494,9 +494,11 @@ TEST(FewRowStepDivisorTest, QuotientsAreExactForEveryStepOfABlock) {
 // reading that output apply (CudaBackend::PendingNorm). Against the CPU (bf16 weights) and the
 // CUDA form that runs the norm in its own launch (DSINFER_NORM_IN_PRODUCTS=0): the residual (the
 // same bits as that form's), products of the norm's output (linear, linear_pair, gated_mlp), and
-// the output itself, read after a write to the residual, which must not change it.
+// the output itself, read after a write to the residual, which must not change it. (By default
+// only steps of one row leave the norm; DSINFER_NORM_IN_PRODUCTS=2 takes two as well.)
 TEST_F(CudaOpsTest, NormLeftToTheProductsAfterItFollowsTheNormInItsOwnLaunch) {
   auto apart = make_backend_with_env("cuda", "DSINFER_NORM_IN_PRODUCTS", "0");
+  gpu_ = make_backend_with_env("cuda", "DSINFER_NORM_IN_PRODUCTS", "2");
   constexpr int64_t kIn = 192, kHidden = 256, kQ = 160, kInter = 96;
   const float eps = 1e-6f;
   const auto o_w = random_values(kHidden * kIn, 91, 1.0f / std::sqrt(static_cast<float>(kIn)));
