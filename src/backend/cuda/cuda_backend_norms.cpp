@@ -29,7 +29,7 @@ bool CudaBackend::can_leave_norm(int64_t rows, int64_t n) const {
 }
 
 ResidualNormOutput CudaBackend::leave_norm(Tensor& residual, const Tensor& norm_w, float eps, Tensor& normed) {
-  DS_CHECK(pending_norm_.of == nullptr);
+  settle_norm();  // one pending norm at a time: one of other rows, still alive, is finished
   const int64_t rows = normed.dim(0), n = normed.dim(1);
   const Bf16Rows copy = start_normed_copy(normed);
   DS_CHECK(copy.data != nullptr && copy.ld == n);

@@ -150,18 +150,7 @@ __global__ void combine_kernel(const T* expert_out, int64_t ld_expert, const int
   if constexpr (kWidth == 4) {
     if (r.x != nullptr) {
       const int64_t i = t * hidden + c;
-      float4 x = residual, w = norm_w;
-      x.x += acc[0];  // launch_add's fp32 adds
-      x.y += acc[1];
-      x.z += acc[2];
-      x.w += acc[3];
-      *reinterpret_cast<float4*>(r.x + i) = x;
-      const float4 u = make_float4(x.x * w.x, x.y * w.y, x.z * w.z, x.w * w.w);
-      *reinterpret_cast<float4*>(r.out + i) = u;
-      auto* bf16 = reinterpret_cast<__nv_bfloat162*>(r.out_bf16 + i);
-      bf16[0] = __floats2bfloat162_rn(u.x, u.y);
-      bf16[1] = __floats2bfloat162_rn(u.z, u.w);
-      r.partials[i / 4] = squares_of_four(x.x, x.y, x.z, x.w);
+      store_residual_norm(r, i, i / 4, residual, norm_w, acc);
       return;
     }
   }

@@ -71,23 +71,6 @@ __device__ __forceinline__ void widen_e4m3x16(const uint4& v, float (&out)[16]) 
   }
 }
 
-// Quad q's outputs v of row `row` (element `at` of rows n apart) added to its residual x (the
-// fp32 adds of launch_add), times the norm's weight w, and the quad's partial (ResidualNormOutput).
-__device__ __forceinline__ void store_residual_norm(const ResidualNormOutput& r, int64_t at, int64_t row, int q,
-                                                    float4 x, float4 w, const float (&v)[kQuadRows], int64_t n) {
-  x.x += v[0];
-  x.y += v[1];
-  x.z += v[2];
-  x.w += v[3];
-  *reinterpret_cast<float4*>(r.x + at) = x;
-  const float4 u = make_float4(x.x * w.x, x.y * w.y, x.z * w.z, x.w * w.w);
-  *reinterpret_cast<float4*>(r.out + at) = u;
-  auto* bf16 = reinterpret_cast<__nv_bfloat162*>(r.out_bf16 + at);
-  bf16[0] = __floats2bfloat162_rn(u.x, u.y);
-  bf16[1] = __floats2bfloat162_rn(u.z, u.w);
-  r.partials[row * (n / 4) + q] = squares_of_four(x.x, x.y, x.z, x.w);
-}
-
 // Weight row r of quad q: outputs 4q .. 4q + 3, or the gate and up rows of outputs 2q and
 // 2q + 1 (interleaved 16 rows at a time within each 32-row tile).
 __device__ __forceinline__ int quad_row(bool gate_up, int q, int r) {
@@ -313,7 +296,7 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
         float sums[kQuadRows];
 #pragma unroll
         for (int o = 0; o < kQuadRows; ++o) sums[o] = scaled ? total(i, o, t) * row_scale : total(i, o, t);
-        store_residual_norm(res, at, pass_begin + t, q, xv, wv, sums, a.ldy);
+        store_residual_norm(res, at, (pass_begin + t) * (a.ldy / 4) + q, xv, wv, sums);
       }
       __syncthreads();  // the next pass reuses warp_sums
       continue;

@@ -19,6 +19,25 @@ __device__ __forceinline__ float squares_of_four(float x0, float x1, float x2, f
   return fmaf(x3, x3, s);
 }
 
+// Outputs v of 4 columns at element `at` of the rows (a multiple of 4) added to their residual x
+// (the fp32 adds of launch_add), times the norm's weight w, and their partial (number
+// partial_at = at / 4): what a kernel before a norm left to the products writes
+// (ResidualNormOutput).
+__device__ __forceinline__ void store_residual_norm(const ResidualNormOutput& r, int64_t at, int64_t partial_at,
+                                                    float4 x, float4 w, const float (&v)[4]) {
+  x.x += v[0];
+  x.y += v[1];
+  x.z += v[2];
+  x.w += v[3];
+  *reinterpret_cast<float4*>(r.x + at) = x;
+  const float4 u = make_float4(x.x * w.x, x.y * w.y, x.z * w.z, x.w * w.w);
+  *reinterpret_cast<float4*>(r.out + at) = u;
+  auto* bf16 = reinterpret_cast<__nv_bfloat162*>(r.out_bf16 + at);
+  bf16[0] = __floats2bfloat162_rn(u.x, u.y);
+  bf16[1] = __floats2bfloat162_rn(u.z, u.w);
+  r.partials[partial_at] = squares_of_four(x.x, x.y, x.z, x.w);
+}
+
 // A thread's share of a row's partials (n / 4 of them, n / 16 float4): float4 number threadIdx.x,
 // threadIdx.x + kThreads, … in order, each added .x, .y, .z, .w, from zero. The first is copied
 // into stage[threadIdx.x] (shared memory, kThreads float4 a row) by cp.async when the kernel
