@@ -194,6 +194,14 @@ class Backend {
     (void)batch;
     linear(x, wq, q);
   }
+  // mla_queries(x, wq, w, batch, q), then linear(x, w2, out2): a layer's query and latent
+  // projections where both read the layer's input (no q_lora). A backend may run them together;
+  // the default runs the two.
+  virtual void mla_queries_and_linear(const Tensor& x, const LinearWeight& wq, const MlaWeights& w,
+                                      const ForwardBatch& batch, Tensor& q, const LinearWeight& w2, Tensor& out2) {
+    mla_queries(x, wq, w, batch, q);
+    linear(x, w2, out2);
+  }
   virtual void moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRouting* routing) = 0;
   // A linear layer and the residual step after it: linear(x, w, out), then
   // add_rms_norm(residual, out, norm_w, eps, normed). out is scratch, as in moe_add_rms_norm.

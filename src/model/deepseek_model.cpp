@@ -52,8 +52,7 @@ Tensor DeepseekModel::attention(const LayerWeights& l, const Tensor& h, const Fo
     backend_.rms_norm(qa, l.q_a_norm, kLatentNormEps, qa);
     backend_.mla_queries(qa, l.q_b, l.mla, batch, q);
   } else {
-    backend_.mla_queries(h, l.q, l.mla, batch, q);
-    backend_.linear(h, l.kv_a, kv_a);
+    backend_.mla_queries_and_linear(h, l.q, l.mla, batch, q, l.kv_a, kv_a);
   }
   Tensor attn = backend_.empty({t, heads * config_.v_head_dim}, DType::kF32);
   MlaAttentionArgs args;

@@ -126,6 +126,7 @@ CudaBackend::CudaBackend(Precision precision) {
   f32_e4m3_ = !env_is("DSINFER_F32_E4M3", "0");
   prefill_expert_outputs_bf16_ = !env_is("DSINFER_MOE_PREFILL_OUTPUTS_BF16", "0");
   norm_writes_e4m3_ = !env_is("DSINFER_NORM_E4M3", "0");
+  if (const char* rows = std::getenv("DSINFER_FEW_ROW_PAIRS")) few_row_pairs_max_rows_ = std::max(0, std::atoi(rows));
   if (const char* rows = std::getenv("DSINFER_NORM_IN_PRODUCTS"))
     norms_in_products_max_rows_ = std::max(0, std::atoi(rows));
   if (env_is("DSINFER_MOE_PREFILL_WEIGHT_ROWS", "128")) prefill_expert_weight_rows_ = 128;
@@ -831,8 +832,17 @@ void CudaBackend::linear_pair(const Tensor& x, const LinearWeight& w1, Tensor& o
   if (m == 0) return;
   reconcile_norm({}, {&out1, &out2});
   const Tensor xb = to_bf16_padded(x, w1.weight.dim(1));
-  linear_bf16(xb, m, w1, out1);
-  linear_bf16(xb, m, w2, out2);
+  const bool same_type = (w1.weight.dtype == DType::kF8E4M3) == (w2.weight.dtype == DType::kF8E4M3);
+  if (m <= few_row_pairs_max_rows_ && few_row_gemm_takes(m) && same_type) {
+    // Both products in one launch (a link fewer in a small step's chain), each as gemm() runs it.
+    GroupedGemmArgs a = dense_product(xb, m, w1, GemmEpilogue::kStoreF32, out1.data, w1.out_features, w1.out_features);
+    GroupedGemmArgs b = dense_product(xb, m, w2, GemmEpilogue::kStoreF32, out2.data, w2.out_features, w2.out_features);
+    a.rms_scale = b.rms_scale = left_norm_scale(xb.data);
+    launch_few_row_gemm_pair(a, b, static_cast<int>(m), stream_);
+  } else {
+    linear_bf16(xb, m, w1, out1);
+    linear_bf16(xb, m, w2, out2);
+  }
   forget_normed_copy_if_written(out1);
   forget_normed_copy_if_written(out2);
 }

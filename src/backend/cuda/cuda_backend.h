@@ -73,7 +73,7 @@ class CudaBackend final : public Backend {
   void add(Tensor& x, const Tensor& y) override;
   void add_rms_norm(Tensor& x, const Tensor& y, const Tensor& w, float eps, Tensor& out) override;
   void linear(const Tensor& x, const LinearWeight& w, Tensor& out) override;
-  // One bf16 conversion of x for both products.
+  // One bf16 conversion of x for both products; in steps of one row, one launch for both.
   void linear_pair(const Tensor& x, const LinearWeight& w1, Tensor& out1, const LinearWeight& w2,
                    Tensor& out2) override;
   void silu_mul(const Tensor& gate_up, Tensor& out) override;
@@ -82,6 +82,9 @@ class CudaBackend final : public Backend {
   void mla_attention(const MlaAttentionArgs& args) override;
   void mla_queries(const Tensor& x, const LinearWeight& wq, const MlaWeights& w, const ForwardBatch& batch,
                    Tensor& q) override;
+  // In steps the few-row kernel takes, linear_pair (the queries go through linear there anyway).
+  void mla_queries_and_linear(const Tensor& x, const LinearWeight& wq, const MlaWeights& w, const ForwardBatch& batch,
+                              Tensor& q, const LinearWeight& w2, Tensor& out2) override;
   void moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRouting* routing) override;
   // In steps of a few rows, the norm left to the products after it (PendingNorm).
   void linear_add_rms_norm(const Tensor& x, const LinearWeight& w, Tensor& out, Tensor& residual,
@@ -515,6 +518,11 @@ class CudaBackend final : public Backend {
   // up to N, within the few-row kernel's bound; 0: every norm in its own launch). One: at batch 1
   // V2-Lite decode ran 1.9% (bf16) and 2.3% (FP8) faster, at batch 2 bf16 1.1% slower.
   int64_t norms_in_products_max_rows_ = 1;
+  // Steps of up to this many rows run linear_pair's two products in one launch where the few-row
+  // kernel takes them (DSINFER_FEW_ROW_PAIRS=N; 0: two launches). One: V2-Lite decode at batch 1
+  // bf16 +1.9%, FP8 unchanged; at batch 2 the pair kernel's two-row forms hold 168 registers
+  // (the own launches' 128) and ran 4.1% (bf16) and 2.3% (FP8) slower.
+  int64_t few_row_pairs_max_rows_ = 1;
   // Whether a norm of `rows` rows of n after a residual add may be left to the products.
   bool can_leave_norm(int64_t rows, int64_t n) const;
   // The output's copy and the residual that a kernel about to be launched fills as

@@ -217,6 +217,20 @@ void CudaBackend::mla_queries(const Tensor& x, const LinearWeight& wq, const Mla
   query_rows_ = {q.data, bf16};
 }
 
+void CudaBackend::mla_queries_and_linear(const Tensor& x, const LinearWeight& wq, const MlaWeights& w,
+                                         const ForwardBatch& batch, Tensor& q, const LinearWeight& w2, Tensor& out2) {
+  // Steps of few rows write fp32 queries through linear (mla_queries keeps bf16 rows only for
+  // steps whose products take cuBLASLt), so both products can share a launch.
+  const bool packed = wq.weight.dtype == DType::kBF16 || wq.weight.dtype == DType::kF8E4M3;
+  if (!f32_products_ && packed && x.dim(0) > 0 && few_row_gemm_takes(x.dim(0)) && !wq.packed_gate_up &&
+      !w2.packed_gate_up && wq.weight.dim(1) == w2.weight.dim(1)) {
+    query_rows_ = {};
+    linear_pair(x, wq, q, w2, out2);
+    return;
+  }
+  Backend::mla_queries_and_linear(x, wq, w, batch, q, w2, out2);
+}
+
 void CudaBackend::mla_attention(const MlaAttentionArgs& args) {
   reconcile_norm({args.q, args.kv_a}, {args.out});
   forget_normed_copy();

@@ -43,7 +43,38 @@ void launch_with(const GroupedGemmArgs& args, int max_n_padded, int max_row_bloc
   DS_CUDA_CHECK_LAUNCH();
 }
 
+// Blocks [0, blocks_a): product a's; the rest: b's.
+template <typename Form>
+__global__ void __launch_bounds__(few_row::kThreads, Form::kMinBlocksPerSm)
+    few_row_gemm_pair_kernel(GroupedGemmArgs a, GroupedGemmArgs b, int units_per_block, int blocks_a) {
+  const int x = static_cast<int>(blockIdx.x);
+  if (x < blocks_a) Form::run(a, units_per_block, x, 0);
+  else Form::run(b, units_per_block, x - blocks_a, 0);
+}
+
 }  // namespace
+
+void launch_few_row_gemm_pair(const GroupedGemmArgs& a, const GroupedGemmArgs& b, int rows, Stream stream) {
+  DS_CHECK(a.groups == nullptr && b.groups == nullptr && a.k_splits == 1 && b.k_splits == 1 && a.ldx % 8 == 0 &&
+           b.ldx % 8 == 0 && a.dense_rows == rows && b.dense_rows == rows && a.weights_fp8 == b.weights_fp8 &&
+           a.few_row_mma == b.few_row_mma && a.dense.n_padded % kGemmTileRows == 0 &&
+           b.dense.n_padded % kGemmTileRows == 0 && rows >= 1 && rows <= kFewRowGemmMaxRows);
+  few_row::with_block_form(a, rows, [&](auto form) {
+    using Form = decltype(form);
+    constexpr auto kernel = few_row_gemm_pair_kernel<Form>;
+    const size_t shared_bytes = std::max(Form::shared_bytes(a), Form::shared_bytes(b));
+    Form::template allow_shared_memory<kernel>();
+    // One wave over both weights' units, as launch_with sizes one.
+    const int units_a = a.dense.n_padded / Form::kUnitRows, units_b = b.dense.n_padded / Form::kUnitRows;
+    const int units_per_block = few_row::units_per_block(
+        units_a + units_b, 1, few_row::resident_blocks<kernel>(shared_bytes), Form::kMaxUnitsPerBlock);
+    const int blocks_a = (units_a + units_per_block - 1) / units_per_block;
+    const int blocks_b = (units_b + units_per_block - 1) / units_per_block;
+    launch_kernel(kernel, blocks_a + blocks_b, few_row::kThreads, shared_bytes, stream, a, b, units_per_block,
+                  blocks_a);
+    DS_CUDA_CHECK_LAUNCH();
+  });
+}
 
 void launch_few_row_gemm(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks, int max_rows_per_block,
                          Stream stream) {

@@ -181,6 +181,10 @@ constexpr int kFewRowGemmMaxRows = 4;
 constexpr int kFewRowGemmDefaultMaxRows = 2;
 void launch_few_row_gemm(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks, int max_rows_per_block,
                          Stream stream);
+// Two dense few-row products of the same rows in one launch (a's blocks, then b's; each output
+// has the bits of its own launch): both dense, of `rows` rows, with the same weight type and
+// form (few_row_mma alike).
+void launch_few_row_gemm_pair(const GroupedGemmArgs& a, const GroupedGemmArgs& b, int rows, Stream stream);
 
 // The router logits (launch_router_logits) and the routing and planning (launch_moe_route_and_plan)
 // of a step of 1 to kMoeRoutePlanMaxTokens tokens, each with a dense few-row product (args of

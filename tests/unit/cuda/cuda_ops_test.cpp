@@ -294,14 +294,16 @@ TEST_F(CudaOpsTest, GatedMlpMatchesCpuIncludingPaddedShapes) {
   }
 }
 
-// Attention's query and latent projections share one bf16 conversion of their input: each
-// product gives the bits that linear alone gives, on the own kernels (bf16 or e4m3 weights, or
-// one of each) and through cuBLASLt.
+// Attention's query and latent projections share one bf16 conversion of their input (and, in
+// steps of one row, one launch where both weights have one type; here of two rows too,
+// DSINFER_FEW_ROW_PAIRS=2): each product gives the bits that linear alone gives, on the own
+// kernels (bf16 or e4m3 weights, or one of each) and through cuBLASLt.
 TEST_F(CudaOpsTest, LinearPairGivesWhatTwoLinearsGive) {
   const int64_t k = 256, n1 = 96, n2 = 48;
   const auto w1 = random_values(n1 * k, 41, 0.1f), w2 = random_values(n2 * k, 42, 0.1f);
   const Fp8BlockScaledWeight f1(n1, k, 44, 3, 7), f2(n2, k, 45, 5, 11);
-  Backend& be = *gpu_;
+  auto paired = make_backend_with_env("cuda", "DSINFER_FEW_ROW_PAIRS", "2");
+  Backend& be = *paired;
   const LinearWeight b1 = be.make_linear(HostTensor{DType::kF32, {n1, k}, w1.data()});
   const LinearWeight b2 = be.make_linear(HostTensor{DType::kF32, {n2, k}, w2.data()});
   const LinearWeight e1 = be.make_linear(f1.host()), e2 = be.make_linear(f2.host());
