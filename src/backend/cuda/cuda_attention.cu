@@ -23,6 +23,7 @@
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/kernel_launch.cuh"
 #include "backend/cuda/latent_entry.cuh"
+#include "backend/cuda/warp_sum.cuh"
 #include "core/dtype.h"
 
 namespace dsinfer::cuda {
@@ -38,11 +39,6 @@ constexpr int kFewTokens = 4;  // the few-token form of the per-head products ta
 // Steps of this many tokens or more take the per-head products on tensor cores (TF32), as their
 // attention does (head tiles or query tiles); smaller ones stay in fp32.
 constexpr int kTensorCoreTokens = 16;
-
-__device__ float warp_sum(float v) {
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-  return v;
-}
 
 // The warp sums of kGroup values at once (a power of two up to 32), each lane's v[j] its part
 // of sum j; on return every lane holds every sum. Each exchange passes the partner the half of

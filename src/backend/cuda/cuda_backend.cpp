@@ -606,12 +606,13 @@ void CudaBackend::gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w
   const auto kind = static_cast<GemmEpilogue>(epilogue);
   GroupedGemmArgs a = dense_product(x_bf16, rows, w, kind, y, ldy, n_out);
   const GemmWeight g = a.dense;
+  const RowRmsScale left = left_norm_scale(x_bf16.data);
   if (!library_gemm && few_row_gemm_takes(rows)) {
-    a.rms_scale = left_norm_scale(x_bf16.data);
+    a.rms_scale = left;
     launch_few_row_gemm(a, g.n_padded, 1, static_cast<int>(rows), stream_);
     return;
   }
-  if (left_norm_scale(x_bf16.data).partials != nullptr) settle_norm();
+  if (left.partials != nullptr) settle_norm();  // cuBLASLt and the own kernel apply no factor
   if (library_gemm || library_gemm_takes(g, rows)) {
     // Many rows: compute-bound, cuBLASLt. Its fp32 output lands in y directly when the layouts
     // agree (an FP8 product writes whole groups of 4 rows).

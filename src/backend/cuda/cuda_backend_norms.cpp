@@ -64,14 +64,14 @@ void CudaBackend::reconcile_norm(std::initializer_list<const Tensor*> reads,
                                  std::initializer_list<const Tensor*> writes) {
   const PendingNorm& p = pending_norm_;
   if (p.of == nullptr) return;
-  const size_t out_bytes = static_cast<size_t>(p.rows) * p.scale.n * sizeof(float);
-  const size_t residual_bytes = out_bytes;
+  // The output and the residual: fp32 [rows, n] each.
+  const size_t bytes = static_cast<size_t>(p.rows) * p.scale.n * sizeof(float);
   bool read = false, overwritten = false, residual_written = false;
   for (const Tensor* t : reads)
-    read = read || overlaps(t, p.of, out_bytes) || overlaps(t, p.bf16.data, p.bf16.num_bytes());
+    read = read || overlaps(t, p.of, bytes) || overlaps(t, p.bf16.data, p.bf16.num_bytes());
   for (const Tensor* t : writes) {
-    overwritten = overwritten || overlaps(t, p.of, out_bytes);
-    residual_written = residual_written || overlaps(t, p.residual, residual_bytes);
+    overwritten = overwritten || overlaps(t, p.of, bytes);
+    residual_written = residual_written || overlaps(t, p.residual, bytes);
   }
   if (read || (residual_written && !overwritten)) settle_norm();
   else if (overwritten) pending_norm_ = {};

@@ -263,7 +263,7 @@ __global__ void __launch_bounds__(kRmsThreads)
   stage_rms_share<kRmsThreads>(s, row, stage);
   cp_async_commit();
   cp_async_wait<0>();
-  const float v = rms_warp_sum(rms_share_sum<kRmsThreads>(s, stage, [row] { return row; }));
+  const float v = warp_sum(rms_share_sum<kRmsThreads>(s, stage, [row] { return row; }));
   if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
   __syncthreads();
   const float scale = rms_scale_of<kRmsThreads / 32>(warp_sums, 1, s);

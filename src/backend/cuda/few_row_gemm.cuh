@@ -268,7 +268,7 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
         const auto row_of = [&] {
           return a.src_rows != nullptr ? int64_t{a.src_rows[pass_begin + t]} : int64_t{pass_begin + t};
         };
-        const float v = t < pass_rows ? rms_warp_sum(rms_share_sum<kThreads>(a.rms_scale, rms_stage[t], row_of)) : 0.0f;
+        const float v = t < pass_rows ? warp_sum(rms_share_sum<kThreads>(a.rms_scale, rms_stage[t], row_of)) : 0.0f;
         if (lane == 0) rms_sums[warp][t] = v;
       }
     }

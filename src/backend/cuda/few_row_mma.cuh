@@ -280,7 +280,7 @@ __device__ __forceinline__ void gemm_block_mma(const GroupedGemmArgs& a, int til
         const auto row_of = [&] {
           return a.src_rows != nullptr ? int64_t{a.src_rows[pass_begin + r]} : int64_t{pass_begin + r};
         };
-        const float v = r < pass_rows ? rms_warp_sum(rms_share_sum<kThreads>(a.rms_scale, rms_stage[r], row_of)) : 0.0f;
+        const float v = r < pass_rows ? warp_sum(rms_share_sum<kThreads>(a.rms_scale, rms_stage[r], row_of)) : 0.0f;
         if (lane == 0) rms_sums[warp][r] = v;
       }
     }

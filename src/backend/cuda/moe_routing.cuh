@@ -11,6 +11,7 @@
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/kernel_launch.cuh"
 #include "backend/cuda/row_rms.cuh"
+#include "backend/cuda/warp_sum.cuh"
 
 namespace dsinfer::cuda::moe {
 
@@ -38,11 +39,6 @@ inline __device__ Best warp_best(const float* v, const bool* taken, int n, int l
     best = better(best, other);
   }
   return best;
-}
-
-inline __device__ float warp_sum(float v) {
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-  return v;
 }
 
 // A warp's working space for routing one token (shared memory).
@@ -211,7 +207,7 @@ inline __device__ void router_logits_block(const RouterLogitsJob& job, int64_t t
   if (scaled) {  // the whole block alike
     __shared__ float rms_sums[kLogitWarps];
     cp_async_wait<0>();
-    const float v = rms_warp_sum(rms_share_sum<kThreads>(job.rms_scale, rms_stage, [t] { return t; }));
+    const float v = warp_sum(rms_share_sum<kThreads>(job.rms_scale, rms_stage, [t] { return t; }));
     if (lane == 0) rms_sums[warp] = v;
     __syncthreads();
     acc *= rms_scale_of<kLogitWarps>(rms_sums, 1, job.rms_scale);

@@ -8,6 +8,7 @@
 
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/tensor_core.cuh"
+#include "backend/cuda/warp_sum.cuh"
 
 namespace dsinfer::cuda {
 
@@ -54,29 +55,17 @@ template <int kThreads, typename RowOf>
 __device__ __forceinline__ float rms_share_sum(const RowRmsScale& s, const float4* stage, RowOf row_of) {
   const int n16 = s.n / 16;
   float v = 0.0f;
-  if (static_cast<int>(threadIdx.x) < n16) {
-    const float4 f = stage[threadIdx.x];
+  const auto add = [&v](float4 f) {
     v += f.x;
     v += f.y;
     v += f.z;
     v += f.w;
-  }
+  };
+  if (static_cast<int>(threadIdx.x) < n16) add(stage[threadIdx.x]);
   if (n16 > kThreads) {  // rows wider than kThreads × 16: the row's others, by a row that row_of() gives
     const float4* p = reinterpret_cast<const float4*>(s.partials + row_of() * (s.n / 4));
-    for (int i = threadIdx.x + kThreads; i < n16; i += kThreads) {
-      const float4 f = p[i];
-      v += f.x;
-      v += f.y;
-      v += f.z;
-      v += f.w;
-    }
+    for (int i = threadIdx.x + kThreads; i < n16; i += kThreads) add(p[i]);
   }
-  return v;
-}
-
-// The warp's sum of its threads' values by a xor tree (every lane gets it).
-__device__ __forceinline__ float rms_warp_sum(float v) {
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
   return v;
 }
 
