@@ -34,7 +34,8 @@ class CudaGoldenModelTest : public ::testing::TestWithParam<std::string> {
 // on these fixtures, logit scale ~3.5) should not flip; the one thing that can still flip it is
 // a near-tie between experts in some layer's router, which bf16 noise may decide the other way.
 // Measured on an H200: tiny_v3 74/75, tiny_v2_lite 84/84 over such steps; 143/144 and 141/144
-// over all (bench/RESULTS.md, "Dense few-row products on their fp32 rows", has what moves them). tiny_v3_fp8's prompts of more than 32 tokens run DeepSeek's FP8 activations (below):
+// over all (bench/RESULTS.md, "Dense few-row products on their fp32 rows", has what moves
+// them). tiny_v3_fp8's prompts of more than 32 tokens run DeepSeek's FP8 activations (below):
 // 83/85 and 136/144 (85/85 and 140/144 when prompts of up to 128 tokens took bf16 activations).
 // The recipe itself, run for every product of two rows or more, keeps 82/85 (cuda_fp8_gemm_test.cpp),
 // so that fixture's bar is the recipe's.
