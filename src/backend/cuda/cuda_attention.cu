@@ -722,7 +722,8 @@ bool launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
                           float* q_latent, float* o_latent, float* out, const int32_t* prefill_tiles,
                           int num_prefill_tiles, int head_tile_blocks, int32_t* work_starts, bool fast_forms,
                           Stream stream, uint16_t* out_bf16, int64_t ld_out_bf16, const MlaCacheWrite* cache_write,
-                          bool fixed_split_forms, int split_group_positions) {
+                          bool fixed_split_forms, int split_group_positions, bool few_token_tiles,
+                          bool few_token_tiles_early) {
   check_dims(d);
   if (b.num_tokens == 0) return false;
   DS_CHECK(num_splits >= 1 && num_splits <= kMaxSplits && split_len_tokens >= 0 && d.num_heads <= 65535);
@@ -747,6 +748,15 @@ bool launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
     launch_mla_prefill_attention(d, b, q, q_latent, rope_cos, rope_sin, static_cast<const float*>(cache),
                                  softmax_scale, prefill_tiles,
                                  num_prefill_tiles, o_latent, stream);
+  } else if (head_tile_blocks > 0 && few_token_tiles) {
+    // Each token's runs in the split kernel's layout, merged by that kernel's combine.
+    DS_CHECK(head_tile_blocks <= kMaxSplits);
+    launch_mla_decode_head_tiles_few_tokens(d, b, q, q_latent, rope_cos, rope_sin, cache, softmax_scale,
+                                            head_tile_blocks, workspace, few_token_tiles_early, stream);
+    const dim3 grid2(b.num_tokens, d.num_heads, (d.kv_lora_rank + kCombineCols - 1) / kCombineCols);
+    launch_kernel(attention_combine_kernel, grid2, kCombineWarps * 32, 0, stream, d, head_tile_blocks, workspace,
+                  o_latent);
+    DS_CUDA_CHECK_LAUNCH();
   } else if (head_tile_blocks > 0) {
     launch_mla_decode_head_tiles(d, b, q, q_latent, rope_cos, rope_sin, cache, softmax_scale, head_tile_blocks,
                                  work_starts, workspace, o_latent, stream);

@@ -115,6 +115,13 @@ CudaBackend::CudaBackend(Precision precision) {
   if (env_is("DSINFER_MOE_COMBINE_IN_NORM", "1")) combine_in_norm_min_rows_ = 1;
   if (const char* tokens = std::getenv("DSINFER_MLA_HEAD_TILE_MIN_TOKENS"))
     head_tile_min_tokens_ = std::max(1, std::atoi(tokens));
+  if (const char* runs = std::getenv("DSINFER_MLA_FEW_TOKEN_TILES"))
+    few_token_tile_runs_ = std::clamp(std::atoi(runs), 0, 64);
+  if (const char* tokens = std::getenv("DSINFER_MLA_FEW_TOKEN_TILES_MIN"))
+    few_token_tiles_min_tokens_ = std::max(1, std::atoi(tokens));
+  if (const char* tokens = std::getenv("DSINFER_MLA_FEW_TOKEN_TILES_MAX"))
+    few_token_tiles_max_tokens_ = std::max(1, std::atoi(tokens));
+  few_token_tiles_early_ = !env_is("DSINFER_MLA_FEW_TOKEN_TILES_EARLY", "0");
   if (env_is("DSINFER_MOE_PREFILL_EXPERTS", "chunked")) prefill_experts_ = PrefillExperts::kChunked;
   if (env_is("DSINFER_MOE_PREFILL_EXPERTS", "host")) prefill_experts_ = PrefillExperts::kHostPlanned;
   if (env_is("DSINFER_MOE_PREFILL_EXPERTS", "grouped")) prefill_experts_ = PrefillExperts::kGrouped;

@@ -351,6 +351,16 @@ class CudaBackend final : public Backend {
   // Decode batches of this many tokens or more attend in head tiles (mla_decode_tiles.cu);
   // smaller ones in the fp32 split kernel (DSINFER_MLA_HEAD_TILE_MIN_TOKENS).
   int head_tile_min_tokens_ = 16;
+  // Steps of few_token_tiles_min_tokens_ to few_token_tiles_max_tokens_ tokens attend in head
+  // tiles of this many runs of each token's context per head group, without a plan (at most 64;
+  // DSINFER_MLA_FEW_TOKEN_TILES; 0: the split kernel), their blocks requesting a first chunk of
+  // older entries before their wait (DSINFER_MLA_FEW_TOKEN_TILES_EARLY=0: after it).
+  // On the H200 (V2-Lite, 1k contexts) 32 runs took decode at batch 4 and 8 up 5–9% against the
+  // split kernel; at batch 1 and 2 the split kernel stays ahead (4–8% and 0–1%), at 12 they tie.
+  int few_token_tile_runs_ = 32;
+  int few_token_tiles_min_tokens_ = 4;  // DSINFER_MLA_FEW_TOKEN_TILES_MIN
+  int few_token_tiles_max_tokens_ = 8;  // DSINFER_MLA_FEW_TOKEN_TILES_MAX
+  bool few_token_tiles_early_ = true;
   // Where prefill-sized MoE layers run their experts (DSINFER_MOE_PREFILL_EXPERTS):
   // - kAuto (the default): e4m3 experts that take DeepSeek's FP8 activations
   //   (fp8_expert_activations_for) as kGrouped, in the prefill expert blocks; others as kChunked;

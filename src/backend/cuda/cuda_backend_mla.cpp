@@ -375,7 +375,11 @@ bool CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView&
   // balanced over the GPU whatever the mix of context lengths. Smaller ones keep the fp32
   // kernel: their (token, head, split) blocks fill the GPU without the tiles' fixed cost, and
   // single-sequence decode stays at fp32 accuracy.
-  const bool head_tiles = !batch_invariant_ && num_tokens >= head_tile_min_tokens_ && mla_head_tiles_supported(dims);
+  const bool few_token_tiles =
+      !batch_invariant_ && num_tokens >= few_token_tiles_min_tokens_ && num_tokens <= few_token_tiles_max_tokens_ &&
+      few_token_tile_runs_ > 0;
+  const bool head_tiles = !batch_invariant_ && (num_tokens >= head_tile_min_tokens_ || few_token_tiles) &&
+                          mla_head_tiles_supported(dims);
   // The fp32 kernel's (token, head, split) blocks are small (four warps, a few KB of shared
   // memory), and a warp walks its positions one after another: many short splits finish sooner
   // than a few long ones, up to what fits on the GPU at once.
@@ -411,9 +415,14 @@ bool CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView&
   }
   // Head tiles balance the batch's work over a fixed number of blocks per head group, each
   // leaving one partial result per token it touched: at most blocks + tokens of them.
-  const int head_tile_blocks = tiles.empty() && head_tiles ? mla_head_tile_blocks(dims, num_sms_) : 0;
-  const int64_t num_partials = head_tile_blocks > 0 ? (head_tile_blocks + num_tokens) * int64_t{w.num_heads}
-                                                    : work * num_splits;
+  const int head_tile_blocks = !tiles.empty() || !head_tiles ? 0
+                               : few_token_tiles             ? few_token_tile_runs_
+                                                             : mla_head_tile_blocks(dims, num_sms_);
+  // (The few-token form leaves a slot per token, head and run, as the split kernel does.)
+  const int64_t num_partials = head_tile_blocks > 0 && !few_token_tiles
+                                   ? (head_tile_blocks + num_tokens) * int64_t{w.num_heads}
+                               : head_tile_blocks > 0 ? work * head_tile_blocks
+                                                      : work * num_splits;
   Tensor workspace = alloc_->cached({tiles.empty() ? num_partials * (w.kv_lora_rank + 2) : 1}, DType::kF32);
   Tensor work_starts = alloc_->cached({head_tile_blocks > 0 ? num_tokens + 1 : 1}, DType::kI32);
   Tensor q_latent = alloc_->cached({work * w.kv_lora_rank}, DType::kF32);
@@ -423,7 +432,8 @@ bool CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView&
                               split_len, workspace.as<float>(), q_latent.as<float>(), o_latent.as<float>(), out,
                               tiles.empty() ? nullptr : d_tiles.as<int32_t>(), static_cast<int>(tiles.size() / 2),
                               head_tile_blocks, work_starts.as<int32_t>(), !batch_invariant_, stream_,
-                              out_bf16.data, out_bf16.ld, cache_write, fixed_split_forms_, split_group);
+                              out_bf16.data, out_bf16.ld, cache_write, fixed_split_forms_, split_group,
+                              few_token_tiles && head_tile_blocks > 0, few_token_tiles_early_);
 }
 
 // latent = each context's cache entries (bf16, one after another), kv = latent · W_upᵀ.

@@ -197,7 +197,9 @@ void launch_mla_cache_write(const MlaDims& d, const MlaBatchView& b, const MlaCa
 // before the attention reads them; in steps of up to four tokens, inside the W_UK product's
 // launch. fixed_split_forms: the split kernel takes its forms for DeepSeek's widths where they
 // apply (the same bits as its generic form); split_group_positions (1 or 4): how many of its
-// positions a warp scores at once.
+// positions a warp scores at once. few_token_tiles (with head_tile_blocks at most 64) takes
+// launch_mla_decode_head_tiles_few_tokens instead of the planned head tiles, with
+// few_token_tiles_early as its early_first_chunk.
 bool launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* q, const float* w_uk,
                           const float* w_uv_t, const float* rope_cos, const float* rope_sin, const void* cache,
                           float softmax_scale, int num_splits, int split_len_tokens, float* workspace,
@@ -205,7 +207,8 @@ bool launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
                           int num_prefill_tiles, int head_tile_blocks, int32_t* work_starts, bool fast_forms,
                           Stream stream, uint16_t* out_bf16 = nullptr, int64_t ld_out_bf16 = 0,
                           const MlaCacheWrite* cache_write = nullptr, bool fixed_split_forms = true,
-                          int split_group_positions = 1);
+                          int split_group_positions = 1, bool few_token_tiles = false,
+                          bool few_token_tiles_early = true);
 
 // ---- the per-head products of absorbed MLA on tensor cores (head_gemm_tf32.cu) ----
 // y[t, h, n] = Σ_k x[t, h, k] · w[h, k, n] for num_tokens tokens and every head, fp32 in memory,
@@ -245,6 +248,14 @@ void launch_mla_decode_head_tiles(const MlaDims& d, const MlaBatchView& b, const
                                   const float* rope_cos, const float* rope_sin, const void* cache,
                                   float softmax_scale, int num_blocks, int32_t* work_starts, float* workspace,
                                   float* o_latent, Stream stream);
+// A step of few tokens in head tiles: num_blocks runs of each token's context per head group (at
+// most 64), their partial results in the split kernel's layout, workspace [T, H, num_blocks,
+// lora + 2], for that kernel's combine (launch_mla_attention). early_first_chunk: each block
+// requests its first chunk of older entries before its wait.
+void launch_mla_decode_head_tiles_few_tokens(const MlaDims& d, const MlaBatchView& b, const float* q,
+                                             const float* q_latent, const float* rope_cos, const float* rope_sin,
+                                             const void* cache, float softmax_scale, int num_blocks,
+                                             float* workspace, bool early_first_chunk, Stream stream);
 
 // ---- MLA prefill in the expanded form (mla_expanded.cu) ----
 // latent bf16 [num_positions, ld_latent] = the cache entries of positions 0..num_positions-1 of

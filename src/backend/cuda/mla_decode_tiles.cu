@@ -163,11 +163,13 @@ __global__ void __launch_bounds__(1024) plan_kernel(MlaBatchView b, int32_t* wor
 
 // The tile's rows (heads h0 .. h0 + count - 1 of token t) attend over cache positions
 // [begin, end) of the token's sequence; the unnormalised output, max and sum of row r go to
-// part + r * (lora + 2). Ends with the block synchronised: the shared memory may be reused.
+// part + r * row_stride (lora + 2 floats each). Ends with the block synchronised: the shared
+// memory may be reused.
 template <bool kFp8>
 __device__ void attend_segment(Smem& s, const MlaDims& d, const MlaBatchView& b, const float* q,
                                const float* q_latent, const float* rope_cos, const float* rope_sin, const void* cache,
-                               float softmax_scale, int t, int h0, int count, int begin, int end, float* part) {
+                               float softmax_scale, int t, int h0, int count, int begin, int end, float* part,
+                               int64_t row_stride, bool first_chunk_issued = false) {
   const int lora = d.kv_lora_rank, rope = d.qk_rope_head_dim, entry = lora + rope;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
   const int32_t* table = b.tables + b.table_offsets[b.token_seq[t]];
@@ -176,29 +178,52 @@ __device__ void attend_segment(Smem& s, const MlaDims& d, const MlaBatchView& b,
     const int p0 = begin + c * kChunk;
     load_chunk_any<kFp8>(s, c, d, cache, chunk_slot(table, d.block_size, p0), end - p0);
   };
-  start_cp_async_pipeline<kStages>(load_first, num_chunks);
+  // (first_chunk_issued: the caller issued and committed chunk 0's copies before its wait.)
+  if (!first_chunk_issued) start_cp_async_pipeline<kStages>(load_first, num_chunks);
   // The slot of the chunk loaded next, read one iteration ahead so that the table's latency is
   // off the loop's path.
   int64_t next_slot = kStages - 1 < num_chunks ? chunk_slot(table, d.block_size, begin + (kStages - 1) * kChunk) : 0;
 
-  // The tile's queries, q_lat | rotated q_rope (rows past count zero), in the last stage.
+  // The tile's queries, q_lat | rotated q_rope (rows past count zero), in the last stage. A
+  // thread issues all of its loads before its first store: a loop that stored each value as it
+  // arrived waited for one trip to L2 after another, 36 a thread, which at batch 1 cost more than
+  // the block's whole share of the cache.
   float (*q_s)[kLdEntry] = s.stage[kStages - 1];
   const int nope = d.qk_nope_head_dim, half = rope / 2, pos = b.positions[t];
-  for (int i = threadIdx.x; i < kRows * entry; i += kThreads) {
-    const int r = i / entry, c = i % entry;
-    float v = 0.0f;
-    if (r < count) {
-      const int64_t th = static_cast<int64_t>(t) * d.num_heads + h0 + r;
-      if (c < lora) {
-        v = q_latent[th * lora + c];
-      } else {
-        const int j = (c - lora) / 2;
-        const float* qr = q + th * (nope + rope) + nope;
+  {
+    constexpr int kLatentPieces = kRows * kMaxLora / 4 / kThreads;  // float4 a thread
+    constexpr int kRopeValues = kRows * (kMaxEntry - kMaxLora) / kThreads;
+    const int lora4 = lora / 4;  // lora is a multiple of 16
+    const int64_t th0 = static_cast<int64_t>(t) * d.num_heads + h0;
+    float4 lat[kLatentPieces];
+#pragma unroll
+    for (int u = 0; u < kLatentPieces; ++u) {
+      const int i = threadIdx.x + u * kThreads, r = i / lora4, c4 = i - r * lora4;
+      lat[u] = r < count ? *reinterpret_cast<const float4*>(q_latent + (th0 + r) * lora + 4 * c4)
+                         : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    float rot[kRopeValues];
+#pragma unroll
+    for (int u = 0; u < kRopeValues; ++u) {
+      const int i = threadIdx.x + u * kThreads, r = rope > 0 ? i / rope : kRows, c = i - r * rope;
+      rot[u] = 0.0f;
+      if (r < count) {
+        const int j = c / 2;
+        const float* qr = q + (th0 + r) * (nope + rope) + nope;
         const float cs = rope_cos[pos * half + j], sn = rope_sin[pos * half + j];
-        v = (c - lora) % 2 == 0 ? qr[2 * j] * cs - qr[2 * j + 1] * sn : qr[2 * j] * sn + qr[2 * j + 1] * cs;
+        rot[u] = c % 2 == 0 ? qr[2 * j] * cs - qr[2 * j + 1] * sn : qr[2 * j] * sn + qr[2 * j + 1] * cs;
       }
     }
-    q_s[r][c] = v;
+#pragma unroll
+    for (int u = 0; u < kLatentPieces; ++u) {
+      const int i = threadIdx.x + u * kThreads, r = i / lora4, c4 = i - r * lora4;
+      if (r < kRows) *reinterpret_cast<float4*>(&q_s[r][4 * c4]) = lat[u];
+    }
+#pragma unroll
+    for (int u = 0; u < kRopeValues; ++u) {
+      const int i = threadIdx.x + u * kThreads, r = rope > 0 ? i / rope : kRows, c = i - r * rope;
+      if (r < kRows) q_s[r][lora + c] = rot[u];
+    }
   }
   if (threadIdx.x < kRows) {
     s.row_max[threadIdx.x] = -FLT_MAX;
@@ -319,13 +344,13 @@ __device__ void attend_segment(Smem& s, const MlaDims& d, const MlaBatchView& b,
     for (int hi = 0; hi < 2; ++hi) {
       const int r = g + hi * 8;
       if (r < count)
-        *reinterpret_cast<float2*>(part + static_cast<int64_t>(r) * (lora + 2) + n0 + 2 * tq) =
+        *reinterpret_cast<float2*>(part + r * row_stride + n0 + 2 * tq) =
             make_float2(o[i][2 * hi], o[i][2 * hi + 1]);
     }
   }
   if (threadIdx.x < count) {
-    part[static_cast<int64_t>(threadIdx.x) * (lora + 2) + lora] = s.row_max[threadIdx.x];
-    part[static_cast<int64_t>(threadIdx.x) * (lora + 2) + lora + 1] = s.row_sum[threadIdx.x];
+    part[threadIdx.x * row_stride + lora] = s.row_max[threadIdx.x];
+    part[threadIdx.x * row_stride + lora + 1] = s.row_sum[threadIdx.x];
   }
   __syncthreads();
 }
@@ -362,8 +387,52 @@ __global__ void __launch_bounds__(kThreads, 2) decode_tiles_kernel(MlaDims d, Ml
     // start at its last block or after, so slots never collide.
     float* part = workspace + ((static_cast<int64_t>(blk) + t) * d.num_heads + h0) * (lora + 2);
     attend_segment<kFp8>(s, d, b, q, q_latent, rope_cos, rope_sin, cache, softmax_scale, t, h0, count,
-                   static_cast<int>(c_lo) * kChunk, min(static_cast<int>(c_hi) * kChunk, num_ctx), part);
+                   static_cast<int>(c_lo) * kChunk, min(static_cast<int>(c_hi) * kChunk, num_ctx), part, lora + 2);
   }
+}
+
+// A step of few tokens: block (head group, b, t) takes the b-th of num_blocks equal runs of
+// token t's context chunks, without a plan (the run follows from the token's position), and
+// leaves its rows' partial results where the split kernel leaves split b's (workspace [T, H,
+// num_blocks, lora + 2]), for that kernel's combine, which loads all of a head's slots at once. A
+// block without chunks leaves a sum of zero, which the combine skips. At batch 1 the planned
+// form spread one token's 64 chunks over 264 blocks, each loading all 16 heads' queries for a
+// quarter chunk, and its combine walked each head's slots in one warp.
+template <bool kFp8>
+__global__ void __launch_bounds__(kThreads, 2)
+    decode_tiles_few_tokens_kernel(MlaDims d, MlaBatchView b, const float* q, const float* q_latent,
+                                   const float* rope_cos, const float* rope_sin, const void* cache,
+                                   float softmax_scale, int num_blocks, float* workspace, bool early_first_chunk) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  Smem& s = *reinterpret_cast<Smem*>(smem_raw);
+  const int h0 = blockIdx.x * kRows, blk = blockIdx.y, t = blockIdx.z;
+  const int count = min(kRows, d.num_heads - h0), lora = d.kv_lora_rank;
+  // The step's positions and block tables, and cache entries older than the step's own (which
+  // the launch just before writes), may be read before the wait (kernel_launch.cuh). A token
+  // reads new entries only of its own sequence, at most T - 1 positions before its own: the
+  // first chunk's copies are issued here where the chunk ends before those.
+  const int num_ctx = b.positions[t] + 1, num_chunks = (num_ctx + kChunk - 1) / kChunk;
+  const int c_lo = static_cast<int>(int64_t{blk} * num_chunks / num_blocks);
+  const int c_hi = static_cast<int>(int64_t{blk + 1} * num_chunks / num_blocks);
+  const bool early = early_first_chunk && c_lo < c_hi && (c_lo + 1) * kChunk <= num_ctx - b.num_tokens;
+  if (early) {
+    const int32_t* table = b.tables + b.table_offsets[b.token_seq[t]];
+    const int p0 = c_lo * kChunk;
+    load_chunk_any<kFp8>(s, 0, d, cache, chunk_slot(table, d.block_size, p0), num_ctx - p0);
+    cp_async_commit();
+  }
+  await_previous_kernels();
+  const int64_t row_stride = int64_t{num_blocks} * (lora + 2);
+  float* part = workspace + ((static_cast<int64_t>(t) * d.num_heads + h0) * num_blocks + blk) * (lora + 2);
+  if (c_lo >= c_hi) {
+    if (threadIdx.x < count) {
+      part[threadIdx.x * row_stride + lora] = -FLT_MAX;
+      part[threadIdx.x * row_stride + lora + 1] = 0.0f;
+    }
+    return;
+  }
+  attend_segment<kFp8>(s, d, b, q, q_latent, rope_cos, rope_sin, cache, softmax_scale, t, h0, count, c_lo * kChunk,
+                       min(c_hi * kChunk, num_ctx), part, row_stride, early);
 }
 
 // One warp per (token, head), kWarps of them per block: merges the token's slots, one per block
@@ -443,8 +512,8 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(MlaDims d, int num_to
 }  // namespace
 
 bool mla_head_tiles_supported(const MlaDims& d) {
-  return mla_tile_shapes_supported(d) && d.kv_lora_rank <= kMaxLora &&
-         d.kv_lora_rank + d.qk_rope_head_dim <= kMaxEntry && d.block_size % kChunk == 0 &&
+  return mla_tile_shapes_supported(d) && d.kv_lora_rank <= kMaxLora && d.qk_rope_head_dim <= kMaxEntry - kMaxLora &&
+         d.block_size % kChunk == 0 &&
          (!d.cache_fp8 || d.cache_entry_bytes <= kMaxFp8Entry);
 }
 
@@ -494,6 +563,22 @@ void launch_mla_decode_head_tiles(const MlaDims& d, const MlaBatchView& b, const
   const bool many_slots = num_blocks > kManySlotsPerToken * b.num_tokens;
   launch_kernel(many_slots ? combine_kernel<4> : combine_kernel<1>, combine_blocks, kThreads, 0, stream, d,
                 b.num_tokens, num_blocks, work_starts, workspace, o_latent);
+  DS_CUDA_CHECK_LAUNCH();
+}
+
+void launch_mla_decode_head_tiles_few_tokens(const MlaDims& d, const MlaBatchView& b, const float* q,
+                                             const float* q_latent, const float* rope_cos, const float* rope_sin,
+                                             const void* cache, float softmax_scale, int num_blocks,
+                                             float* workspace, bool early_first_chunk, Stream stream) {
+  DS_CHECK(mla_head_tiles_supported(d) && num_blocks >= 1 && num_blocks <= 65535 && d.num_heads <= 65535 &&
+           b.num_tokens <= 65535);
+  if (b.num_tokens == 0) return;
+  allow_shared_bytes<decode_tiles_few_tokens_kernel<false>>(smem_bytes(false));
+  allow_shared_bytes<decode_tiles_few_tokens_kernel<true>>(smem_bytes(true));
+  const dim3 grid((d.num_heads + kRows - 1) / kRows, num_blocks, b.num_tokens);
+  launch_kernel(d.cache_fp8 ? decode_tiles_few_tokens_kernel<true> : decode_tiles_few_tokens_kernel<false>, grid,
+                kThreads, smem_bytes(d.cache_fp8), stream, d, b, q, q_latent, rope_cos, rope_sin, cache,
+                softmax_scale, num_blocks, workspace, early_first_chunk);
   DS_CUDA_CHECK_LAUNCH();
 }
 

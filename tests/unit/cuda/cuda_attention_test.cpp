@@ -40,6 +40,14 @@ struct QueryProjection {
 
 class CudaAttentionTest : public CudaVsCpuTest {
  protected:
+  // Steps of this many tokens run in head tiles on gpu_ (TF32 products): the backend's default
+  // bounds, unless a test sets others.
+  int few_token_tiles_min_ = 4, few_token_tiles_max_ = 8;
+  // Makes gpu_ attend in the split kernel at every size below 16 tokens.
+  void pin_split_kernel() {
+    gpu_ = make_backend_with_env("cuda", "DSINFER_MLA_FEW_TOKEN_TILES", "0");
+    few_token_tiles_max_ = 0;
+  }
   // other_gpu: a second CUDA backend that must give the same bits as the first.
   void run_case(const Dims& d, const std::vector<SeqSpec>& seqs, uint32_t seed,
                 KvCacheFormat format = KvCacheFormat::kF32, Backend* other_gpu = nullptr,
@@ -174,7 +182,8 @@ class CudaAttentionTest : public CudaVsCpuTest {
     EXPECT_LT(relative_error(cache_after[1], cache_after[0]), fp8 ? 1e-2 : 1e-5) << "cache after the step";
     // Prefill chunks of 16 tokens or more, and decode batches of 16 tokens or more, run on
     // tensor cores (bf16 or TF32 operands, fp32 softmax and sums);
-    // smaller decode batches, and all decode in batch-invariant mode, stay in fp32.
+    // smaller decode batches (but those in few_token_tiles_min_..max_ tokens), and all decode in
+    // batch-invariant mode, stay in fp32.
     const char* invariant_env = std::getenv("DSINFER_BATCH_INVARIANT");
     const bool invariant = invariant_env != nullptr && std::string(invariant_env) == "1";
     bool prefill_chunk = false;
@@ -182,7 +191,7 @@ class CudaAttentionTest : public CudaVsCpuTest {
     // An FP8 cache widens its entries to fp32 in every kernel that reads them (decode batches
     // of 16 tokens or more: in the head tiles, TF32), over entries that may differ by one e4m3
     // step where they were just written.
-    const bool fp32 = !prefill_chunk && (invariant || t < 16);
+    const bool fp32 = !prefill_chunk && (invariant || t < 16) && !(t >= few_token_tiles_min_ && t <= few_token_tiles_max_);
     EXPECT_LT(relative_error(out[1], out[0]), fp32 && !fp8 ? 1e-4 : 2e-2) << "attention output";
     if (other_gpu != nullptr) {
       EXPECT_EQ(out[2], out[1]) << "attention output on the second CUDA backend";
@@ -211,7 +220,10 @@ TEST_F(CudaAttentionTest, SplitKernelOfDeepSeekWidthsGivesTheGenericFormsBits) {
   // fixed offsets; DSINFER_MLA_SPLIT_GENERIC=1 takes the form that reads the widths from
   // MlaDims. Same columns a lane, same order of sums: the same bits, for one and several
   // sequences, contexts from one position to past 2k, and splits left empty.
+  pin_split_kernel();
+  setenv("DSINFER_MLA_FEW_TOKEN_TILES", "0", 1);
   auto generic = make_backend_with_env("cuda", "DSINFER_MLA_SPLIT_GENERIC", "1");
+  unsetenv("DSINFER_MLA_FEW_TOKEN_TILES");
   for (KvCacheFormat format : {KvCacheFormat::kF32, KvCacheFormat::kFp8}) {
     run_case(kV3Dims, {{2100, 1}}, 800, format, generic.get());
     run_case(kV3Dims, {{0, 1}, {700, 1}, {63, 1}, {64, 1}, {1500, 1}}, 810, format, generic.get());
@@ -225,6 +237,8 @@ TEST_F(CudaAttentionTest, SplitKernelScoringOneOrFourPositionsAtOnceFollowsTheCp
   // within the fp32 bound of the CPU, for both caches, both kernel forms (DeepSeek's widths
   // and the generic one), groups cut short by a split's end and splits left empty. And the
   // fixed and generic forms of each keep the same bits.
+  setenv("DSINFER_MLA_FEW_TOKEN_TILES", "0", 1);  // steps of 4 to 8 tokens in the split kernel too
+  few_token_tiles_max_ = 0;
   for (const char* group : {"1", "4"}) {
     SCOPED_TRACE(std::string("DSINFER_MLA_SPLIT_GROUP=") + group);
     gpu_ = make_backend_with_env("cuda", "DSINFER_MLA_SPLIT_GROUP", group);
@@ -240,6 +254,7 @@ TEST_F(CudaAttentionTest, SplitKernelScoringOneOrFourPositionsAtOnceFollowsTheCp
     run_case(kV3Dims, {{1300, 1}, {5, 1}}, 940, KvCacheFormat::kF32, generic.get());
     run_case(kV3Dims, {{2100, 1}}, 950, KvCacheFormat::kFp8, generic.get());
   }
+  unsetenv("DSINFER_MLA_FEW_TOKEN_TILES");
 }
 
 TEST_F(CudaAttentionTest, CacheWriteBesideTheQueryProductGivesTheSameBits) {
@@ -320,6 +335,46 @@ TEST_F(CudaAttentionTest, HeadTilesBalanceMixedContextLengths) {
   std::vector<SeqSpec> many;
   for (int i = 0; i < 300; ++i) many.push_back({(i * 37) % 400, 1});
   run_case(kTinyDims, many, 2100);
+}
+
+// Steps of few tokens may attend in head tiles without a plan (DSINFER_MLA_FEW_TOKEN_TILES=N:
+// N runs of each token's context per head group, merged by the split kernel's combine; up to
+// DSINFER_MLA_FEW_TOKEN_TILES_MAX tokens): contexts of one position, of fewer chunks than runs
+// (runs left empty, which the combine must skip) and of many, both caches, a second and partly
+// empty head tile, against the CPU; a step of more tokens beside them takes the kernels of its
+// size.
+TEST_F(CudaAttentionTest, FewTokensInHeadTilesFollowTheCpu) {
+  setenv("DSINFER_MLA_FEW_TOKEN_TILES_MIN", "1", 1);
+  setenv("DSINFER_MLA_FEW_TOKEN_TILES_MAX", "3", 1);
+  for (const char* runs : {"64", "32", "7"}) {
+    SCOPED_TRACE(std::string("DSINFER_MLA_FEW_TOKEN_TILES=") + runs);
+    gpu_ = make_backend_with_env("cuda", "DSINFER_MLA_FEW_TOKEN_TILES", runs);
+    few_token_tiles_min_ = 1;
+    few_token_tiles_max_ = 3;
+    for (KvCacheFormat format : {KvCacheFormat::kF32, KvCacheFormat::kFp8}) {
+      run_case(kV3Dims, {{2100, 1}}, 4000, format);
+      run_case(kV3Dims, {{0, 1}}, 4010, format);
+      run_case(kV3Dims, {{40, 1}, {1023, 1}}, 4020, format);
+      run_case(kV3Dims, {{1023, 1}, {5, 1}, {77, 1}, {300, 1}}, 4030, format);
+    }
+    run_case({20, 32, 16, 24, 20}, {{700, 1}}, 4040);
+    run_case(kTinyDims, {{3000, 1}, {64, 1}}, 4050);
+  }
+  // The blocks request a first chunk ahead of their wait where it ends before the entries the
+  // launch before writes: the token's own, and those of the step's tokens before it in its
+  // sequence (three new tokens of one sequence here, each attending to the ones before it);
+  // DSINFER_MLA_FEW_TOKEN_TILES_EARLY=0 requests it after the wait.
+  for (const char* early : {"1", "0"}) {
+    SCOPED_TRACE(std::string("DSINFER_MLA_FEW_TOKEN_TILES_EARLY=") + early);
+    setenv("DSINFER_MLA_FEW_TOKEN_TILES_EARLY", early, 1);
+    gpu_ = make_backend_with_env("cuda", "DSINFER_MLA_FEW_TOKEN_TILES", "32");
+    run_case(kV3Dims, {{2100, 1}}, 4060);
+    run_case(kV3Dims, {{46, 3}}, 4070);
+    run_case(kV3Dims, {{40, 1}, {94, 2}}, 4080, KvCacheFormat::kFp8);
+  }
+  unsetenv("DSINFER_MLA_FEW_TOKEN_TILES_EARLY");
+  unsetenv("DSINFER_MLA_FEW_TOKEN_TILES_MIN");
+  unsetenv("DSINFER_MLA_FEW_TOKEN_TILES_MAX");
 }
 
 TEST_F(CudaAttentionTest, LongPrefillChunkAfterCachedPrefix) {
