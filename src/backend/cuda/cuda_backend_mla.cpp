@@ -372,9 +372,10 @@ bool CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView&
   }
   // Decode batches of head_tile_min_tokens_ tokens or more run in head tiles on tensor cores (up
   // to 16 heads of a token per block, sharing its cache reads; TF32 products), their work
-  // balanced over the GPU whatever the mix of context lengths. Smaller ones keep the fp32
-  // kernel: their (token, head, split) blocks fill the GPU without the tiles' fixed cost, and
-  // single-sequence decode stays at fp32 accuracy.
+  // balanced over the GPU whatever the mix of context lengths. Steps of 4 to 8 tokens take the
+  // tiles too, each token's context cut into a fixed number of runs without the plan. Other
+  // smaller steps keep the fp32 kernel: their (token, head, split) blocks fill the GPU without
+  // the tiles' fixed cost, and single-sequence decode stays at fp32 accuracy.
   const bool few_token_tiles =
       !batch_invariant_ && num_tokens >= few_token_tiles_min_tokens_ && num_tokens <= few_token_tiles_max_tokens_ &&
       few_token_tile_runs_ > 0;

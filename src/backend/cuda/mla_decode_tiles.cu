@@ -395,9 +395,10 @@ __global__ void __launch_bounds__(kThreads, 2) decode_tiles_kernel(MlaDims d, Ml
 // token t's context chunks, without a plan (the run follows from the token's position), and
 // leaves its rows' partial results where the split kernel leaves split b's (workspace [T, H,
 // num_blocks, lora + 2]), for that kernel's combine, which loads all of a head's slots at once. A
-// block without chunks leaves a sum of zero, which the combine skips. At batch 1 the planned
-// form spread one token's 64 chunks over 264 blocks, each loading all 16 heads' queries for a
-// quarter chunk, and its combine walked each head's slots in one warp.
+// block without chunks leaves a sum of zero, which the combine skips. Why not the planned form
+// at a few tokens: it adds the plan's launch to the chain, cuts a token's 64 chunks (1k
+// positions) over 264 blocks or so, each staging all 16 heads' queries for a fraction of a
+// chunk, and its combine walks each head's many pieces in one warp.
 template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, 2)
     decode_tiles_few_tokens_kernel(MlaDims d, MlaBatchView b, const float* q, const float* q_latent,
