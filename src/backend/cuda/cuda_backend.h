@@ -348,8 +348,9 @@ class CudaBackend final : public Backend {
   // batch-1 and 2 decode ran 0.7% and 1.7% slower with it, a 4 x 4k bf16 prefill 1% faster.
   // DSINFER_MOE_COMBINE_IN_NORM=0: never; =1: every step.
   int64_t combine_in_norm_min_rows_ = 512;
-  // Decode batches of this many tokens or more attend in head tiles (mla_decode_tiles.cu);
-  // smaller ones in the fp32 split kernel (DSINFER_MLA_HEAD_TILE_MIN_TOKENS).
+  // Decode batches of this many tokens or more attend in planned head tiles
+  // (mla_decode_tiles.cu); smaller ones in the fp32 split kernel, or in the few-token tiles below
+  // (DSINFER_MLA_HEAD_TILE_MIN_TOKENS).
   int head_tile_min_tokens_ = 16;
   // Steps of few_token_tiles_min_tokens_ to few_token_tiles_max_tokens_ tokens attend in head
   // tiles of this many runs of each token's context per head group, without a plan (at most 64;

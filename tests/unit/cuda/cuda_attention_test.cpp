@@ -215,7 +215,8 @@ TEST_F(CudaAttentionTest, LongContextDecodeSplitsTheContext) {
 }
 
 TEST_F(CudaAttentionTest, SplitKernelOfDeepSeekWidthsGivesTheGenericFormsBits) {
-  // Decode steps of fewer than 16 tokens attend in the split kernel, whose forms for 512 latent
+  // Decode steps of fewer than 16 tokens may attend in the split kernel (pinned here: steps of 4
+  // to 8 tokens take the few-token head tiles by default), whose forms for 512 latent
   // and 64 rope columns in 64-position blocks (fp32 and FP8 caches) read each lane's columns at
   // fixed offsets; DSINFER_MLA_SPLIT_GENERIC=1 takes the form that reads the widths from
   // MlaDims. Same columns a lane, same order of sums: the same bits, for one and several
