@@ -357,7 +357,7 @@ class CudaBackend final : public Backend {
   // DSINFER_MLA_FEW_TOKEN_TILES; 0: the split kernel), their blocks requesting a first chunk of
   // older entries before their wait (DSINFER_MLA_FEW_TOKEN_TILES_EARLY=0: after it).
   // On the H200 (V2-Lite, 1k contexts) 32 runs took decode at batch 4 and 8 up 5–9% against the
-  // split kernel; at batch 1 and 2 the split kernel stays ahead (4–8% and 0–1%), at 12 they tie.
+  // split kernel; at batch 1 and 2 the split kernel stays ahead (3–8% and 0–1%), at 12 they tie.
   int few_token_tile_runs_ = 32;
   int few_token_tiles_min_tokens_ = 4;  // DSINFER_MLA_FEW_TOKEN_TILES_MIN
   int few_token_tiles_max_tokens_ = 8;  // DSINFER_MLA_FEW_TOKEN_TILES_MAX
