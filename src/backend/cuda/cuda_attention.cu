@@ -748,37 +748,35 @@ bool launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
     launch_mla_prefill_attention(d, b, q, q_latent, rope_cos, rope_sin, static_cast<const float*>(cache),
                                  softmax_scale, prefill_tiles,
                                  num_prefill_tiles, o_latent, stream);
-  } else if (head_tile_blocks > 0 && few_token_tiles) {
-    // Each token's runs in the split kernel's layout, merged by that kernel's combine.
-    DS_CHECK(head_tile_blocks <= kMaxSplits);
-    launch_mla_decode_head_tiles_few_tokens(d, b, q, q_latent, rope_cos, rope_sin, cache, softmax_scale,
-                                            head_tile_blocks, workspace, few_token_tiles_early, stream);
-    const dim3 grid2(b.num_tokens, d.num_heads, (d.kv_lora_rank + kCombineCols - 1) / kCombineCols);
-    launch_kernel(attention_combine_kernel, grid2, kCombineWarps * 32, 0, stream, d, head_tile_blocks, workspace,
-                  o_latent);
-    DS_CUDA_CHECK_LAUNCH();
   } else if (head_tile_blocks > 0) {
     launch_mla_decode_head_tiles(d, b, q, q_latent, rope_cos, rope_sin, cache, softmax_scale, head_tile_blocks,
                                  work_starts, workspace, o_latent, stream);
   } else {
-    // Partial results per (token, head, split) from the fp32 kernel, then merged: DeepSeek's
-    // widths (512 latent, 64 rope columns) in 64-position blocks take the fixed forms.
-    const bool fixed =
-        fixed_split_forms && d.kv_lora_rank == 512 && d.qk_rope_head_dim == 64 && d.block_size == 64;
-    DS_CHECK(split_group_positions == 1 || split_group_positions == 4);
-    const bool grouped = split_group_positions == 4;
-    const auto partial_kernel =
-        !fixed        ? (grouped ? attention_partial_kernel<0, 0, 0, -1, 4> : attention_partial_kernel<0, 0, 0, -1, 1>)
-        : d.cache_fp8 ? (grouped ? attention_partial_kernel<512, 64, 64, 1, 4>
-                                 : attention_partial_kernel<512, 64, 64, 1, 1>)
-                      : (grouped ? attention_partial_kernel<512, 64, 64, 0, 4>
-                                 : attention_partial_kernel<512, 64, 64, 0, 1>);
-    constexpr int kMaxGridY = 65535;
-    for (int token_base = 0; token_base < b.num_tokens; token_base += kMaxGridY) {
-      const dim3 grid(d.num_heads, std::min(kMaxGridY, b.num_tokens - token_base), num_splits);
-      launch_kernel(partial_kernel, grid, kThreads, 0, stream, d, b, q, q_latent, rope_cos, rope_sin, cache,
-                    softmax_scale, num_splits, split_len_tokens, token_base, workspace, cache_just_written);
-      DS_CUDA_CHECK_LAUNCH();
+    // Partial results per (token, head, split), then merged: from head tiles of each token's
+    // num_splits runs (few_token_tiles), or from the fp32 kernel, where DeepSeek's widths (512
+    // latent, 64 rope columns) in 64-position blocks take the fixed forms.
+    if (few_token_tiles) {
+      launch_mla_decode_head_tiles_few_tokens(d, b, q, q_latent, rope_cos, rope_sin, cache, softmax_scale,
+                                              num_splits, workspace, few_token_tiles_early, stream);
+    } else {
+      const bool fixed =
+          fixed_split_forms && d.kv_lora_rank == 512 && d.qk_rope_head_dim == 64 && d.block_size == 64;
+      DS_CHECK(split_group_positions == 1 || split_group_positions == 4);
+      const bool grouped = split_group_positions == 4;
+      const auto partial_kernel =
+          !fixed        ? (grouped ? attention_partial_kernel<0, 0, 0, -1, 4>
+                                   : attention_partial_kernel<0, 0, 0, -1, 1>)
+          : d.cache_fp8 ? (grouped ? attention_partial_kernel<512, 64, 64, 1, 4>
+                                   : attention_partial_kernel<512, 64, 64, 1, 1>)
+                        : (grouped ? attention_partial_kernel<512, 64, 64, 0, 4>
+                                   : attention_partial_kernel<512, 64, 64, 0, 1>);
+      constexpr int kMaxGridY = 65535;
+      for (int token_base = 0; token_base < b.num_tokens; token_base += kMaxGridY) {
+        const dim3 grid(d.num_heads, std::min(kMaxGridY, b.num_tokens - token_base), num_splits);
+        launch_kernel(partial_kernel, grid, kThreads, 0, stream, d, b, q, q_latent, rope_cos, rope_sin, cache,
+                      softmax_scale, num_splits, split_len_tokens, token_base, workspace, cache_just_written);
+        DS_CUDA_CHECK_LAUNCH();
+      }
     }
     const dim3 grid2(b.num_tokens, d.num_heads, (d.kv_lora_rank + kCombineCols - 1) / kCombineCols);
     launch_kernel(attention_combine_kernel, grid2, kCombineWarps * 32, 0, stream, d, num_splits, workspace,

@@ -373,18 +373,20 @@ bool CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView&
   // Decode batches of head_tile_min_tokens_ tokens or more run in head tiles on tensor cores (up
   // to 16 heads of a token per block, sharing its cache reads; TF32 products), their work
   // balanced over the GPU whatever the mix of context lengths. Steps of 4 to 8 tokens take the
-  // tiles too, each token's context cut into a fixed number of runs without the plan. Other
-  // smaller steps keep the fp32 kernel: their (token, head, split) blocks fill the GPU without
-  // the tiles' fixed cost, and single-sequence decode stays at fp32 accuracy.
-  const bool few_token_tiles =
-      !batch_invariant_ && num_tokens >= few_token_tiles_min_tokens_ && num_tokens <= few_token_tiles_max_tokens_ &&
-      few_token_tile_runs_ > 0;
-  const bool head_tiles = !batch_invariant_ && (num_tokens >= head_tile_min_tokens_ || few_token_tiles) &&
+  // split path with its splits made by the tiles (few_token_tile_runs_ of them a token, without
+  // the plan). Other smaller steps keep the fp32 kernel: their (token, head, split) blocks fill
+  // the GPU without the tiles' fixed cost, and single-sequence decode stays at fp32 accuracy.
+  bool few_token_tiles = !batch_invariant_ && num_tokens >= few_token_tiles_min_tokens_ &&
+                         num_tokens <= few_token_tiles_max_tokens_ && few_token_tile_runs_ > 0 &&
+                         mla_head_tiles_supported(dims);
+  const bool head_tiles = !batch_invariant_ && !few_token_tiles && num_tokens >= head_tile_min_tokens_ &&
                           mla_head_tiles_supported(dims);
   // The fp32 kernel's (token, head, split) blocks are small (four warps, a few KB of shared
   // memory), and a warp walks its positions one after another: many short splits finish sooner
   // than a few long ones, up to what fits on the GPU at once.
-  if (!batch_invariant_ && !head_tiles && work < kSplitBlocksPerSm * num_sms_)
+  if (few_token_tiles)
+    num_splits = few_token_tile_runs_;
+  else if (!batch_invariant_ && !head_tiles && work < kSplitBlocksPerSm * num_sms_)
     num_splits = static_cast<int>(std::min<int64_t>((kSplitBlocksPerSm * num_sms_ + work - 1) / work, 64));
   // Grids that fit in one wave at kSplitBlocksPerSm blocks an SM score four positions a warp at
   // once (127 registers: four blocks an SM), which took 1.1-1.5% off V2-Lite's batch-1 step;
@@ -413,17 +415,13 @@ bool CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView&
   if (!tiles.empty()) {
     d_tiles = upload_ints(tiles);
     num_splits = 1;
+    few_token_tiles = false;
   }
   // Head tiles balance the batch's work over a fixed number of blocks per head group, each
   // leaving one partial result per token it touched: at most blocks + tokens of them.
-  const int head_tile_blocks = !tiles.empty() || !head_tiles ? 0
-                               : few_token_tiles             ? few_token_tile_runs_
-                                                             : mla_head_tile_blocks(dims, num_sms_);
-  // (The few-token form leaves a slot per token, head and run, as the split kernel does.)
-  const int64_t num_partials = head_tile_blocks > 0 && !few_token_tiles
-                                   ? (head_tile_blocks + num_tokens) * int64_t{w.num_heads}
-                               : head_tile_blocks > 0 ? work * head_tile_blocks
-                                                      : work * num_splits;
+  const int head_tile_blocks = tiles.empty() && head_tiles ? mla_head_tile_blocks(dims, num_sms_) : 0;
+  const int64_t num_partials = head_tile_blocks > 0 ? (head_tile_blocks + num_tokens) * int64_t{w.num_heads}
+                                                    : work * num_splits;
   Tensor workspace = alloc_->cached({tiles.empty() ? num_partials * (w.kv_lora_rank + 2) : 1}, DType::kF32);
   Tensor work_starts = alloc_->cached({head_tile_blocks > 0 ? num_tokens + 1 : 1}, DType::kI32);
   Tensor q_latent = alloc_->cached({work * w.kv_lora_rank}, DType::kF32);
@@ -434,7 +432,7 @@ bool CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView&
                               tiles.empty() ? nullptr : d_tiles.as<int32_t>(), static_cast<int>(tiles.size() / 2),
                               head_tile_blocks, work_starts.as<int32_t>(), !batch_invariant_, stream_,
                               out_bf16.data, out_bf16.ld, cache_write, fixed_split_forms_, split_group,
-                              few_token_tiles && head_tile_blocks > 0, few_token_tiles_early_);
+                              few_token_tiles, few_token_tiles_early_);
 }
 
 // latent = each context's cache entries (bf16, one after another), kv = latent · W_upᵀ.

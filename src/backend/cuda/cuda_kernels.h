@@ -197,9 +197,9 @@ void launch_mla_cache_write(const MlaDims& d, const MlaBatchView& b, const MlaCa
 // before the attention reads them; in steps of up to four tokens, inside the W_UK product's
 // launch. fixed_split_forms: the split kernel takes its forms for DeepSeek's widths where they
 // apply (the same bits as its generic form); split_group_positions (1 or 4): how many of its
-// positions a warp scores at once. few_token_tiles (with head_tile_blocks at most 64) takes
-// launch_mla_decode_head_tiles_few_tokens instead of the planned head tiles, with
-// few_token_tiles_early as its early_first_chunk.
+// positions a warp scores at once. few_token_tiles: the splits' partial results come from
+// launch_mla_decode_head_tiles_few_tokens (num_splits runs a token; few_token_tiles_early as its
+// early_first_chunk) instead of the split kernel, and the split path's combine merges them.
 bool launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* q, const float* w_uk,
                           const float* w_uv_t, const float* rope_cos, const float* rope_sin, const void* cache,
                           float softmax_scale, int num_splits, int split_len_tokens, float* workspace,
@@ -250,8 +250,8 @@ void launch_mla_decode_head_tiles(const MlaDims& d, const MlaBatchView& b, const
                                   float* o_latent, Stream stream);
 // A step of few tokens in head tiles: num_blocks runs of each token's context per head group (at
 // most 64), their partial results in the split kernel's layout, workspace [T, H, num_blocks,
-// lora + 2], for that kernel's combine (launch_mla_attention). early_first_chunk: each block
-// requests its first chunk of older entries before its wait.
+// lora + 2], for that kernel's combine (launch_mla_attention's split path). early_first_chunk:
+// each block requests its first chunk of older entries before its wait.
 void launch_mla_decode_head_tiles_few_tokens(const MlaDims& d, const MlaBatchView& b, const float* q,
                                              const float* q_latent, const float* rope_cos, const float* rope_sin,
                                              const void* cache, float softmax_scale, int num_blocks,

@@ -43,11 +43,6 @@ class CudaAttentionTest : public CudaVsCpuTest {
   // Steps of this many tokens run in head tiles on gpu_ (TF32 products): the backend's default
   // bounds, unless a test sets others.
   int few_token_tiles_min_ = 4, few_token_tiles_max_ = 8;
-  // Makes gpu_ attend in the split kernel at every size below 16 tokens.
-  void pin_split_kernel() {
-    gpu_ = make_backend_with_env("cuda", "DSINFER_MLA_FEW_TOKEN_TILES", "0");
-    few_token_tiles_max_ = 0;
-  }
   // other_gpu: a second CUDA backend that must give the same bits as the first.
   void run_case(const Dims& d, const std::vector<SeqSpec>& seqs, uint32_t seed,
                 KvCacheFormat format = KvCacheFormat::kF32, Backend* other_gpu = nullptr,
@@ -221,8 +216,9 @@ TEST_F(CudaAttentionTest, SplitKernelOfDeepSeekWidthsGivesTheGenericFormsBits) {
   // fixed offsets; DSINFER_MLA_SPLIT_GENERIC=1 takes the form that reads the widths from
   // MlaDims. Same columns a lane, same order of sums: the same bits, for one and several
   // sequences, contexts from one position to past 2k, and splits left empty.
-  pin_split_kernel();
   setenv("DSINFER_MLA_FEW_TOKEN_TILES", "0", 1);
+  few_token_tiles_max_ = 0;
+  gpu_ = make_backend("cuda");
   auto generic = make_backend_with_env("cuda", "DSINFER_MLA_SPLIT_GENERIC", "1");
   unsetenv("DSINFER_MLA_FEW_TOKEN_TILES");
   for (KvCacheFormat format : {KvCacheFormat::kF32, KvCacheFormat::kFp8}) {
