@@ -376,11 +376,10 @@ bool CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView&
   // split path with its splits made by the tiles (few_token_tile_runs_ of them a token, without
   // the plan). Other smaller steps keep the fp32 kernel: their (token, head, split) blocks fill
   // the GPU without the tiles' fixed cost, and single-sequence decode stays at fp32 accuracy.
-  bool few_token_tiles = !batch_invariant_ && num_tokens >= few_token_tiles_min_tokens_ &&
-                         num_tokens <= few_token_tiles_max_tokens_ && few_token_tile_runs_ > 0 &&
-                         mla_head_tiles_supported(dims);
-  const bool head_tiles = !batch_invariant_ && !few_token_tiles && num_tokens >= head_tile_min_tokens_ &&
-                          mla_head_tiles_supported(dims);
+  const bool tiles_allowed = !batch_invariant_ && mla_head_tiles_supported(dims);
+  bool few_token_tiles = tiles_allowed && num_tokens >= few_token_tiles_min_tokens_ &&
+                         num_tokens <= few_token_tiles_max_tokens_ && few_token_tile_runs_ > 0;
+  const bool head_tiles = tiles_allowed && !few_token_tiles && num_tokens >= head_tile_min_tokens_;
   // The fp32 kernel's (token, head, split) blocks are small (four warps, a few KB of shared
   // memory), and a warp walks its positions one after another: many short splits finish sooner
   // than a few long ones, up to what fits on the GPU at once.

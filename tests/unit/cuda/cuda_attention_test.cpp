@@ -186,7 +186,8 @@ class CudaAttentionTest : public CudaVsCpuTest {
     // An FP8 cache widens its entries to fp32 in every kernel that reads them (decode batches
     // of 16 tokens or more: in the head tiles, TF32), over entries that may differ by one e4m3
     // step where they were just written.
-    const bool fp32 = !prefill_chunk && (invariant || t < 16) && !(t >= few_token_tiles_min_ && t <= few_token_tiles_max_);
+    const bool in_few_token_tiles = t >= few_token_tiles_min_ && t <= few_token_tiles_max_;
+    const bool fp32 = !prefill_chunk && (invariant || t < 16) && !in_few_token_tiles;
     EXPECT_LT(relative_error(out[1], out[0]), fp32 && !fp8 ? 1e-4 : 2e-2) << "attention output";
     if (other_gpu != nullptr) {
       EXPECT_EQ(out[2], out[1]) << "attention output on the second CUDA backend";
