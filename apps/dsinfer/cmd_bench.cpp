@@ -24,6 +24,7 @@
 #include "backend/device_clocks.h"
 #include "bench_report.h"
 #include "bench_workload.h"
+#include "engine_options.h"
 #include "command.h"
 #include "core/thread_pool.h"
 #include "model/deepseek_model.h"
@@ -135,8 +136,8 @@ int run_bench(int argc, char** argv) {
   app.add_option("--max-batched-tokens", wl.max_num_batched_tokens, "--workload: token budget per engine step")
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--max-num-seqs", wl.max_num_seqs, "--workload: requests running at once")->check(CLI::Range(1, 1 << 16));
-  app.add_flag("--async-scheduling", wl.async_scheduling,
-               "--workload: launch each engine step before the previous one's tokens are back");
+  int async_scheduling = -1;
+  add_async_scheduling_options(app, async_scheduling, "--workload: ");
   app.add_option("--num-kv-blocks", wl.num_kv_blocks, "--workload: KV blocks (default: every running request at full length)")
       ->check(CLI::Range(0, 1 << 24));
   app.add_option("--kv-cache-mb", kv_cache_mb, "--workload: KV cache memory, MiB (instead of --num-kv-blocks)")
@@ -178,6 +179,7 @@ int run_bench(int argc, char** argv) {
     o.engine = wl;
     o.engine.model_dir = model_dir;
     o.engine.backend = backend_name;
+    o.engine.async_scheduling = async_scheduling_for(async_scheduling, backend_name);
     o.engine.precision = precision;
     o.engine.dummy_weights = dummy;
     o.engine.dummy_fp8 = fp8;

@@ -39,9 +39,7 @@ void add_engine_options(CLI::App& app, EngineOptions& o) {
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--max-num-seqs", o.config.max_num_seqs, "requests running at once")->check(CLI::Range(1, 1 << 16));
   app.add_flag("!--no-prefix-caching", o.config.enable_prefix_caching, "disable prefix caching");
-  app.add_flag("--async-scheduling", o.config.async_scheduling,
-               "launch each engine step before the previous one's tokens are back (the device never waits on "
-               "the scheduler; a request that stops computes one extra row)");
+  add_async_scheduling_options(app, o.async_scheduling, "");
   app.add_option("--engine-seed", o.config.seed, "seed of unseeded requests' random streams");
   app.add_option("--kv-store", o.kv_store_dir,
                  "use a KV block store in DIR, local or a shared POSIX mount (serve: on by default in ~/.cache/dsinfer/kv)");
@@ -56,9 +54,25 @@ void add_engine_options(CLI::App& app, EngineOptions& o) {
       ->check(CLI::Validator(check_duration, "DURATION"));
 }
 
+void add_async_scheduling_options(CLI::App& app, int& choice, const std::string& scope) {
+  CLI::Option* on = app.add_flag_callback(
+      "--async-scheduling", [&choice] { choice = 1; },
+      scope + "launch each engine step before the previous one's tokens are back, so that the device never waits "
+              "on the scheduler (a request that stops computes one extra row); the default on the cuda backend");
+  CLI::Option* off = app.add_flag_callback(
+      "--no-async-scheduling", [&choice] { choice = 0; },
+      scope + "finish each engine step before scheduling the next (the default on the cpu backend)");
+  on->excludes(off);
+}
+
+bool async_scheduling_for(int choice, const std::string& backend) {
+  return choice < 0 ? backend == "cuda" : choice == 1;
+}
+
 EngineConfig finish_engine_options(EngineOptions& o) {
   if (o.config.model_dir.empty()) o.config.model_dir = default_model_dir();
   o.config.kv_cache_bytes = o.kv_cache_mb << 20;
+  o.config.async_scheduling = async_scheduling_for(o.async_scheduling, o.config.backend);
   parse_kv_cache_format(o.kv_cache_dtype, &o.config.kv_cache_format);  // the validator accepted it
   parse_precision(o.precision, &o.config.precision);                  // and this one
   kv::KvTierOptions& t = o.config.kv_tiers;

@@ -12,6 +12,8 @@ struct EngineOptions {
   int64_t kv_cache_mb = 1024;
   std::string kv_cache_dtype = "fp32";
   std::string precision = "default";
+  // Scheduling one step ahead: -1 by backend (on for cuda), 0 off, 1 on.
+  int async_scheduling = -1;
   // KV tiers. The block store is on when --kv-store is given, or by default where a
   // subcommand sets kv_store_by_default (serve), unless --no-kv-store.
   bool kv_store_by_default = false;
@@ -24,6 +26,11 @@ struct EngineOptions {
 };
 
 void add_engine_options(CLI::App& app, EngineOptions& options);
+// --async-scheduling / --no-async-scheduling into `choice` (-1 when neither is given).
+void add_async_scheduling_options(CLI::App& app, int& choice, const std::string& scope);
+// Whether an engine on `backend` schedules one step ahead: the choice, or by default on the
+// CUDA backend, whose device would otherwise wait on the host between steps.
+bool async_scheduling_for(int choice, const std::string& backend);
 // Fills in defaults after parsing (model dir, KV bytes).
 EngineConfig finish_engine_options(EngineOptions& options);
 

@@ -29,7 +29,8 @@ struct EngineConfig {
   bool enable_prefix_caching = true;
   // Schedule and launch step N+1 before waiting for step N's tokens, so that the device never
   // waits on the host between steps. A request that stops at step N (eos, a stop token) has
-  // one more row computed in step N+1, which is dropped.
+  // one more row computed in step N+1, which is dropped. The command line turns it on by
+  // default for the cuda backend (--no-async-scheduling turns it off).
   bool async_scheduling = false;
   uint64_t seed = 0;                // base of the random streams of unseeded requests
   bool print_load_progress = true;

@@ -52,6 +52,8 @@ class EngineCore {
   std::vector<RequestOutput> finish_step(LaunchedStep& step);
   // Out of the scheduler and of requests_; kept alive until no launched step refers to it.
   void retire(RequestId id);
+  // The end of a call to step(): the retired requests move on one step (retired_now_ below).
+  void end_call();
 
   EngineConfig config_;
   std::unique_ptr<Backend> backend_;

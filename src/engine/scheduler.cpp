@@ -37,6 +37,14 @@ void Scheduler::preempt(Request* victim) {
   ++num_preemptions_;
 }
 
+bool Scheduler::has_prefill_work() const {
+  // A waiting request counts while a running request's place is free for it.
+  if (!waiting_.empty() && static_cast<int>(running_.size()) < config_.max_num_seqs) return true;
+  return std::any_of(running_.begin(), running_.end(), [](const Request* r) {
+    return static_cast<int>(r->tokens.size()) - r->num_computed_tokens > 1;
+  });
+}
+
 SchedulerOutput Scheduler::schedule() {
   SchedulerOutput out;
   int budget = config_.max_num_batched_tokens;

@@ -45,6 +45,10 @@ class Scheduler {
   void advance(const SchedulerOutput& out);
   void register_full_blocks(const SchedulerOutput& out, const std::vector<int>& computed);
 
+  // Whether the next step would run more than one token of some request: the prompt of a
+  // waiting request that may be admitted (fewer than max_num_seqs running), a prefill chunk
+  // still to come, or tokens to recompute after a preemption.
+  bool has_prefill_work() const;
   int num_waiting() const { return static_cast<int>(waiting_.size()); }
   int num_running() const { return static_cast<int>(running_.size()); }
   int64_t num_preemptions() const { return num_preemptions_; }

@@ -69,6 +69,31 @@ TEST(BenchCli, WorkloadWithAsynchronousSchedulingCompletesEveryRequest) {
   expect_5x30x4_completes("--max-num-seqs 3 --async-scheduling");
 }
 
+// The workload's engine line says how it scheduled: one step ahead only when asked on the CPU
+// backend (the default there; the CUDA backend's default is the other way round); both flags
+// at once are refused.
+TEST(BenchCli, WorkloadSchedulesOneStepAheadOnlyWhenAskedOnTheCpu) {
+  const std::string base = "bench --backend cpu --model " + tiny_v3() + " --workload 2x10x3 --results ";
+  const struct {
+    const char* flags;
+    bool ahead;
+  } cases[] = {{"", false}, {" --async-scheduling", true}, {" --no-async-scheduling", false}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.flags);
+    const std::string results = fresh_results("bench_workload_scheduling.md");
+    const auto r = run_dsinfer(base + results + c.flags);
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    const std::string text = read_file(results);
+    ASSERT_NE(text.find("- engine: max batched tokens"), std::string::npos) << text;
+    EXPECT_EQ(text.find(", asynchronous scheduling") != std::string::npos, c.ahead) << text;
+  }
+  const auto both = run_dsinfer(base + fresh_results("bench_workload_both.md") +
+                                " --async-scheduling --no-async-scheduling");
+  EXPECT_NE(both.exit_code, 0) << both.out;
+  EXPECT_NE(both.exit_code, -1) << "must not crash: " << both.out;
+  EXPECT_NE(both.out.find("--async-scheduling excludes --no-async-scheduling"), std::string::npos) << both.out;
+}
+
 TEST(BenchCli, WorkloadLongerThanTheModelFailsWithAClearMessage) {
   // tiny_v3 holds 256 positions; 250 + 10 does not fit.
   const std::string results = fresh_results("bench_workload_too_long.md");

@@ -119,6 +119,75 @@ TEST(AsyncScheduling, SameTokensWhenRequestsArePreempted) {
   expect_same(async, sync);
 }
 
+// One step ahead only while every request decodes: a step with prompt tokens is finished in the
+// call that launches it (its first tokens come back at once), and the decode step in flight
+// when a prompt arrives is finished, its tokens returned, before the prompt's step is launched.
+TEST(AsyncScheduling, StepsWithPromptTokensAreNotLaunchedAhead) {
+  EngineConfig config = testing::fixture_engine_config("tiny_v3");
+  config.async_scheduling = true;
+  EngineCore core(config);
+  auto r = make(std::vector<TokenId>(20, 7), 8, 0.0f, 0);
+  r.sampling.ignore_eos = true;
+  auto tokens_of = [](const std::vector<RequestOutput>& outs, RequestId id) {
+    int n = 0;
+    for (const RequestOutput& o : outs)
+      if (o.request_id == id) n += static_cast<int>(o.new_token_ids.size());
+    return n;
+  };
+  ASSERT_TRUE(core.add_request(1, r).ok());
+  auto outs = core.step();  // request 1's prefill, finished in this call
+  EXPECT_EQ(core.stats().num_steps, 1);
+  EXPECT_EQ(tokens_of(outs, 1), 1);
+  outs = core.step();  // its first decode step, launched ahead
+  EXPECT_EQ(core.stats().num_steps, 2);
+  EXPECT_TRUE(outs.empty());
+  outs = core.step();  // the next one launched, the first one finished
+  EXPECT_EQ(core.stats().num_steps, 3);
+  EXPECT_EQ(tokens_of(outs, 1), 1);
+  ASSERT_TRUE(core.add_request(2, r).ok());
+  outs = core.step();  // the step in flight finished; nothing launched before its tokens are out
+  EXPECT_EQ(core.stats().num_steps, 3);
+  EXPECT_EQ(tokens_of(outs, 1), 1);
+  outs = core.step();  // request 2's prefill with request 1's decode, finished in this call
+  EXPECT_EQ(core.stats().num_steps, 4);
+  EXPECT_EQ(tokens_of(outs, 1), 1);
+  EXPECT_EQ(tokens_of(outs, 2), 1);
+  outs = core.step();  // both decode: one step ahead again
+  EXPECT_EQ(core.stats().num_steps, 5);
+  EXPECT_TRUE(outs.empty());
+  int total[3] = {0, 4, 1};
+  while (core.has_unfinished_requests()) {
+    outs = core.step();
+    total[1] += tokens_of(outs, 1);
+    total[2] += tokens_of(outs, 2);
+  }
+  EXPECT_EQ(total[1], 8);
+  EXPECT_EQ(total[2], 8);
+  EXPECT_EQ(core.stats().num_kv_blocks_used, 0);
+}
+
+// A request that waits for a running request's place (max_num_seqs) is no prefill work yet:
+// the decode steps before it is admitted still go one ahead.
+TEST(AsyncScheduling, ARequestWaitingForAPlaceLeavesDecodeStepsAhead) {
+  EngineConfig config = testing::fixture_engine_config("tiny_v3");
+  config.async_scheduling = true;
+  config.max_num_seqs = 1;
+  EngineCore core(config);
+  auto r = make(std::vector<TokenId>(20, 7), 4, 0.0f, 0);
+  r.sampling.ignore_eos = true;
+  ASSERT_TRUE(core.add_request(1, r).ok());
+  EXPECT_EQ(core.step().size(), 1u);  // request 1's prefill, its first token back at once
+  ASSERT_TRUE(core.add_request(2, r).ok());
+  EXPECT_TRUE(core.step().empty());  // request 1's decode, launched ahead though 2 waits
+  EXPECT_EQ(core.stats().num_steps, 2);
+  EXPECT_EQ(core.stats().num_waiting, 1);
+  int tokens[3] = {0, 1, 0};
+  while (core.has_unfinished_requests())
+    for (const RequestOutput& o : core.step()) tokens[o.request_id] += static_cast<int>(o.new_token_ids.size());
+  EXPECT_EQ(tokens[1], 4);
+  EXPECT_EQ(tokens[2], 4);
+}
+
 // A request cancelled while a step that includes it is in flight: its output says so, the
 // step's row for it is dropped, its blocks are freed, and the other request is unaffected.
 TEST(AsyncScheduling, CancelWhileAStepIsInFlight) {
