@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The one script run on the GPU machine (see GPU.md, "Build here, run there"): environment
 # facts, the CUDA unit tests (CPU-vs-CUDA consistency and the golden fixtures), a short
-# compute-sanitizer pass, then three V2-Lite-shaped benchmarks with random weights, each under
-# its own timeout: decode against the device copy bandwidth, prefill against the bf16 GEMM
-# ceiling (both measured in the same run), and an offline workload through the whole engine;
-# optionally a kernel profile of the prefill (NCU_TIMEOUT_S).
+# compute-sanitizer pass, then V2-Lite-shaped benchmarks with random weights, each under its own
+# timeout: decode against the device copy bandwidth, prefill against the bf16 GEMM ceiling
+# (both measured in the same run), an offline workload through the whole engine, the same
+# workload served over HTTP, and FP8 decode; optionally a kernel profile of the prefill
+# (NCU_TIMEOUT_S).
 # Logs go to $OUT; a short summary is printed last.
 #
 # Run from the repository root:
@@ -36,6 +37,10 @@ NCU_ARGS="${NCU_ARGS:---launch-skip 2000 --launch-count 600}"
 WORKLOAD_TIMEOUT_S="${WORKLOAD_TIMEOUT_S:-240}"
 WORKLOAD="${WORKLOAD-200x1000x100}"
 WORKLOAD_ARGS="${WORKLOAD_ARGS:-}"  # e.g. "--max-batched-tokens 16384"
+# The workload's shape served over HTTP (`dsinfer serve` on a directory from
+# tools/serving_model_dir.py, `dsinfer bench-serve` with every request at once), after the
+# engine-level workload; SERVE_TIMEOUT_S=0 skips it.
+SERVE_TIMEOUT_S="${SERVE_TIMEOUT_S:-120}"
 # Decode with the layers' projections in FP8 (e4m3 weights, 128x128 block scales) last; empty
 # FP8_BATCHES skips it.
 FP8_TIMEOUT_S="${FP8_TIMEOUT_S:-200}"
@@ -123,6 +128,40 @@ else
   workload_rc=$?
 fi
 
+serve_rc=skipped
+serve_s=$(step_budget "$SERVE_TIMEOUT_S")
+if [ -z "$WORKLOAD" ] || [ "$WORKLOAD" = "0" ] || [ "$serve_s" -le 0 ]; then
+  echo "serving bench skipped (WORKLOAD empty/0, SERVE_TIMEOUT_S=0 or TOTAL_BUDGET_S spent)" > "$OUT/serve.log"
+else
+  IFS=x read -r serve_num serve_in serve_out <<< "$WORKLOAD"
+  serve_dir=$(mktemp -d)
+  python3 tools/serving_model_dir.py "$MODEL_DIR/config.json" "$serve_dir" > "$OUT/serve.log" 2>&1
+  serve_vocab=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["vocab_size"])' \
+    "$MODEL_DIR/config.json")
+  "$BIN_DIR/dsinfer" serve --backend cuda --dummy-weights --model "$serve_dir" --served-model-name bench --port 0 \
+    --no-kv-store --max-batched-tokens 16384 --kv-cache-mb 16384 2> "$OUT/serve_server.log" &
+  server_pid=$!
+  serve_deadline=$((SECONDS + serve_s))
+  serve_left() { local left=$((serve_deadline - SECONDS)); echo $((left < 1 ? 1 : left)); }
+  until grep -q 'serve: ready' "$OUT/serve_server.log" || [ "$SECONDS" -ge "$serve_deadline" ] ||
+        ! kill -0 "$server_pid" 2> /dev/null; do sleep 0.2; done
+  serve_port=$(grep -o 'http://127.0.0.1:[0-9]*' "$OUT/serve_server.log" | head -1 | cut -d: -f3)
+  serve_rc=no-server
+  if [ -n "$serve_port" ]; then
+    client=("$BIN_DIR/dsinfer" bench-serve --port "$serve_port" --model bench --endpoint completions
+            --min-prompt-id 300 --max-prompt-id "$serve_vocab")
+    # A warm-up that records the decode steps, then every request at once.
+    timeout "$(serve_left)" "${client[@]}" --num-requests 8 --concurrency 8 --input-tokens "$serve_in" \
+      --output-tokens 16 --seed 7 >> "$OUT/serve.log" 2>&1
+    timeout "$(serve_left)" "${client[@]}" --num-requests "$serve_num" --concurrency "$serve_num" \
+      --input-tokens "$serve_in" --output-tokens "$serve_out" >> "$OUT/serve.log" 2>&1
+    serve_rc=$?
+  fi
+  kill -TERM "$server_pid" 2> /dev/null
+  wait "$server_pid"
+  rm -rf "$serve_dir"
+fi
+
 fp8_rc=skipped
 fp8_s=$(step_budget "$FP8_TIMEOUT_S")
 if [ -z "$FP8_BATCHES" ] || [ "$fp8_s" -le 0 ]; then
@@ -158,5 +197,7 @@ echo "=== prefill kernels per MoE layer, Nsight Compute ($(explain_rc "$ncu_rc")
 head -16 "$OUT/ncu_prefill_layers.txt"
 echo "=== workload $WORKLOAD ($(explain_rc "$workload_rc"), limit ${workload_s}s)"
 grep -E "GEMM ceiling|^completed|^- engine|^- device idle|^\| |error|skipped" "$OUT/workload.log" | tail -12
+echo "=== served over HTTP, $WORKLOAD ($(explain_rc "$serve_rc"), limit ${serve_s}s)"
+tail -7 "$OUT/serve.log"
 echo "=== FP8 decode bench $FP8_BATCHES ($(explain_rc "$fp8_rc"), limit ${fp8_s}s)"
 grep -E "^\| |error|skipped" "$OUT/fp8.log" | tail -6
