@@ -198,6 +198,6 @@ head -16 "$OUT/ncu_prefill_layers.txt"
 echo "=== workload $WORKLOAD ($(explain_rc "$workload_rc"), limit ${workload_s}s)"
 grep -E "GEMM ceiling|^completed|^- engine|^- device idle|^\| |error|skipped" "$OUT/workload.log" | tail -12
 echo "=== served over HTTP, $WORKLOAD ($(explain_rc "$serve_rc"), limit ${serve_s}s)"
-tail -7 "$OUT/serve.log"
+tail -6 "$OUT/serve.log"
 echo "=== FP8 decode bench $FP8_BATCHES ($(explain_rc "$fp8_rc"), limit ${fp8_s}s)"
 grep -E "^\| |error|skipped" "$OUT/fp8.log" | tail -6
