@@ -26,6 +26,7 @@ SPECIALS = [
     "<｜tool▁call▁end｜>", "<｜tool▁sep｜>", "<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>",
     "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>",
 ]
+USAGE = "usage: tools/serving_model_dir.py CONFIG_JSON OUT_DIR"
 FIRST_BYTE_ID = 16
 MAX_VOCAB = FIRST_BYTE_ID + 256 + 62 ** 2 + 62 ** 3
 
@@ -68,7 +69,7 @@ def tokenizer(vocab_size):
 
 def main(argv):
     if len(argv) != 3:
-        print(__doc__.strip().splitlines()[-2], file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return 2
     config_path, out_dir = argv[1], argv[2]
     with open(config_path) as f:
