@@ -30,6 +30,8 @@ class EngineClient {
   virtual int max_context_tokens() const = 0;  // prompt + output must fit
   // Engine-side Prometheus text for /metrics (KV cache tiers); empty when there is none.
   virtual std::string metrics_text() const { return {}; }
+  // Ok while the engine serves; once it has failed (it then refuses every request), the error.
+  virtual Status health() const { return Status(); }
 };
 
 }  // namespace dsinfer

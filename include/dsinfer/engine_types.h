@@ -70,6 +70,7 @@ struct EngineStats {
   int num_kv_blocks_total = 0;
   int64_t num_steps = 0;
   int64_t num_preemptions = 0;
+  int64_t num_failed_steps = 0;  // launches that threw; their requests finished with kError
 };
 
 }  // namespace dsinfer

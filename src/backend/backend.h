@@ -225,6 +225,9 @@ class Backend {
   // that reads it: a device backend uploads the step's token layout once here.
   virtual void begin_step(const ForwardBatch& batch) { (void)batch; }
   virtual void end_step() {}  // the step's batch may be gone after this
+  // After an exception part way through a step (between begin_step and end_step, recording or
+  // not): the step's work is dropped and the backend left ready for the next step.
+  virtual void abandon_step() {}
   // Greedy choice per row of logits [rows, vocab]: sample_rows with every row greedy.
   void argmax_rows(const Tensor& logits, std::vector<int32_t>& out);
   // One token per row of logits [rows, vocab] as choose_token picks it with that row's

@@ -22,6 +22,7 @@ Result<RequestId> AsyncEngine::submit(GenerationRequest request, OutputCallback 
       !st.ok())
     return st;
   std::lock_guard<std::mutex> lock(mu_);
+  if (!failure_.ok()) return failure_;
   if (!accepting_ || stopping_) return Status(StatusCode::kUnavailable, "the server is shutting down");
   if (static_cast<int>(inbox_.size()) + stats_.num_waiting >= max_queued_)
     return Status(StatusCode::kResourceExhausted, "the request queue is full");
@@ -63,58 +64,99 @@ void AsyncEngine::shutdown() {
 
 void AsyncEngine::loop() {
   for (;;) {
-    std::deque<Pending> inbox;
-    std::vector<RequestId> cancels;
-    bool stopping;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stopping_ || !inbox_.empty() || !cancels_.empty() || core_->has_unfinished_requests(); });
-      inbox.swap(inbox_);
-      cancels.swap(cancels_);
-      stopping = stopping_;
+      if (stopping_ && callbacks_.empty() && inbox_.empty()) return;
     }
-    for (Pending& p : inbox) {
-      Status st = core_->add_request(p.id, p.request);
-      if (!st.ok()) {
-        RequestOutput out;
-        out.request_id = p.id;
-        out.finish_reason = FinishReason::kError;
-        out.error = st;
-        p.callback(out);
-        --num_unfinished_;
-        continue;
-      }
-      callbacks_.emplace(p.id, std::move(p.callback));
+    try {
+      run_once();
+    } catch (const std::exception& e) {
+      DS_LOG_ERROR("engine: failed, no longer serving: " << e.what());
+      fail_everything(Status(StatusCode::kUnavailable, std::string("the engine failed: ") + e.what()));
+      return;
     }
-    if (stopping) {
-      for (auto& [id, cb] : callbacks_) cancels.push_back(id);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ && callbacks_.empty()) return;
+  }
+}
+
+void AsyncEngine::run_once() {
+  std::deque<Pending> inbox;
+  std::vector<RequestId> cancels;
+  bool stopping;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    inbox.swap(inbox_);
+    cancels.swap(cancels_);
+    stopping = stopping_;
+  }
+  for (Pending& p : inbox) {
+    Status st = core_->add_request(p.id, p.request);
+    if (!st.ok()) {
+      RequestOutput out;
+      out.request_id = p.id;
+      out.finish_reason = FinishReason::kError;
+      out.error = st;
+      p.callback(out);
+      --num_unfinished_;
+      continue;
     }
-    for (RequestId id : cancels) {
-      auto out = core_->abort_request(id);
-      auto it = callbacks_.find(id);
-      if (out && it != callbacks_.end()) {
-        it->second(*out);
+    callbacks_.emplace(p.id, std::move(p.callback));
+  }
+  if (stopping) {
+    for (auto& [id, cb] : callbacks_) cancels.push_back(id);
+  }
+  for (RequestId id : cancels) {
+    auto out = core_->abort_request(id);
+    auto it = callbacks_.find(id);
+    if (out && it != callbacks_.end()) {
+      it->second(*out);
+      callbacks_.erase(it);
+      --num_unfinished_;
+    }
+  }
+  if (stopping) return;
+  if (core_->has_unfinished_requests()) {
+    for (const RequestOutput& out : core_->step()) {
+      auto it = callbacks_.find(out.request_id);
+      if (it == callbacks_.end()) continue;
+      it->second(out);
+      if (out.finished()) {
         callbacks_.erase(it);
         --num_unfinished_;
       }
     }
-    if (stopping) return;
-    if (core_->has_unfinished_requests()) {
-      for (const RequestOutput& out : core_->step()) {
-        auto it = callbacks_.find(out.request_id);
-        if (it == callbacks_.end()) continue;
-        it->second(out);
-        if (out.finished()) {
-          callbacks_.erase(it);
-          --num_unfinished_;
-        }
-      }
-    }
-    kv::KvCacheMetrics kv_metrics = core_->kv_cache().metrics();
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_ = core_->stats();
-    kv_metrics_ = std::move(kv_metrics);
   }
+  kv::KvCacheMetrics kv_metrics = core_->kv_cache().metrics();
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_ = core_->stats();
+  kv_metrics_ = std::move(kv_metrics);
+}
+
+void AsyncEngine::fail_everything(const Status& error) {
+  std::deque<Pending> inbox;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    failure_ = error;
+    accepting_ = false;
+    inbox.swap(inbox_);
+  }
+  for (Pending& p : inbox) callbacks_.emplace(p.id, std::move(p.callback));
+  for (auto& [id, callback] : callbacks_) {
+    RequestOutput out;
+    out.request_id = id;
+    out.finish_reason = FinishReason::kError;
+    out.error = error;
+    --num_unfinished_;
+    callback(out);
+  }
+  callbacks_.clear();
+}
+
+Status AsyncEngine::health() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failure_;
 }
 
 std::string AsyncEngine::metrics_text() const {

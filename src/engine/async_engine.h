@@ -27,6 +27,7 @@ class AsyncEngine final : public EngineClient {
   EngineStats stats() const override;
   int max_context_tokens() const override { return max_context_tokens_; }
   std::string metrics_text() const override;
+  Status health() const override;
 
   // Stops taking requests (submit answers kUnavailable); running ones continue.
   void stop_accepting();
@@ -42,6 +43,11 @@ class AsyncEngine final : public EngineClient {
     OutputCallback callback;
   };
   void loop();
+  // The loop's body: one round of submissions, cancellations and a step.
+  void run_once();
+  // Past an unexpected exception from the engine core (a bug: its state is unknown), every
+  // request still running ends with `error`, and new ones are refused with it.
+  void fail_everything(const Status& error);
 
   std::unique_ptr<EngineCore> core_;
   int max_context_tokens_ = 0;
@@ -52,6 +58,7 @@ class AsyncEngine final : public EngineClient {
   std::vector<RequestId> cancels_;
   bool stopping_ = false;
   bool accepting_ = true;
+  Status failure_;  // set once the engine has failed
   RequestId next_id_ = 1;
   EngineStats stats_;  // refreshed by the engine thread after each step
   kv::KvCacheMetrics kv_metrics_;  // likewise

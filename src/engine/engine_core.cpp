@@ -6,6 +6,7 @@
 #include <xxhash.h>
 
 #include "core/check.h"
+#include "core/fault_injection.h"
 #include "core/logging.h"
 #include "model/checkpoint.h"
 
@@ -192,12 +193,13 @@ std::vector<RequestOutput> EngineCore::step() {
     end_call();
     return outputs;
   }
+  maybe_inject_fault("engine_step");
   std::optional<LaunchedStep> next;
+  std::vector<RequestOutput> failed;
   SchedulerOutput sched = scheduler_->schedule();
   if (!sched.empty()) {
     ++num_steps_;
-    next = runner_->submit(std::move(sched));
-    scheduler_->advance(next->sched);
+    next = launch(std::move(sched), failed);
   }
   if (ahead) {
     if (in_flight_) outputs = finish_step(*in_flight_);
@@ -205,8 +207,43 @@ std::vector<RequestOutput> EngineCore::step() {
   } else if (next) {
     outputs = finish_step(*next);
   }
+  outputs.insert(outputs.end(), std::make_move_iterator(failed.begin()), std::make_move_iterator(failed.end()));
   end_call();
   return outputs;
+}
+
+// A launch that throws (the device out of memory for the step's activations, say) fails the
+// requests of that step alone, with the error: the others keep their places, and the step's
+// blocks go back to the pool with its requests. Nothing of the failed step was advanced, so a
+// step in flight before it finishes as usual (skipping the failed requests' rows).
+std::optional<LaunchedStep> EngineCore::launch(SchedulerOutput sched, std::vector<RequestOutput>& failed) {
+  std::vector<RequestId> ids;
+  for (const ScheduledRequest& sr : sched.scheduled) ids.push_back(sr.request->id);
+  Status error;
+  try {
+    LaunchedStep step = runner_->submit(std::move(sched));
+    scheduler_->advance(step.sched);
+    return step;
+  } catch (const Error& e) {
+    error = e.status();
+  } catch (const std::bad_alloc&) {
+    error = Status(StatusCode::kResourceExhausted, "out of host memory");
+  } catch (const std::exception& e) {
+    error = internal_error(e.what());
+  }
+  DS_LOG_ERROR("engine: a step of " << ids.size() << " request(s) failed, and they with it: " << error.message());
+  ++num_failed_steps_;
+  for (RequestId id : ids) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) continue;
+    Request& req = *it->second;
+    req.finish_reason = FinishReason::kError;
+    RequestOutput out = make_output(req);
+    out.error = Status(error.code(), "the engine could not run a step with this request: " + error.message());
+    failed.push_back(std::move(out));
+    retire(id);
+  }
+  return std::nullopt;
 }
 
 void EngineCore::end_call() {
@@ -242,6 +279,7 @@ EngineStats EngineCore::stats() const {
   s.num_kv_blocks_used = kv_->num_used_blocks();
   s.num_steps = num_steps_;
   s.num_preemptions = scheduler_->num_preemptions();
+  s.num_failed_steps = num_failed_steps_;
   return s;
 }
 

@@ -48,6 +48,8 @@ class EngineCore {
  private:
   RequestOutput make_output(Request& req);
   bool check_stop(Request& req, TokenId token) const;
+  // Launches a scheduled step; where that throws, fails the step's requests into `failed`.
+  std::optional<LaunchedStep> launch(SchedulerOutput sched, std::vector<RequestOutput>& failed);
   // Waits for a launched step's tokens and turns them into outputs.
   std::vector<RequestOutput> finish_step(LaunchedStep& step);
   // Out of the scheduler and of requests_; kept alive until no launched step refers to it.
@@ -71,6 +73,7 @@ class EngineCore {
   int max_model_len_ = 0;
   uint64_t next_arrival_ = 0;
   int64_t num_steps_ = 0;
+  int64_t num_failed_steps_ = 0;
 };
 
 }  // namespace dsinfer

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/check.h"
+#include "core/fault_injection.h"
 #include "model/checkpoint.h"
 #include "model/rope.h"
 
@@ -83,14 +84,20 @@ ForwardOutput DeepseekModel::forward(const ForwardBatch& batch, KvCaches& caches
   const int64_t t = batch.num_tokens;
   DS_CHECK(t > 0 && static_cast<int64_t>(batch.token_ids.size()) == t);
   for (int32_t p : batch.positions) DS_CHECK_MSG(p >= 0 && p < max_positions_, "position " << p << " out of range");
-  if (!record_routing && backend_.can_record()) {
-    const int bucket = decode_bucket(batch);
-    if (bucket > 0) return forward_recorded(batch, caches, bucket);
+  try {
+    if (!record_routing && backend_.can_record()) {
+      const int bucket = decode_bucket(batch);
+      if (bucket > 0) return forward_recorded(batch, caches, bucket);
+    }
+    backend_.begin_step(batch);
+    ForwardOutput out = run_layers(batch, caches, record_routing);
+    backend_.end_step();
+    return out;
+  } catch (...) {
+    // A step that fails part way (out of device memory) leaves the backend ready for the next.
+    backend_.abandon_step();
+    throw;
   }
-  backend_.begin_step(batch);
-  ForwardOutput out = run_layers(batch, caches, record_routing);
-  backend_.end_step();
-  return out;
 }
 
 namespace {
@@ -197,6 +204,7 @@ ForwardOutput DeepseekModel::run_layers(const ForwardBatch& batch, KvCaches& cac
       else backend_.add(x, y);
     }
     if (recorded != nullptr) result.routing.push_back(std::move(routing));
+    if (i == 0) maybe_inject_fault("forward");
   }
   const int64_t num_out = batch.logits_indices.size();
   if (num_out == 0) return result;

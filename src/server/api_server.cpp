@@ -150,9 +150,13 @@ void ApiServer::route(HttpRequest& request, const std::shared_ptr<HttpExchange>&
   const std::string label = route->path;
 
   if (route->kind == kHealth) {
-    bool ready = engine_.load() && !draining_;
-    exchange->respond(ready ? 200 : 503, "application/json",
-                      ready ? R"({"status":"ok"})" : (draining_ ? R"({"status":"shutting_down"})" : R"({"status":"loading"})"));
+    EngineClient* engine = engine_.load();
+    const Status engine_health = engine ? engine->health() : Status();
+    const bool ready = engine && !draining_ && engine_health.ok();
+    nlohmann::json body;
+    body["status"] = ready ? "ok" : draining_ ? "shutting_down" : !engine ? "loading" : "engine_failed";
+    if (!engine_health.ok()) body["message"] = engine_health.message();
+    exchange->respond(ready ? 200 : 503, "application/json", body.dump());
     metrics_.count_request(label, ready ? 200 : 503);
     return;
   }

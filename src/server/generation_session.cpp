@@ -152,6 +152,7 @@ void GenerationSession::process_output(int index, const RequestOutput& output) {
         case FinishReason::kNone:
           DS_LOG_WARN("request " << setup_.response_id << ": engine error: " << output.error.message());
           error_ = true;
+          if (engine_error_.ok()) engine_error_ = output.error;
           end_choice(index, ChoiceEnd::kError, "");
           break;
       }
@@ -199,17 +200,14 @@ void GenerationSession::maybe_finish() {
   setup_.metrics->observe_request_latency(seconds_between(setup_.arrival, std::chrono::steady_clock::now()));
   int status = 200;
   if (request_.stream) {
-    if (error_) {
-      codec::ApiError error{500, "internal_error", "", "the engine failed while generating"};
-      encoder_->stream_error(error, out_);
-    }
+    if (error_) encoder_->stream_error(generation_error(), out_);
     encoder_->end(usage, out_);
     flush_stream();
     exchange_->end_stream();
   } else if (error_) {
-    status = 500;
-    codec::ApiError error{500, "internal_error", "", "the engine failed while generating"};
-    exchange_->respond(500, "application/json", codec::error_body(request_.protocol, error));
+    const codec::ApiError error = generation_error();
+    status = error.http_status;
+    exchange_->respond(status, "application/json", codec::error_body(request_.protocol, error));
   } else {
     out_.clear();
     encoder_->end(usage, out_);
@@ -217,6 +215,18 @@ void GenerationSession::maybe_finish() {
   }
   setup_.metrics->count_request(setup_.route, status);
   done();
+}
+
+codec::ApiError GenerationSession::generation_error() const {
+  // Out of device memory for a step, or an engine that has failed, is the server's state, not
+  // the request's fault: 503, which clients retry (elsewhere, for a failed engine).
+  switch (engine_error_.code()) {
+    case StatusCode::kResourceExhausted:
+    case StatusCode::kUnavailable:
+      return {503, "engine_unavailable", "", engine_error_.message()};
+    case StatusCode::kOk: return {500, "internal_error", "", "the engine failed while generating"};
+    default: return {500, "internal_error", "", engine_error_.message()};
+  }
 }
 
 void GenerationSession::flush_stream() {

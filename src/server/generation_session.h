@@ -75,6 +75,8 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
   void end_choice(int choice, codec::ChoiceEnd end, const std::string& stop_string);
   void handle_events(int choice, std::vector<codec::OutputEvent>& events);
   void maybe_finish();
+  // The error a request that failed in the engine answers with (engine_error_).
+  codec::ApiError generation_error() const;
   void client_gone();
   void flush_stream();
   void done();
@@ -89,6 +91,7 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
   bool first_token_seen_ = false;
   bool finished_ = false;
   bool error_ = false;
+  Status engine_error_;  // the first engine error a choice ended with
 };
 
 }  // namespace dsinfer::server

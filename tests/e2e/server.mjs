@@ -6,13 +6,14 @@ import { fileURLToPath } from 'node:url';
 const here = path.dirname(fileURLToPath(import.meta.url));
 export const binary = process.env.DSINFER_BINARY ?? path.join(here, '../../build/dsinfer');
 
-export async function startServer(extraArgs = []) {
+// env: variables added to the server's environment (e.g. DSINFER_INJECT_FAULTS).
+export async function startServer(extraArgs = [], env = {}) {
   const engine = extraArgs.includes('--engine') ? [] : ['--engine', 'echo'];
   // Tests never share the user's KV store (~/.cache/dsinfer/kv): a test that wants a store
   // names its own directory with --kv-store.
   const store = extraArgs.includes('--kv-store') ? [] : ['--no-kv-store'];
   const args = ['serve', ...engine, '--port', '0', ...store, ...extraArgs];
-  const child = spawn(binary, args, { stdio: ['ignore', 'ignore', 'pipe'] });
+  const child = spawn(binary, args, { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, ...env } });
   let log = '';
   const exited = new Promise((resolve) => child.on('exit', (code, signal) => resolve({ code, signal })));
   const port = await new Promise((resolve, reject) => {

@@ -343,6 +343,26 @@ void CudaBackend::end_step() {
   step_gaps_->mark_tail(stream_);
 }
 
+void CudaBackend::abandon_step() {
+  if (recording_) {
+    cudaGraph_t graph = nullptr;
+    cudaStreamEndCapture(stream_, &graph);  // the partial recording is discarded
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    alloc_->set_graph_pool(false);
+    recording_ = false;
+    if (timeline_ != nullptr) timeline_->close_log();
+  }
+  cudaGetLastError();  // an allocation failure is not sticky; clear it
+  forget_normed_copy();
+  pending_norm_ = {};
+  if (step_batch_ != nullptr) step_gaps_->mark_tail(stream_);
+  step_batch_ = nullptr;
+  // What the step launched finishes before its blocks are freed: the next step, likely as large,
+  // then starts from memory given back to the device rather than a fragmented cache.
+  synchronize();
+  alloc_->release_cached();
+}
+
 std::optional<StepGapStats> CudaBackend::step_gaps() { return step_gaps_->take_stats(); }
 
 uint64_t CudaBackend::choose_async(const Tensor& logits, std::span<const RowSampling> rows) {

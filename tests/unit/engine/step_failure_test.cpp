@@ -1,0 +1,175 @@
+// A step whose launch fails (the device out of memory for its activations) ends the requests of
+// that step with the error, and only those: the rest finish with the tokens they get without the
+// failure, and every block returns to the pool. A failure outside a launch (a bug) ends the
+// asynchronous engine: its running requests get the error, new ones are refused.
+// The failures are made by DSINFER_INJECT_FAULTS (core/fault_injection.h).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <map>
+
+#include "engine/async_engine.h"
+#include "engine/engine_core.h"
+#include "test_fixtures.h"
+
+namespace dsinfer {
+namespace {
+
+class ScopedFaults {
+ public:
+  explicit ScopedFaults(const char* spec) { setenv("DSINFER_INJECT_FAULTS", spec, 1); }
+  ~ScopedFaults() { unsetenv("DSINFER_INJECT_FAULTS"); }
+};
+
+struct Finished {
+  std::vector<TokenId> tokens;
+  FinishReason finish = FinishReason::kNone;
+  Status error;
+};
+
+GenerationRequest greedy(const std::vector<TokenId>& prompt, int max_tokens) {
+  GenerationRequest r;
+  r.prompt_ids = prompt;
+  r.sampling.temperature = 0.0f;
+  r.sampling.max_tokens = max_tokens;
+  r.sampling.ignore_eos = true;
+  return r;
+}
+
+std::vector<GenerationRequest> two_requests() {
+  const auto ref = testing::fixture_reference("tiny_v3");
+  return {greedy(ref["prompts"][0]["prompt_ids"].get<std::vector<TokenId>>(), 6),
+          greedy(ref["prompts"][1]["prompt_ids"].get<std::vector<TokenId>>(), 6)};
+}
+
+EngineConfig one_at_a_time(bool async) {
+  EngineConfig config = testing::fixture_engine_config("tiny_v3");
+  config.async_scheduling = async;
+  config.max_num_seqs = 1;  // the second request waits: it is in no step with the first
+  return config;
+}
+
+std::map<RequestId, Finished> run_to_end(EngineCore& core) {
+  std::map<RequestId, Finished> results;
+  for (int step = 0; core.has_unfinished_requests(); ++step) {
+    EXPECT_LT(step, 200) << "the engine does not finish";
+    if (step >= 200) break;
+    for (const RequestOutput& o : core.step()) {
+      Finished& f = results[o.request_id];
+      f.tokens.insert(f.tokens.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+      if (o.finished()) {
+        EXPECT_EQ(f.finish, FinishReason::kNone) << "request " << o.request_id << " finished twice";
+        f.finish = o.finish_reason;
+        f.error = o.error;
+      }
+    }
+  }
+  return results;
+}
+
+class StepFailure : public ::testing::TestWithParam<bool> {};
+
+TEST_P(StepFailure, AFailedLaunchEndsOnlyTheRequestsOfItsStep) {
+  const auto requests = two_requests();
+  std::map<RequestId, Finished> expected;
+  int64_t blocks_used_after = 0;
+  {
+    EngineCore core(one_at_a_time(GetParam()));
+    for (RequestId id = 0; id < 2; ++id) ASSERT_TRUE(core.add_request(id, requests[id]).ok());
+    expected = run_to_end(core);
+    blocks_used_after = core.stats().num_kv_blocks_used;
+  }
+  ASSERT_EQ(expected[0].tokens.size(), 6u);
+  ASSERT_EQ(expected[1].tokens.size(), 6u);
+
+  EngineCore core(one_at_a_time(GetParam()));
+  for (RequestId id = 0; id < 2; ++id) ASSERT_TRUE(core.add_request(id, requests[id]).ok());
+  ScopedFaults faults("forward:3");  // request 0's prefill, its first decode step, then this
+  const auto results = run_to_end(core);
+
+  const Finished& failed = results.at(0);
+  EXPECT_EQ(failed.finish, FinishReason::kError);
+  EXPECT_EQ(failed.error.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(failed.error.message().find("injected fault at forward"), std::string::npos) << failed.error.message();
+  ASSERT_LT(failed.tokens.size(), 6u);
+  EXPECT_TRUE(std::equal(failed.tokens.begin(), failed.tokens.end(), expected[0].tokens.begin()))
+      << "the tokens before the failure are the ones it would have had";
+
+  const Finished& other = results.at(1);
+  EXPECT_EQ(other.finish, FinishReason::kLength);
+  EXPECT_EQ(other.tokens, expected[1].tokens);
+  EXPECT_TRUE(other.error.ok());
+
+  EXPECT_EQ(core.stats().num_failed_steps, 1);
+  EXPECT_EQ(core.stats().num_kv_blocks_used, blocks_used_after) << "the failed request's blocks returned";
+}
+
+TEST_P(StepFailure, RequestsSharingAFailedStepFailTogetherAndLaterOnesRun) {
+  const auto requests = two_requests();
+  std::vector<TokenId> expected;
+  {
+    EngineCore core(one_at_a_time(GetParam()));
+    ASSERT_TRUE(core.add_request(7, requests[1]).ok());
+    expected = run_to_end(core).at(7).tokens;
+  }
+  EngineConfig config = testing::fixture_engine_config("tiny_v3");
+  config.async_scheduling = GetParam();
+  EngineCore core(config);
+  for (RequestId id = 0; id < 2; ++id) ASSERT_TRUE(core.add_request(id, requests[id]).ok());
+  ScopedFaults faults("forward:1");  // the step that holds both prefills
+  auto results = run_to_end(core);
+  EXPECT_EQ(results.at(0).finish, FinishReason::kError);
+  EXPECT_EQ(results.at(1).finish, FinishReason::kError);
+  EXPECT_TRUE(results.at(0).tokens.empty());
+  EXPECT_EQ(core.stats().num_kv_blocks_used, 0);
+
+  ASSERT_TRUE(core.add_request(7, requests[1]).ok());
+  results = run_to_end(core);
+  EXPECT_EQ(results.at(7).finish, FinishReason::kLength);
+  EXPECT_EQ(results.at(7).tokens, expected);
+}
+
+INSTANTIATE_TEST_SUITE_P(Scheduling, StepFailure, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "Async" : "Sync"; });
+
+struct Collector {
+  std::mutex mu;
+  std::condition_variable cv;
+  RequestOutput last;
+  bool finished = false;
+  EngineClient::OutputCallback callback() {
+    return [this](const RequestOutput& o) {
+      std::lock_guard<std::mutex> lock(mu);
+      last = o;
+      finished = o.finished();
+      cv.notify_all();
+    };
+  }
+  bool wait_finished() {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, std::chrono::seconds(30), [&] { return finished; });
+  }
+};
+
+TEST(EngineFailure, AFailureOutsideALaunchEndsTheEngineWithAClearError) {
+  AsyncEngine engine(testing::fixture_engine_config("tiny_v3"));
+  EXPECT_TRUE(engine.health().ok());
+  ScopedFaults faults("engine_step:3");
+  Collector running;
+  ASSERT_TRUE(engine.submit(two_requests()[0], running.callback()).ok());
+  ASSERT_TRUE(running.wait_finished());
+  EXPECT_EQ(running.last.finish_reason, FinishReason::kError);
+  EXPECT_EQ(running.last.error.code(), StatusCode::kUnavailable);
+  EXPECT_NE(running.last.error.message().find("the engine failed"), std::string::npos);
+
+  EXPECT_EQ(engine.health().code(), StatusCode::kUnavailable);
+  Collector refused;
+  auto again = engine.submit(two_requests()[1], refused.callback());
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(engine.num_unfinished(), 0);
+  engine.shutdown();  // joins the ended engine thread
+}
+
+}  // namespace
+}  // namespace dsinfer
