@@ -4,8 +4,8 @@
 # compute-sanitizer pass, then V2-Lite-shaped benchmarks with random weights, each under its own
 # timeout: decode against the device copy bandwidth, prefill against the bf16 GEMM ceiling
 # (both measured in the same run), an offline workload through the whole engine, the same
-# workload served over HTTP, and FP8 decode; optionally a kernel profile of the prefill
-# (NCU_TIMEOUT_S).
+# workload served over HTTP, the server's device memory, and FP8 decode; optionally a kernel
+# profile of the prefill (NCU_TIMEOUT_S).
 # Logs go to $OUT; a short summary is printed last.
 #
 # Run from the repository root:
@@ -41,6 +41,9 @@ WORKLOAD_ARGS="${WORKLOAD_ARGS:-}"  # e.g. "--max-batched-tokens 16384"
 # tools/serving_model_dir.py, `dsinfer bench-serve` with every request at once), after the
 # engine-level workload; SERVE_TIMEOUT_S=0 skips it.
 SERVE_TIMEOUT_S="${SERVE_TIMEOUT_S:-120}"
+# The server's device memory (tools/device_memory_check.py): the KV cache sized to the GPU by
+# default, and a step out of device memory answered with a 503 while the server serves on.
+MEMORY_TIMEOUT_S="${MEMORY_TIMEOUT_S:-90}"
 # Decode with the layers' projections in FP8 (e4m3 weights, 128x128 block scales) last; empty
 # FP8_BATCHES skips it.
 FP8_TIMEOUT_S="${FP8_TIMEOUT_S:-200}"
@@ -139,7 +142,7 @@ else
   serve_vocab=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["vocab_size"])' \
     "$MODEL_DIR/config.json")
   "$BIN_DIR/dsinfer" serve --backend cuda --dummy-weights --model "$serve_dir" --served-model-name bench --port 0 \
-    --no-kv-store --max-batched-tokens 16384 --kv-cache-mb 16384 2> "$OUT/serve_server.log" &
+    --no-kv-store --max-batched-tokens 16384 2> "$OUT/serve_server.log" &
   server_pid=$!
   serve_deadline=$((SECONDS + serve_s))
   serve_left() { local left=$((serve_deadline - SECONDS)); echo $((left < 1 ? 1 : left)); }
@@ -160,6 +163,19 @@ else
   kill -TERM "$server_pid" 2> /dev/null
   wait "$server_pid"
   rm -rf "$serve_dir"
+fi
+
+memory_rc=skipped
+memory_s=$(step_budget "$MEMORY_TIMEOUT_S")
+if [ "$memory_s" -le 0 ]; then
+  echo "device memory check skipped (MEMORY_TIMEOUT_S=0 or TOTAL_BUDGET_S spent)" > "$OUT/memory.log"
+else
+  memory_dir=$(mktemp -d)
+  python3 tools/serving_model_dir.py "$MODEL_DIR/config.json" "$memory_dir" > "$OUT/memory.log" 2>&1
+  timeout "$memory_s" python3 tools/device_memory_check.py "$BIN_DIR/dsinfer" "$memory_dir" "$OUT" \
+    >> "$OUT/memory.log" 2>&1
+  memory_rc=$?
+  rm -rf "$memory_dir"
 fi
 
 fp8_rc=skipped
@@ -199,5 +215,7 @@ echo "=== workload $WORKLOAD ($(explain_rc "$workload_rc"), limit ${workload_s}s
 grep -E "GEMM ceiling|^completed|^- engine|^- device idle|^\| |error|skipped" "$OUT/workload.log" | tail -12
 echo "=== served over HTTP, $WORKLOAD ($(explain_rc "$serve_rc"), limit ${serve_s}s)"
 tail -6 "$OUT/serve.log"
+echo "=== device memory ($(explain_rc "$memory_rc"), limit ${memory_s}s)"
+tail -8 "$OUT/memory.log"
 echo "=== FP8 decode bench $FP8_BATCHES ($(explain_rc "$fp8_rc"), limit ${fp8_s}s)"
 grep -E "^\| |error|skipped" "$OUT/fp8.log" | tail -6

@@ -22,7 +22,15 @@ void add_engine_options(CLI::App& app, EngineOptions& o) {
   app.add_option("--model", o.config.model_dir, "model directory (config.json, safetensors, tokenizer)");
   app.add_option("--backend", o.config.backend, "compute backend")->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_flag("--dummy-weights", o.config.dummy_weights, "random weights of the config's shapes (benchmarks)");
-  app.add_option("--kv-cache-mb", o.kv_cache_mb, "memory for the latent KV cache, MiB")->check(CLI::Range(1, 1 << 24));
+  CLI::Option* kv_mb = app.add_option("--kv-cache-mb", o.kv_cache_mb,
+                                      "memory for the latent KV cache, MiB (default: cpu 1024; cuda: see "
+                                      "--gpu-memory-utilization)")
+                          ->check(CLI::Range(1, 1 << 24));
+  app.add_option("--gpu-memory-utilization", o.gpu_memory_utilization,
+                 "cuda: share of the GPU's memory for weights, activations and the KV cache, which takes what "
+                 "the weights and the largest step leave (default 0.9)")
+      ->check(CLI::Range(0.05, 1.0))
+      ->excludes(kv_mb);
   app.add_option("--kv-cache-dtype", o.kv_cache_dtype,
                  "latent cache entries: fp32, or fp8 (e4m3 latent with a scale per 128 columns, bf16 rope; 3.5x "
                  "the tokens in the same memory)")
@@ -31,7 +39,9 @@ void add_engine_options(CLI::App& app, EngineOptions& o) {
                  "products' operands: default (cuda: bf16, FP8 activations for FP8 weights in prefill), or fp32 "
                  "(cuda: fp32 weights and products, for checking at reference precision; cpu: always fp32)")
       ->check(CLI::IsMember({"default", "fp32"}));
-  app.add_option("--num-kv-blocks", o.config.num_kv_blocks, "KV blocks (overrides --kv-cache-mb)")->check(CLI::Range(0, 1 << 24));
+  app.add_option("--num-kv-blocks", o.config.num_kv_blocks,
+                 "KV blocks (overrides --kv-cache-mb and --gpu-memory-utilization)")
+      ->check(CLI::Range(0, 1 << 24));
   app.add_option("--block-size", o.config.block_size_tokens, "tokens per KV block")->check(CLI::Range(1, 4096));
   app.add_option("--max-model-len", o.config.max_model_len, "longest prompt + output (default: the model's)")
       ->check(CLI::Range(0, 1 << 24));
@@ -71,7 +81,9 @@ bool async_scheduling_for(int choice, const std::string& backend) {
 
 EngineConfig finish_engine_options(EngineOptions& o) {
   if (o.config.model_dir.empty()) o.config.model_dir = default_model_dir();
-  o.config.kv_cache_bytes = o.kv_cache_mb << 20;
+  if (o.kv_cache_mb > 0) o.config.kv_cache_bytes = o.kv_cache_mb << 20;
+  else if (o.config.backend == "cuda" && o.config.num_kv_blocks == 0)
+    o.config.device_memory_fraction = o.gpu_memory_utilization;
   o.config.async_scheduling = async_scheduling_for(o.async_scheduling, o.config.backend);
   parse_kv_cache_format(o.kv_cache_dtype, &o.config.kv_cache_format);  // the validator accepted it
   parse_precision(o.precision, &o.config.precision);                  // and this one

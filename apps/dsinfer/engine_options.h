@@ -9,7 +9,8 @@ namespace dsinfer::cli {
 
 struct EngineOptions {
   EngineConfig config;
-  int64_t kv_cache_mb = 1024;
+  int64_t kv_cache_mb = 0;  // 0: by backend (cuda: gpu_memory_utilization; cpu: 1 GiB)
+  double gpu_memory_utilization = 0.9;
   std::string kv_cache_dtype = "fp32";
   std::string precision = "default";
   // Scheduling one step ahead: -1 by backend (on for cuda), 0 off, 1 on.

@@ -228,6 +228,13 @@ class Backend {
   // After an exception part way through a step (between begin_step and end_step, recording or
   // not): the step's work is dropped and the backend left ready for the next step.
   virtual void abandon_step() {}
+  // The device's memory once its queued work is done: free (cudaMemGetInfo's, which counts what
+  // a caching allocator holds idle as used) and total. None for backends without device memory.
+  struct DeviceMemory {
+    int64_t free_bytes = 0;
+    int64_t total_bytes = 0;
+  };
+  virtual std::optional<DeviceMemory> device_memory() { return std::nullopt; }
   // Greedy choice per row of logits [rows, vocab]: sample_rows with every row greedy.
   void argmax_rows(const Tensor& logits, std::vector<int32_t>& out);
   // One token per row of logits [rows, vocab] as choose_token picks it with that row's

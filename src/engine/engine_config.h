@@ -22,6 +22,10 @@ struct EngineConfig {
   // the same memory, at FP8's precision for the latent part).
   KvCacheFormat kv_cache_format = KvCacheFormat::kF32;
   int num_kv_blocks = 0;            // overrides kv_cache_bytes when > 0
+  // > 0 (and num_kv_blocks not given): the KV cache takes what is left of this share of the
+  // device's memory after the weights and the largest step's activations (kv_cache_sizing.h),
+  // in place of kv_cache_bytes; backends without device memory keep kv_cache_bytes.
+  double device_memory_fraction = 0;
   int max_model_len = 0;            // 0: the model's max_position_embeddings
   int max_num_batched_tokens = 2048;
   int max_num_seqs = 256;

@@ -8,6 +8,7 @@
 #include "core/check.h"
 #include "core/fault_injection.h"
 #include "core/logging.h"
+#include "engine/kv_cache_sizing.h"
 #include "model/checkpoint.h"
 
 namespace dsinfer {
@@ -54,6 +55,8 @@ EngineCore::EngineCore(const EngineConfig& config) : config_(config) {
 
   const int bs = config_.block_size_tokens;
   int num_blocks = config_.num_kv_blocks;
+  if (num_blocks <= 0 && config_.device_memory_fraction > 0)
+    num_blocks = kv_blocks_for_device_memory(*model_, *backend_, config_, max_model_len_).value_or(0);
   if (num_blocks <= 0) {
     const int64_t per_block = static_cast<int64_t>(model_->kv_bytes_per_token(config_.kv_cache_format)) * bs;
     num_blocks = static_cast<int>(std::min<int64_t>(config_.kv_cache_bytes / per_block, 1 << 20));

@@ -363,6 +363,13 @@ void CudaBackend::abandon_step() {
   alloc_->release_cached();
 }
 
+std::optional<Backend::DeviceMemory> CudaBackend::device_memory() {
+  synchronize();
+  size_t free_bytes = 0, total_bytes = 0;
+  DS_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return DeviceMemory{static_cast<int64_t>(free_bytes), static_cast<int64_t>(total_bytes)};
+}
+
 std::optional<StepGapStats> CudaBackend::step_gaps() { return step_gaps_->take_stats(); }
 
 uint64_t CudaBackend::choose_async(const Tensor& logits, std::span<const RowSampling> rows) {

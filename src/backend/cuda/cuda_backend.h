@@ -101,6 +101,7 @@ class CudaBackend final : public Backend {
   void begin_step(const ForwardBatch& batch) override;
   void end_step() override;
   void abandon_step() override;
+  std::optional<DeviceMemory> device_memory() override;
   void sample_rows(const Tensor& logits, std::span<const RowSampling> rows, std::vector<int32_t>& out) override;
   uint64_t choose_async(const Tensor& logits, std::span<const RowSampling> rows) override;
   std::vector<int32_t> wait_choice(uint64_t ticket) override;

@@ -167,3 +167,37 @@ TEST(GenerateCli, CorruptCheckpointIsAnErrorNotACrash) {
 }
 
 }  // namespace
+
+namespace {
+
+// The engine's "N KV blocks of" line, or -1.
+int num_kv_blocks_logged(const std::string& out) {
+  const size_t at = out.find(" KV blocks of ");
+  if (at == std::string::npos) return -1;
+  size_t begin = at;
+  while (begin > 0 && std::isdigit(static_cast<unsigned char>(out[begin - 1]))) --begin;
+  return std::stoi(out.substr(begin, at - begin));
+}
+
+}  // namespace
+
+// The KV cache's size: 1 GiB on the cpu backend unless --kv-cache-mb says otherwise; the share of
+// the GPU's memory (--gpu-memory-utilization) does not apply there, and both at once are refused.
+TEST(GenerateCli, KvCacheSizeByFlagAndBackend) {
+  const std::string base = "generate --model " + fixture("tiny_v3") + " --prompt-ids 5,6,7 --max-tokens 2";
+  const auto by_default = run(base);
+  ASSERT_EQ(by_default.exit_code, 0) << by_default.out;
+  const auto small = run(base + " --kv-cache-mb 16");
+  ASSERT_EQ(small.exit_code, 0) << small.out;
+  const auto share = run(base + " --gpu-memory-utilization 0.5");
+  ASSERT_EQ(share.exit_code, 0) << share.out;
+  const int default_blocks = num_kv_blocks_logged(by_default.out);
+  EXPECT_GT(default_blocks, 0) << by_default.out;
+  EXPECT_EQ(num_kv_blocks_logged(small.out), default_blocks / 64) << small.out;  // 16 MiB of 1 GiB
+  EXPECT_EQ(num_kv_blocks_logged(share.out), default_blocks) << share.out;
+
+  const auto both = run(base + " --kv-cache-mb 16 --gpu-memory-utilization 0.5");
+  EXPECT_NE(both.exit_code, 0) << both.out;
+  EXPECT_NE(both.exit_code, -1) << "must not crash: " << both.out;
+  EXPECT_NE(both.out.find("excludes"), std::string::npos) << both.out;
+}

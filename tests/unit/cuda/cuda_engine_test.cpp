@@ -27,14 +27,7 @@ class ScopedEnv {
   const char* name_;
 };
 
-EngineConfig cuda_config() {
-  EngineConfig c;
-  c.model_dir = testing_cuda::source_dir() + "/tests/data/tiny_v3";
-  c.backend = "cuda";
-  c.kv_cache_bytes = 256 << 20;
-  c.print_load_progress = false;
-  return c;
-}
+EngineConfig cuda_config() { return testing_cuda::tiny_v3_cuda_config(); }
 
 std::vector<GenerationRequest> random_requests(int count, uint32_t seed) {
   std::mt19937 rng(seed);

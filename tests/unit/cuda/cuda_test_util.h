@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "engine/engine_config.h"
 
 namespace dsinfer::testing_cuda {
 
@@ -61,6 +62,16 @@ inline double relative_error(const std::vector<float>& got, const std::vector<fl
 inline std::string source_dir() {
   const char* env = std::getenv("DSINFER_SOURCE_DIR");
   return env != nullptr && *env != '\0' ? std::string(env) : std::string(DSINFER_SOURCE_DIR);
+}
+
+// An engine on the CUDA backend over the tiny_v3 fixture, with a 256 MiB KV cache.
+inline EngineConfig tiny_v3_cuda_config() {
+  EngineConfig c;
+  c.model_dir = source_dir() + "/tests/data/tiny_v3";
+  c.backend = "cuda";
+  c.kv_cache_bytes = 256 << 20;
+  c.print_load_progress = false;
+  return c;
 }
 
 class CudaVsCpuTest : public ::testing::Test {

@@ -1,0 +1,122 @@
+// The engine's device memory on the CUDA backend: a KV cache sized to a share of the device
+// takes what that share leaves (kv_cache_sizing.h), and a step that fails part way, while it is
+// being recorded as a CUDA graph, leaves the engine serving with the tokens it gave before.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <map>
+
+#include "backend/backend.h"
+#include "backend/latent_cache_format.h"
+#include "cuda_test_util.h"
+#include "engine/engine_core.h"
+
+namespace dsinfer {
+namespace {
+
+GenerationRequest greedy(int max_tokens) {
+  GenerationRequest r;
+  for (int i = 0; i < 40; ++i) r.prompt_ids.push_back(3 + (i * 37) % 500);
+  r.sampling.temperature = 0.0f;
+  r.sampling.ignore_eos = true;
+  r.sampling.max_tokens = max_tokens;
+  return r;
+}
+
+struct Finished {
+  std::vector<TokenId> tokens;
+  FinishReason finish = FinishReason::kNone;
+  Status error;
+};
+
+std::map<RequestId, Finished> run_to_end(EngineCore& core) {
+  std::map<RequestId, Finished> results;
+  for (int step = 0; core.has_unfinished_requests() && step < 500; ++step) {
+    for (const RequestOutput& o : core.step()) {
+      Finished& f = results[o.request_id];
+      f.tokens.insert(f.tokens.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+      if (o.finished()) {
+        f.finish = o.finish_reason;
+        f.error = o.error;
+      }
+    }
+  }
+  return results;
+}
+
+class CudaEngineMemory : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda_backend_available()) GTEST_SKIP() << "no CUDA device visible";
+  }
+};
+
+// Two shares 10 GiB apart give caches 10 GiB apart (within 1% of the device: the runtime's own
+// allocations move between engines), and the larger cache serves the tokens a small one does.
+TEST_F(CudaEngineMemory, KvCacheTakesWhatTheShareLeaves) {
+  const int64_t total = make_backend("cuda")->device_memory().value().total_bytes;
+  constexpr int64_t kGiB = int64_t{1} << 30;
+  ASSERT_GT(total, 24 * kGiB) << "the test sizes caches of 10 and 20 GiB";
+  std::vector<TokenId> small_cache_tokens;
+  {
+    EngineCore core(testing_cuda::tiny_v3_cuda_config());
+    ASSERT_TRUE(core.add_request(1, greedy(12)).ok());
+    small_cache_tokens = run_to_end(core).at(1).tokens;
+  }
+  int64_t cache_bytes[2] = {};
+  for (int i = 0; i < 2; ++i) {
+    EngineConfig c = testing_cuda::tiny_v3_cuda_config();
+    c.device_memory_fraction = static_cast<double>((i + 1) * 10 * kGiB) / static_cast<double>(total);
+    EngineCore core(c);
+    const ModelConfig& m = core.model_config();
+    const int64_t block_bytes = int64_t{core.config().block_size_tokens} * m.num_hidden_layers *
+                                latent_entry_bytes(KvCacheFormat::kF32, m.kv_lora_rank, m.qk_rope_head_dim);
+    cache_bytes[i] = static_cast<int64_t>(core.stats().num_kv_blocks_total) * block_bytes;
+    ASSERT_TRUE(core.add_request(1, greedy(12)).ok());
+    EXPECT_EQ(run_to_end(core).at(1).tokens, small_cache_tokens);
+  }
+  EXPECT_NEAR(static_cast<double>(cache_bytes[1] - cache_bytes[0]), static_cast<double>(10 * kGiB), 0.01 * total);
+  EXPECT_GT(cache_bytes[0], 9 * kGiB) << "a tiny model's weights and steps take little of 10 GiB";
+}
+
+// A share smaller than what the weights and a step already use is refused with a clear error.
+TEST_F(CudaEngineMemory, AShareTooSmallForTheWeightsIsRefused) {
+  EngineConfig c = testing_cuda::tiny_v3_cuda_config();
+  c.device_memory_fraction = 1e-6;
+  try {
+    EngineCore core(c);
+    FAIL() << "an engine was made with no memory for its KV cache";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), StatusCode::kResourceExhausted);
+    EXPECT_NE(std::string(e.what()).find("--gpu-memory-utilization"), std::string::npos) << e.what();
+  }
+}
+
+// A one-token decode step is run eagerly twice, then recorded: the fourth pass through the
+// layers is that recording. Failing it leaves a capture open, which the backend must close; the
+// request ends with the error and a later one gets the tokens of an engine that never failed.
+TEST_F(CudaEngineMemory, AStepFailingWhileRecordedLeavesTheEngineServing) {
+  std::vector<TokenId> expected;
+  {
+    EngineCore core(testing_cuda::tiny_v3_cuda_config());
+    ASSERT_TRUE(core.add_request(1, greedy(10)).ok());
+    expected = run_to_end(core).at(1).tokens;
+  }
+  ASSERT_EQ(expected.size(), 10u);
+  EngineCore core(testing_cuda::tiny_v3_cuda_config());
+  ASSERT_TRUE(core.add_request(1, greedy(10)).ok());
+  setenv("DSINFER_INJECT_FAULTS", "forward:4", 1);
+  auto first = run_to_end(core);
+  unsetenv("DSINFER_INJECT_FAULTS");
+  EXPECT_EQ(first.at(1).finish, FinishReason::kError);
+  EXPECT_NE(first.at(1).error.message().find("injected fault at forward"), std::string::npos);
+  EXPECT_EQ(core.stats().num_failed_steps, 1);
+
+  ASSERT_TRUE(core.add_request(2, greedy(10)).ok());
+  const auto second = run_to_end(core);
+  EXPECT_EQ(second.at(2).finish, FinishReason::kLength);
+  EXPECT_EQ(second.at(2).tokens, expected);
+}
+
+}  // namespace
+}  // namespace dsinfer
