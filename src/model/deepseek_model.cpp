@@ -4,6 +4,7 @@
 
 #include "core/check.h"
 #include "core/fault_injection.h"
+#include "core/logging.h"
 #include "model/checkpoint.h"
 #include "model/rope.h"
 
@@ -149,14 +150,24 @@ ForwardOutput DeepseekModel::forward_recorded(const ForwardBatch& batch, KvCache
     rec.captured = done;  // the backend dropped it (its step buffers moved): record again
   }
   if (!done && rec.num_eager_runs >= kEagerRunsBeforeRecording && !rec.failed) {
-    backend_.begin_recording(key);
-    ForwardOutput recorded = run_layers(padded, caches, false);
-    if (backend_.end_recording(key) && backend_.replay(key)) {
-      rec.output = std::move(recorded);
-      rec.captured = true;
-      out = rec.output;
-      done = true;
-    } else {
+    try {
+      backend_.begin_recording(key);
+      ForwardOutput recorded = run_layers(padded, caches, false);
+      if (backend_.end_recording(key) && backend_.replay(key)) {
+        rec.output = std::move(recorded);
+        rec.captured = true;
+        out = rec.output;
+        done = true;
+      } else {
+        rec.failed = true;
+      }
+    } catch (const Error& e) {
+      if (e.code() != StatusCode::kResourceExhausted) throw;
+      // A recording's activations are its own (they cannot be shared with eager steps): short
+      // of device memory for them, the bucket runs eagerly from now on, as this step does.
+      DS_LOG_WARN("decode steps of " << bucket << " rows run eagerly: recording one failed (" << e.what() << ")");
+      backend_.abandon_step();
+      backend_.begin_step(padded);
       rec.failed = true;
     }
   }

@@ -380,10 +380,13 @@ uint64_t CudaBackend::choose_async(const Tensor& logits, std::span<const RowSamp
   DS_CHECK_MSG(slot.ticket == 0, "choose_async: two choices are still waiting");
   const int64_t num_rows = logits.dim(0);
   if (num_rows > slot.capacity) {
+    const int64_t capacity = std::max<int64_t>(num_rows, 256);
+    Tensor ids = alloc_->persistent({capacity}, DType::kI32);  // may throw: the slot is left as it was
     if (slot.host != nullptr) DS_CUDA_CHECK(cudaFreeHost(slot.host));
-    slot.capacity = std::max<int64_t>(num_rows, 256);
-    DS_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&slot.host), slot.capacity * sizeof(int32_t)));
-    slot.ids = alloc_->persistent({slot.capacity}, DType::kI32);
+    slot.host = nullptr;
+    DS_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&slot.host), capacity * sizeof(int32_t)));
+    slot.ids = std::move(ids);
+    slot.capacity = capacity;
   }
   choose_into(logits, rows, slot.ids.as<int32_t>());
   if (num_rows > 0)

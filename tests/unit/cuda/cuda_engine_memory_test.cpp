@@ -1,6 +1,7 @@
 // The engine's device memory on the CUDA backend: a KV cache sized to a share of the device
-// takes what that share leaves (kv_cache_sizing.h), and a step that fails part way, while it is
-// being recorded as a CUDA graph, leaves the engine serving with the tokens it gave before.
+// takes what that share leaves (kv_cache_sizing.h); a step out of memory while it is recorded as
+// a CUDA graph runs eagerly instead, and one out of memory in an eager run fails its request
+// while the engine serves on.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -93,9 +94,11 @@ TEST_F(CudaEngineMemory, AShareTooSmallForTheWeightsIsRefused) {
 }
 
 // A one-token decode step is run eagerly twice, then recorded: the fourth pass through the
-// layers is that recording. Failing it leaves a capture open, which the backend must close; the
-// request ends with the error and a later one gets the tokens of an engine that never failed.
-TEST_F(CudaEngineMemory, AStepFailingWhileRecordedLeavesTheEngineServing) {
+// layers is that recording. Out of memory there, the backend must close the capture it leaves
+// open, and the step runs eagerly instead (as its bucket does from then on): the request gets
+// the tokens of an engine that never failed. Out of memory in an eager step (the second pass)
+// ends that step's request; a later one gets those tokens too.
+TEST_F(CudaEngineMemory, OutOfMemoryWhileRecordingRunsTheStepEagerlyAndInAnEagerStepFailsItsRequest) {
   std::vector<TokenId> expected;
   {
     EngineCore core(testing_cuda::tiny_v3_cuda_config());
@@ -103,9 +106,19 @@ TEST_F(CudaEngineMemory, AStepFailingWhileRecordedLeavesTheEngineServing) {
     expected = run_to_end(core).at(1).tokens;
   }
   ASSERT_EQ(expected.size(), 10u);
+  {
+    EngineCore core(testing_cuda::tiny_v3_cuda_config());
+    ASSERT_TRUE(core.add_request(1, greedy(10)).ok());
+    setenv("DSINFER_INJECT_FAULTS", "forward:4", 1);
+    const auto results = run_to_end(core);
+    unsetenv("DSINFER_INJECT_FAULTS");
+    EXPECT_EQ(results.at(1).finish, FinishReason::kLength);
+    EXPECT_EQ(results.at(1).tokens, expected);
+    EXPECT_EQ(core.stats().num_failed_steps, 0);
+  }
   EngineCore core(testing_cuda::tiny_v3_cuda_config());
   ASSERT_TRUE(core.add_request(1, greedy(10)).ok());
-  setenv("DSINFER_INJECT_FAULTS", "forward:4", 1);
+  setenv("DSINFER_INJECT_FAULTS", "forward:2", 1);
   auto first = run_to_end(core);
   unsetenv("DSINFER_INJECT_FAULTS");
   EXPECT_EQ(first.at(1).finish, FinishReason::kError);
