@@ -29,7 +29,10 @@ std::vector<Completion> LLM::generate(const std::vector<GenerationRequest>& requ
       c.token_ids.insert(c.token_ids.end(), out.new_token_ids.begin(), out.new_token_ids.end());
       for (auto& lp : out.logprobs) c.logprobs.push_back(std::move(lp));
       c.prompt_cache = out.prompt_cache;
-      if (out.finished()) c.finish_reason = out.finish_reason;
+      if (out.finished()) {
+        c.finish_reason = out.finish_reason;
+        c.status = out.error;  // a failed step's error (kError); ok otherwise
+      }
     }
   }
   return results;

@@ -201,3 +201,16 @@ TEST(GenerateCli, KvCacheSizeByFlagAndBackend) {
   EXPECT_NE(both.exit_code, -1) << "must not crash: " << both.out;
   EXPECT_NE(both.out.find("excludes"), std::string::npos) << both.out;
 }
+
+// A step that fails (here made to fail: DSINFER_INJECT_FAULTS) ends its prompt with an error
+// line naming the failure, and the run with exit code 1; no crash.
+TEST(GenerateCli, AFailedStepIsAnErrorLine) {
+  const auto r = dsinfer::testing::run_command("DSINFER_INJECT_FAULTS=forward:2 " + std::string(DSINFER_BINARY) +
+                                               " generate --model " + fixture("tiny_v3") +
+                                               " --prompt-ids 5,6,7 --max-tokens 4 --ignore-eos");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  const auto lines = json_lines(r.out);
+  ASSERT_EQ(lines.size(), 1u) << r.out;
+  ASSERT_TRUE(lines[0].contains("error")) << r.out;
+  EXPECT_NE(lines[0]["error"].get<std::string>().find("injected fault at forward"), std::string::npos) << r.out;
+}
