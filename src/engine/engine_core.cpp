@@ -215,13 +215,20 @@ std::vector<RequestOutput> EngineCore::step() {
   return outputs;
 }
 
-// A launch that throws (the device out of memory for the step's activations, say) fails the
-// requests of that step alone, with the error: the others keep their places, and the step's
-// blocks go back to the pool with its requests. Nothing of the failed step was advanced, so a
-// step in flight before it finishes as usual (skipping the failed requests' rows).
+// A launch that throws (the device out of memory for the step's activations, say) ends the
+// requests that brought prompt tokens to the step, with the error: the step was theirs to grow.
+// The step's other requests, one decode token each, are left as they were (the launch changes
+// no request before it succeeds) and run again in the next step; where the step had only such
+// requests, they end with the error too, so that a failing step is not retried forever. The
+// ended requests' blocks go back to the pool. A step in flight before the failed one finishes as
+// usual, skipping the ended requests' rows.
 std::optional<LaunchedStep> EngineCore::launch(SchedulerOutput sched, std::vector<RequestOutput>& failed) {
-  std::vector<RequestId> ids;
-  for (const ScheduledRequest& sr : sched.scheduled) ids.push_back(sr.request->id);
+  std::vector<RequestId> with_prompt, decoding;
+  for (const ScheduledRequest& sr : sched.scheduled) {
+    const Request& req = *sr.request;
+    const bool prompt = sr.num_new_tokens > 1 || req.num_computed_tokens < req.num_prompt_tokens;
+    (prompt ? with_prompt : decoding).push_back(req.id);
+  }
   Status error;
   try {
     LaunchedStep step = runner_->submit(std::move(sched));
@@ -234,9 +241,12 @@ std::optional<LaunchedStep> EngineCore::launch(SchedulerOutput sched, std::vecto
   } catch (const std::exception& e) {
     error = internal_error(e.what());
   }
-  DS_LOG_ERROR("engine: a step of " << ids.size() << " request(s) failed, and they with it: " << error.message());
   ++num_failed_steps_;
-  for (RequestId id : ids) {
+  std::vector<RequestId> ended = with_prompt;
+  if (with_prompt.empty()) ended = decoding;
+  DS_LOG_ERROR("engine: a step of " << with_prompt.size() + decoding.size() << " request(s) failed (" << error.message()
+                                    << "); " << ended.size() << " of them end with the error, the rest run again");
+  for (RequestId id : ended) {
     auto it = requests_.find(id);
     if (it == requests_.end()) continue;
     Request& req = *it->second;

@@ -42,28 +42,41 @@ ForwardBatch ModelRunner::build_batch(const SchedulerOutput& out, int64_t step_n
 
 LaunchedStep ModelRunner::submit(SchedulerOutput sched) {
   LaunchedStep step;
-  step.number = ++num_launched_;
+  step.number = num_launched_ + 1;
   step.sched = std::move(sched);
-  if (step.sched.empty()) return step;
+  if (step.sched.empty()) {
+    num_launched_ = step.number;
+    return step;
+  }
   const ForwardBatch batch = build_batch(step.sched, step.number);
   ForwardOutput fwd = model_.forward(batch, caches_);
   // The backend chooses every sampled row's token where the logits are (each request's draw
   // taken from its own stream here); only the ids cross to the host, and the logits too when
-  // some request asks for logprobs.
+  // some request asks for logprobs. The draws come from copies of the requests' streams, and
+  // nothing of a request changes until the launch has succeeded: a launch that throws leaves
+  // its requests as they were (EngineCore::launch may run some of them again).
   row_sampling_.clear();
+  std::vector<SamplerState> drawn_states;
   bool want_logprobs = false;
+  for (const ScheduledRequest& sr : step.sched.scheduled) {
+    if (!sr.samples) continue;
+    SamplerState state = sr.request->sampler_state;
+    row_sampling_.push_back(row_sampling(sr.request->sampling, state));
+    drawn_states.push_back(state);
+    want_logprobs = want_logprobs || sr.request->sampling.num_logprobs > 0;
+  }
+  if (want_logprobs) step.logits_host.resize(row_sampling_.size() * static_cast<size_t>(model_.config().vocab_size));
+  if (!row_sampling_.empty()) step.choice = model_.backend().choose_async(fwd.logits, row_sampling_);
+  if (want_logprobs) model_.backend().to_host(fwd.logits, step.logits_host.data());
+  size_t row = 0;
   for (const ScheduledRequest& sr : step.sched.scheduled) {
     step.computed.push_back(sr.request->num_computed_tokens + sr.num_new_tokens);
     if (!sr.samples) continue;
-    sr.request->pending.push_back({step.number, static_cast<int>(row_sampling_.size())});
-    row_sampling_.push_back(row_sampling(sr.request->sampling, sr.request->sampler_state));
-    want_logprobs = want_logprobs || sr.request->sampling.num_logprobs > 0;
+    sr.request->pending.push_back({step.number, static_cast<int>(row)});
+    sr.request->sampler_state = drawn_states[row];
+    ++row;
   }
-  if (!row_sampling_.empty()) step.choice = model_.backend().choose_async(fwd.logits, row_sampling_);
-  if (want_logprobs) {
-    step.logits_host.resize(row_sampling_.size() * static_cast<size_t>(model_.config().vocab_size));
-    model_.backend().to_host(fwd.logits, step.logits_host.data());
-  }
+  num_launched_ = step.number;
   return step;
 }
 

@@ -34,7 +34,8 @@ class ModelRunner {
 
   // Enqueues the step: every request that samples gets a pending token (its row of this step's
   // choice), and the inputs that are pending tokens of the step before are placeholders the
-  // backend resolves from that step's choice. Returns before the tokens are known.
+  // backend resolves from that step's choice. Returns before the tokens are known. Where it
+  // throws (the device out of memory), no request of the step has changed.
   LaunchedStep submit(SchedulerOutput sched);
   // The step's tokens, in the order of its sampling rows (waits for them).
   std::vector<SampledToken> collect(LaunchedStep& step);

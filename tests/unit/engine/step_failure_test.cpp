@@ -1,6 +1,7 @@
-// A step whose launch fails (the device out of memory for its activations) ends the requests of
-// that step with the error, and only those: the rest finish with the tokens they get without the
-// failure, and every block returns to the pool. A failure outside a launch (a bug) ends the
+// A step whose launch fails (the device out of memory for its activations) ends, with the error,
+// the requests that brought prompt tokens to it (all of its requests where none did), and only
+// those: the rest finish with the tokens they get without the failure, and every block returns
+// to the pool. A failure outside a launch (a bug) ends the
 // asynchronous engine: its running requests get the error, new ones are refused.
 // The failures are made by DSINFER_INJECT_FAULTS (core/fault_injection.h).
 #include <gtest/gtest.h>
@@ -127,6 +128,56 @@ TEST_P(StepFailure, RequestsSharingAFailedStepFailTogetherAndLaterOnesRun) {
   results = run_to_end(core);
   EXPECT_EQ(results.at(7).finish, FinishReason::kLength);
   EXPECT_EQ(results.at(7).tokens, expected);
+}
+
+// A request decoding when another's prompt joins it in a step that fails: the newcomer ends
+// with the error, the decoding one runs on and gets every token it gets alone.
+TEST_P(StepFailure, ARequestDecodingBesideAFailedPromptRunsOn) {
+  const auto requests = two_requests();
+  GenerationRequest decoding = requests[0];
+  decoding.sampling.max_tokens = 12;
+  std::vector<TokenId> expected;
+  {
+    EngineCore core(one_at_a_time(GetParam()));
+    ASSERT_TRUE(core.add_request(0, decoding).ok());
+    expected = run_to_end(core).at(0).tokens;
+  }
+  ASSERT_EQ(expected.size(), 12u);
+  EngineConfig config = testing::fixture_engine_config("tiny_v3");
+  config.async_scheduling = GetParam();
+  EngineCore core(config);
+  ASSERT_TRUE(core.add_request(0, decoding).ok());
+  std::map<RequestId, Finished> results;
+  auto take = [&](const std::vector<RequestOutput>& outputs) {
+    for (const RequestOutput& o : outputs) {
+      Finished& f = results[o.request_id];
+      f.tokens.insert(f.tokens.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+      if (o.finished()) {
+        f.finish = o.finish_reason;
+        f.error = o.error;
+      }
+    }
+  };
+  for (int i = 0; i < 4; ++i) take(core.step());  // its prompt, then decode steps
+  ASSERT_TRUE(core.add_request(1, requests[1]).ok());
+  {
+    ScopedFaults faults("forward:1");  // the first step after this holds the newcomer's prompt
+    for (int i = 0; i < 3; ++i) take(core.step());
+  }
+  for (const auto& [id, f] : run_to_end(core)) {
+    Finished& r = results[id];
+    r.tokens.insert(r.tokens.end(), f.tokens.begin(), f.tokens.end());
+    if (f.finish != FinishReason::kNone) {
+      r.finish = f.finish;
+      r.error = f.error;
+    }
+  }
+  EXPECT_EQ(results.at(1).finish, FinishReason::kError);
+  EXPECT_TRUE(results.at(1).tokens.empty());
+  EXPECT_EQ(results.at(0).finish, FinishReason::kLength);
+  EXPECT_EQ(results.at(0).tokens, expected);
+  EXPECT_EQ(core.stats().num_failed_steps, 1);
+  EXPECT_EQ(core.stats().num_kv_blocks_used, 0) << "every block returned";
 }
 
 INSTANTIATE_TEST_SUITE_P(Scheduling, StepFailure, ::testing::Values(false, true),
