@@ -1,7 +1,7 @@
 // The engine's device memory on the CUDA backend: a KV cache sized to a share of the device
 // takes what that share leaves (kv_cache_sizing.h); a step out of memory while it is recorded as
 // a CUDA graph runs eagerly instead, and one out of memory in an eager run fails its request
-// while the engine serves on.
+// while the engine serves on, a request decoding beside it included.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -129,6 +129,48 @@ TEST_F(CudaEngineMemory, OutOfMemoryWhileRecordingRunsTheStepEagerlyAndInAnEager
   const auto second = run_to_end(core);
   EXPECT_EQ(second.at(2).finish, FinishReason::kLength);
   EXPECT_EQ(second.at(2).tokens, expected);
+}
+
+// A request decoding (one step ahead, recorded steps) when another's prompt joins it in a step
+// that runs out of memory: the newcomer ends with the error, the decoding one runs on with the
+// tokens it gets alone (batch-invariant mode, so that the newcomer's steps beside it change
+// nothing).
+TEST_F(CudaEngineMemory, ARequestDecodingBesideAFailedPromptRunsOn) {
+  setenv("DSINFER_BATCH_INVARIANT", "1", 1);  // read when the backend is made
+  EngineConfig config = testing_cuda::tiny_v3_cuda_config();
+  config.async_scheduling = true;
+  std::vector<TokenId> expected;
+  {
+    EngineCore core(config);
+    ASSERT_TRUE(core.add_request(1, greedy(16)).ok());
+    expected = run_to_end(core).at(1).tokens;
+  }
+  EngineCore core(config);
+  unsetenv("DSINFER_BATCH_INVARIANT");
+  ASSERT_TRUE(core.add_request(1, greedy(16)).ok());
+  std::map<RequestId, Finished> results;
+  auto take = [&](const std::vector<RequestOutput>& outputs) {
+    for (const RequestOutput& o : outputs) {
+      Finished& f = results[o.request_id];
+      f.tokens.insert(f.tokens.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+      if (o.finished()) {
+        f.finish = o.finish_reason;
+        f.error = o.error;
+      }
+    }
+  };
+  for (int i = 0; i < 6; ++i) take(core.step());  // its prompt, eager decode steps, a recording
+  GenerationRequest newcomer = greedy(4);
+  newcomer.prompt_ids.resize(30);
+  ASSERT_TRUE(core.add_request(2, newcomer).ok());
+  setenv("DSINFER_INJECT_FAULTS", "forward:1", 1);  // the step holding the newcomer's prompt
+  for (int i = 0; i < 3; ++i) take(core.step());
+  unsetenv("DSINFER_INJECT_FAULTS");
+  for (int i = 0; i < 100 && core.has_unfinished_requests(); ++i) take(core.step());
+  EXPECT_EQ(results.at(2).finish, FinishReason::kError);
+  EXPECT_EQ(results.at(1).finish, FinishReason::kLength);
+  EXPECT_EQ(results.at(1).tokens, expected);
+  EXPECT_EQ(core.stats().num_failed_steps, 1);
 }
 
 }  // namespace
