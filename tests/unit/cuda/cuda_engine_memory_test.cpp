@@ -5,12 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
-#include <map>
 
 #include "backend/backend.h"
 #include "backend/latent_cache_format.h"
 #include "cuda_test_util.h"
 #include "engine/engine_core.h"
+#include "engine_outputs.h"
 
 namespace dsinfer {
 namespace {
@@ -22,27 +22,6 @@ GenerationRequest greedy(int max_tokens) {
   r.sampling.ignore_eos = true;
   r.sampling.max_tokens = max_tokens;
   return r;
-}
-
-struct Finished {
-  std::vector<TokenId> tokens;
-  FinishReason finish = FinishReason::kNone;
-  Status error;
-};
-
-std::map<RequestId, Finished> run_to_end(EngineCore& core) {
-  std::map<RequestId, Finished> results;
-  for (int step = 0; core.has_unfinished_requests() && step < 500; ++step) {
-    for (const RequestOutput& o : core.step()) {
-      Finished& f = results[o.request_id];
-      f.tokens.insert(f.tokens.end(), o.new_token_ids.begin(), o.new_token_ids.end());
-      if (o.finished()) {
-        f.finish = o.finish_reason;
-        f.error = o.error;
-      }
-    }
-  }
-  return results;
 }
 
 class CudaEngineMemory : public ::testing::Test {
@@ -62,7 +41,7 @@ TEST_F(CudaEngineMemory, KvCacheTakesWhatTheShareLeaves) {
   {
     EngineCore core(testing_cuda::tiny_v3_cuda_config());
     ASSERT_TRUE(core.add_request(1, greedy(12)).ok());
-    small_cache_tokens = run_to_end(core).at(1).tokens;
+    small_cache_tokens = testing::run_to_end(core).at(1).tokens;
   }
   int64_t cache_bytes[2] = {};
   for (int i = 0; i < 2; ++i) {
@@ -74,7 +53,7 @@ TEST_F(CudaEngineMemory, KvCacheTakesWhatTheShareLeaves) {
                                 latent_entry_bytes(KvCacheFormat::kF32, m.kv_lora_rank, m.qk_rope_head_dim);
     cache_bytes[i] = static_cast<int64_t>(core.stats().num_kv_blocks_total) * block_bytes;
     ASSERT_TRUE(core.add_request(1, greedy(12)).ok());
-    EXPECT_EQ(run_to_end(core).at(1).tokens, small_cache_tokens);
+    EXPECT_EQ(testing::run_to_end(core).at(1).tokens, small_cache_tokens);
   }
   EXPECT_NEAR(static_cast<double>(cache_bytes[1] - cache_bytes[0]), static_cast<double>(10 * kGiB), 0.01 * total);
   EXPECT_GT(cache_bytes[0], 9 * kGiB) << "a tiny model's weights and steps take little of 10 GiB";
@@ -103,14 +82,14 @@ TEST_F(CudaEngineMemory, OutOfMemoryWhileRecordingRunsTheStepEagerlyAndInAnEager
   {
     EngineCore core(testing_cuda::tiny_v3_cuda_config());
     ASSERT_TRUE(core.add_request(1, greedy(10)).ok());
-    expected = run_to_end(core).at(1).tokens;
+    expected = testing::run_to_end(core).at(1).tokens;
   }
   ASSERT_EQ(expected.size(), 10u);
   {
     EngineCore core(testing_cuda::tiny_v3_cuda_config());
     ASSERT_TRUE(core.add_request(1, greedy(10)).ok());
     setenv("DSINFER_INJECT_FAULTS", "forward:4", 1);
-    const auto results = run_to_end(core);
+    const auto results = testing::run_to_end(core);
     unsetenv("DSINFER_INJECT_FAULTS");
     EXPECT_EQ(results.at(1).finish, FinishReason::kLength);
     EXPECT_EQ(results.at(1).tokens, expected);
@@ -119,14 +98,14 @@ TEST_F(CudaEngineMemory, OutOfMemoryWhileRecordingRunsTheStepEagerlyAndInAnEager
   EngineCore core(testing_cuda::tiny_v3_cuda_config());
   ASSERT_TRUE(core.add_request(1, greedy(10)).ok());
   setenv("DSINFER_INJECT_FAULTS", "forward:2", 1);
-  auto first = run_to_end(core);
+  auto first = testing::run_to_end(core);
   unsetenv("DSINFER_INJECT_FAULTS");
   EXPECT_EQ(first.at(1).finish, FinishReason::kError);
   EXPECT_NE(first.at(1).error.message().find("injected fault at forward"), std::string::npos);
   EXPECT_EQ(core.stats().num_failed_steps, 1);
 
   ASSERT_TRUE(core.add_request(2, greedy(10)).ok());
-  const auto second = run_to_end(core);
+  const auto second = testing::run_to_end(core);
   EXPECT_EQ(second.at(2).finish, FinishReason::kLength);
   EXPECT_EQ(second.at(2).tokens, expected);
 }
@@ -143,30 +122,21 @@ TEST_F(CudaEngineMemory, ARequestDecodingBesideAFailedPromptRunsOn) {
   {
     EngineCore core(config);
     ASSERT_TRUE(core.add_request(1, greedy(16)).ok());
-    expected = run_to_end(core).at(1).tokens;
+    expected = testing::run_to_end(core).at(1).tokens;
   }
   EngineCore core(config);
   unsetenv("DSINFER_BATCH_INVARIANT");
   ASSERT_TRUE(core.add_request(1, greedy(16)).ok());
-  std::map<RequestId, Finished> results;
-  auto take = [&](const std::vector<RequestOutput>& outputs) {
-    for (const RequestOutput& o : outputs) {
-      Finished& f = results[o.request_id];
-      f.tokens.insert(f.tokens.end(), o.new_token_ids.begin(), o.new_token_ids.end());
-      if (o.finished()) {
-        f.finish = o.finish_reason;
-        f.error = o.error;
-      }
-    }
-  };
-  for (int i = 0; i < 6; ++i) take(core.step());  // its prompt, eager decode steps, a recording
+  testing::Outputs results;
+  // Its prompt, eager decode steps, a recording, replays.
+  for (int i = 0; i < 6; ++i) testing::add_outputs(results, core.step());
   GenerationRequest newcomer = greedy(4);
   newcomer.prompt_ids.resize(30);
   ASSERT_TRUE(core.add_request(2, newcomer).ok());
   setenv("DSINFER_INJECT_FAULTS", "forward:1", 1);  // the step holding the newcomer's prompt
-  for (int i = 0; i < 3; ++i) take(core.step());
+  for (int i = 0; i < 3; ++i) testing::add_outputs(results, core.step());
   unsetenv("DSINFER_INJECT_FAULTS");
-  for (int i = 0; i < 100 && core.has_unfinished_requests(); ++i) take(core.step());
+  testing::run_to_end(core, results);
   EXPECT_EQ(results.at(2).finish, FinishReason::kError);
   EXPECT_EQ(results.at(1).finish, FinishReason::kLength);
   EXPECT_EQ(results.at(1).tokens, expected);

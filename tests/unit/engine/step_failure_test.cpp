@@ -7,10 +7,10 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
-#include <map>
 
 #include "engine/async_engine.h"
 #include "engine/engine_core.h"
+#include "engine_outputs.h"
 #include "test_fixtures.h"
 
 namespace dsinfer {
@@ -20,12 +20,6 @@ class ScopedFaults {
  public:
   explicit ScopedFaults(const char* spec) { setenv("DSINFER_INJECT_FAULTS", spec, 1); }
   ~ScopedFaults() { unsetenv("DSINFER_INJECT_FAULTS"); }
-};
-
-struct Finished {
-  std::vector<TokenId> tokens;
-  FinishReason finish = FinishReason::kNone;
-  Status error;
 };
 
 GenerationRequest greedy(const std::vector<TokenId>& prompt, int max_tokens) {
@@ -50,34 +44,16 @@ EngineConfig one_at_a_time(bool async) {
   return config;
 }
 
-std::map<RequestId, Finished> run_to_end(EngineCore& core) {
-  std::map<RequestId, Finished> results;
-  for (int step = 0; core.has_unfinished_requests(); ++step) {
-    EXPECT_LT(step, 200) << "the engine does not finish";
-    if (step >= 200) break;
-    for (const RequestOutput& o : core.step()) {
-      Finished& f = results[o.request_id];
-      f.tokens.insert(f.tokens.end(), o.new_token_ids.begin(), o.new_token_ids.end());
-      if (o.finished()) {
-        EXPECT_EQ(f.finish, FinishReason::kNone) << "request " << o.request_id << " finished twice";
-        f.finish = o.finish_reason;
-        f.error = o.error;
-      }
-    }
-  }
-  return results;
-}
-
 class StepFailure : public ::testing::TestWithParam<bool> {};
 
 TEST_P(StepFailure, AFailedLaunchEndsOnlyTheRequestsOfItsStep) {
   const auto requests = two_requests();
-  std::map<RequestId, Finished> expected;
+  testing::Outputs expected;
   int64_t blocks_used_after = 0;
   {
     EngineCore core(one_at_a_time(GetParam()));
     for (RequestId id = 0; id < 2; ++id) ASSERT_TRUE(core.add_request(id, requests[id]).ok());
-    expected = run_to_end(core);
+    expected = testing::run_to_end(core);
     blocks_used_after = core.stats().num_kv_blocks_used;
   }
   ASSERT_EQ(expected[0].tokens.size(), 6u);
@@ -86,9 +62,9 @@ TEST_P(StepFailure, AFailedLaunchEndsOnlyTheRequestsOfItsStep) {
   EngineCore core(one_at_a_time(GetParam()));
   for (RequestId id = 0; id < 2; ++id) ASSERT_TRUE(core.add_request(id, requests[id]).ok());
   ScopedFaults faults("forward:3");  // request 0's prefill, its first decode step, then this
-  const auto results = run_to_end(core);
+  const auto results = testing::run_to_end(core);
 
-  const Finished& failed = results.at(0);
+  const testing::FinishedRequest& failed = results.at(0);
   EXPECT_EQ(failed.finish, FinishReason::kError);
   EXPECT_EQ(failed.error.code(), StatusCode::kResourceExhausted);
   EXPECT_NE(failed.error.message().find("injected fault at forward"), std::string::npos) << failed.error.message();
@@ -96,7 +72,7 @@ TEST_P(StepFailure, AFailedLaunchEndsOnlyTheRequestsOfItsStep) {
   EXPECT_TRUE(std::equal(failed.tokens.begin(), failed.tokens.end(), expected[0].tokens.begin()))
       << "the tokens before the failure are the ones it would have had";
 
-  const Finished& other = results.at(1);
+  const testing::FinishedRequest& other = results.at(1);
   EXPECT_EQ(other.finish, FinishReason::kLength);
   EXPECT_EQ(other.tokens, expected[1].tokens);
   EXPECT_TRUE(other.error.ok());
@@ -111,21 +87,21 @@ TEST_P(StepFailure, RequestsSharingAFailedStepFailTogetherAndLaterOnesRun) {
   {
     EngineCore core(one_at_a_time(GetParam()));
     ASSERT_TRUE(core.add_request(7, requests[1]).ok());
-    expected = run_to_end(core).at(7).tokens;
+    expected = testing::run_to_end(core).at(7).tokens;
   }
   EngineConfig config = testing::fixture_engine_config("tiny_v3");
   config.async_scheduling = GetParam();
   EngineCore core(config);
   for (RequestId id = 0; id < 2; ++id) ASSERT_TRUE(core.add_request(id, requests[id]).ok());
   ScopedFaults faults("forward:1");  // the step that holds both prefills
-  auto results = run_to_end(core);
+  auto results = testing::run_to_end(core);
   EXPECT_EQ(results.at(0).finish, FinishReason::kError);
   EXPECT_EQ(results.at(1).finish, FinishReason::kError);
   EXPECT_TRUE(results.at(0).tokens.empty());
   EXPECT_EQ(core.stats().num_kv_blocks_used, 0);
 
   ASSERT_TRUE(core.add_request(7, requests[1]).ok());
-  results = run_to_end(core);
+  results = testing::run_to_end(core);
   EXPECT_EQ(results.at(7).finish, FinishReason::kLength);
   EXPECT_EQ(results.at(7).tokens, expected);
 }
@@ -140,38 +116,21 @@ TEST_P(StepFailure, ARequestDecodingBesideAFailedPromptRunsOn) {
   {
     EngineCore core(one_at_a_time(GetParam()));
     ASSERT_TRUE(core.add_request(0, decoding).ok());
-    expected = run_to_end(core).at(0).tokens;
+    expected = testing::run_to_end(core).at(0).tokens;
   }
   ASSERT_EQ(expected.size(), 12u);
   EngineConfig config = testing::fixture_engine_config("tiny_v3");
   config.async_scheduling = GetParam();
   EngineCore core(config);
   ASSERT_TRUE(core.add_request(0, decoding).ok());
-  std::map<RequestId, Finished> results;
-  auto take = [&](const std::vector<RequestOutput>& outputs) {
-    for (const RequestOutput& o : outputs) {
-      Finished& f = results[o.request_id];
-      f.tokens.insert(f.tokens.end(), o.new_token_ids.begin(), o.new_token_ids.end());
-      if (o.finished()) {
-        f.finish = o.finish_reason;
-        f.error = o.error;
-      }
-    }
-  };
-  for (int i = 0; i < 4; ++i) take(core.step());  // its prompt, then decode steps
+  testing::Outputs results;
+  for (int i = 0; i < 4; ++i) testing::add_outputs(results, core.step());  // its prompt, decode steps
   ASSERT_TRUE(core.add_request(1, requests[1]).ok());
   {
     ScopedFaults faults("forward:1");  // the first step after this holds the newcomer's prompt
-    for (int i = 0; i < 3; ++i) take(core.step());
+    for (int i = 0; i < 3; ++i) testing::add_outputs(results, core.step());
   }
-  for (const auto& [id, f] : run_to_end(core)) {
-    Finished& r = results[id];
-    r.tokens.insert(r.tokens.end(), f.tokens.begin(), f.tokens.end());
-    if (f.finish != FinishReason::kNone) {
-      r.finish = f.finish;
-      r.error = f.error;
-    }
-  }
+  testing::run_to_end(core, results);
   EXPECT_EQ(results.at(1).finish, FinishReason::kError);
   EXPECT_TRUE(results.at(1).tokens.empty());
   EXPECT_EQ(results.at(0).finish, FinishReason::kLength);
