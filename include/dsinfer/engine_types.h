@@ -70,7 +70,8 @@ struct EngineStats {
   int num_kv_blocks_total = 0;
   int64_t num_steps = 0;
   int64_t num_preemptions = 0;
-  int64_t num_failed_steps = 0;  // launches that threw; their requests finished with kError
+  int64_t num_failed_steps = 0;  // launches that threw (see EngineCore::launch)
+  int step_token_budget = 0;     // tokens a step may take now (lowered after a step out of memory)
 };
 
 }  // namespace dsinfer

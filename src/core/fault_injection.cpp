@@ -1,6 +1,5 @@
 #include "core/fault_injection.h"
 
-#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <set>
@@ -14,7 +13,6 @@ namespace dsinfer {
 namespace {
 
 struct Faults {
-  std::atomic<bool> armed{false};  // a value was seen; unsetting the variable starts the counts anew
   std::mutex mu;
   std::string spec;                     // the variable's value the counts below belong to
   std::map<std::string, std::set<long>> at_pass;  // site → the passes that fail
@@ -43,17 +41,9 @@ void parse(const std::string& spec, std::map<std::string, std::set<long>>& at_pa
 
 void maybe_inject_fault(const char* site) {
   const char* env = std::getenv("DSINFER_INJECT_FAULTS");
+  if (env == nullptr || *env == '\0') return;
   Faults& f = faults();
-  if (env == nullptr || *env == '\0') {
-    if (f.armed.load(std::memory_order_relaxed)) {
-      std::lock_guard<std::mutex> lock(f.mu);
-      f.spec.clear();
-      f.armed = false;
-    }
-    return;
-  }
   std::lock_guard<std::mutex> lock(f.mu);
-  f.armed = true;
   if (f.spec != env) {
     f.spec = env;
     parse(f.spec, f.at_pass);
@@ -65,6 +55,14 @@ void maybe_inject_fault(const char* site) {
   if (it->second.count(pass))
     throw Error(StatusCode::kResourceExhausted,
                 std::string("injected fault at ") + site + " (pass " + std::to_string(pass) + ")");
+}
+
+void set_injected_faults(const std::string& spec) {
+  Faults& f = faults();
+  std::lock_guard<std::mutex> lock(f.mu);
+  if (spec.empty()) unsetenv("DSINFER_INJECT_FAULTS");
+  else setenv("DSINFER_INJECT_FAULTS", spec.c_str(), 1);
+  f.spec.clear();  // the next pass parses the value afresh, with counts from zero
 }
 
 }  // namespace dsinfer

@@ -215,12 +215,16 @@ std::vector<RequestOutput> EngineCore::step() {
   return outputs;
 }
 
-// A launch that throws (the device out of memory for the step's activations, say) ends the
-// requests that brought prompt tokens to the step, with the error: the step was theirs to grow.
-// The step's other requests, one decode token each, are left as they were (the launch changes
-// no request before it succeeds) and run again in the next step; where the step had only such
-// requests, they end with the error too, so that a failing step is not retried forever. The
-// ended requests' blocks go back to the pool. A step in flight before the failed one finishes as
+// A launch that throws leaves its requests as they were (ModelRunner::submit changes none of
+// them before it succeeds), so the engine chooses which of them run again:
+// - Out of device memory in a step with prompt tokens: the step was too large. Steps take at
+//   most half its tokens from now on, and every request of the step runs again (prompts in
+//   smaller chunks). Below kMinStepTokens, the requests that brought prompt tokens end with the
+//   error instead.
+// - Otherwise the requests that brought prompt tokens end with the error, and decoding ones
+//   run again; a step of decoding requests alone ends them all, so that a failing step is not
+//   retried forever.
+// Ended requests' blocks go back to the pool. A step in flight before the failed one finishes as
 // usual, skipping the ended requests' rows.
 std::optional<LaunchedStep> EngineCore::launch(SchedulerOutput sched, std::vector<RequestOutput>& failed) {
   std::vector<RequestId> with_prompt, decoding;
@@ -229,6 +233,7 @@ std::optional<LaunchedStep> EngineCore::launch(SchedulerOutput sched, std::vecto
     const bool prompt = sr.num_new_tokens > 1 || req.num_computed_tokens < req.num_prompt_tokens;
     (prompt ? with_prompt : decoding).push_back(req.id);
   }
+  const int num_step_tokens = sched.num_scheduled_tokens;
   Status error;
   try {
     LaunchedStep step = runner_->submit(std::move(sched));
@@ -242,8 +247,14 @@ std::optional<LaunchedStep> EngineCore::launch(SchedulerOutput sched, std::vecto
     error = internal_error(e.what());
   }
   ++num_failed_steps_;
-  std::vector<RequestId> ended = with_prompt;
-  if (with_prompt.empty()) ended = decoding;
+  const int smaller_budget = std::min(scheduler_->max_num_batched_tokens(), num_step_tokens) / 2;
+  if (error.code() == StatusCode::kResourceExhausted && !with_prompt.empty() && smaller_budget >= kMinStepTokens) {
+    scheduler_->set_max_num_batched_tokens(smaller_budget);
+    DS_LOG_WARN("engine: a step of " << num_step_tokens << " tokens ran out of memory (" << error.message()
+                                     << "); steps now take at most " << smaller_budget << " tokens");
+    return std::nullopt;
+  }
+  const std::vector<RequestId>& ended = with_prompt.empty() ? decoding : with_prompt;
   DS_LOG_ERROR("engine: a step of " << with_prompt.size() + decoding.size() << " request(s) failed (" << error.message()
                                     << "); " << ended.size() << " of them end with the error, the rest run again");
   for (RequestId id : ended) {
@@ -293,6 +304,7 @@ EngineStats EngineCore::stats() const {
   s.num_steps = num_steps_;
   s.num_preemptions = scheduler_->num_preemptions();
   s.num_failed_steps = num_failed_steps_;
+  s.step_token_budget = scheduler_->max_num_batched_tokens();
   return s;
 }
 

@@ -48,7 +48,10 @@ class EngineCore {
  private:
   RequestOutput make_output(Request& req);
   bool check_stop(Request& req, TokenId token) const;
-  // Launches a scheduled step; where that throws, fails the step's requests into `failed`.
+  // Steps are not made smaller than this after running out of memory (see launch).
+  static constexpr int kMinStepTokens = 64;
+  // Launches a scheduled step. Where that throws, either lowers the step token budget so that
+  // the step's requests run again in smaller steps, or ends some of them into `failed`.
   std::optional<LaunchedStep> launch(SchedulerOutput sched, std::vector<RequestOutput>& failed);
   // Waits for a launched step's tokens and turns them into outputs.
   std::vector<RequestOutput> finish_step(LaunchedStep& step);

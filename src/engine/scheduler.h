@@ -52,6 +52,10 @@ class Scheduler {
   int num_waiting() const { return static_cast<int>(waiting_.size()); }
   int num_running() const { return static_cast<int>(running_.size()); }
   int64_t num_preemptions() const { return num_preemptions_; }
+  int max_num_batched_tokens() const { return config_.max_num_batched_tokens; }
+  // Steps take at most n tokens from now on (the engine lowers it after a step ran out of
+  // device memory).
+  void set_max_num_batched_tokens(int n) { config_.max_num_batched_tokens = n; }
 
  private:
   void preempt(Request* victim);

@@ -1,6 +1,7 @@
 // Engine failures through the official clients. A step whose launch fails (out of device memory)
-// ends its requests with a 503 (a stream with an error event) and the server goes on serving; a
-// failure that ends the engine answers its requests, then /health and every new request, with 503.
+// and cannot be split ends its requests with a 503 (a stream with an error event), one that can
+// runs again in smaller steps, and the server goes on serving; a failure that ends the engine
+// answers its requests, then /health and every new request, with 503.
 // The failures are made by DSINFER_INJECT_FAULTS (src/core/fault_injection.h).
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -46,6 +47,24 @@ test('a failed step ends its request with 503 and the server serves on', async (
     const m = await metrics(server.base);
     assert.equal(m.dsinfer_engine_failed_steps_total, 2);
     assert.equal(m.dsinfer_kv_blocks_used, 0, 'the failed requests gave their blocks back');
+  } finally {
+    assert.equal((await server.stop()).code, 0);
+  }
+});
+
+test('a prompt whose step runs out of memory is answered in smaller steps', async () => {
+  const server = await startServer(engineArgs, { DSINFER_INJECT_FAULTS: 'forward:1' });
+  try {
+    const client = new OpenAI({ baseURL: `${server.base}/v1`, apiKey: 'x', maxRetries: 0 });
+    const long = { ...body, messages: [{ role: 'user', content: 'x'.repeat(200) }] };
+    const answer = await client.chat.completions.create(long);
+    assert.equal(answer.choices[0].finish_reason, 'length');
+    assert.equal(answer.usage.completion_tokens, 8);
+    const m = await metrics(server.base);
+    assert.equal(m.dsinfer_engine_failed_steps_total, 1);
+    assert.equal(m.dsinfer_engine_step_token_budget, Math.floor(answer.usage.prompt_tokens / 2),
+      'steps take at most half the failed step');
+    assert.match(server.log(), /steps now take at most \d+ tokens/);
   } finally {
     assert.equal((await server.stop()).code, 0);
   }

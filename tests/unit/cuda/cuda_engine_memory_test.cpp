@@ -9,6 +9,7 @@
 #include "backend/backend.h"
 #include "backend/latent_cache_format.h"
 #include "cuda_test_util.h"
+#include "core/fault_injection.h"
 #include "engine/engine_core.h"
 #include "engine_outputs.h"
 
@@ -88,18 +89,18 @@ TEST_F(CudaEngineMemory, OutOfMemoryWhileRecordingRunsTheStepEagerlyAndInAnEager
   {
     EngineCore core(testing_cuda::tiny_v3_cuda_config());
     ASSERT_TRUE(core.add_request(1, greedy(10)).ok());
-    setenv("DSINFER_INJECT_FAULTS", "forward:4", 1);
+    set_injected_faults("forward:4");
     const auto results = testing::run_to_end(core);
-    unsetenv("DSINFER_INJECT_FAULTS");
+    set_injected_faults("");
     EXPECT_EQ(results.at(1).finish, FinishReason::kLength);
     EXPECT_EQ(results.at(1).tokens, expected);
     EXPECT_EQ(core.stats().num_failed_steps, 0);
   }
   EngineCore core(testing_cuda::tiny_v3_cuda_config());
   ASSERT_TRUE(core.add_request(1, greedy(10)).ok());
-  setenv("DSINFER_INJECT_FAULTS", "forward:2", 1);
+  set_injected_faults("forward:2");
   auto first = testing::run_to_end(core);
-  unsetenv("DSINFER_INJECT_FAULTS");
+  set_injected_faults("");
   EXPECT_EQ(first.at(1).finish, FinishReason::kError);
   EXPECT_NE(first.at(1).error.message().find("injected fault at forward"), std::string::npos);
   EXPECT_EQ(core.stats().num_failed_steps, 1);
@@ -133,9 +134,9 @@ TEST_F(CudaEngineMemory, ARequestDecodingBesideAFailedPromptRunsOn) {
   GenerationRequest newcomer = greedy(4);
   newcomer.prompt_ids.resize(30);
   ASSERT_TRUE(core.add_request(2, newcomer).ok());
-  setenv("DSINFER_INJECT_FAULTS", "forward:1", 1);  // the step holding the newcomer's prompt
+  set_injected_faults("forward:1");  // the step holding the newcomer's prompt
   for (int i = 0; i < 3; ++i) testing::add_outputs(results, core.step());
-  unsetenv("DSINFER_INJECT_FAULTS");
+  set_injected_faults("");
   testing::run_to_end(core, results);
   EXPECT_EQ(results.at(2).finish, FinishReason::kError);
   EXPECT_EQ(results.at(1).finish, FinishReason::kLength);

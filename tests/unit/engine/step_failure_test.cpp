@@ -1,13 +1,14 @@
-// A step whose launch fails (the device out of memory for its activations) ends, with the error,
-// the requests that brought prompt tokens to it (all of its requests where none did), and only
-// those: the rest finish with the tokens they get without the failure, and every block returns
-// to the pool. A failure outside a launch (a bug) ends the
+// A step whose launch fails (the device out of memory for its activations) runs again in
+// smaller steps where it can be split; otherwise it ends, with the error, the requests that
+// brought prompt tokens to it (all of its requests where none did), and only those: the rest
+// finish with the tokens they get without the failure, and every block returns to the pool. A failure outside a launch (a bug) ends the
 // asynchronous engine: its running requests get the error, new ones are refused.
 // The failures are made by DSINFER_INJECT_FAULTS (core/fault_injection.h).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 
+#include "core/fault_injection.h"
 #include "engine/async_engine.h"
 #include "engine/engine_core.h"
 #include "engine_outputs.h"
@@ -18,8 +19,8 @@ namespace {
 
 class ScopedFaults {
  public:
-  explicit ScopedFaults(const char* spec) { setenv("DSINFER_INJECT_FAULTS", spec, 1); }
-  ~ScopedFaults() { unsetenv("DSINFER_INJECT_FAULTS"); }
+  explicit ScopedFaults(const char* spec) { set_injected_faults(spec); }
+  ~ScopedFaults() { set_injected_faults(""); }
 };
 
 GenerationRequest greedy(const std::vector<TokenId>& prompt, int max_tokens) {
@@ -81,7 +82,9 @@ TEST_P(StepFailure, AFailedLaunchEndsOnlyTheRequestsOfItsStep) {
   EXPECT_EQ(core.stats().num_kv_blocks_used, blocks_used_after) << "the failed request's blocks returned";
 }
 
-TEST_P(StepFailure, RequestsSharingAFailedStepFailTogetherAndLaterOnesRun) {
+// Two prompts of 1 and 5 tokens share a step that fails: too small to split into smaller steps,
+// so both end with the error, and a later request runs.
+TEST_P(StepFailure, PromptsOfAStepTooSmallToSplitEndAndLaterOnesRun) {
   const auto requests = two_requests();
   std::vector<TokenId> expected;
   {
@@ -104,6 +107,51 @@ TEST_P(StepFailure, RequestsSharingAFailedStepFailTogetherAndLaterOnesRun) {
   results = testing::run_to_end(core);
   EXPECT_EQ(results.at(7).finish, FinishReason::kLength);
   EXPECT_EQ(results.at(7).tokens, expected);
+}
+
+// Prompts of 65 and 130 tokens share a step that runs out of memory: steps then take at most
+// half its tokens, and both run again, in chunks, to the tokens an engine with that budget
+// gives them. Where the smaller step fails too (48 tokens would be below the floor of 64), they
+// end with the error.
+TEST_P(StepFailure, AStepOutOfMemoryRunsAgainInSmallerSteps) {
+  const auto ref = testing::fixture_reference("tiny_v3");
+  const std::vector<GenerationRequest> requests = {
+      greedy(ref["prompts"][4]["prompt_ids"].get<std::vector<TokenId>>(), 6),
+      greedy(ref["prompts"][5]["prompt_ids"].get<std::vector<TokenId>>(), 6)};
+  EngineConfig config = testing::fixture_engine_config("tiny_v3");
+  config.async_scheduling = GetParam();
+  testing::Outputs results;
+  int budget_after = 0;
+  {
+    EngineCore core(config);
+    for (RequestId id = 0; id < 2; ++id) ASSERT_TRUE(core.add_request(id, requests[id]).ok());
+    ScopedFaults faults("forward:1");
+    testing::run_to_end(core, results);
+    EXPECT_EQ(core.stats().num_failed_steps, 1);
+    budget_after = core.stats().step_token_budget;
+  }
+  EXPECT_EQ(budget_after, (65 + 130) / 2);
+  config.max_num_batched_tokens = budget_after;
+  EngineCore with_that_budget(config);
+  for (RequestId id = 0; id < 2; ++id) ASSERT_TRUE(with_that_budget.add_request(id, requests[id]).ok());
+  const auto expected = testing::run_to_end(with_that_budget);
+  for (RequestId id = 0; id < 2; ++id) {
+    EXPECT_EQ(results.at(id).finish, FinishReason::kLength) << id;
+    EXPECT_EQ(results.at(id).tokens, expected.at(id).tokens) << id;
+  }
+
+  config.max_num_batched_tokens = 2048;
+  EngineCore core(config);
+  for (RequestId id = 0; id < 2; ++id) ASSERT_TRUE(core.add_request(id, requests[id]).ok());
+  ScopedFaults faults("forward:1,forward:2");
+  const auto failed = testing::run_to_end(core);
+  for (RequestId id = 0; id < 2; ++id) {
+    EXPECT_EQ(failed.at(id).finish, FinishReason::kError) << id;
+    EXPECT_EQ(failed.at(id).error.code(), StatusCode::kResourceExhausted) << id;
+  }
+  EXPECT_EQ(core.stats().num_failed_steps, 2);
+  EXPECT_EQ(core.stats().step_token_budget, 97);
+  EXPECT_EQ(core.stats().num_kv_blocks_used, 0);
 }
 
 // A request decoding when another's prompt joins it in a step that fails: the newcomer ends
