@@ -18,12 +18,21 @@ const body = {
   model: 'tiny', temperature: 0, max_tokens: 8, ignore_eos: true, messages: [{ role: 'user', content: 'Hello' }],
 };
 
+// Runs fn(server, client) on a server whose engine fails as `faults` says; the server must then
+// stop cleanly.
+async function withFaults(faults, fn) {
+  const server = await startServer(engineArgs, { DSINFER_INJECT_FAULTS: faults });
+  try {
+    await fn(server, new OpenAI({ baseURL: `${server.base}/v1`, apiKey: 'x', maxRetries: 0 }));
+  } finally {
+    assert.equal((await server.stop()).code, 0);
+  }
+}
+
 test('a failed step ends its request with 503 and the server serves on', async () => {
   // One request at a time on the cpu backend: step 1 is the first request's prompt, step 2 its
   // first decode step (fails); step 3 the second's prompt, step 4 its first decode step (fails).
-  const server = await startServer(engineArgs, { DSINFER_INJECT_FAULTS: 'forward:2,forward:4' });
-  try {
-    const client = new OpenAI({ baseURL: `${server.base}/v1`, apiKey: 'x', maxRetries: 0 });
+  await withFaults('forward:2,forward:4', async (server, client) => {
     await assert.rejects(client.chat.completions.create(body), (e) => {
       assert.equal(e.status, 503);
       assert.match(e.message, /could not run a step with this request: injected fault at forward/);
@@ -47,15 +56,11 @@ test('a failed step ends its request with 503 and the server serves on', async (
     const m = await metrics(server.base);
     assert.equal(m.dsinfer_engine_failed_steps_total, 2);
     assert.equal(m.dsinfer_kv_blocks_used, 0, 'the failed requests gave their blocks back');
-  } finally {
-    assert.equal((await server.stop()).code, 0);
-  }
+  });
 });
 
 test('a prompt whose step runs out of memory is answered in smaller steps', async () => {
-  const server = await startServer(engineArgs, { DSINFER_INJECT_FAULTS: 'forward:1' });
-  try {
-    const client = new OpenAI({ baseURL: `${server.base}/v1`, apiKey: 'x', maxRetries: 0 });
+  await withFaults('forward:1', async (server, client) => {
     const long = { ...body, messages: [{ role: 'user', content: 'x'.repeat(200) }] };
     const answer = await client.chat.completions.create(long);
     assert.equal(answer.choices[0].finish_reason, 'length');
@@ -65,15 +70,11 @@ test('a prompt whose step runs out of memory is answered in smaller steps', asyn
     assert.equal(m.dsinfer_engine_step_token_budget, Math.floor(answer.usage.prompt_tokens / 2),
       'steps take at most half the failed step');
     assert.match(server.log(), /steps now take at most \d+ tokens/);
-  } finally {
-    assert.equal((await server.stop()).code, 0);
-  }
+  });
 });
 
 test('an engine that fails answers 503 on /health and to every request, and still shuts down', async () => {
-  const server = await startServer(engineArgs, { DSINFER_INJECT_FAULTS: 'engine_step:2' });
-  try {
-    const client = new OpenAI({ baseURL: `${server.base}/v1`, apiKey: 'x', maxRetries: 0 });
+  await withFaults('engine_step:2', async (server, client) => {
     await assert.rejects(client.chat.completions.create(body), (e) => {
       assert.equal(e.status, 503);
       assert.match(e.message, /the engine failed: injected fault at engine_step/);
@@ -85,7 +86,5 @@ test('an engine that fails answers 503 on /health and to every request, and stil
     assert.equal(h.status, 'engine_failed');
     assert.match(h.message, /injected fault/);
     await assert.rejects(client.chat.completions.create(body), (e) => e.status === 503);
-  } finally {
-    assert.equal((await server.stop()).code, 0);
-  }
+  });
 });
