@@ -125,9 +125,11 @@ std::string ServerMetrics::render(const ServerGauges& g) const {
     header(out, "dsinfer_engine_failed_steps_total", "counter",
            "Engine steps whose launch failed (out of device memory, say); see dsinfer_engine_step_token_budget.");
     sample(out, "dsinfer_engine_failed_steps_total", static_cast<double>(g.engine.num_failed_steps));
-    header(out, "dsinfer_engine_step_token_budget", "gauge",
-           "Tokens an engine step may take (lowered after a step ran out of device memory).");
-    sample(out, "dsinfer_engine_step_token_budget", g.engine.step_token_budget);
+    if (g.engine.step_token_budget > 0) {  // engines with a step budget (not the echo engine)
+      header(out, "dsinfer_engine_step_token_budget", "gauge",
+             "Tokens an engine step may take (lowered after a step ran out of device memory).");
+      sample(out, "dsinfer_engine_step_token_budget", g.engine.step_token_budget);
+    }
   }
   return out;
 }
