@@ -2,8 +2,8 @@
 
 #include <cstdlib>
 #include <map>
-#include <set>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <string>
 
@@ -14,9 +14,9 @@ namespace {
 
 struct Faults {
   std::mutex mu;
-  std::string spec;                     // the variable's value the counts below belong to
+  std::string spec;                               // the value the counts below belong to
   std::map<std::string, std::set<long>> at_pass;  // site → the passes that fail
-  std::map<std::string, long> passes;   // site → passes so far
+  std::map<std::string, long> passes;             // site → passes so far
 };
 
 Faults& faults() {
