@@ -42,7 +42,7 @@ WORKLOAD_ARGS="${WORKLOAD_ARGS:-}"  # e.g. "--max-batched-tokens 16384"
 # engine-level workload; SERVE_TIMEOUT_S=0 skips it.
 SERVE_TIMEOUT_S="${SERVE_TIMEOUT_S:-120}"
 # The server's device memory (tools/device_memory_check.py): the KV cache sized to the GPU by
-# default, and a step out of device memory answered with a 503 while the server serves on.
+# default, and a prompt whose step runs out of device memory answered in smaller steps.
 MEMORY_TIMEOUT_S="${MEMORY_TIMEOUT_S:-90}"
 # Decode with the layers' projections in FP8 (e4m3 weights, 128x128 block scales) last; empty
 # FP8_BATCHES skips it.
@@ -131,14 +131,17 @@ else
   workload_rc=$?
 fi
 
+# The model directory both served steps use: the config with a tokenizer for every id.
+serve_dir=$(mktemp -d)
+python3 tools/serving_model_dir.py "$MODEL_DIR/config.json" "$serve_dir" > "$OUT/serving_model_dir.log" 2>&1
+
 serve_rc=skipped
 serve_s=$(step_budget "$SERVE_TIMEOUT_S")
 if [ -z "$WORKLOAD" ] || [ "$WORKLOAD" = "0" ] || [ "$serve_s" -le 0 ]; then
   echo "serving bench skipped (WORKLOAD empty/0, SERVE_TIMEOUT_S=0 or TOTAL_BUDGET_S spent)" > "$OUT/serve.log"
 else
   IFS=x read -r serve_num serve_in serve_out <<< "$WORKLOAD"
-  serve_dir=$(mktemp -d)
-  python3 tools/serving_model_dir.py "$MODEL_DIR/config.json" "$serve_dir" > "$OUT/serve.log" 2>&1
+  : > "$OUT/serve.log"
   serve_vocab=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["vocab_size"])' \
     "$MODEL_DIR/config.json")
   "$BIN_DIR/dsinfer" serve --backend cuda --dummy-weights --model "$serve_dir" --served-model-name bench --port 0 \
@@ -162,7 +165,6 @@ else
   fi
   kill -TERM "$server_pid" 2> /dev/null
   wait "$server_pid"
-  rm -rf "$serve_dir"
 fi
 
 memory_rc=skipped
@@ -170,13 +172,11 @@ memory_s=$(step_budget "$MEMORY_TIMEOUT_S")
 if [ "$memory_s" -le 0 ]; then
   echo "device memory check skipped (MEMORY_TIMEOUT_S=0 or TOTAL_BUDGET_S spent)" > "$OUT/memory.log"
 else
-  memory_dir=$(mktemp -d)
-  python3 tools/serving_model_dir.py "$MODEL_DIR/config.json" "$memory_dir" > "$OUT/memory.log" 2>&1
-  timeout "$memory_s" python3 tools/device_memory_check.py "$BIN_DIR/dsinfer" "$memory_dir" "$OUT" \
-    >> "$OUT/memory.log" 2>&1
+  timeout "$memory_s" python3 tools/device_memory_check.py "$BIN_DIR/dsinfer" "$serve_dir" "$OUT" \
+    > "$OUT/memory.log" 2>&1
   memory_rc=$?
-  rm -rf "$memory_dir"
 fi
+rm -rf "$serve_dir"
 
 fp8_rc=skipped
 fp8_s=$(step_budget "$FP8_TIMEOUT_S")

@@ -82,8 +82,7 @@ bool async_scheduling_for(int choice, const std::string& backend) {
 EngineConfig finish_engine_options(EngineOptions& o) {
   if (o.config.model_dir.empty()) o.config.model_dir = default_model_dir();
   if (o.kv_cache_mb > 0) o.config.kv_cache_bytes = o.kv_cache_mb << 20;
-  else if (o.config.backend == "cuda" && o.config.num_kv_blocks == 0)
-    o.config.device_memory_fraction = o.gpu_memory_utilization;
+  else if (o.config.backend == "cuda") o.config.device_memory_fraction = o.gpu_memory_utilization;
   o.config.async_scheduling = async_scheduling_for(o.async_scheduling, o.config.backend);
   parse_kv_cache_format(o.kv_cache_dtype, &o.config.kv_cache_format);  // the validator accepted it
   parse_precision(o.precision, &o.config.precision);                  // and this one

@@ -67,21 +67,18 @@ void AsyncEngine::loop() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stopping_ || !inbox_.empty() || !cancels_.empty() || core_->has_unfinished_requests(); });
-      if (stopping_ && callbacks_.empty() && inbox_.empty()) return;
     }
     try {
-      run_once();
+      if (run_once()) return;
     } catch (const std::exception& e) {
       DS_LOG_ERROR("engine: failed, no longer serving: " << e.what());
       fail_everything(Status(StatusCode::kUnavailable, std::string("the engine failed: ") + e.what()));
       return;
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_ && callbacks_.empty()) return;
   }
 }
 
-void AsyncEngine::run_once() {
+bool AsyncEngine::run_once() {
   std::deque<Pending> inbox;
   std::vector<RequestId> cancels;
   bool stopping;
@@ -116,7 +113,7 @@ void AsyncEngine::run_once() {
       --num_unfinished_;
     }
   }
-  if (stopping) return;
+  if (stopping) return true;
   if (core_->has_unfinished_requests()) {
     for (const RequestOutput& out : core_->step()) {
       auto it = callbacks_.find(out.request_id);
@@ -132,6 +129,7 @@ void AsyncEngine::run_once() {
   std::lock_guard<std::mutex> lock(mu_);
   stats_ = core_->stats();
   kv_metrics_ = std::move(kv_metrics);
+  return false;
 }
 
 void AsyncEngine::fail_everything(const Status& error) {

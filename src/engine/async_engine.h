@@ -43,8 +43,9 @@ class AsyncEngine final : public EngineClient {
     OutputCallback callback;
   };
   void loop();
-  // The loop's body: one round of submissions, cancellations and a step.
-  void run_once();
+  // The loop's body: one round of submissions, cancellations and a step. True once stopping
+  // (every request cancelled): the loop ends.
+  bool run_once();
   // Past an unexpected exception from the engine core (a bug: its state is unknown), every
   // request still running ends with `error`, and new ones are refused with it.
   void fail_everything(const Status& error);

@@ -258,9 +258,7 @@ std::optional<LaunchedStep> EngineCore::launch(SchedulerOutput sched, std::vecto
   DS_LOG_ERROR("engine: a step of " << with_prompt.size() + decoding.size() << " request(s) failed (" << error.message()
                                     << "); " << ended.size() << " of them end with the error, the rest run again");
   for (RequestId id : ended) {
-    auto it = requests_.find(id);
-    if (it == requests_.end()) continue;
-    Request& req = *it->second;
+    Request& req = *requests_.at(id);
     req.finish_reason = FinishReason::kError;
     RequestOutput out = make_output(req);
     out.error = Status(error.code(), "the engine could not run a step with this request: " + error.message());

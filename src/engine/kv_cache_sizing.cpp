@@ -18,7 +18,8 @@ std::string gib(int64_t bytes) {
 
 // The scheduler's largest step: one prompt of its whole token budget, with logits wanted for
 // the last rows, as many as requests may run at once (a decode step's LM head at full batch).
-void run_largest_step(DeepseekModel& model, const EngineConfig& config, int max_model_len) {
+// Returns its number of tokens.
+int run_largest_step(DeepseekModel& model, const EngineConfig& config, int max_model_len) {
   const int num_tokens = std::max(1, std::min(config.max_num_batched_tokens, max_model_len));
   const int block_size = config.block_size_tokens;
   const int num_blocks = (num_tokens + block_size - 1) / block_size;
@@ -40,6 +41,7 @@ void run_largest_step(DeepseekModel& model, const EngineConfig& config, int max_
   const int num_logit_rows = std::min(num_tokens, config.max_num_seqs);
   for (int r = num_tokens - num_logit_rows; r < num_tokens; ++r) batch.logits_indices.push_back(r);
   model.forward(batch, caches);
+  return num_tokens;
 }
 
 }  // namespace
@@ -48,7 +50,7 @@ std::optional<int> kv_blocks_for_device_memory(DeepseekModel& model, Backend& ba
                                                int max_model_len) {
   const std::optional<Backend::DeviceMemory> before = backend.device_memory();
   if (!before) return std::nullopt;
-  run_largest_step(model, config, max_model_len);  // its throwaway cache is freed on return
+  const int step_tokens = run_largest_step(model, config, max_model_len);  // its cache is freed on return
   const Backend::DeviceMemory after = *backend.device_memory();
   const int64_t total = after.total_bytes;
   const int64_t in_use = total - after.free_bytes;  // weights, the step's activations, the runtime
@@ -60,8 +62,7 @@ std::optional<int> kv_blocks_for_device_memory(DeepseekModel& model, Backend& ba
   const int min_blocks = (max_model_len + config.block_size_tokens - 1) / config.block_size_tokens;
   DS_LOG_INFO("engine: KV cache of " << gib(static_cast<int64_t>(num_blocks) * block_bytes) << ": "
                                      << config.device_memory_fraction << " of the device's " << gib(total)
-                                     << ", less " << gib(in_use) << " in use after a step of "
-                                     << std::min(config.max_num_batched_tokens, max_model_len)
+                                     << ", less " << gib(in_use) << " in use after a step of " << step_tokens
                                      << " tokens (" << gib(total - before->free_bytes) << " before it)");
   if (num_blocks < min_blocks)
     throw Error(StatusCode::kResourceExhausted,
