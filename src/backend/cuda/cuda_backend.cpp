@@ -148,6 +148,7 @@ CudaBackend::CudaBackend(Precision precision) {
   library_fp8_ = !env_is("DSINFER_CUDA_FP8_GEMM", "0");
   few_row_mma_experts_ = !env_is("DSINFER_FEW_ROW_MMA", "0");
   few_row_mma_dense_ = env_is("DSINFER_FEW_ROW_MMA", "all");
+  few_row_fixed_phases_ = !env_is("DSINFER_FEW_ROW_FIXED_PHASES", "0");
   if (const char* rows = std::getenv("DSINFER_CUDA_GEMM_MAX_ROWS"))
     own_gemm_max_rows_ = own_gemm_max_rows_fp8_ = std::max(1, std::atoi(rows));
   if (const char* rows = std::getenv("DSINFER_CUDA_FP8_GEMM_MAX_ROWS"))
@@ -630,6 +631,7 @@ GroupedGemmArgs CudaBackend::dense_product(const Tensor& x_bf16, int64_t rows, c
   a.dense_rows = static_cast<int>(rows);
   a.weights_fp8 = g.scales != nullptr;
   a.few_row_mma = few_row_mma_dense_;
+  a.few_row_fixed_phases = few_row_fixed_phases_;
   a.epilogue = epilogue;
   a.y = y;
   a.ldy = ldy;

@@ -458,6 +458,7 @@ class CudaBackend final : public Backend {
   // all; =all: tensor cores for dense products too.
   bool few_row_mma_experts_ = true;
   bool few_row_mma_dense_ = false;
+  bool few_row_fixed_phases_ = true;  // DSINFER_FEW_ROW_FIXED_PHASES=0: phases read at run time
   const ForwardBatch* step_batch_ = nullptr;
   Tensor tile_counters_;  // [kGemmMaxTileCounters] split-K arrival counts, zero between GEMMs
   std::shared_ptr<DeviceAllocator> alloc_;

@@ -446,6 +446,7 @@ Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, c
   up.rows_per_block = rows_per_block;
   up.weights_fp8 = gu0.weight.dtype == DType::kF8E4M3;
   up.few_row_mma = few_row_mma_experts_;
+  up.few_row_fixed_phases = few_row_fixed_phases_;
   up.expert_blocks = expert_blocks && (!up.weights_fp8 || fp8_expert_blocks_);
   up.epilogue = GemmEpilogue::kSiluMulBf16;
   up.prefill_weight_rows = prefill_expert_weight_rows_;

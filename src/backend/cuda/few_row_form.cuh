@@ -18,11 +18,13 @@ namespace dsinfer::cuda::few_row {
 // Bound of the tensor-core form's x rows in shared memory (beyond it the CUDA-core form runs).
 constexpr size_t kMmaMaxSharedBytes = 40 * 1024;
 
-// A block form: kTokens rows a pass, e4m3 or bf16 weights, tensor cores or CUDA cores. A block
-// takes up to kMaxUnitsPerBlock consecutive units of kUnitRows weight rows.
-template <int kTokens, bool kFp8, bool kMma>
+// A block form: kTokens rows a pass, e4m3 or bf16 weights, tensor cores or CUDA cores, and for
+// the CUDA-core forms a phase count fixed at compile time (gemm_block; 0: read at run time). A
+// block takes up to kMaxUnitsPerBlock consecutive units of kUnitRows weight rows.
+template <int kTokens, bool kFp8, bool kMma, int kFixedPhases = 0>
 struct Form {
   static_assert(!kMma || kFp8, "the tensor-core form takes e4m3 weights");
+  static_assert(!kMma || kFixedPhases == 0, "the tensor-core form walks chunks, not phases");
   static constexpr int kUnitRows = kMma ? kGemmTileRows : kQuadRows;
   static constexpr int kMaxUnitsPerBlock = kMma ? kMmaMaxTilesPerBlock : kMaxQuadsPerBlock;
   // Blocks an SM that the kernels running it are compiled for (__launch_bounds__; 0: no bound).
@@ -33,7 +35,7 @@ struct Form {
   static size_t shared_bytes(const GroupedGemmArgs& a) { return kMma ? mma_shared_bytes<kTokens>(a.ldx) : 0; }
   __device__ static void run(const GroupedGemmArgs& a, int units_per_block, int block_x, int row_block) {
     if constexpr (kMma) gemm_block_mma<kTokens>(a, units_per_block, block_x, row_block);
-    else gemm_block<kTokens, kFp8>(a, units_per_block, block_x, row_block);
+    else gemm_block<kTokens, kFp8, kFixedPhases>(a, units_per_block, block_x, row_block);
   }
   // A Kernel running the tensor-core form may take up to kMmaMaxSharedBytes of x rows beside its
   // own static shared memory (the routing's, in moe_routing_beside.cu), past the 48 KB a launch
@@ -68,19 +70,37 @@ inline int units_per_block(int num_units, int num_row_blocks, int64_t capacity, 
   return static_cast<int>(std::clamp<int64_t>((work + capacity - 1) / capacity, 1, max_units_per_block));
 }
 
-// Calls f(Form<kTokens, kFp8, kMma>{}) with the rows a block handles together for row-blocks of
-// up to max_rows_per_block rows (1, 2 or 4; they never change the result), the weight type, and
-// the tensor-core form where a.few_row_mma asks for it for e4m3 weights and their x rows fit.
+// The phases of the CUDA-core form's walk over rows of up to ldx columns: 1 or 2, where one-row
+// blocks walk them fixed at compile time (gemm_block), else 0.
+inline int fixed_phases(int64_t ldx, bool fp8) {
+  const int64_t phases = (ldx / (fp8 ? 16 : 8) + kThreads - 1) / kThreads;
+  return phases <= 2 ? static_cast<int>(phases) : 0;
+}
+
+// Calls f(Form<kTokens, kFp8, kMma, kFixedPhases>{}) with the rows a block handles together for
+// row-blocks of up to max_rows_per_block rows (1, 2 or 4; they never change the result), the
+// weight type, the tensor-core form where a.few_row_mma asks for it for e4m3 weights and their x
+// rows fit, and for one-row CUDA-core blocks the phases fixed where a.few_row_fixed_phases asks for
+// it and fixed_phases allows.
 template <typename F>
 void with_block_form(const GroupedGemmArgs& a, int max_rows_per_block, F&& f) {
   // StepDivisor's quotients are exact for K below kStepDivisorMaxK (K is at most x's row stride).
   DS_CHECK_MSG(a.ldx < kStepDivisorMaxK, "few-row GEMM: rows of " << a.ldx << " columns are beyond its step counts");
   const auto with_type = [&](auto tokens) {
     constexpr int kTokens = decltype(tokens)::value;
+    const auto cuda_cores = [&](auto fp8) {
+      constexpr bool kFp8 = decltype(fp8)::value;
+      if constexpr (kTokens == 1) {
+        const int phases = a.few_row_fixed_phases ? fixed_phases(a.ldx, kFp8) : 0;
+        if (phases == 1) return f(Form<1, kFp8, false, 1>{});
+        if (phases == 2) return f(Form<1, kFp8, false, 2>{});
+      }
+      f(Form<kTokens, kFp8, false>{});
+    };
     if (a.weights_fp8 && a.few_row_mma && mma_shared_bytes<kTokens>(a.ldx) <= kMmaMaxSharedBytes)
       f(Form<kTokens, true, true>{});
-    else if (a.weights_fp8) f(Form<kTokens, true, false>{});
-    else f(Form<kTokens, false, false>{});
+    else if (a.weights_fp8) cuda_cores(std::true_type{});
+    else cuda_cores(std::false_type{});
   };
   if (max_rows_per_block <= 1) with_type(std::integral_constant<int, 1>{});
   else if (max_rows_per_block <= 2) with_type(std::integral_constant<int, 2>{});

@@ -57,9 +57,12 @@ __global__ void __launch_bounds__(few_row::kThreads, Form::kMinBlocksPerSm)
 void launch_few_row_gemm_pair(const GroupedGemmArgs& a, const GroupedGemmArgs& b, int rows, Stream stream) {
   DS_CHECK(a.groups == nullptr && b.groups == nullptr && a.k_splits == 1 && b.k_splits == 1 && a.ldx % 8 == 0 &&
            b.ldx % 8 == 0 && a.dense_rows == rows && b.dense_rows == rows && a.weights_fp8 == b.weights_fp8 &&
-           a.few_row_mma == b.few_row_mma && a.dense.n_padded % kGemmTileRows == 0 &&
+           a.few_row_mma == b.few_row_mma && a.few_row_fixed_phases == b.few_row_fixed_phases &&
+           a.dense.n_padded % kGemmTileRows == 0 &&
            b.dense.n_padded % kGemmTileRows == 0 && rows >= 1 && rows <= kFewRowGemmMaxRows);
-  few_row::with_block_form(a, rows, [&](auto form) {
+  // One form for both: the one that rows of the wider K take.
+  const GroupedGemmArgs& wider = a.ldx >= b.ldx ? a : b;
+  few_row::with_block_form(wider, rows, [&](auto form) {
     using Form = decltype(form);
     constexpr auto kernel = few_row_gemm_pair_kernel<Form>;
     const size_t shared_bytes = std::max(Form::shared_bytes(a), Form::shared_bytes(b));

@@ -87,10 +87,20 @@ __device__ __forceinline__ int quad_row(bool gate_up, int q, int r) {
 // before it, and stream in while they finish. A quad's sums stay in registers until its last
 // step, when each warp adds its lanes' and keeps them in shared memory; the warps' sums are
 // added in order at the end. Rows go kTokens at a time (passes).
-template <int kTokens, bool kFp8>
+//
+// kFixedPhases > 0: every weight of the call has at most that many phases (a divisor of kDepth),
+// walked as if it had exactly that many (a phase past a row's last piece reads and adds
+// nothing, so the sums keep their order and bits). Step s's quad and phase are then known at
+// compile time from s's place in its group of kDepth, and each thread's x pieces are read once a
+// pass into registers instead of again at every quad.
+template <int kTokens, bool kFp8, int kFixedPhases = 0>
 __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_per_block, int block_x,
                                            int row_block) {
+  static_assert(kFixedPhases >= 0 && kDepth % (kFixedPhases > 0 ? kFixedPhases : 1) == 0,
+                "a fixed phase count divides the steps in flight");
+  constexpr bool kFixed = kFixedPhases > 0;
   constexpr int kPieceElems = kFp8 ? 16 : 8;  // weights per 16-byte piece
+  constexpr int kXPieces = kPieceElems / 8;   // 16-byte pieces of bf16 x a weight piece takes
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const bool gate_up = a.epilogue == GemmEpilogue::kSiluMulBf16;
   const int first_quad = block_x * quads_per_block;
@@ -101,7 +111,7 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
   auto walk_of = [&](const GemmWeight& w) {
     Walk k;
     k.num_pieces = w.k_padded / kPieceElems;
-    k.num_phases = (k.num_pieces + kThreads - 1) / kThreads;
+    k.num_phases = kFixed ? kFixedPhases : (k.num_pieces + kThreads - 1) / kThreads;
     k.num_quads = max(0, min(quads_per_block, w.n_padded / kQuadRows - first_quad));
     k.num_steps = k.num_quads * k.num_phases;
     k.phases = StepDivisor(k.num_phases);
@@ -109,7 +119,8 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
   };
   uint4 pieces[kDepth][kQuadRows];
   auto issue = [&](const GemmWeight& w, const Walk& k, int s, uint4 (&dst)[kQuadRows]) {
-    const int quad = k.phases.quotient(s), q = first_quad + quad, p = (s - quad * k.num_phases) * kThreads + tid;
+    const int quad = kFixed ? s / kFixedPhases : k.phases.quotient(s), q = first_quad + quad;
+    const int p = (s - quad * k.num_phases) * kThreads + tid;
     const bool valid = s < k.num_steps && p < k.num_pieces;
     const int64_t row_bytes = kFp8 ? w.k_padded : 2 * static_cast<int64_t>(w.k_padded);
     // A quad's rows lie at the same distances from its first in every quad, quad 0's rows (r,
@@ -180,6 +191,20 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
       cp_async16(&residual_stage[tid][1], res.w + q * kQuadRows, true);
     }
     cp_async_commit();
+    // The fixed walk's x pieces of this thread, phase by phase (zeros past the row's pieces).
+    uint4 x_held[kTokens][kFixed ? kFixedPhases * kXPieces : 1];
+    if constexpr (kFixed) {
+#pragma unroll
+      for (int t = 0; t < kTokens; ++t)
+#pragma unroll
+        for (int ph = 0; ph < kFixedPhases; ++ph) {
+          const int p = ph * kThreads + tid;
+          const auto* x = reinterpret_cast<const uint4*>(a.x + x_offset[t] + p * kPieceElems);
+#pragma unroll
+          for (int h = 0; h < kXPieces; ++h)
+            x_held[t][ph * kXPieces + h] = t < pass_rows && p < k.num_pieces ? __ldg(x + h) : make_uint4(0, 0, 0, 0);
+        }
+    }
     float acc[kQuadRows][kTokens];
 #pragma unroll
     for (int r = 0; r < kQuadRows; ++r)
@@ -191,7 +216,9 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
       for (int d = 0; d < kDepth; ++d) {
         const int s = s0 + d;
         if (s >= k.num_steps) break;
-        const int i = k.phases.quotient(s), phase = s - i * k.num_phases;
+        // s0 is a multiple of kDepth, so the fixed walk's quad and phase follow from d.
+        const int i = kFixed ? s0 / kFixedPhases + d / kFixedPhases : k.phases.quotient(s);
+        const int phase = kFixed ? d % kFixedPhases : s - i * k.num_phases;
         const int p = phase * kThreads + tid;
         if (p < k.num_pieces) {
           // x's matching elements, as rounded to bf16 by the conversion before the product.
@@ -199,10 +226,15 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
 #pragma unroll
           for (int t = 0; t < kTokens; ++t) {
 #pragma unroll
-            for (int h = 0; h < kPieceElems / 8; ++h) {
+            for (int h = 0; h < kXPieces; ++h) {
               float part[8];
-              const auto* x = reinterpret_cast<const uint4*>(a.x + x_offset[t] + p * kPieceElems);
-              const uint4 v = t < pass_rows ? __ldg(x + h) : make_uint4(0, 0, 0, 0);
+              uint4 v;
+              if constexpr (kFixed) {
+                v = x_held[t][phase * kXPieces + h];
+              } else {
+                const auto* x = reinterpret_cast<const uint4*>(a.x + x_offset[t] + p * kPieceElems);
+                v = t < pass_rows ? __ldg(x + h) : make_uint4(0, 0, 0, 0);
+              }
               widen_bf16x8(v, part);
 #pragma unroll
               for (int e = 0; e < 8; ++e) xf[t][8 * h + e] = part[e];

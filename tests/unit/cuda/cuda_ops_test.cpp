@@ -396,6 +396,48 @@ TEST_F(CudaOpsTest, FewRowProductsMatchCpuAndTheTensorCoreKernel) {
   }
 }
 
+// One-row products whose K takes one or two of the few-row kernel's phases (128 pieces of 8 bf16
+// or 16 e4m3 columns each) walk them with the count fixed at compile time, x's pieces held in
+// registers: the same bits as the walk of phases read at run time (DSINFER_FEW_ROW_FIXED_PHASES=0),
+// at K of one phase, two, a second one partly past K, and three (the run-time walk in both), and
+// in linear_pair's launch of two products.
+TEST_F(CudaOpsTest, FewRowFixedPhasesGiveTheRunTimeWalksBits) {
+  auto run_time = make_backend_with_env("cuda", "DSINFER_FEW_ROW_FIXED_PHASES", "0");
+  Backend* bes[2] = {gpu_.get(), run_time.get()};
+  const int64_t n = 96;
+  for (int64_t k : {200, 1024, 1408, 2048, 2816}) {
+    const auto w = random_values(n * k, 311, 1.0f / std::sqrt(static_cast<float>(k)));
+    const auto x = random_values(k, 312);
+    const HostTensor h{DType::kF32, {n, k}, w.data()};
+    const auto fixed = linear_on(*bes[0], h, x, 1);
+    EXPECT_EQ(fixed, linear_on(*bes[1], h, x, 1)) << "bf16, K " << k;
+    EXPECT_LT(relative_error(fixed, linear_on(*cpu_, h, x, 1)), 2e-2) << "bf16, K " << k;
+  }
+  for (int64_t k : {1152, 2048, 2816, 4608}) {
+    const Fp8BlockScaledWeight weight(n, k, 313, 5, 19);
+    const auto x = bf16_exact_values(k, 314);
+    const auto fixed = linear_on(*bes[0], weight.host(), x, 1);
+    EXPECT_EQ(fixed, linear_on(*bes[1], weight.host(), x, 1)) << "e4m3, K " << k;
+    EXPECT_LT(relative_error(fixed, linear_on(*cpu_, weight.host(), x, 1)), 2e-5) << "e4m3, K " << k;
+  }
+  const int64_t k = 1408, n2 = 48;
+  const auto w1 = random_values(n * k, 315, 0.03f), w2 = random_values(n2 * k, 316, 0.03f);
+  const auto x = random_values(k, 317);
+  std::vector<float> pair[2];
+  for (int i = 0; i < 2; ++i) {
+    Backend& be = *bes[i];
+    const LinearWeight b1 = be.make_linear(HostTensor{DType::kF32, {n, k}, w1.data()});
+    const LinearWeight b2 = be.make_linear(HostTensor{DType::kF32, {n2, k}, w2.data()});
+    Tensor tx = upload(be, {1, k}, x), y1 = be.empty({1, n}, DType::kF32), y2 = be.empty({1, n2}, DType::kF32);
+    be.linear_pair(tx, b1, y1, b2, y2);
+    pair[i] = download(be, y1);
+    const auto second = download(be, y2);
+    pair[i].insert(pair[i].end(), second.begin(), second.end());
+  }
+  EXPECT_EQ(pair[0], pair[1]);
+  EXPECT_GT(*std::max_element(pair[0].begin(), pair[0].end()), 0.0f);
+}
+
 // The tensor-core form of the few-row kernel carries x in f16, each row scaled by a power of two
 // so that its largest magnitude lies in [2^14, 2^15): rows far beyond f16's range (1e9) or below
 // its normal numbers (1e-12), beside an ordinary row, each give the CPU's sums to fp32 rounding;
