@@ -70,37 +70,45 @@ inline int units_per_block(int num_units, int num_row_blocks, int64_t capacity, 
   return static_cast<int>(std::clamp<int64_t>((work + capacity - 1) / capacity, 1, max_units_per_block));
 }
 
-// The phases of the CUDA-core form's walk over rows of up to ldx columns: 1 or 2, where one-row
-// blocks walk them fixed at compile time (gemm_block), else 0.
-inline int fixed_phases(int64_t ldx, bool fp8) {
+// The phases of the CUDA-core form's walk over rows of up to ldx columns where blocks walk them
+// fixed at compile time (gemm_block): 1 or 2, or for bf16 weights 3 walked as 4 (the fourth
+// empty) or 4, within max_phases; else 0 (the run-time walk). e4m3 forms of four phases would
+// spill (their pieces hold twice the columns).
+inline int fixed_phases(int64_t ldx, bool fp8, int max_phases) {
   const int64_t phases = (ldx / (fp8 ? 16 : 8) + kThreads - 1) / kThreads;
-  return phases <= 2 ? static_cast<int>(phases) : 0;
+  const int64_t fixed = phases == 3 ? 4 : phases;
+  return fixed <= (fp8 ? std::min(max_phases, 2) : max_phases) ? static_cast<int>(fixed) : 0;
+}
+
+// with_block_form's CUDA-core forms (a function, not a lambda: the compiler instantiated the
+// discarded branches of a generic lambda's `if constexpr`).
+template <int kTokens, bool kFp8, int kMaxFixedPhases, typename F>
+void with_cuda_core_form(const GroupedGemmArgs& a, F& f) {
+  if constexpr (kTokens <= 2) {
+    const int phases = a.few_row_fixed_phases ? fixed_phases(a.ldx, kFp8, kMaxFixedPhases) : 0;
+    if (phases == 1) return f(Form<kTokens, kFp8, false, 1>{});
+    if (phases == 2) return f(Form<kTokens, kFp8, false, 2>{});
+    if constexpr (!kFp8 && kMaxFixedPhases >= 4)
+      if (phases == 4) return f(Form<kTokens, false, false, 4>{});
+  }
+  f(Form<kTokens, kFp8, false>{});
 }
 
 // Calls f(Form<kTokens, kFp8, kMma, kFixedPhases>{}) with the rows a block handles together for
 // row-blocks of up to max_rows_per_block rows (1, 2 or 4; they never change the result), the
 // weight type, the tensor-core form where a.few_row_mma asks for it for e4m3 weights and their x
-// rows fit, and for one-row CUDA-core blocks the phases fixed where a.few_row_fixed_phases asks for
-// it and fixed_phases allows.
-template <typename F>
+// rows fit, and for CUDA-core blocks of one or two rows the phases fixed where
+// a.few_row_fixed_phases asks for it and fixed_phases allows, up to kMaxFixedPhases (2 or 4).
+template <int kMaxFixedPhases = 4, typename F>
 void with_block_form(const GroupedGemmArgs& a, int max_rows_per_block, F&& f) {
   // StepDivisor's quotients are exact for K below kStepDivisorMaxK (K is at most x's row stride).
   DS_CHECK_MSG(a.ldx < kStepDivisorMaxK, "few-row GEMM: rows of " << a.ldx << " columns are beyond its step counts");
   const auto with_type = [&](auto tokens) {
     constexpr int kTokens = decltype(tokens)::value;
-    const auto cuda_cores = [&](auto fp8) {
-      constexpr bool kFp8 = decltype(fp8)::value;
-      if constexpr (kTokens == 1) {
-        const int phases = a.few_row_fixed_phases ? fixed_phases(a.ldx, kFp8) : 0;
-        if (phases == 1) return f(Form<1, kFp8, false, 1>{});
-        if (phases == 2) return f(Form<1, kFp8, false, 2>{});
-      }
-      f(Form<kTokens, kFp8, false>{});
-    };
     if (a.weights_fp8 && a.few_row_mma && mma_shared_bytes<kTokens>(a.ldx) <= kMmaMaxSharedBytes)
       f(Form<kTokens, true, true>{});
-    else if (a.weights_fp8) cuda_cores(std::true_type{});
-    else cuda_cores(std::false_type{});
+    else if (a.weights_fp8) with_cuda_core_form<kTokens, true, kMaxFixedPhases>(a, f);
+    else with_cuda_core_form<kTokens, false, kMaxFixedPhases>(a, f);
   };
   if (max_rows_per_block <= 1) with_type(std::integral_constant<int, 1>{});
   else if (max_rows_per_block <= 2) with_type(std::integral_constant<int, 2>{});

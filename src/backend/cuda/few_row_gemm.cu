@@ -60,9 +60,10 @@ void launch_few_row_gemm_pair(const GroupedGemmArgs& a, const GroupedGemmArgs& b
            a.few_row_mma == b.few_row_mma && a.few_row_fixed_phases == b.few_row_fixed_phases &&
            a.dense.n_padded % kGemmTileRows == 0 &&
            b.dense.n_padded % kGemmTileRows == 0 && rows >= 1 && rows <= kFewRowGemmMaxRows);
-  // One form for both: the one that rows of the wider K take.
+  // One form for both: the one that rows of the wider K take. Fixed walks of up to two phases:
+  // the pair's one-row bf16 form of four spills.
   const GroupedGemmArgs& wider = a.ldx >= b.ldx ? a : b;
-  few_row::with_block_form(wider, rows, [&](auto form) {
+  few_row::with_block_form</*kMaxFixedPhases=*/2>(wider, rows, [&](auto form) {
     using Form = decltype(form);
     constexpr auto kernel = few_row_gemm_pair_kernel<Form>;
     const size_t shared_bytes = std::max(Form::shared_bytes(a), Form::shared_bytes(b));

@@ -88,8 +88,8 @@ __device__ __forceinline__ int quad_row(bool gate_up, int q, int r) {
 // step, when each warp adds its lanes' and keeps them in shared memory; the warps' sums are
 // added in order at the end. Rows go kTokens at a time (passes).
 //
-// kFixedPhases > 0: every weight of the call has at most that many phases (a divisor of kDepth),
-// walked as if it had exactly that many (a phase past a row's last piece reads and adds
+// kFixedPhases > 0 (1, 2 or 4, a divisor of kDepth): every weight of the call has at most that
+// many phases, walked as if it had exactly that many (a phase past a row's last piece reads and adds
 // nothing, so the sums keep their order and bits). Step s's quad and phase are then known at
 // compile time from s's place in its group of kDepth, and each thread's x pieces are read once a
 // pass into registers instead of again at every quad.

@@ -86,8 +86,8 @@ struct GroupedGemmArgs {
   // The few-row kernel takes e4m3 weights on f16 tensor-core products (few_row_mma.cuh) instead
   // of CUDA cores: another order of the sums, the same exact products.
   bool few_row_mma = false;
-  // The few-row kernel's one-row CUDA-core blocks walk K in a phase count fixed at compile time
-  // where x's rows allow it (few_row::fixed_phases; the same sums).
+  // The few-row kernel's CUDA-core blocks of one or two rows walk K in a phase count fixed at
+  // compile time where x's rows allow it (few_row::fixed_phases; the same sums).
   bool few_row_fixed_phases = true;
   // Grouped form: 128-row expert blocks, which keep about three times the bytes in flight and
   // read x a quarter as often; worth it from a few rows per expert up. Their sums run in another

@@ -159,31 +159,35 @@ TEST_F(CudaMoeTest, FewTokensShareExpertsInTheFewRowKernel) {
 }
 
 TEST_F(CudaMoeTest, FewRowFixedPhasesGiveTheRunTimeWalksBits) {
-  // One-token steps: the few-row kernel's one-row CUDA-core blocks walk a K of one or two phases
-  // with the count fixed at compile time, and the walk of phases read at run time
+  // Steps of one and two tokens: the few-row kernel's CUDA-core blocks walk a K of up to four
+  // phases with the count fixed at compile time, and the walk of phases read at run time
   // (DSINFER_FEW_ROW_FIXED_PHASES=0) must give the same bits. hidden 1,536 is 192 bf16 pieces
   // (two phases, the second partly past K) and 96 e4m3 ones (one); inter 1,408 (the routed down
-  // product's K) 176 and 88; the shared down's 2,816 is 352 bf16 pieces (the run-time walk in
-  // both) and 176 e4m3 ones (two fixed phases). e4m3 experts on CUDA cores (DSINFER_FEW_ROW_MMA=0)
-  // to take the form.
+  // product's K) 176 and 88; the shared down's 2,816 is 352 bf16 pieces (three, walked as four)
+  // and 176 e4m3 ones (two). e4m3 experts on CUDA cores (DSINFER_FEW_ROW_MMA=0) to take the form.
   setenv("DSINFER_FEW_ROW_MMA", "0", 1);
   gpu_ = make_backend("cuda");
   auto run_time = make_backend_with_env("cuda", "DSINFER_FEW_ROW_FIXED_PHASES", "0");
   unsetenv("DSINFER_FEW_ROW_MMA");
   const GateSpec g{8, 2, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, true, 1.0f, true};
   const int64_t hidden = 1536, inter = 1408;
-  const auto x = random_values(hidden, 301);
+  const auto x = random_values(2 * hidden, 301);
   for (bool fp8 : {false, true}) {
     Backend* bes[3] = {cpu_.get(), gpu_.get(), run_time.get()};
-    std::vector<float> out[3];
+    std::vector<float> out[3][2];  // [backend][tokens - 1]
     for (int b = 0; b < 3; ++b) {
       MoeWeights w = build(*bes[b], g, hidden, inter, 302, fp8);
-      Tensor tx = upload(*bes[b], {1, hidden}, x), tout = bes[b]->empty({1, hidden}, DType::kF32);
-      bes[b]->moe(tx, w, tout, nullptr);
-      out[b] = download(*bes[b], tout);
+      for (int64_t tokens : {1, 2}) {
+        Tensor tx = upload(*bes[b], {tokens, hidden}, {x.begin(), x.begin() + tokens * hidden});
+        Tensor tout = bes[b]->empty({tokens, hidden}, DType::kF32);
+        bes[b]->moe(tx, w, tout, nullptr);
+        out[b][tokens - 1] = download(*bes[b], tout);
+      }
     }
-    EXPECT_EQ(out[1], out[2]) << "fp8 " << fp8;
-    EXPECT_LT(relative_error(out[1], out[0]), 2e-2) << "fp8 " << fp8;
+    for (int t = 0; t < 2; ++t) {
+      EXPECT_EQ(out[1][t], out[2][t]) << "fp8 " << fp8 << ", " << t + 1 << " tokens";
+      EXPECT_LT(relative_error(out[1][t], out[0][t]), 2e-2) << "fp8 " << fp8 << ", " << t + 1 << " tokens";
+    }
   }
 }
 

@@ -396,29 +396,35 @@ TEST_F(CudaOpsTest, FewRowProductsMatchCpuAndTheTensorCoreKernel) {
   }
 }
 
-// One-row products whose K takes one or two of the few-row kernel's phases (128 pieces of 8 bf16
-// or 16 e4m3 columns each) walk them with the count fixed at compile time, x's pieces held in
-// registers: the same bits as the walk of phases read at run time (DSINFER_FEW_ROW_FIXED_PHASES=0),
-// at K of one phase, two, a second one partly past K, and three (the run-time walk in both), and
-// in linear_pair's launch of two products.
+// Products of one or two rows whose K takes one, two or (bf16) up to four of the few-row kernel's
+// phases (128 pieces of 8 bf16 or 16 e4m3 columns each) walk them with the count fixed at compile
+// time, x's pieces held in registers: the same bits as the walk of phases read at run time
+// (DSINFER_FEW_ROW_FIXED_PHASES=0), at K of one phase, two, a second one partly past K, three
+// (bf16: walked as four; e4m3: the run-time walk in both) and five (the run-time walk in both),
+// and in linear_pair's launch of two products.
 TEST_F(CudaOpsTest, FewRowFixedPhasesGiveTheRunTimeWalksBits) {
   auto run_time = make_backend_with_env("cuda", "DSINFER_FEW_ROW_FIXED_PHASES", "0");
   Backend* bes[2] = {gpu_.get(), run_time.get()};
   const int64_t n = 96;
-  for (int64_t k : {200, 1024, 1408, 2048, 2816}) {
+  for (int64_t k : {200, 1024, 1408, 2048, 2816, 4608}) {
     const auto w = random_values(n * k, 311, 1.0f / std::sqrt(static_cast<float>(k)));
-    const auto x = random_values(k, 312);
     const HostTensor h{DType::kF32, {n, k}, w.data()};
-    const auto fixed = linear_on(*bes[0], h, x, 1);
-    EXPECT_EQ(fixed, linear_on(*bes[1], h, x, 1)) << "bf16, K " << k;
-    EXPECT_LT(relative_error(fixed, linear_on(*cpu_, h, x, 1)), 2e-2) << "bf16, K " << k;
+    for (int64_t m : {1, 2}) {
+      const auto x = random_values(m * k, 312);
+      const auto fixed = linear_on(*bes[0], h, x, m);
+      EXPECT_EQ(fixed, linear_on(*bes[1], h, x, m)) << "bf16, K " << k << ", " << m << " rows";
+      EXPECT_LT(relative_error(fixed, linear_on(*cpu_, h, x, m)), 2e-2) << "bf16, K " << k << ", " << m << " rows";
+    }
   }
   for (int64_t k : {1152, 2048, 2816, 4608}) {
     const Fp8BlockScaledWeight weight(n, k, 313, 5, 19);
-    const auto x = bf16_exact_values(k, 314);
-    const auto fixed = linear_on(*bes[0], weight.host(), x, 1);
-    EXPECT_EQ(fixed, linear_on(*bes[1], weight.host(), x, 1)) << "e4m3, K " << k;
-    EXPECT_LT(relative_error(fixed, linear_on(*cpu_, weight.host(), x, 1)), 2e-5) << "e4m3, K " << k;
+    for (int64_t m : {1, 2}) {
+      const auto x = bf16_exact_values(m * k, 314);
+      const auto fixed = linear_on(*bes[0], weight.host(), x, m);
+      EXPECT_EQ(fixed, linear_on(*bes[1], weight.host(), x, m)) << "e4m3, K " << k << ", " << m << " rows";
+      EXPECT_LT(relative_error(fixed, linear_on(*cpu_, weight.host(), x, m)), 2e-5)
+          << "e4m3, K " << k << ", " << m << " rows";
+    }
   }
   const int64_t k = 1408, n2 = 48;
   const auto w1 = random_values(n * k, 315, 0.03f), w2 = random_values(n2 * k, 316, 0.03f);
