@@ -89,10 +89,10 @@ __device__ __forceinline__ int quad_row(bool gate_up, int q, int r) {
 // added in order at the end. Rows go kTokens at a time (passes).
 //
 // kFixedPhases > 0 (1, 2 or 4, a divisor of kDepth): every weight of the call has at most that
-// many phases, walked as if it had exactly that many (a phase past a row's last piece reads and adds
-// nothing, so the sums keep their order and bits). Step s's quad and phase are then known at
-// compile time from s's place in its group of kDepth, and each thread's x pieces are read once a
-// pass into registers instead of again at every quad.
+// many phases, walked as if it had exactly that many (a phase past a row's last piece reads and
+// adds nothing, so the sums keep their order and bits). Step s's quad and phase are then known
+// at compile time from s's place in its group of kDepth, and each thread's x pieces are read once
+// a pass into registers instead of again at every quad.
 template <int kTokens, bool kFp8, int kFixedPhases = 0>
 __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_per_block, int block_x,
                                            int row_block) {
