@@ -147,6 +147,7 @@ CudaBackend::CudaBackend(Precision precision) {
   if (env_is("DSINFER_MOE_FP8_PASS_ROWS", "64")) fp8_expert_pass_rows_ = 64;
   library_fp8_ = !env_is("DSINFER_CUDA_FP8_GEMM", "0");
   few_row_mma_experts_ = !env_is("DSINFER_FEW_ROW_MMA", "0");
+  few_row_mma_one_token_ = env_is("DSINFER_FEW_ROW_MMA", "experts") || env_is("DSINFER_FEW_ROW_MMA", "all");
   few_row_mma_dense_ = env_is("DSINFER_FEW_ROW_MMA", "all");
   few_row_fixed_phases_ = !env_is("DSINFER_FEW_ROW_FIXED_PHASES", "0");
   if (const char* rows = std::getenv("DSINFER_CUDA_GEMM_MAX_ROWS"))

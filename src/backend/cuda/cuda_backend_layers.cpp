@@ -445,7 +445,6 @@ Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, c
   up.num_groups = num_experts;
   up.rows_per_block = rows_per_block;
   up.weights_fp8 = gu0.weight.dtype == DType::kF8E4M3;
-  up.few_row_mma = few_row_mma_experts_;
   up.few_row_fixed_phases = few_row_fixed_phases_;
   up.expert_blocks = expert_blocks && (!up.weights_fp8 || fp8_expert_blocks_);
   up.epilogue = GemmEpilogue::kSiluMulBf16;
@@ -455,6 +454,7 @@ Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, c
   // A token's experts are distinct: no expert has more rows than the step has tokens.
   const int64_t num_tokens = num_entries / w.top_k;
   const bool few_rows = few_row_gemm_takes(num_tokens);
+  up.few_row_mma = few_row_mma_experts_ && (num_tokens >= 2 || few_row_mma_one_token_);
   // e4m3 experts in the expert blocks with e4m3 activations: the step's rows quantised once for
   // the gate/up product (which gathers them by src_rows), and its SiLU·up rows for the down one.
   const bool fp8_activations = !few_rows && expert_blocks && fp8_expert_activations_for(w);

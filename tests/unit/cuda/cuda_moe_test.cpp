@@ -149,13 +149,16 @@ TEST_F(CudaMoeTest, FewTokensShareExpertsInTheFewRowKernel) {
   gpu_ = make_backend_with_env("cuda", "DSINFER_CUDA_FEW_ROW_GEMM_MAX_ROWS", "4");
   const GateSpec g{4, 2, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, true, 1.0f, true};
   for (int64_t num_tokens : {2, 3, 4}) run_case(g, num_tokens, 80 + static_cast<uint32_t>(num_tokens));
-  // e4m3 experts: on tensor cores (the default) and on CUDA cores (DSINFER_FEW_ROW_MMA=0), grouped
-  // gate/up and down products of one to four rows an expert.
+  // e4m3 experts: on tensor cores from two tokens and CUDA cores at one (the default), on tensor
+  // cores at one token too (DSINFER_FEW_ROW_MMA=experts) and on CUDA cores at every count
+  // (DSINFER_FEW_ROW_MMA=0), grouped gate/up and down products of one to four rows an expert.
   for (int64_t num_tokens : {1, 3, 4}) run_case(g, num_tokens, 90 + static_cast<uint32_t>(num_tokens), 256, 128, true);
-  setenv("DSINFER_FEW_ROW_MMA", "0", 1);
-  gpu_ = make_backend_with_env("cuda", "DSINFER_CUDA_FEW_ROW_GEMM_MAX_ROWS", "4");
-  unsetenv("DSINFER_FEW_ROW_MMA");
-  run_case(g, 4, 90, 256, 128, /*fp8=*/true);
+  for (const char* mma : {"experts", "0"}) {
+    setenv("DSINFER_FEW_ROW_MMA", mma, 1);
+    gpu_ = make_backend_with_env("cuda", "DSINFER_CUDA_FEW_ROW_GEMM_MAX_ROWS", "4");
+    unsetenv("DSINFER_FEW_ROW_MMA");
+    for (int64_t num_tokens : {1, 4}) run_case(g, num_tokens, 90, 256, 128, /*fp8=*/true);
+  }
 }
 
 TEST_F(CudaMoeTest, FewRowFixedPhasesGiveTheRunTimeWalksBits) {
