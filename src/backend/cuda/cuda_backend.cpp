@@ -156,6 +156,12 @@ CudaBackend::CudaBackend(Precision precision) {
     own_gemm_max_rows_fp8_ = std::max(1, std::atoi(rows));
   if (const char* rows = std::getenv("DSINFER_CUDA_FEW_ROW_GEMM_MAX_ROWS"))
     few_row_gemm_max_rows_ = std::clamp(std::atoi(rows), 0, kFewRowGemmMaxRows);
+  if (const char* tokens = std::getenv("DSINFER_MOE_FEW_ROW_MAX_TOKENS"))
+    moe_few_row_max_tokens_ = std::max(0, std::atoi(tokens));
+  if (const char* rows = std::getenv("DSINFER_MOE_EXPERT_BLOCK_MIN_ROWS"))
+    expert_block_min_rows_ = std::max(1, std::atoi(rows));
+  if (const char* rows = std::getenv("DSINFER_MOE_FP8_EXPERT_BLOCK_MIN_ROWS"))
+    fp8_expert_block_min_rows_ = std::max(1, std::atoi(rows));
   timeline_ = kernel_timeline_from_env();
 }
 

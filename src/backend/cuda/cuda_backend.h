@@ -451,6 +451,12 @@ class CudaBackend final : public Backend {
   // blocks sum whole rows on CUDA cores (DSINFER_CUDA_FEW_ROW_GEMM_MAX_ROWS; 0: never). Not in
   // batch-invariant steps, which keep one kernel at every batch size.
   int few_row_gemm_max_rows_ = kFewRowGemmDefaultMaxRows;
+  int moe_few_row_max_tokens_ = kFewRowGemmMaxRows;  // DSINFER_MOE_FEW_ROW_MAX_TOKENS
+  // Routed rows per expert on average from which experts take the 128-row expert blocks:
+  // bf16 ones (DSINFER_MOE_EXPERT_BLOCK_MIN_ROWS), and e4m3 ones with FP8 activations
+  // (DSINFER_MOE_FP8_EXPERT_BLOCK_MIN_ROWS).
+  int expert_block_min_rows_ = 4;
+  int fp8_expert_block_min_rows_ = 1;
   // There, the routed experts' e4m3 weights go to f16 tensor-core products, two weights a
   // conversion, instead of CUDA cores, in steps of two tokens; one-token steps keep CUDA cores,
   // whose one-row blocks walk a fixed number of phases with x in registers (batch-1 FP8 decode

@@ -432,7 +432,26 @@ TEST_F(CudaMoeTest, PaddedShapesAndManyRowsPerExpert) {
 
 TEST_F(CudaMoeTest, Fp8ExpertsMatchDequantisedCpu) {
   const GateSpec g{8, 2, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, true, 1.0f, false};
+  // Three tokens, one row per expert on average, past the few-row kernel's two: the 128-row
+  // expert blocks with e4m3 activations, and with DSINFER_MOE_FP8_EXPERT_BLOCK_MIN_ROWS=4 the
+  // 32-row blocks on bf16 activations (closer to the CPU's bf16 rows). The expert blocks'
+  // result must stay within the e4m3 activations' rounding of the 32-row blocks'.
+  run_case(g, 3, 13, 256, 128, /*fp8=*/true, /*tolerance=*/8e-2);
+  const auto x = random_values(3 * 256, 1013);
+  std::vector<float> out[2];
+  auto row_blocks = make_backend_with_env("cuda", "DSINFER_MOE_FP8_EXPERT_BLOCK_MIN_ROWS", "4");
+  Backend* bes[2] = {gpu_.get(), row_blocks.get()};
+  for (int b = 0; b < 2; ++b) {
+    MoeWeights w = build(*bes[b], g, 256, 128, 13, /*fp8=*/true);
+    Tensor tx = upload(*bes[b], {3, 256}, x), tout = bes[b]->empty({3, 256}, DType::kF32);
+    bes[b]->moe(tx, w, tout, nullptr);
+    out[b] = download(*bes[b], tout);
+  }
+  EXPECT_NE(out[0], out[1]) << "the two block kinds round activations differently";
+  EXPECT_LT(relative_error(out[0], out[1]), 8e-2);
+  gpu_ = std::move(row_blocks);
   run_case(g, 3, 13, 256, 128, /*fp8=*/true);
+  gpu_ = make_backend("cuda");
   // About 22 rows per expert: the 128-row expert blocks with e4m3 activations (checked against
   // their own reference in cuda_fp8_gemm_test.cpp).
   run_case(g, 90, 14, 256, 128, /*fp8=*/true, /*tolerance=*/8e-2);
