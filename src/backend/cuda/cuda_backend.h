@@ -245,6 +245,10 @@ class CudaBackend final : public Backend {
   }
   // Whether products whose row-blocks have at most `rows` rows take the few-row kernel.
   bool few_row_gemm_takes(int64_t rows) const { return !batch_invariant_ && rows <= few_row_gemm_max_rows_; }
+  // Whether a MoE step of num_tokens tokens runs its routed experts on the few-row kernel.
+  bool routed_few_row_takes(int64_t num_tokens) const {
+    return few_row_gemm_takes(num_tokens) && num_tokens <= moe_few_row_max_tokens_;
+  }
   // Whether gemm() takes cuBLASLt for a product of `rows` rows with w (unless asked to anyway).
   bool library_gemm_takes(const GemmWeight& w, int64_t rows) const {
     return !few_row_gemm_takes(rows) && !own_gemm_takes(w, rows);

@@ -294,7 +294,7 @@ CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const Mo
   // x as a pending norm's output (xb its copy): the launches below apply its factor where the
   // shared experts run in the routing's launches and the routed ones take the few-row kernel
   // (both then do); else x and xb are finished here, before any launch reads them.
-  if (!shared_in_routing || num_tokens > moe_few_row_max_tokens_) reconcile_norm({&x}, {});
+  if (!shared_in_routing || !routed_few_row_takes(num_tokens)) reconcile_norm({&x}, {});
   const RowRmsScale x_scale = left_norm_scale(x.data);
   const bool shared_on_side = w.has_shared && !shared_in_routing && shared_experts_alongside_ && !host_planned &&
                               !f32_products_ && [&] {
@@ -428,7 +428,7 @@ Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, c
   const int rows_hint = static_cast<int>((num_entries + num_experts - 1) / num_experts);
   // A token's experts are distinct: no expert has more rows than the step has tokens.
   const int64_t num_tokens = num_entries / w.top_k;
-  const bool few_rows = few_row_gemm_takes(num_tokens) && num_tokens <= moe_few_row_max_tokens_;
+  const bool few_rows = routed_few_row_takes(num_tokens);
   // Experts with enough rows take the 128-row expert blocks (e4m3 ones unless
   // DSINFER_MOE_FP8_EXPERT_BLOCKS=0); batch-invariant steps keep one kind of block at every
   // batch size. e4m3 experts that take DeepSeek's FP8 activations there do so past the few-row
@@ -436,7 +436,8 @@ Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, c
   // them, and beat the 32-row blocks from one row per expert (FP8 decode at batch 4 to 32 7–14%
   // faster); bf16 experts from four (below it an expert's weight is read by few 128-row blocks,
   // one per SM at batch 1, which keep too little in flight, and the 32-row blocks win).
-  const int min_rows = fp8_expert_activations_for(w) ? fp8_expert_block_min_rows_ : expert_block_min_rows_;
+  const bool fp8_activation_experts = fp8_expert_activations_for(w);
+  const int min_rows = fp8_activation_experts ? fp8_expert_block_min_rows_ : expert_block_min_rows_;
   const bool expert_blocks = !batch_invariant_ && !few_rows && rows_hint >= min_rows;
 
   GroupedGemmArgs up;
@@ -458,7 +459,7 @@ Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, c
   up.few_row_mma = few_row_mma_experts_ && (num_tokens >= 2 || few_row_mma_one_token_);
   // e4m3 experts in the expert blocks with e4m3 activations: the step's rows quantised once for
   // the gate/up product (which gathers them by src_rows), and its SiLU·up rows for the down one.
-  const bool fp8_activations = !few_rows && expert_blocks && fp8_expert_activations_for(w);
+  const bool fp8_activations = !few_rows && expert_blocks && fp8_activation_experts;
   DS_CHECK_MSG(rows_per_block == kGemmRowsPerBlock || fp8_activations,
                "moe: row-blocks of " << rows_per_block << " rows need the e4m3 expert blocks");
   QuantisedRows x_q, act_q;
