@@ -71,6 +71,53 @@ __device__ __forceinline__ void widen_e4m3x16(const uint4& v, float (&out)[16]) 
   }
 }
 
+// Sixteen bf16 of x (two 16-byte pieces, a and b) as eight f16 pairs, scaled by the power of two
+// that puts their largest magnitude in [1, 2); returns the power's inverse. Every value within
+// 2^-14 of the largest stays exact (f16 keeps bf16's 8 mantissa bits with 3 to spare); smaller
+// ones keep what f16's subnormals hold, a part in 2^24 of the largest or less.
+__device__ __forceinline__ float scaled_halves_of_bf16x16(const uint4& a, const uint4& b, uint4& half_a,
+                                                          uint4& half_b) {
+  const uint32_t words[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+  uint32_t top = 0;  // the largest magnitude's bits (bf16 bits order as magnitudes do)
+#pragma unroll
+  for (int i = 0; i < 8; ++i) top = max(top, max(words[i] & 0x7fffu, (words[i] >> 16) & 0x7fffu));
+  // The biased exponent, within the range where both powers below are normal floats.
+  const uint32_t exponent = min(max(top >> 7, 1u), 253u);
+  const float scale = __uint_as_float((254u - exponent) << 23);  // 2^(127 - exponent)
+  uint32_t halves[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const __half2 h = __floats2half2_rn(__uint_as_float(words[i] << 16) * scale,
+                                        __uint_as_float(words[i] & 0xffff0000u) * scale);
+    halves[i] = *reinterpret_cast<const uint32_t*>(&h);
+  }
+  half_a = make_uint4(halves[0], halves[1], halves[2], halves[3]);
+  half_b = make_uint4(halves[4], halves[5], halves[6], halves[7]);
+  return __uint_as_float(exponent << 23);  // 2^(exponent - 127)
+}
+
+// The two e4m3 of a 16-bit pair (the low byte first) as an f16 pair, exactly.
+__device__ __forceinline__ __half2 half2_of_e4m3x2(uint32_t pair) {
+  return __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xffffu), __NV_E4M3));
+}
+
+// The dot product of a 16-byte piece of e4m3 weights (as stored, before their block's scale) with
+// sixteen x held as scaled_halves_of_bf16x16 left them, in f16 pairs: two chains of four f16
+// products a half each, their sum then in fp32. The bounds that keep it finite: an e4m3 magnitude
+// is at most 448 and a scaled x below 2, so a half's sum stays below 4 * 896 and the pair's two
+// halves' sums below 7,168, far inside f16's 65,504.
+__device__ __forceinline__ float dot_e4m3x16_halves(const uint32_t (&w_halves)[8], const uint4& x_a,
+                                                    const uint4& x_b) {
+  const uint32_t xs[8] = {x_a.x, x_a.y, x_a.z, x_a.w, x_b.x, x_b.y, x_b.z, x_b.w};
+  __half2 sums[2] = {__float2half2_rn(0.0f), __float2half2_rn(0.0f)};
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+    sums[i / 4] = __hfma2(*reinterpret_cast<const __half2*>(&w_halves[i]), *reinterpret_cast<const __half2*>(&xs[i]),
+                          sums[i / 4]);
+  const float2 f = __half22float2(__hadd2(sums[0], sums[1]));
+  return f.x + f.y;
+}
+
 // Weight row r of quad q: outputs 4q .. 4q + 3, or the gate and up rows of outputs 2q and
 // 2q + 1 (interleaved 16 rows at a time within each 32-row tile).
 __device__ __forceinline__ int quad_row(bool gate_up, int q, int r) {
@@ -101,6 +148,9 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
   constexpr bool kFixed = kFixedPhases > 0;
   constexpr int kPieceElems = kFp8 ? 16 : 8;  // weights per 16-byte piece
   constexpr int kXPieces = kPieceElems / 8;   // 16-byte pieces of bf16 x a weight piece takes
+  // e4m3 weights in the fixed walk multiply in f16 pairs (dot_e4m3x16_halves): half the
+  // instructions of widening each weight to fp32, which bound these products.
+  constexpr bool kHalfProducts = kFp8 && kFixed;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const bool gate_up = a.epilogue == GemmEpilogue::kSiluMulBf16;
   const int first_quad = block_x * quads_per_block;
@@ -191,8 +241,10 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
       cp_async16(&residual_stage[tid][1], res.w + q * kQuadRows, true);
     }
     cp_async_commit();
-    // The fixed walk's x pieces of this thread, phase by phase (zeros past the row's pieces).
+    // The fixed walk's x pieces of this thread, phase by phase (zeros past the row's pieces); for
+    // e4m3 weights as scaled f16 pairs, with the inverse of each phase's scale.
     uint4 x_held[kTokens][kFixed ? kFixedPhases * kXPieces : 1];
+    float x_unscale[kTokens][kHalfProducts ? kFixedPhases : 1];
     if constexpr (kFixed) {
 #pragma unroll
       for (int t = 0; t < kTokens; ++t)
@@ -203,6 +255,9 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
 #pragma unroll
           for (int h = 0; h < kXPieces; ++h)
             x_held[t][ph * kXPieces + h] = t < pass_rows && p < k.num_pieces ? __ldg(x + h) : make_uint4(0, 0, 0, 0);
+          if constexpr (kHalfProducts)
+            x_unscale[t][ph] = scaled_halves_of_bf16x16(x_held[t][2 * ph], x_held[t][2 * ph + 1], x_held[t][2 * ph],
+                                                        x_held[t][2 * ph + 1]);
         }
     }
     float acc[kQuadRows][kTokens];
@@ -220,7 +275,27 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
         const int i = kFixed ? s0 / kFixedPhases + d / kFixedPhases : k.phases.quotient(s);
         const int phase = kFixed ? d % kFixedPhases : s - i * k.num_phases;
         const int p = phase * kThreads + tid;
-        if (p < k.num_pieces) {
+        if constexpr (kHalfProducts) {
+          if (p < k.num_pieces) {
+#pragma unroll
+            for (int r = 0; r < kQuadRows; ++r) {
+              const uint32_t words[4] = {pieces[d][r].x, pieces[d][r].y, pieces[d][r].z, pieces[d][r].w};
+              uint32_t w_halves[8];
+#pragma unroll
+              for (int j = 0; j < 8; ++j) {
+                const __half2 h = half2_of_e4m3x2(j % 2 == 0 ? words[j / 2] : words[j / 2] >> 16);
+                w_halves[j] = *reinterpret_cast<const uint32_t*>(&h);
+              }
+              const int row = quad_row(gate_up, first_quad + i, r);
+              const float scale = w.scales[(row / 16) * scale_cols + p * kPieceElems / kScaleCols];
+#pragma unroll
+              for (int t = 0; t < kTokens; ++t) {
+                const float sum = dot_e4m3x16_halves(w_halves, x_held[t][2 * phase], x_held[t][2 * phase + 1]);
+                acc[r][t] = fmaf(sum, scale * x_unscale[t][phase], acc[r][t]);
+              }
+            }
+          }
+        } else if (p < k.num_pieces) {
           // x's matching elements, as rounded to bf16 by the conversion before the product.
           float xf[kTokens][kPieceElems];
 #pragma unroll
