@@ -71,25 +71,27 @@ inline int units_per_block(int num_units, int num_row_blocks, int64_t capacity, 
 }
 
 // The phases of the CUDA-core form's walk over rows of up to ldx columns where blocks walk them
-// fixed at compile time (gemm_block): 1 or 2, or for bf16 weights 3 walked as 4 (the fourth
-// empty) or 4, within max_phases; else 0 (the run-time walk). e4m3 forms of four phases would
-// spill (their pieces hold twice the columns).
-inline int fixed_phases(int64_t ldx, bool fp8, int max_phases) {
+// fixed at compile time (gemm_block): 1 or 2, or 3 walked as 4 (the fourth empty) or 4, for
+// bf16 weights within max_phases and e4m3 ones within max_fp8_phases; else 0 (the run-time
+// walk). e4m3 forms of three or four phases keep their x pieces in shared memory instead of
+// registers: up to 32 KB a block, which a kernel with large shared memory of its own may not have.
+inline int fixed_phases(int64_t ldx, bool fp8, int max_phases, int max_fp8_phases) {
   const int64_t phases = (ldx / (fp8 ? 16 : 8) + kThreads - 1) / kThreads;
   const int64_t fixed = phases == 3 ? 4 : phases;
-  return fixed <= (fp8 ? std::min(max_phases, 2) : max_phases) ? static_cast<int>(fixed) : 0;
+  return fixed <= (fp8 ? max_fp8_phases : max_phases) ? static_cast<int>(fixed) : 0;
 }
 
 // with_block_form's CUDA-core forms (a function, not a lambda: the compiler instantiated the
 // discarded branches of a generic lambda's `if constexpr`).
-template <int kTokens, bool kFp8, int kMaxFixedPhases, typename F>
+template <int kTokens, bool kFp8, int kMaxFixedPhases, int kMaxFp8FixedPhases, typename F>
 void with_cuda_core_form(const GroupedGemmArgs& a, F& f) {
   if constexpr (kTokens <= 2) {
-    const int phases = a.few_row_fixed_phases ? fixed_phases(a.ldx, kFp8, kMaxFixedPhases) : 0;
+    const int phases =
+        a.few_row_fixed_phases ? fixed_phases(a.ldx, kFp8, kMaxFixedPhases, kMaxFp8FixedPhases) : 0;
     if (phases == 1) return f(Form<kTokens, kFp8, false, 1>{});
     if (phases == 2) return f(Form<kTokens, kFp8, false, 2>{});
-    if constexpr (!kFp8 && kMaxFixedPhases >= 4)
-      if (phases == 4) return f(Form<kTokens, false, false, 4>{});
+    if constexpr ((kFp8 ? kMaxFp8FixedPhases : kMaxFixedPhases) >= 4)
+      if (phases == 4) return f(Form<kTokens, kFp8, false, 4>{});
   }
   f(Form<kTokens, kFp8, false>{});
 }
@@ -98,8 +100,9 @@ void with_cuda_core_form(const GroupedGemmArgs& a, F& f) {
 // row-blocks of up to max_rows_per_block rows (1, 2 or 4; they never change the result), the
 // weight type, the tensor-core form where a.few_row_mma asks for it for e4m3 weights and their x
 // rows fit, and for CUDA-core blocks of one or two rows the phases fixed where
-// a.few_row_fixed_phases asks for it and fixed_phases allows, up to kMaxFixedPhases (2 or 4).
-template <int kMaxFixedPhases = 4, typename F>
+// a.few_row_fixed_phases asks for it and fixed_phases allows, up to kMaxFixedPhases (2 or 4) for
+// bf16 weights and kMaxFp8FixedPhases for e4m3 ones.
+template <int kMaxFixedPhases = 4, int kMaxFp8FixedPhases = 4, typename F>
 void with_block_form(const GroupedGemmArgs& a, int max_rows_per_block, F&& f) {
   // StepDivisor's quotients are exact for K below kStepDivisorMaxK (K is at most x's row stride).
   DS_CHECK_MSG(a.ldx < kStepDivisorMaxK, "few-row GEMM: rows of " << a.ldx << " columns are beyond its step counts");
@@ -107,8 +110,8 @@ void with_block_form(const GroupedGemmArgs& a, int max_rows_per_block, F&& f) {
     constexpr int kTokens = decltype(tokens)::value;
     if (a.weights_fp8 && a.few_row_mma && mma_shared_bytes<kTokens>(a.ldx) <= kMmaMaxSharedBytes)
       f(Form<kTokens, true, true>{});
-    else if (a.weights_fp8) with_cuda_core_form<kTokens, true, kMaxFixedPhases>(a, f);
-    else with_cuda_core_form<kTokens, false, kMaxFixedPhases>(a, f);
+    else if (a.weights_fp8) with_cuda_core_form<kTokens, true, kMaxFixedPhases, kMaxFp8FixedPhases>(a, f);
+    else with_cuda_core_form<kTokens, false, kMaxFixedPhases, kMaxFp8FixedPhases>(a, f);
   };
   if (max_rows_per_block <= 1) with_type(std::integral_constant<int, 1>{});
   else if (max_rows_per_block <= 2) with_type(std::integral_constant<int, 2>{});

@@ -151,6 +151,9 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
   // e4m3 weights in the fixed walk multiply in f16 pairs (dot_e4m3x16_halves): half the
   // instructions of widening each weight to fp32, which bound these products.
   constexpr bool kHalfProducts = kFp8 && kFixed;
+  // Their x pieces of three or four phases (K up to 8,192 columns, as V3's 7,168) stay in shared
+  // memory, each thread's own, rather than in registers, where they would spill.
+  constexpr bool kXShared = kHalfProducts && kFixedPhases > 2;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const bool gate_up = a.epilogue == GemmEpilogue::kSiluMulBf16;
   const int first_quad = block_x * quads_per_block;
@@ -243,8 +246,15 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
     cp_async_commit();
     // The fixed walk's x pieces of this thread, phase by phase (zeros past the row's pieces); for
     // e4m3 weights as scaled f16 pairs, with the inverse of each phase's scale.
-    uint4 x_held[kTokens][kFixed ? kFixedPhases * kXPieces : 1];
+    constexpr int kHeldPieces = kFixed ? kFixedPhases * kXPieces : 1;
+    uint4 x_held[kTokens][kXShared ? 1 : kHeldPieces];
+    __shared__ uint4 x_shared[kXShared ? kTokens * kHeldPieces : 1][kThreads];
     float x_unscale[kTokens][kHalfProducts ? kFixedPhases : 1];
+    // x's 16-byte piece i of token t, as held.
+    auto x_piece = [&](int t, int i) -> uint4& {
+      if constexpr (kXShared) return x_shared[t * kHeldPieces + i][tid];
+      else return x_held[t][i];
+    };
     if constexpr (kFixed) {
 #pragma unroll
       for (int t = 0; t < kTokens; ++t)
@@ -252,12 +262,19 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
         for (int ph = 0; ph < kFixedPhases; ++ph) {
           const int p = ph * kThreads + tid;
           const auto* x = reinterpret_cast<const uint4*>(a.x + x_offset[t] + p * kPieceElems);
+          uint4 v[kXPieces];
 #pragma unroll
           for (int h = 0; h < kXPieces; ++h)
-            x_held[t][ph * kXPieces + h] = t < pass_rows && p < k.num_pieces ? __ldg(x + h) : make_uint4(0, 0, 0, 0);
-          if constexpr (kHalfProducts)
-            x_unscale[t][ph] = scaled_halves_of_bf16x16(x_held[t][2 * ph], x_held[t][2 * ph + 1], x_held[t][2 * ph],
-                                                        x_held[t][2 * ph + 1]);
+            v[h] = t < pass_rows && p < k.num_pieces ? __ldg(x + h) : make_uint4(0, 0, 0, 0);
+          if constexpr (kHalfProducts) {
+            uint4 half_a, half_b;
+            x_unscale[t][ph] = scaled_halves_of_bf16x16(v[0], v[1], half_a, half_b);
+            x_piece(t, 2 * ph) = half_a;
+            x_piece(t, 2 * ph + 1) = half_b;
+          } else {
+#pragma unroll
+            for (int h = 0; h < kXPieces; ++h) x_piece(t, ph * kXPieces + h) = v[h];
+          }
         }
     }
     float acc[kQuadRows][kTokens];
@@ -290,7 +307,7 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
               const float scale = w.scales[(row / 16) * scale_cols + p * kPieceElems / kScaleCols];
 #pragma unroll
               for (int t = 0; t < kTokens; ++t) {
-                const float sum = dot_e4m3x16_halves(w_halves, x_held[t][2 * phase], x_held[t][2 * phase + 1]);
+                const float sum = dot_e4m3x16_halves(w_halves, x_piece(t, 2 * phase), x_piece(t, 2 * phase + 1));
                 acc[r][t] = fmaf(sum, scale * x_unscale[t][phase], acc[r][t]);
               }
             }
@@ -305,7 +322,7 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
               float part[8];
               uint4 v;
               if constexpr (kFixed) {
-                v = x_held[t][phase * kXPieces + h];
+                v = x_piece(t, phase * kXPieces + h);
               } else {
                 const auto* x = reinterpret_cast<const uint4*>(a.x + x_offset[t] + p * kPieceElems);
                 v = t < pass_rows ? __ldg(x + h) : make_uint4(0, 0, 0, 0);

@@ -88,7 +88,10 @@ void launch_moe_route_and_plan_beside(const float* logits, int64_t num_tokens, c
   check_product_beside(product);
   const moe::RoutePlanJob job{logits, static_cast<int>(num_tokens), p, bias, expert_ids, weights, rows_per_block,
                               row_offsets, block_offsets, src_rows, slot_rows};
-  few_row::with_block_form(product, product.dense_rows, [&](auto form) {
+  // e4m3 products of up to two phases: the plan's shared memory leaves no room for x pieces of
+  // four (the shared down product's K is two phases or less in V2 and V3).
+  constexpr int kMaxFixedPhases = 4, kMaxFp8FixedPhases = 2;
+  few_row::with_block_form<kMaxFixedPhases, kMaxFp8FixedPhases>(product, product.dense_rows, [&](auto form) {
     using Form = decltype(form);
     launch_one<route_plan_beside_kernel<Form>, Form>(job, 1, product, stream);
   });
