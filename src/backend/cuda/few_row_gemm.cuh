@@ -71,6 +71,12 @@ __device__ __forceinline__ void widen_e4m3x16(const uint4& v, float (&out)[16]) 
   }
 }
 
+// A word of two bf16 (the low half first) times `scale`, as an f16 pair's bits.
+__device__ __forceinline__ uint32_t scaled_half2_of_bf16x2(uint32_t word, float scale) {
+  const __half2 h = __floats2half2_rn(__uint_as_float(word << 16) * scale, __uint_as_float(word & 0xffff0000u) * scale);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
 // Sixteen bf16 of x (two 16-byte pieces, a and b) as eight f16 pairs, scaled by the power of two
 // that puts their largest magnitude in [1, 2); returns the power's inverse. Every value within
 // 2^-14 of the largest stays exact (f16 keeps bf16's 8 mantissa bits with 3 to spare); smaller
@@ -86,11 +92,7 @@ __device__ __forceinline__ float scaled_halves_of_bf16x16(const uint4& a, const 
   const float scale = __uint_as_float((254u - exponent) << 23);  // 2^(127 - exponent)
   uint32_t halves[8];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const __half2 h = __floats2half2_rn(__uint_as_float(words[i] << 16) * scale,
-                                        __uint_as_float(words[i] & 0xffff0000u) * scale);
-    halves[i] = *reinterpret_cast<const uint32_t*>(&h);
-  }
+  for (int i = 0; i < 8; ++i) halves[i] = scaled_half2_of_bf16x2(words[i], scale);
   half_a = make_uint4(halves[0], halves[1], halves[2], halves[3]);
   half_b = make_uint4(halves[4], halves[5], halves[6], halves[7]);
   return __uint_as_float(exponent << 23);  // 2^(exponent - 127)

@@ -120,11 +120,7 @@ __device__ __forceinline__ void stage_x_rows_f16(const GroupedGemmArgs& a, int p
       const uint32_t in[4] = {v.x, v.y, v.z, v.w};
       uint32_t out[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const __half2 h = __floats2half2_rn(__uint_as_float(in[i] << 16) * scale,
-                                            __uint_as_float(in[i] & 0xffff0000u) * scale);
-        out[i] = *reinterpret_cast<const uint32_t*>(&h);
-      }
+      for (int i = 0; i < 4; ++i) out[i] = scaled_half2_of_bf16x2(in[i], scale);
       dst[p] = make_uint4(out[0], out[1], out[2], out[3]);
     }
   }
