@@ -4,8 +4,8 @@
 # compute-sanitizer pass, then V2-Lite-shaped benchmarks with random weights, each under its own
 # timeout: decode against the device copy bandwidth, prefill against the bf16 GEMM ceiling
 # (both measured in the same run), an offline workload through the whole engine, the same
-# workload served over HTTP, the server's device memory, and FP8 decode; optionally a kernel
-# profile of the prefill (NCU_TIMEOUT_S).
+# workload served over HTTP, the server's device memory, FP8 decode, and FP8 decode on
+# DeepSeek-V3's shapes; optionally a kernel profile of the prefill (NCU_TIMEOUT_S).
 # Logs go to $OUT; a short summary is printed last.
 #
 # Run from the repository root:
@@ -49,6 +49,11 @@ MEMORY_TIMEOUT_S="${MEMORY_TIMEOUT_S:-90}"
 FP8_TIMEOUT_S="${FP8_TIMEOUT_S:-200}"
 FP8_BATCHES="${FP8_BATCHES-1,64}"
 FP8_ARGS="${FP8_ARGS:-}"
+# FP8 decode on DeepSeek-V3's shapes (bench/configs/v3_slice: five layers of V3, which one H200
+# holds with dummy weights) with 1k-token contexts, after the FP8 step; empty V3_BATCHES skips it.
+V3_TIMEOUT_S="${V3_TIMEOUT_S:-60}"
+V3_BATCHES="${V3_BATCHES-1,16}"
+V3_MODEL_DIR="${V3_MODEL_DIR:-bench/configs/v3_slice}"
 # The device runs one command for at most 600 s: the last two steps get what is left of this
 # budget (at most their own timeout), so a slow early step shortens them rather than having the
 # whole call killed before the summary is printed.
@@ -191,6 +196,18 @@ else
   fp8_rc=$?
 fi
 
+v3_rc=skipped
+v3_s=$(step_budget "$V3_TIMEOUT_S")
+if [ -z "$V3_BATCHES" ] || [ "$v3_s" -le 0 ] || [ ! -f "$V3_MODEL_DIR/config.json" ]; then
+  echo "V3-shaped FP8 decode bench skipped (V3_BATCHES empty, no $V3_MODEL_DIR or TOTAL_BUDGET_S spent)" \
+    > "$OUT/v3_fp8.log"
+else
+  timeout "$v3_s" "$BIN_DIR/dsinfer" bench --backend cuda --dummy-weights --fp8 --model "$V3_MODEL_DIR" \
+    --batch-sizes "$V3_BATCHES" --prompt-len 1024 --decode-steps 16 --results "$OUT/RESULTS.md" \
+    > "$OUT/v3_fp8.log" 2>&1
+  v3_rc=$?
+fi
+
 # 124 is timeout(1)'s "ran out of time".
 explain_rc() {
   case "$1" in
@@ -219,3 +236,5 @@ echo "=== device memory ($(explain_rc "$memory_rc"), limit ${memory_s}s)"
 tail -8 "$OUT/memory.log"
 echo "=== FP8 decode bench $FP8_BATCHES ($(explain_rc "$fp8_rc"), limit ${fp8_s}s)"
 grep -E "^\| |error|skipped" "$OUT/fp8.log" | tail -6
+echo "=== V3-shaped FP8 decode bench $V3_BATCHES ($(explain_rc "$v3_rc"), limit ${v3_s}s)"
+grep -E "^\| |error|skipped" "$OUT/v3_fp8.log" | tail -6
