@@ -12,6 +12,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/few_row_gemm.cuh"
 #include "backend/cuda/few_row_mma.cuh"
+#include "backend/cuda/few_row_phases.h"
 
 namespace dsinfer::cuda::few_row {
 
@@ -70,16 +71,7 @@ inline int units_per_block(int num_units, int num_row_blocks, int64_t capacity, 
   return static_cast<int>(std::clamp<int64_t>((work + capacity - 1) / capacity, 1, max_units_per_block));
 }
 
-// The phases of the CUDA-core form's walk over rows of up to ldx columns where blocks walk them
-// fixed at compile time (gemm_block): 1 or 2, or 3 walked as 4 (the fourth empty) or 4, for
-// bf16 weights within max_phases and e4m3 ones within max_fp8_phases; else 0 (the run-time
-// walk). e4m3 forms of three or four phases keep their x pieces in shared memory instead of
-// registers: up to 32 KB a block, which a kernel with large shared memory of its own may not have.
-inline int fixed_phases(int64_t ldx, bool fp8, int max_phases, int max_fp8_phases) {
-  const int64_t phases = (ldx / (fp8 ? 16 : 8) + kThreads - 1) / kThreads;
-  const int64_t fixed = phases == 3 ? 4 : phases;
-  return fixed <= (fp8 ? max_fp8_phases : max_phases) ? static_cast<int>(fixed) : 0;
-}
+static_assert(kPiecesPerPhase == kThreads, "a phase is one piece a thread (few_row_phases.h)");
 
 // with_block_form's CUDA-core forms (a function, not a lambda: the compiler instantiated the
 // discarded branches of a generic lambda's `if constexpr`).

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <numeric>
 
+#include "backend/cuda/few_row_phases.h"
 #include "backend/cuda/grouped_gemm.h"
 #include "backend/cuda/step_divisor.h"
 #include "core/dtype.h"
@@ -612,6 +613,23 @@ TEST_F(CudaOpsTest, FewRowHalfProductsKeepEveryRowsRangeAndCode) {
         EXPECT_GT(largest, 0.0f) << "the reference's sums must not vanish";
       }
   }
+}
+
+// Which K the few-row kernel's CUDA-core blocks walk with a fixed phase count (few_row_phases.h):
+// bf16 rows of 1,024 columns a phase up to four phases (three walked as four) within the
+// launch's bound, e4m3 rows of 2,048 columns a phase likewise within theirs (V3's 7,168: four;
+// the routing-and-plan launch's bound of two: the run-time walk), five or more never. A host
+// test: no GPU needed.
+TEST(FewRowPhasesTest, FixedWalksTakeUpToFourPhasesWithinTheLaunchsBound) {
+  using cuda::few_row::fixed_phases;
+  struct Case { int64_t k; bool fp8; int max_phases, max_fp8_phases, want; };
+  for (const Case& c : {Case{1024, false, 4, 4, 1}, Case{2048, false, 4, 4, 2}, Case{2816, false, 4, 4, 4},
+                        Case{2816, false, 2, 4, 0}, Case{4096, false, 4, 4, 4}, Case{4608, false, 4, 4, 0},
+                        Case{1408, true, 2, 4, 1}, Case{2816, true, 2, 4, 2}, Case{4608, true, 2, 4, 4},
+                        Case{7168, true, 4, 4, 4}, Case{7168, true, 4, 2, 0}, Case{8192, true, 4, 4, 4},
+                        Case{10240, true, 4, 4, 0}, Case{16384, true, 4, 4, 0}})
+    EXPECT_EQ(fixed_phases(c.k, c.fp8, c.max_phases, c.max_fp8_phases), c.want)
+        << "K " << c.k << (c.fp8 ? " e4m3" : " bf16") << ", bounds " << c.max_phases << " / " << c.max_fp8_phases;
 }
 
 // The few-row blocks' step quotients (step_divisor.h) over every step a block can have below
