@@ -459,7 +459,7 @@ Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, c
   up.few_row_mma = few_row_mma_experts_ && (num_tokens >= 2 || few_row_mma_one_token_);
   // e4m3 experts in the expert blocks with e4m3 activations: the step's rows quantised once for
   // the gate/up product (which gathers them by src_rows), and its SiLU·up rows for the down one.
-  const bool fp8_activations = !few_rows && expert_blocks && fp8_activation_experts;
+  const bool fp8_activations = expert_blocks && fp8_activation_experts;  // expert_blocks: past few_rows
   DS_CHECK_MSG(rows_per_block == kGemmRowsPerBlock || fp8_activations,
                "moe: row-blocks of " << rows_per_block << " rows need the e4m3 expert blocks");
   QuantisedRows x_q, act_q;

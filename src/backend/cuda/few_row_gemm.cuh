@@ -108,14 +108,13 @@ __device__ __forceinline__ __half2 half2_of_e4m3x2(uint32_t pair) {
 // products a half each, their sum then in fp32. The bounds that keep it finite: an e4m3 magnitude
 // is at most 448 and a scaled x below 2, so a half's sum stays below 4 * 896 and the pair's two
 // halves' sums below 7,168, far inside f16's 65,504.
-__device__ __forceinline__ float dot_e4m3x16_halves(const uint32_t (&w_halves)[8], const uint4& x_a,
+__device__ __forceinline__ float dot_e4m3x16_halves(const __half2 (&w_halves)[8], const uint4& x_a,
                                                     const uint4& x_b) {
   const uint32_t xs[8] = {x_a.x, x_a.y, x_a.z, x_a.w, x_b.x, x_b.y, x_b.z, x_b.w};
   __half2 sums[2] = {__float2half2_rn(0.0f), __float2half2_rn(0.0f)};
 #pragma unroll
   for (int i = 0; i < 8; ++i)
-    sums[i / 4] = __hfma2(*reinterpret_cast<const __half2*>(&w_halves[i]), *reinterpret_cast<const __half2*>(&xs[i]),
-                          sums[i / 4]);
+    sums[i / 4] = __hfma2(w_halves[i], *reinterpret_cast<const __half2*>(&xs[i]), sums[i / 4]);
   const float2 f = __half22float2(__hadd2(sums[0], sums[1]));
   return f.x + f.y;
 }
@@ -299,12 +298,9 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
 #pragma unroll
             for (int r = 0; r < kQuadRows; ++r) {
               const uint32_t words[4] = {pieces[d][r].x, pieces[d][r].y, pieces[d][r].z, pieces[d][r].w};
-              uint32_t w_halves[8];
+              __half2 w_halves[8];
 #pragma unroll
-              for (int j = 0; j < 8; ++j) {
-                const __half2 h = half2_of_e4m3x2(j % 2 == 0 ? words[j / 2] : words[j / 2] >> 16);
-                w_halves[j] = *reinterpret_cast<const uint32_t*>(&h);
-              }
+              for (int j = 0; j < 8; ++j) w_halves[j] = half2_of_e4m3x2(j % 2 == 0 ? words[j / 2] : words[j / 2] >> 16);
               const int row = quad_row(gate_up, first_quad + i, r);
               const float scale = w.scales[(row / 16) * scale_cols + p * kPieceElems / kScaleCols];
 #pragma unroll

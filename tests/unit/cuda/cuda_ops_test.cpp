@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <numeric>
+#include <string>
+#include <utility>
 
 #include "backend/cuda/few_row_phases.h"
 #include "backend/cuda/grouped_gemm.h"
@@ -310,6 +312,21 @@ TEST_F(CudaOpsTest, LinearPairGivesWhatTwoLinearsGive) {
   const LinearWeight b1 = be.make_linear(HostTensor{DType::kF32, {n1, k}, w1.data()});
   const LinearWeight b2 = be.make_linear(HostTensor{DType::kF32, {n2, k}, w2.data()});
   const LinearWeight e1 = be.make_linear(f1.host()), e2 = be.make_linear(f2.host());
+  // linear_pair's two outputs for x [m, K] (n1 and n2 columns), each checked against linear alone.
+  auto pair_outputs = [&](const LinearWeight& first, const LinearWeight& second, const std::vector<float>& x,
+                          int64_t m, const std::string& what) {
+    const int64_t x_cols = static_cast<int64_t>(x.size()) / m;
+    Tensor tx = upload(be, {m, x_cols}, x);
+    Tensor pair1 = be.empty({m, n1}, DType::kF32), alone1 = be.empty({m, n1}, DType::kF32);
+    Tensor pair2 = be.empty({m, n2}, DType::kF32), alone2 = be.empty({m, n2}, DType::kF32);
+    be.linear_pair(tx, first, pair1, second, pair2);
+    be.linear(tx, first, alone1);
+    be.linear(tx, second, alone2);
+    std::pair<std::vector<float>, std::vector<float>> got{download(be, pair1), download(be, pair2)};
+    EXPECT_EQ(got.first, download(be, alone1)) << what << ", " << m << " rows";
+    EXPECT_EQ(got.second, download(be, alone2)) << what << ", " << m << " rows";
+    return got;
+  };
   struct Pair {
     const LinearWeight *first, *second;
     const char* name;
@@ -317,16 +334,8 @@ TEST_F(CudaOpsTest, LinearPairGivesWhatTwoLinearsGive) {
   for (const Pair& p : {Pair{&b1, &b2, "bf16"}, Pair{&e1, &e2, "e4m3"}, Pair{&e1, &b2, "e4m3 and bf16"}}) {
     for (int64_t m : {1, 2, 9, 300}) {
       const auto x = random_values(m * k, 43 + static_cast<uint32_t>(m));
-      Tensor tx = upload(be, {m, k}, x);
-      Tensor pair1 = be.empty({m, n1}, DType::kF32), alone1 = be.empty({m, n1}, DType::kF32);
-      Tensor pair2 = be.empty({m, n2}, DType::kF32), alone2 = be.empty({m, n2}, DType::kF32);
-      be.linear_pair(tx, *p.first, pair1, *p.second, pair2);
-      be.linear(tx, *p.first, alone1);
-      be.linear(tx, *p.second, alone2);
-      const auto got1 = download(be, pair1);
-      EXPECT_EQ(got1, download(be, alone1)) << p.name << ", " << m << " rows";
-      EXPECT_EQ(download(be, pair2), download(be, alone2)) << p.name << ", " << m << " rows";
-      EXPECT_GT(*std::max_element(got1.begin(), got1.end()), 0.0f);
+      const auto got = pair_outputs(*p.first, *p.second, x, m, p.name);
+      EXPECT_GT(*std::max_element(got.first.begin(), got.first.end()), 0.0f);
     }
   }
   // e4m3 weights of V3's hidden size (7,168 columns: 448 pieces, three and a half phases walked
@@ -336,15 +345,7 @@ TEST_F(CudaOpsTest, LinearPairGivesWhatTwoLinearsGive) {
   const LinearWeight v1 = be.make_linear(g1.host()), v2 = be.make_linear(g2.host());
   for (int64_t m : {1, 2}) {
     const auto x = bf16_exact_values(m * wide_k, 49 + static_cast<uint32_t>(m));
-    Tensor tx = upload(be, {m, wide_k}, x);
-    Tensor pair1 = be.empty({m, n1}, DType::kF32), alone1 = be.empty({m, n1}, DType::kF32);
-    Tensor pair2 = be.empty({m, n2}, DType::kF32), alone2 = be.empty({m, n2}, DType::kF32);
-    be.linear_pair(tx, v1, pair1, v2, pair2);
-    be.linear(tx, v1, alone1);
-    be.linear(tx, v2, alone2);
-    const auto got1 = download(be, pair1), got2 = download(be, pair2);
-    EXPECT_EQ(got1, download(be, alone1)) << "e4m3, K 7168, " << m << " rows";
-    EXPECT_EQ(got2, download(be, alone2)) << "e4m3, K 7168, " << m << " rows";
+    const auto [got1, got2] = pair_outputs(v1, v2, x, m, "e4m3, K 7168");
     EXPECT_LT(relative_error(got1, linear_on(*cpu_, g1.host(), x, m)), 1e-3) << m << " rows";
     EXPECT_LT(relative_error(got2, linear_on(*cpu_, g2.host(), x, m)), 1e-3) << m << " rows";
   }
