@@ -218,6 +218,21 @@ class Backend {
   // may derive data of its own from them into `derived`.
   virtual void prepare(MlaWeights& w) { (void)w; }
   virtual void prepare(MoeWeights& w) { (void)w; }
+  // Called once for each MoE layer, after its weights are prepared, with the attention output
+  // projection before it and the norm between them: a backend may derive data for making the
+  // router's logits from o_proj's input (the model keeps all three in place from then on).
+  virtual void prepare_router(MoeWeights& moe, const LinearWeight& o_proj, const Tensor& norm_w) {
+    (void)moe;
+    (void)o_proj;
+    (void)norm_w;
+  }
+  // Called in each forward before a MoE layer's attention, with the residual rows it starts from
+  // (which stay unchanged until o_proj's linear_add_rms_norm adds to them): a hint that the
+  // layer's launches up to its moe_add_rms_norm may start on its routing. The default ignores it.
+  virtual void will_route(const MoeWeights& moe, const Tensor& residual) {
+    (void)moe;
+    (void)residual;
+  }
   // out = down(silu(gate(x)) · up(x)) with gate_up from make_gate_up.
   virtual void gated_mlp(const Tensor& x, const LinearWeight& gate_up, const LinearWeight& down, Tensor& out);
 

@@ -23,6 +23,8 @@ DeepseekModel::DeepseekModel(ModelConfig config, ModelWeights weights, Backend& 
   rope_cos_ = backend_.from_host(HostTensor{DType::kF32, {max_positions_, half}, tables.cos.data()});
   rope_sin_ = backend_.from_host(HostTensor{DType::kF32, {max_positions_, half}, tables.sin.data()});
   softmax_scale_ = attention_softmax_scale(config_);
+  for (LayerWeights& l : weights_.layers)
+    if (l.is_moe) backend_.prepare_router(l.moe, l.o_proj, l.post_attn_norm);
 }
 
 size_t DeepseekModel::kv_bytes_per_token(KvCacheFormat format) const {
@@ -203,6 +205,7 @@ ForwardOutput DeepseekModel::run_layers(const ForwardBatch& batch, KvCaches& cac
   if (num_layers > 0) backend_.rms_norm(x, weights_.layers[0].input_norm, eps, h);
   for (size_t i = 0; i < num_layers; ++i) {
     const LayerWeights& l = weights_.layers[i];
+    if (l.is_moe && i + 1 < num_layers) backend_.will_route(l.moe, x);
     const Tensor attn = attention(l, h, batch, caches.layers[i], caches.block_size);
     backend_.linear_add_rms_norm(attn, l.o_proj, y, x, l.post_attn_norm, eps, h);
     MoeRouting routing;

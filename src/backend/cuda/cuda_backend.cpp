@@ -113,6 +113,7 @@ CudaBackend::CudaBackend(Precision precision) {
     shared_beside_library_max_tokens_ = INT64_MAX;
   if (env_is("DSINFER_MOE_COMBINE_IN_NORM", "0")) combine_in_norm_min_rows_ = INT64_MAX;
   if (env_is("DSINFER_MOE_COMBINE_IN_NORM", "1")) combine_in_norm_min_rows_ = 1;
+  router_beside_o_proj_ = !env_is("DSINFER_ROUTER_BESIDE_O_PROJ", "0");
   if (const char* tokens = std::getenv("DSINFER_MLA_HEAD_TILE_MIN_TOKENS"))
     head_tile_min_tokens_ = std::max(1, std::atoi(tokens));
   if (const char* runs = std::getenv("DSINFER_MLA_FEW_TOKEN_TILES"))
@@ -885,7 +886,18 @@ void CudaBackend::linear_pair(const Tensor& x, const LinearWeight& w1, Tensor& o
     GroupedGemmArgs a = dense_product(xb, m, w1, GemmEpilogue::kStoreF32, out1.data, w1.out_features, w1.out_features);
     GroupedGemmArgs b = dense_product(xb, m, w2, GemmEpilogue::kStoreF32, out2.data, w2.out_features, w2.out_features);
     a.rms_scale = b.rms_scale = left_norm_scale(xb.data);
-    launch_few_row_gemm_pair(a, b, static_cast<int>(m), stream_);
+    // A MoE layer's router logits from the residual it starts from, in the same launch
+    // (will_route, RouterIdentity): the layer's first pair of products.
+    RouterLogitsRow pre;
+    const bool router_part = route_hint_.id != nullptr && !route_hint_.pre_made && m == 1;
+    if (router_part) {
+      RouterIdentity& id = *route_hint_.id;
+      pre = RouterLogitsRow{static_cast<const float*>(route_hint_.residual), id.g_prime.as<float>(),
+                            static_cast<int>(id.g_prime.dim(1)), static_cast<int>(id.g_prime.dim(0)),
+                            id.pre.as<float>(), nullptr};
+      route_hint_.pre_made = true;
+    }
+    launch_few_row_gemm_pair(a, b, static_cast<int>(m), stream_, router_part ? &pre : nullptr);
   } else {
     linear_bf16(xb, m, w1, out1);
     linear_bf16(xb, m, w2, out2);

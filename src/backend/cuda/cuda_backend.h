@@ -97,6 +97,8 @@ class CudaBackend final : public Backend {
   std::optional<LinearWeight> make_random_linear(const RandomLinearSpec& spec) override;
   void prepare(MlaWeights& w) override;
   void prepare(MoeWeights& w) override;
+  void prepare_router(MoeWeights& moe, const LinearWeight& o_proj, const Tensor& norm_w) override;
+  void will_route(const MoeWeights& moe, const Tensor& residual) override;
   void gated_mlp(const Tensor& x, const LinearWeight& gate_up, const LinearWeight& down, Tensor& out) override;
   void begin_step(const ForwardBatch& batch) override;
   void end_step() override;
@@ -354,6 +356,27 @@ class CudaBackend final : public Backend {
   // batch-1 and 2 decode ran 0.7% and 1.7% slower with it, a 4 x 4k bf16 prefill 1% faster.
   // DSINFER_MOE_COMBINE_IN_NORM=0: never; =1: every step.
   int64_t combine_in_norm_min_rows_ = 512;
+  // A MoE layer's router logits made from o_proj's input in one-token steps (prepare_router):
+  // the logits are (G' · h + M · a) / rms with G' = gate · diag(norm weight) and M = G' · W_o,
+  // a o_proj's input and h the residual before it. G' · h is made beside the layer's first pair
+  // of products (pre), M · a beside o_proj (logits, before 1 / rms), which the routing applies;
+  // the logits' own launch goes. DSINFER_ROUTER_BESIDE_O_PROJ=0: the logits' own launch.
+  struct RouterIdentity {
+    Tensor g_prime;  // [num_experts, hidden] fp32
+    Tensor m;        // [num_experts, o_proj's in_features] fp32
+    Tensor pre, logits;  // [1, num_experts] fp32
+    const void* o_proj = nullptr;  // the weight M was made from
+  };
+  std::unordered_map<const MoeWeights*, RouterIdentity> router_identities_;
+  // The layer will_route named in this forward, and how far its logits are made.
+  struct RouteHint {
+    const MoeWeights* moe = nullptr;
+    RouterIdentity* id = nullptr;
+    const void* residual = nullptr;
+    bool pre_made = false, logits_made = false;
+  };
+  RouteHint route_hint_;
+  bool router_beside_o_proj_ = true;
   // Decode batches of this many tokens or more attend in planned head tiles
   // (mla_decode_tiles.cu); smaller ones in the fp32 split kernel, or in the few-token tiles below
   // (DSINFER_MLA_HEAD_TILE_MIN_TOKENS).

@@ -305,6 +305,12 @@ CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const Mo
                                        library_gemm_takes(gu, num_tokens) && library_gemm_takes(down, num_tokens);
                               }();
   if (shared_in_routing) shared_act = alloc_->cached({num_tokens, shared_inter_p}, DType::kBF16);
+  // The logits made beside o_proj (RouterIdentity), before the norm's factor, which the routing
+  // applies: the shared experts' gate/up goes beside the routing, their down product after the
+  // routed experts.
+  const RouteHint hint = std::exchange(route_hint_, RouteHint{});
+  const bool identity_logits = hint.logits_made && hint.moe == &w && num_tokens == 1 && shared_in_routing &&
+                               x_scale.partials != nullptr;
   std::optional<ForkedStreams> forked;
   if (shared_on_side) {
     forked.emplace(stream_, side_stream_, fork_event_, join_event_, *alloc_);
@@ -315,7 +321,9 @@ CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const Mo
   Tensor d_weights = alloc_->cached({num_entries}, DType::kF32);
   const float* bias = w.score_correction_bias.empty() ? nullptr : w.score_correction_bias.as<float>();
   Tensor logits = alloc_->cached({num_tokens, num_experts}, DType::kF32);
-  if (shared_in_routing) {
+  if (identity_logits) {
+    // made beside o_proj
+  } else if (shared_in_routing) {
     launch_router_logits_beside(x.as<float>(), w.gate.as<float>(), num_tokens, static_cast<int>(hidden), num_experts,
                                 logits.as<float>(),
                                 scaled(dense_product(xb, num_tokens, w.shared_gate_up, GemmEpilogue::kSiluMulBf16,
@@ -338,7 +346,15 @@ CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const Mo
   const int64_t plan_workspace_ints = moe_plan_workspace_ints(static_cast<int>(num_entries), num_experts);
   Tensor plan_workspace;
   if (plan_workspace_ints > 0) plan_workspace = alloc_->cached({plan_workspace_ints}, DType::kI32);
-  if (shared_in_routing)
+  if (identity_logits)
+    launch_moe_route_and_plan_beside(hint.id->logits.as<float>(), num_tokens, params, bias, d_ids.as<int32_t>(),
+                                     d_weights.as<float>(), kGemmRowsPerBlock, row_offsets, block_offsets, src_rows,
+                                     slot_rows,
+                                     scaled(dense_product(xb, num_tokens, w.shared_gate_up, GemmEpilogue::kSiluMulBf16,
+                                                          shared_act.data, shared_inter_p, shared_inter_p),
+                                            x_scale),
+                                     stream_, x_scale);
+  else if (shared_in_routing)
     launch_moe_route_and_plan_beside(logits.as<float>(), num_tokens, params, bias, d_ids.as<int32_t>(),
                                      d_weights.as<float>(), kGemmRowsPerBlock, row_offsets, block_offsets, src_rows,
                                      slot_rows,
@@ -368,6 +384,11 @@ CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const Mo
                                      grouped_rows_per_block, x_scale);
   }
 
+  if (identity_logits) {
+    const GroupedGemmArgs down = dense_product(shared_act, num_tokens, w.shared_down, GemmEpilogue::kStoreF32,
+                                               shared.data, hidden, w.shared_down.out_features);
+    launch_few_row_gemm(down, down.dense.n_padded, 1, static_cast<int>(num_tokens), stream_);
+  }
   if (forked) forked->join();
   else if (w.has_shared && f32_products_)
     gated_mlp_f32(x, w.shared_gate_up, w.shared_down, shared.as<float>(), hidden);

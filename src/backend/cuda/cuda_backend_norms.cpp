@@ -96,6 +96,22 @@ void CudaBackend::linear_add_rms_norm(const Tensor& x, const LinearWeight& w, Te
   const Tensor xb = to_bf16_padded(x, g.k_padded);
   GroupedGemmArgs a = dense_product(xb, rows, w, GemmEpilogue::kStoreF32, nullptr, n, n);
   a.residual_norm = leave_norm(residual, norm_w, eps, normed);
+  // The next MoE layer's router logits before the norm's factor, from this product's input, in
+  // the same launch (will_route, RouterIdentity), where its residual part was made.
+  RouteHint& hint = route_hint_;
+  if (hint.pre_made && !hint.logits_made && rows == 1 && hint.id->o_proj == w.weight.data &&
+      hint.residual == residual.data && hint.id->m.dim(1) == x.dim(1)) {
+    RouterIdentity& id = *hint.id;
+    const RouterLogitsRow logits{x.as<float>(),
+                                 id.m.as<float>(),
+                                 static_cast<int>(id.m.dim(1)),
+                                 static_cast<int>(id.m.dim(0)),
+                                 id.logits.as<float>(),
+                                 id.pre.as<float>()};
+    launch_router_logits_row_beside(logits, a, stream_);
+    hint.logits_made = true;
+    return;
+  }
   launch_few_row_gemm(a, g.n_padded, 1, static_cast<int>(rows), stream_);
 }
 

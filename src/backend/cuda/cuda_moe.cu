@@ -244,8 +244,9 @@ void launch_moe_route_and_plan(const float* logits, int64_t num_tokens, const Mo
                     row_offsets, block_offsets, src_rows, slot_rows, workspace, stream);
     return;
   }
-  const moe::RoutePlanJob job{logits, static_cast<int>(num_tokens), p, bias, expert_ids, weights, rows_per_block,
-                              row_offsets, block_offsets, src_rows, slot_rows};
+  const moe::RoutePlanJob job{logits,        static_cast<int>(num_tokens), p,        bias,
+                              expert_ids,    weights,                      rows_per_block, row_offsets,
+                              block_offsets, src_rows,                     slot_rows, RowRmsScale{}};
   launch_kernel(route_plan_kernel, 1, kMoeRoutePlanMaxTokens * 32, 0, stream, job);
   DS_CUDA_CHECK_LAUNCH();
 }

@@ -17,6 +17,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/few_row_form.cuh"
 #include "backend/cuda/kernel_launch.cuh"
+#include "backend/cuda/moe_routing.cuh"
 
 namespace dsinfer::cuda {
 namespace {
@@ -43,18 +44,30 @@ void launch_with(const GroupedGemmArgs& args, int max_n_padded, int max_row_bloc
   DS_CUDA_CHECK_LAUNCH();
 }
 
-// Blocks [0, blocks_a): product a's; the rest: b's.
+// Blocks [0, logit_blocks): the router logits job's (none without one); then product a's
+// blocks_a; the rest: b's.
 template <typename Form>
 __global__ void __launch_bounds__(few_row::kThreads, Form::kMinBlocksPerSm)
-    few_row_gemm_pair_kernel(GroupedGemmArgs a, GroupedGemmArgs b, int units_per_block, int blocks_a) {
-  const int x = static_cast<int>(blockIdx.x);
-  if (x < blocks_a) Form::run(a, units_per_block, x, 0);
+    few_row_gemm_pair_kernel(GroupedGemmArgs a, GroupedGemmArgs b, int units_per_block, int blocks_a,
+                             moe::RouterLogitsJob logits, int logit_blocks) {
+  const int x = static_cast<int>(blockIdx.x) - logit_blocks;
+  if (x < 0) moe::router_logits_block(logits, 0, x + logit_blocks);
+  else if (x < blocks_a) Form::run(a, units_per_block, x, 0);
   else Form::run(b, units_per_block, x - blocks_a, 0);
 }
 
 }  // namespace
 
-void launch_few_row_gemm_pair(const GroupedGemmArgs& a, const GroupedGemmArgs& b, int rows, Stream stream) {
+void launch_few_row_gemm_pair(const GroupedGemmArgs& a, const GroupedGemmArgs& b, int rows, Stream stream,
+                              const RouterLogitsRow* logits_row) {
+  moe::RouterLogitsJob logits_job;
+  const moe::RouterLogitsJob* logits = nullptr;
+  if (logits_row != nullptr) {
+    const RouterLogitsRow& r = *logits_row;
+    DS_CHECK(r.x != nullptr && r.gate != nullptr && r.logits != nullptr && r.hidden > 0 && r.num_experts > 0);
+    logits_job = moe::RouterLogitsJob{r.x, r.gate, r.hidden, r.num_experts, r.logits, 1, RowRmsScale{}, r.add};
+    logits = &logits_job;
+  }
   DS_CHECK(a.groups == nullptr && b.groups == nullptr && a.k_splits == 1 && b.k_splits == 1 && a.ldx % 8 == 0 &&
            b.ldx % 8 == 0 && a.dense_rows == rows && b.dense_rows == rows && a.weights_fp8 == b.weights_fp8 &&
            a.few_row_mma == b.few_row_mma && a.few_row_fixed_phases == b.few_row_fixed_phases &&
@@ -68,14 +81,15 @@ void launch_few_row_gemm_pair(const GroupedGemmArgs& a, const GroupedGemmArgs& b
     constexpr auto kernel = few_row_gemm_pair_kernel<Form>;
     const size_t shared_bytes = std::max(Form::shared_bytes(a), Form::shared_bytes(b));
     Form::template allow_shared_memory<kernel>();
-    // One wave over both weights' units, as launch_with sizes one.
+    // One wave over both weights' units and the logits' blocks, as launch_with sizes one.
+    const int logit_blocks = logits != nullptr ? static_cast<int>(logits->num_tokens) * logits->expert_blocks() : 0;
     const int units_a = a.dense.n_padded / Form::kUnitRows, units_b = b.dense.n_padded / Form::kUnitRows;
-    const int units_per_block = few_row::units_per_block(
-        units_a + units_b, 1, few_row::resident_blocks<kernel>(shared_bytes), Form::kMaxUnitsPerBlock);
+    const int64_t capacity = std::max(1, few_row::resident_blocks<kernel>(shared_bytes) - logit_blocks);
+    const int units_per_block = few_row::units_per_block(units_a + units_b, 1, capacity, Form::kMaxUnitsPerBlock);
     const int blocks_a = (units_a + units_per_block - 1) / units_per_block;
     const int blocks_b = (units_b + units_per_block - 1) / units_per_block;
-    launch_kernel(kernel, blocks_a + blocks_b, few_row::kThreads, shared_bytes, stream, a, b, units_per_block,
-                  blocks_a);
+    launch_kernel(kernel, logit_blocks + blocks_a + blocks_b, few_row::kThreads, shared_bytes, stream, a, b,
+                  units_per_block, blocks_a, logits != nullptr ? *logits : moe::RouterLogitsJob{}, logit_blocks);
     DS_CUDA_CHECK_LAUNCH();
   });
 }

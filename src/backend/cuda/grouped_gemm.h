@@ -184,10 +184,20 @@ constexpr int kFewRowGemmMaxRows = 4;
 constexpr int kFewRowGemmDefaultMaxRows = 2;
 void launch_few_row_gemm(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks, int max_rows_per_block,
                          Stream stream);
+// One token's router logits, logits[e] = add[e] + x · gate[e] in fp32 (add null: none), as the
+// router logits kernel makes them (moe_routing.cuh), made beside a product.
+struct RouterLogitsRow {
+  const float* x = nullptr;     // [hidden]
+  const float* gate = nullptr;  // [num_experts, hidden]
+  int hidden = 0, num_experts = 0;
+  float* logits = nullptr;     // [num_experts]
+  const float* add = nullptr;  // [num_experts]
+};
 // Two dense few-row products of the same rows in one launch (a's blocks, then b's; each output
 // has the bits of its own launch): both dense, of `rows` rows, with the same weight type and
-// form (few_row_mma alike).
-void launch_few_row_gemm_pair(const GroupedGemmArgs& a, const GroupedGemmArgs& b, int rows, Stream stream);
+// form (few_row_mma alike). With logits, the launch's first blocks make them too.
+void launch_few_row_gemm_pair(const GroupedGemmArgs& a, const GroupedGemmArgs& b, int rows, Stream stream,
+                              const RouterLogitsRow* logits = nullptr);
 
 // The router logits (launch_router_logits) and the routing and planning (launch_moe_route_and_plan)
 // of a step of 1 to kMoeRoutePlanMaxTokens tokens, each with a dense few-row product (args of
@@ -195,13 +205,19 @@ void launch_few_row_gemm_pair(const GroupedGemmArgs& a, const GroupedGemmArgs& b
 // one launch (moe_routing_beside.cu): an MoE layer's shared experts, gate/up beside the logits and
 // down beside the routing. The product's output has the bits of launch_few_row_gemm's. Where the
 // product's rows leave a norm's 1 / rms to it (rms_scale), the router logits' x is that norm's
-// fp32 output and gets the same factor.
+// fp32 output and gets the same factor. Variants: the logits of one token's fp32 row that is not
+// the product's (logits_row: x, gate and add as RouterLogitsRow, no factor), beside any dense
+// product of one row; and logits of a norm's output before each row's 1 / rms, which the routing
+// applies first (logits_rms).
 void launch_router_logits_beside(const float* x, const float* gate, int64_t num_tokens, int hidden, int num_experts,
                                  float* logits, const GroupedGemmArgs& product, Stream stream);
+void launch_router_logits_row_beside(const RouterLogitsRow& logits_row, const GroupedGemmArgs& product,
+                                     Stream stream);
 void launch_moe_route_and_plan_beside(const float* logits, int64_t num_tokens, const MoeRouteParams& p,
                                       const float* bias, int32_t* expert_ids, float* weights, int rows_per_block,
                                       int32_t* row_offsets, int32_t* block_offsets, int32_t* src_rows,
-                                      int32_t* slot_rows, const GroupedGemmArgs& product, Stream stream);
+                                      int32_t* slot_rows, const GroupedGemmArgs& product, Stream stream,
+                                      const RowRmsScale& logits_rms = {});
 
 // Dequantises an e4m3 weight in the kernel's layout to bf16 [n_padded, k_padded].
 void launch_gemm_weight_to_bf16(const GemmWeight& w, uint16_t* out, Stream stream);

@@ -42,7 +42,7 @@ inline __device__ Best warp_best(const float* v, const bool* taken, int n, int l
 }
 
 // A warp's working space for routing one token (shared memory).
-struct RouteScratch {
+struct alignas(16) RouteScratch {  // 16-byte rows: route_plan_block stages float4 in one
   float score[kMaxExperts], choice[kMaxExperts], group[kMaxExperts];
   bool taken[kMaxExperts], group_taken[kMaxExperts], kept[kMaxExperts];
   int ids[kMaxTopK];
@@ -165,6 +165,9 @@ struct RouterLogitsJob {
   int64_t num_tokens = 0;
   // x holds a norm's output before each row's 1 / rms, which the logits then get (RowRmsScale).
   RowRmsScale rms_scale;
+  // Non-null: added to each logit ([num_tokens, num_experts]; the part of the logits another
+  // launch made, CudaBackend::RouterIdentity).
+  const float* add = nullptr;
   // Blocks per token, kLogitWarps experts each.
   __host__ __device__ int expert_blocks() const { return (num_experts + kLogitWarps - 1) / kLogitWarps; }
 };
@@ -212,7 +215,10 @@ inline __device__ void router_logits_block(const RouterLogitsJob& job, int64_t t
     __syncthreads();
     acc *= rms_scale_of<kLogitWarps>(rms_sums, 1, job.rms_scale);
   }
-  if (lane == 0 && e < job.num_experts) job.logits[t * job.num_experts + e] = acc;
+  if (lane == 0 && e < job.num_experts) {
+    const int64_t i = t * job.num_experts + e;
+    job.logits[i] = job.add != nullptr ? job.add[i] + acc : acc;
+  }
 }
 
 // Block-wide helpers of the planning kernels (every thread calls them).
@@ -289,6 +295,9 @@ struct RoutePlanJob {
   int32_t* block_offsets = nullptr;
   int32_t* src_rows = nullptr;
   int32_t* slot_rows = nullptr;
+  // Non-null partials: the logits are of a norm's output before each row's 1 / rms, which the
+  // block applies first (RowRmsScale).
+  RowRmsScale rms_scale;
 };
 
 // The one block of a route-and-plan job, of kMoeRoutePlanMaxTokens * 32 threads.
@@ -301,7 +310,34 @@ inline __device__ void route_plan_block(const RoutePlanJob& job) {
   const MoeRouteParams& p = job.params;
   const int warp = threadIdx.x / 32;
   for (int e = threadIdx.x; e < p.num_experts; e += blockDim.x) counts[e] = 0;
-  if (warp < job.num_tokens) route_token(job.logits, p, job.bias, warp, scratch[warp], job.expert_ids, job.weights);
+  // Row t's logits: the job's, or times the row's 1 / rms in scratch[t].choice, which route_token
+  // reads each of before it writes it.
+  const bool scaled = job.rms_scale.partials != nullptr;
+  if (scaled) {
+    // Rows of a norm's output before its factor: the whole block finishes each row's factor in
+    // one order, as the products that apply it do. The stage is scratch[0].group's bytes, which
+    // route_token writes only later.
+    constexpr int kThreads = kMoeRoutePlanMaxTokens * 32;
+    static_assert(sizeof(RouteScratch::group) >= kThreads * sizeof(float4), "the stage fits in a group row");
+    auto* rms_stage = reinterpret_cast<float4*>(scratch[0].group);
+    __shared__ float rms_sums[kMoeRoutePlanMaxTokens];
+    const int lane = threadIdx.x % 32;
+    for (int t = 0; t < job.num_tokens; ++t) {
+      stage_rms_share<kThreads>(job.rms_scale, t, rms_stage);
+      cp_async_commit();
+      cp_async_wait<0>();
+      const float v = warp_sum(rms_share_sum<kThreads>(job.rms_scale, rms_stage, [t] { return int64_t{t}; }));
+      if (lane == 0) rms_sums[warp] = v;
+      __syncthreads();  // every share read and every warp's sum written
+      const float factor = rms_scale_of<kMoeRoutePlanMaxTokens>(rms_sums, 1, job.rms_scale);
+      for (int e = threadIdx.x; e < p.num_experts; e += blockDim.x)
+        scratch[t].choice[e] = job.logits[t * p.num_experts + e] * factor;
+      __syncthreads();  // the factor read before the next row's sums and stage
+    }
+  }
+  if (warp < job.num_tokens)
+    route_token(scaled ? scratch[warp].choice : job.logits + int64_t{warp} * p.num_experts, p, job.bias, 0,
+                scratch[warp], job.expert_ids + warp * p.top_k, job.weights + warp * p.top_k);
   __syncthreads();
   // The plan reads the chosen experts from the warps' scratch, not back from global memory.
   const int num_entries = job.num_tokens * p.top_k;

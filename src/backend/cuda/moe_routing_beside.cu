@@ -79,15 +79,28 @@ void launch_router_logits_beside(const float* x, const float* gate, int64_t num_
   });
 }
 
+void launch_router_logits_row_beside(const RouterLogitsRow& r, const GroupedGemmArgs& product, Stream stream) {
+  DS_CHECK(r.x != nullptr && r.gate != nullptr && r.logits != nullptr && r.hidden > 0 && r.num_experts > 0 &&
+           product.dense_rows == 1);
+  check_product_beside(product);
+  const moe::RouterLogitsJob job{r.x, r.gate, r.hidden, r.num_experts, r.logits, 1, RowRmsScale{}, r.add};
+  few_row::with_block_form(product, 1, [&](auto form) {
+    using Form = decltype(form);
+    launch_one<router_logits_beside_kernel<Form>, Form>(job, job.expert_blocks(), product, stream);
+  });
+}
+
 void launch_moe_route_and_plan_beside(const float* logits, int64_t num_tokens, const MoeRouteParams& p,
                                       const float* bias, int32_t* expert_ids, float* weights, int rows_per_block,
                                       int32_t* row_offsets, int32_t* block_offsets, int32_t* src_rows,
-                                      int32_t* slot_rows, const GroupedGemmArgs& product, Stream stream) {
+                                      int32_t* slot_rows, const GroupedGemmArgs& product, Stream stream,
+                                      const RowRmsScale& logits_rms) {
   moe::check_route_params(p);
   DS_CHECK(num_tokens >= 1 && num_tokens <= kMoeRoutePlanMaxTokens);
   check_product_beside(product);
-  const moe::RoutePlanJob job{logits, static_cast<int>(num_tokens), p, bias, expert_ids, weights, rows_per_block,
-                              row_offsets, block_offsets, src_rows, slot_rows};
+  const moe::RoutePlanJob job{logits,        static_cast<int>(num_tokens), p,        bias,
+                              expert_ids,    weights,                      rows_per_block, row_offsets,
+                              block_offsets, src_rows,                     slot_rows, logits_rms};
   // e4m3 products of up to two phases: the plan's shared memory leaves no room for x pieces of
   // four (the shared down product's K is two phases or less in V2 and V3).
   constexpr int kMaxFixedPhases = 4, kMaxFp8FixedPhases = 2;
