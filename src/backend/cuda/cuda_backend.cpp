@@ -187,6 +187,7 @@ CudaBackend::~CudaBackend() {
 
 void CudaBackend::begin_step(const ForwardBatch& batch) {
   forget_normed_copy();
+  route_hint_ = {};  // a step cut short may have left one
   using F = StepBuffers::Field;
   StepBuffers& st = *step_;
   int64_t table_ints = 0;
