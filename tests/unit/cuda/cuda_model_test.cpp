@@ -98,9 +98,9 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGoldenModelTest, ::testing::Values("tiny_
 // (CudaBackend::RouterIdentity), instead of in a launch of their own
 // (DSINFER_ROUTER_BESIDE_O_PROJ=0): greedy decode picks the same tokens with logits within bf16
 // rounding of that form's, and not its bits, so the form ran: M · a reads o_proj's input in fp32
-// where o_proj reads it in bf16 (measured on an H200: 0.33% and 0.28% at most over 24 steps). tiny_v2_lite's shapes with a hidden size of 256 (norms
-// are left to the products after them for rows of whole 128-column tiles), bf16 and e4m3
-// projections.
+// where o_proj reads it in bf16 (measured on an H200: 0.33% and 0.28% at most over 24 steps).
+// tiny_v2_lite's shapes with a hidden size of 256 (norms are left to the products after them for
+// rows of whole 128-column tiles), bf16 and e4m3 projections.
 TEST(CudaRouterIdentityTest, DecodeFollowsTheLogitsOwnLaunch) {
   if (!cuda_backend_available()) GTEST_SKIP() << "no CUDA device visible";
   ModelConfig config = ModelConfig::load(testing_cuda::source_dir() + "/tests/data/tiny_v2_lite");
