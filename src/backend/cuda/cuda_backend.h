@@ -365,7 +365,8 @@ class CudaBackend final : public Backend {
     Tensor g_prime;  // [num_experts, hidden] fp32
     Tensor m;        // [num_experts, o_proj's in_features] fp32
     Tensor pre, logits;  // [1, num_experts] fp32
-    const void* o_proj = nullptr;  // the weight M was made from
+    const void* o_proj = nullptr;  // the weights M was made from
+    const void* gate = nullptr;
   };
   std::unordered_map<const MoeWeights*, RouterIdentity> router_identities_;
   // The layer will_route named in this forward, and how far its logits are made.

@@ -13,6 +13,8 @@
 namespace dsinfer::cuda {
 
 void CudaBackend::prepare_router(MoeWeights& moe, const LinearWeight& o_proj, const Tensor& norm_w) {
+  // A layer of an earlier model may have stood at this address.
+  router_identities_.erase(&moe);
   if (f32_products_ || !router_beside_o_proj_ || !moe.has_shared || moe.gate.dtype != DType::kF32 ||
       norm_w.dtype != DType::kF32)
     return;
@@ -28,6 +30,7 @@ void CudaBackend::prepare_router(MoeWeights& moe, const LinearWeight& o_proj, co
   id.pre = alloc_->persistent({1, moe.num_experts}, DType::kF32);
   id.logits = alloc_->persistent({1, moe.num_experts}, DType::kF32);
   id.o_proj = o_proj.weight.data;
+  id.gate = moe.gate.data;
   launch_router_identity(moe.gate.as<float>(), norm_w.as<float>(), gemm_weight_of(o_proj), moe.num_experts, hidden,
                          in_features, id.g_prime.as<float>(), id.m.as<float>(), stream_);
   synchronize();
@@ -37,8 +40,9 @@ void CudaBackend::prepare_router(MoeWeights& moe, const LinearWeight& o_proj, co
 void CudaBackend::will_route(const MoeWeights& moe, const Tensor& residual) {
   route_hint_ = {};
   const auto it = router_identities_.find(&moe);
-  if (it == router_identities_.end() || batch_invariant_ || residual.dtype != DType::kF32 ||
-      residual.shape.size() != 2 || residual.dim(0) != 1 || residual.dim(1) != it->second.g_prime.dim(1))
+  if (it == router_identities_.end() || it->second.gate != moe.gate.data || batch_invariant_ ||
+      residual.dtype != DType::kF32 || residual.shape.size() != 2 || residual.dim(0) != 1 ||
+      residual.dim(1) != it->second.g_prime.dim(1))
     return;
   route_hint_.moe = &moe;
   route_hint_.id = &it->second;
