@@ -311,6 +311,16 @@ CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const Mo
   const RouteHint hint = std::exchange(route_hint_, RouteHint{});
   const bool identity_logits = hint.logits_made && hint.moe == &w && num_tokens == 1 && shared_in_routing &&
                                x_scale.partials != nullptr;
+  // The shared experts' products where they run in the routing's launches (or, their down
+  // product, after the routed experts).
+  GroupedGemmArgs shared_gate_up, shared_down;
+  if (shared_in_routing) {
+    shared_gate_up = scaled(dense_product(xb, num_tokens, w.shared_gate_up, GemmEpilogue::kSiluMulBf16,
+                                          shared_act.data, shared_inter_p, shared_inter_p),
+                            x_scale);
+    shared_down = dense_product(shared_act, num_tokens, w.shared_down, GemmEpilogue::kStoreF32, shared.data, hidden,
+                                w.shared_down.out_features);
+  }
   std::optional<ForkedStreams> forked;
   if (shared_on_side) {
     forked.emplace(stream_, side_stream_, fork_event_, join_event_, *alloc_);
@@ -325,11 +335,7 @@ CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const Mo
     // made beside o_proj
   } else if (shared_in_routing) {
     launch_router_logits_beside(x.as<float>(), w.gate.as<float>(), num_tokens, static_cast<int>(hidden), num_experts,
-                                logits.as<float>(),
-                                scaled(dense_product(xb, num_tokens, w.shared_gate_up, GemmEpilogue::kSiluMulBf16,
-                                                     shared_act.data, shared_inter_p, shared_inter_p),
-                                       x_scale),
-                                stream_);
+                                logits.as<float>(), shared_gate_up, stream_);
   } else if (!batch_invariant_ && num_tokens > kRouterKernelMaxTokens) {
     matmul_->f32(w.gate.as<float>(), x.as<float>(), logits.as<float>(), num_tokens, num_experts, hidden);
   } else {
@@ -346,21 +352,12 @@ CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const Mo
   const int64_t plan_workspace_ints = moe_plan_workspace_ints(static_cast<int>(num_entries), num_experts);
   Tensor plan_workspace;
   if (plan_workspace_ints > 0) plan_workspace = alloc_->cached({plan_workspace_ints}, DType::kI32);
-  if (identity_logits)
-    launch_moe_route_and_plan_beside(hint.id->logits.as<float>(), num_tokens, params, bias, d_ids.as<int32_t>(),
-                                     d_weights.as<float>(), kGemmRowsPerBlock, row_offsets, block_offsets, src_rows,
-                                     slot_rows,
-                                     scaled(dense_product(xb, num_tokens, w.shared_gate_up, GemmEpilogue::kSiluMulBf16,
-                                                          shared_act.data, shared_inter_p, shared_inter_p),
-                                            x_scale),
-                                     stream_, x_scale);
-  else if (shared_in_routing)
-    launch_moe_route_and_plan_beside(logits.as<float>(), num_tokens, params, bias, d_ids.as<int32_t>(),
-                                     d_weights.as<float>(), kGemmRowsPerBlock, row_offsets, block_offsets, src_rows,
-                                     slot_rows,
-                                     dense_product(shared_act, num_tokens, w.shared_down, GemmEpilogue::kStoreF32,
-                                                   shared.data, hidden, w.shared_down.out_features),
-                                     stream_);
+  if (shared_in_routing)  // with the logits from beside o_proj, the gate/up product runs here
+    launch_moe_route_and_plan_beside(identity_logits ? hint.id->logits.as<float>() : logits.as<float>(), num_tokens,
+                                     params, bias, d_ids.as<int32_t>(), d_weights.as<float>(), kGemmRowsPerBlock,
+                                     row_offsets, block_offsets, src_rows, slot_rows,
+                                     identity_logits ? shared_gate_up : shared_down, stream_,
+                                     identity_logits ? x_scale : RowRmsScale{});
   else  // chunked layers count their block offsets in chunks
     launch_moe_route_and_plan(logits.as<float>(), num_tokens, params, bias, d_ids.as<int32_t>(),
                               d_weights.as<float>(), chunked ? kChunkRows : grouped_rows_per_block, row_offsets,
@@ -384,11 +381,8 @@ CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const Mo
                                      grouped_rows_per_block, x_scale);
   }
 
-  if (identity_logits) {
-    const GroupedGemmArgs down = dense_product(shared_act, num_tokens, w.shared_down, GemmEpilogue::kStoreF32,
-                                               shared.data, hidden, w.shared_down.out_features);
-    launch_few_row_gemm(down, down.dense.n_padded, 1, static_cast<int>(num_tokens), stream_);
-  }
+  if (identity_logits)
+    launch_few_row_gemm(shared_down, shared_down.dense.n_padded, 1, static_cast<int>(num_tokens), stream_);
   if (forked) forked->join();
   else if (w.has_shared && f32_products_)
     gated_mlp_f32(x, w.shared_gate_up, w.shared_down, shared.as<float>(), hidden);

@@ -60,14 +60,9 @@ __global__ void __launch_bounds__(few_row::kThreads, Form::kMinBlocksPerSm)
 
 void launch_few_row_gemm_pair(const GroupedGemmArgs& a, const GroupedGemmArgs& b, int rows, Stream stream,
                               const RouterLogitsRow* logits_row) {
-  moe::RouterLogitsJob logits_job;
-  const moe::RouterLogitsJob* logits = nullptr;
-  if (logits_row != nullptr) {
-    const RouterLogitsRow& r = *logits_row;
-    DS_CHECK(r.x != nullptr && r.gate != nullptr && r.logits != nullptr && r.hidden > 0 && r.num_experts > 0);
-    logits_job = moe::RouterLogitsJob{r.x, r.gate, r.hidden, r.num_experts, r.logits, 1, RowRmsScale{}, r.add};
-    logits = &logits_job;
-  }
+  const moe::RouterLogitsJob logits_job =
+      logits_row != nullptr ? moe::one_token_job(*logits_row) : moe::RouterLogitsJob{};
+  const moe::RouterLogitsJob* logits = logits_row != nullptr ? &logits_job : nullptr;
   DS_CHECK(a.groups == nullptr && b.groups == nullptr && a.k_splits == 1 && b.k_splits == 1 && a.ldx % 8 == 0 &&
            b.ldx % 8 == 0 && a.dense_rows == rows && b.dense_rows == rows && a.weights_fp8 == b.weights_fp8 &&
            a.few_row_mma == b.few_row_mma && a.few_row_fixed_phases == b.few_row_fixed_phases &&

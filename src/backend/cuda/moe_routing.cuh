@@ -9,6 +9,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/grouped_gemm.h"
 #include "backend/cuda/kernel_launch.cuh"
 #include "backend/cuda/row_rms.cuh"
 #include "backend/cuda/warp_sum.cuh"
@@ -171,6 +172,12 @@ struct RouterLogitsJob {
   // Blocks per token, kLogitWarps experts each.
   __host__ __device__ int expert_blocks() const { return (num_experts + kLogitWarps - 1) / kLogitWarps; }
 };
+
+// The job of one token's RouterLogitsRow (no norm's factor).
+inline RouterLogitsJob one_token_job(const RouterLogitsRow& r) {
+  DS_CHECK(r.x != nullptr && r.gate != nullptr && r.logits != nullptr && r.hidden > 0 && r.num_experts > 0);
+  return RouterLogitsJob{r.x, r.gate, r.hidden, r.num_experts, r.logits, 1, RowRmsScale{}, r.add};
+}
 
 // Block (token t, expert_block) of the router logits: one warp per expert, lanes strided over
 // the hidden size and a fixed shuffle tree, so a logit has the same bits whatever the batch. The

@@ -80,10 +80,9 @@ void launch_router_logits_beside(const float* x, const float* gate, int64_t num_
 }
 
 void launch_router_logits_row_beside(const RouterLogitsRow& r, const GroupedGemmArgs& product, Stream stream) {
-  DS_CHECK(r.x != nullptr && r.gate != nullptr && r.logits != nullptr && r.hidden > 0 && r.num_experts > 0 &&
-           product.dense_rows == 1);
+  DS_CHECK(product.dense_rows == 1);
   check_product_beside(product);
-  const moe::RouterLogitsJob job{r.x, r.gate, r.hidden, r.num_experts, r.logits, 1, RowRmsScale{}, r.add};
+  const moe::RouterLogitsJob job = moe::one_token_job(r);
   few_row::with_block_form(product, 1, [&](auto form) {
     using Form = decltype(form);
     launch_one<router_logits_beside_kernel<Form>, Form>(job, job.expert_blocks(), product, stream);
