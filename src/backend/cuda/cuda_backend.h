@@ -198,9 +198,13 @@ class CudaBackend final : public Backend {
   // [num_entries, hidden]: bf16 from the prefill expert blocks (prefill_expert_outputs_bf16_),
   // fp32 otherwise.
   // x_scale: xb's rows are a pending norm's output (the few-row kernel only; see PendingNorm).
+  // shared_down: the shared experts' down product of a one-token step, run in the launch of the
+  // routed down product where both take the few-row kernel (shared_down_with_routed_), else
+  // after it.
   Tensor moe_experts_grouped(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
                              const int32_t* block_offsets, const int32_t* src_rows, int64_t num_entries,
-                             int rows_per_block, const RowRmsScale& x_scale = {});
+                             int rows_per_block, const RowRmsScale& x_scale = {},
+                             const GroupedGemmArgs* shared_down = nullptr);
   // Whether the layer's experts, where they take the 128-row expert blocks, run DeepSeek's FP8
   // activations there (e4m3 weights, both switches on, k and the intermediate size whole
   // 128-column scale blocks).
@@ -356,6 +360,12 @@ class CudaBackend final : public Backend {
   // batch-1 and 2 decode ran 0.7% and 1.7% slower with it, a 4 x 4k bf16 prefill 1% faster.
   // DSINFER_MOE_COMBINE_IN_NORM=0: never; =1: every step.
   int64_t combine_in_norm_min_rows_ = 512;
+  // One-token steps whose router logits are made beside o_proj (router_beside_o_proj_) run their
+  // shared experts' down product in the launch of the routed experts' down product
+  // (few_row_gemm_with_dense.cu; DSINFER_MOE_SHARED_DOWN_WITH_ROUTED=0: a launch of its own after
+  // it). Measured: batch-1 decode bf16 456.1 → 468.4 tok/s, FP8 541.4 → 547.5; in the routed
+  // gate/up product's launch instead, the same within the runs' spread.
+  bool shared_down_with_routed_ = true;
   // A MoE layer's router logits made from o_proj's input in one-token steps (prepare_router):
   // the logits are (G' · h + M · a) / rms with G' = gate · diag(norm weight) and M = G' · W_o,
   // a o_proj's input and h the residual before it. G' · h is made beside the layer's first pair

@@ -306,13 +306,14 @@ CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const Mo
                               }();
   if (shared_in_routing) shared_act = alloc_->cached({num_tokens, shared_inter_p}, DType::kBF16);
   // The logits made beside o_proj (RouterIdentity), before the norm's factor, which the routing
-  // applies: the shared experts' gate/up goes beside the routing, their down product after the
-  // routed experts.
+  // applies: the shared experts' gate/up goes beside the routing, their down product with the
+  // routed experts (moe_experts_grouped).
   const RouteHint hint = std::exchange(route_hint_, RouteHint{});
   const bool identity_logits = hint.logits_made && hint.moe == &w && num_tokens == 1 && shared_in_routing &&
                                x_scale.partials != nullptr;
+  DS_CHECK(!identity_logits || !f32_products_);  // one-token steps of f32 products make their own logits
   // The shared experts' products where they run in the routing's launches (or, their down
-  // product, after the routed experts).
+  // product, with the routed experts').
   GroupedGemmArgs shared_gate_up, shared_down;
   if (shared_in_routing) {
     shared_gate_up = scaled(dense_product(xb, num_tokens, w.shared_gate_up, GemmEpilogue::kSiluMulBf16,
@@ -378,11 +379,9 @@ CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const Mo
     expert_out = moe_experts_f32(w, x, row_offsets, block_offsets, src_rows, num_entries);
   } else {
     expert_out = moe_experts_grouped(w, xb, row_offsets, block_offsets, src_rows, num_entries,
-                                     grouped_rows_per_block, x_scale);
+                                     grouped_rows_per_block, x_scale, identity_logits ? &shared_down : nullptr);
   }
 
-  if (identity_logits)
-    launch_few_row_gemm(shared_down, shared_down.dense.n_padded, 1, static_cast<int>(num_tokens), stream_);
   if (forked) forked->join();
   else if (w.has_shared && f32_products_)
     gated_mlp_f32(x, w.shared_gate_up, w.shared_down, shared.as<float>(), hidden);
@@ -431,7 +430,8 @@ bool CudaBackend::fp8_expert_activations_for(const MoeWeights& w) const {
 // All experts in two grouped GEMMs that read the routing from the device (no host wait).
 Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
                                         const int32_t* block_offsets, const int32_t* src_rows, int64_t num_entries,
-                                        int rows_per_block, const RowRmsScale& x_scale) {
+                                        int rows_per_block, const RowRmsScale& x_scale,
+                                        const GroupedGemmArgs* shared_down) {
   const int num_experts = w.num_experts;
   const GemmWeight* gate_up_table = static_cast<const GemmWeight*>(w.derived.data);
   const LinearWeight& gu0 = w.expert_gate_up[0];
@@ -533,10 +533,18 @@ Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, c
   down.y = expert_out.data;
   down.ldy = hidden;
   down.n_out = static_cast<int>(hidden);
-  if (few_rows)
+  // The shared experts' down product in the same launch where both take the few-row kernel at one
+  // row (one-token steps), else after it.
+  const bool shared_down_with_routed =
+      shared_down != nullptr && few_rows && max_rows_per_block == 1 && shared_down_with_routed_;
+  if (shared_down_with_routed)
+    launch_few_row_gemm_with_dense(down, static_cast<int>(down0.weight.dim(0)), max_blocks, *shared_down, stream_);
+  else if (few_rows)
     launch_few_row_gemm(down, static_cast<int>(down0.weight.dim(0)), max_blocks, max_rows_per_block, stream_);
   else
     launch_grouped_gemm(down, static_cast<int>(down0.weight.dim(0)), max_blocks, rows_hint, stream_);
+  if (shared_down != nullptr && !shared_down_with_routed)
+    launch_few_row_gemm(*shared_down, shared_down->dense.n_padded, 1, shared_down->dense_rows, stream_);
   return expert_out;
 }
 

@@ -184,6 +184,13 @@ constexpr int kFewRowGemmMaxRows = 4;
 constexpr int kFewRowGemmDefaultMaxRows = 2;
 void launch_few_row_gemm(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks, int max_rows_per_block,
                          Stream stream);
+// A grouped product (args of launch_few_row_gemm, taken in blocks of one row a pass) and a dense
+// product of one row in one launch (few_row_gemm_with_dense.cu: the grouped blocks, then the
+// dense ones), each output with the bits of its own launch: an MoE layer's routed experts'
+// product and its shared experts' down product at batch 1. Where the two products' forms are not
+// among those compiled together, in two launches.
+void launch_few_row_gemm_with_dense(const GroupedGemmArgs& grouped, int max_n_padded, int max_row_blocks,
+                                    const GroupedGemmArgs& dense, Stream stream);
 // One token's router logits, logits[e] = add[e] + x · gate[e] in fp32 (add null: none), as the
 // router logits kernel makes them (moe_routing.cuh), made beside a product.
 struct RouterLogitsRow {
