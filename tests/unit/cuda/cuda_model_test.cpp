@@ -100,7 +100,9 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGoldenModelTest, ::testing::Values("tiny_
 // rounding of that form's, and not its bits, so the form ran: M · a reads o_proj's input in fp32
 // where o_proj reads it in bf16 (measured on an H200: 0.33% and 0.28% at most over 24 steps).
 // tiny_v2_lite's shapes with a hidden size of 256 (norms are left to the products after them for
-// rows of whole 128-column tiles), bf16 and e4m3 projections.
+// rows of whole 128-column tiles), bf16 and e4m3 projections. The shared experts' down product,
+// which runs in the routed down product's launch there, gives the bits of its own launch
+// (DSINFER_MOE_SHARED_DOWN_WITH_ROUTED=0).
 TEST(CudaRouterIdentityTest, DecodeFollowsTheLogitsOwnLaunch) {
   if (!cuda_backend_available()) GTEST_SKIP() << "no CUDA device visible";
   ModelConfig config = ModelConfig::load(testing_cuda::source_dir() + "/tests/data/tiny_v2_lite");
@@ -108,11 +110,13 @@ TEST(CudaRouterIdentityTest, DecodeFollowsTheLogitsOwnLaunch) {
   for (const bool fp8 : {false, true}) {
     SCOPED_TRACE(fp8 ? "e4m3" : "bf16");
     constexpr int kSteps = 24, kNumBlocks = 1;
-    std::vector<std::vector<float>> logits[2];
-    std::vector<TokenId> tokens[2];
-    for (int b = 0; b < 2; ++b) {
-      auto backend = b == 0 ? make_backend("cuda")
-                            : testing_cuda::make_backend_with_env("cuda", "DSINFER_ROUTER_BESIDE_O_PROJ", "0");
+    std::vector<std::vector<float>> logits[3];
+    std::vector<TokenId> tokens[3];
+    for (int b = 0; b < 3; ++b) {
+      auto backend =
+          b == 0   ? make_backend("cuda")
+          : b == 1 ? testing_cuda::make_backend_with_env("cuda", "DSINFER_ROUTER_BESIDE_O_PROJ", "0")
+                   : testing_cuda::make_backend_with_env("cuda", "DSINFER_MOE_SHARED_DOWN_WITH_ROUTED", "0");
       DeepseekModel model(config, make_random_weights(config, *backend, 5, fp8), *backend, 512);
       KvCaches caches = model.allocate_caches(kNumBlocks, kBlockSize, KvCacheFormat::kF32);
       std::vector<TokenId> seq = {3, 17, 42, 99, 7, 250, 31, 64};
@@ -136,6 +140,7 @@ TEST(CudaRouterIdentityTest, DecodeFollowsTheLogitsOwnLaunch) {
     }
     EXPECT_LT(worst, 1e-2);
     EXPECT_TRUE(differ) << "both backends made the logits in their own launch";
+    EXPECT_EQ(logits[2], logits[0]) << "the shared experts' down product in its own launch";
   }
 }
 
