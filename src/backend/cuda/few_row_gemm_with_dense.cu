@@ -1,5 +1,5 @@
-// A grouped few-row product of one-row row-blocks and a dense one-row product in one launch: an
-// MoE layer's routed experts' product and its shared experts' down product at batch 1.
+// A grouped few-row product, taken one row a pass, and a dense product of one row in one launch:
+// an MoE layer's routed experts' down product and its shared experts' down product at batch 1.
 //
 // Why: where the router logits are made beside o_proj (RouterIdentity), the shared experts'
 // gate/up product runs beside the routing, and their down product was a launch of its own after
