@@ -528,9 +528,11 @@ JanitorReport KvBlockStore::run_janitor() {
       struct stat st;
       if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;  // raced with a remover
       if (name.rfind(kTempPrefix, 0) == 0) {
-        // A temporary file's mtime is when its writer last wrote it (its times are set just
-        // before the rename), so an old one belongs to a writer that died.
-        if (now - timespec_to_ms(st.st_mtim) > config_.stale_temp_age_ms && ::unlink(path.c_str()) == 0)
+        // A temporary file's ctime is when its writer last changed it (its writes, and the times
+        // it sets just before the rename), so an old one belongs to a writer that died. Not its
+        // mtime: that is the object's expiry, days ahead, once the writer has set the times, and a
+        // writer killed between that and the rename would leave the file until then.
+        if (now - timespec_to_ms(st.st_ctim) > config_.stale_temp_age_ms && ::unlink(path.c_str()) == 0)
           ++report.num_stale_temps;
         continue;
       }

@@ -346,20 +346,28 @@ TEST(KvBlockStore, JanitorRemovesStaleTempFilesOnly) {
   StoreObject o = make_object(0);
   store.write_async(o);
   store.flush();
-  // A torn write from a crashed writer: a partial temporary file next to the objects.
+  // Torn writes from crashed writers: a partial temporary file next to the objects, and one whose
+  // writer died after setting its times (the object's expiry as its mtime, days ahead) but before
+  // the rename.
   const std::string folder = fs::path(store.object_path(o.key)).parent_path().string();
   const std::string temp = folder + "/.tmp-" + o.key.to_hex() + "-99999-0";
-  {
-    std::ofstream f(temp, std::ios::binary);
+  const std::string timed_temp = folder + "/.tmp-" + o.key.to_hex() + "-99999-1";
+  for (const std::string& path : {temp, timed_temp}) {
+    std::ofstream f(path, std::ios::binary);
     f << "DSKVOBJ1 partial";
   }
+  const int64_t expiry_ms = clock->now_ms() + 3 * 24 * 3'600'000LL;
+  const timespec times[2] = {{clock->now_ms() / 1000, 0}, {expiry_ms / 1000, 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, timed_temp.c_str(), times, 0), 0);
   EXPECT_EQ(store.run_janitor().num_stale_temps, 0);  // might still be written
   EXPECT_TRUE(fs::exists(temp));
+  EXPECT_TRUE(fs::exists(timed_temp));
   EXPECT_TRUE(store.read(o.key, kIdentity, o.tokens)->hit());  // never visible to readers
   clock->advance_ms(11 * 60'000);
   JanitorReport r = store.run_janitor();
-  EXPECT_EQ(r.num_stale_temps, 1);
+  EXPECT_EQ(r.num_stale_temps, 2);
   EXPECT_FALSE(fs::exists(temp));
+  EXPECT_FALSE(fs::exists(timed_temp));
   EXPECT_EQ(r.num_objects, 1);
 }
 
