@@ -60,9 +60,9 @@ __global__ void __launch_bounds__(few_row::kThreads, Form::kMinBlocksPerSm)
 
 void launch_few_row_gemm_pair(const GroupedGemmArgs& a, const GroupedGemmArgs& b, int rows, Stream stream,
                               const RouterLogitsRow* logits_row) {
-  const moe::RouterLogitsJob logits_job =
+  const moe::RouterLogitsJob logits =
       logits_row != nullptr ? moe::one_token_job(*logits_row) : moe::RouterLogitsJob{};
-  const moe::RouterLogitsJob* logits = logits_row != nullptr ? &logits_job : nullptr;
+  const int logit_blocks = logits_row != nullptr ? logits.expert_blocks() : 0;  // one token's
   DS_CHECK(a.groups == nullptr && b.groups == nullptr && a.k_splits == 1 && b.k_splits == 1 && a.ldx % 8 == 0 &&
            b.ldx % 8 == 0 && a.dense_rows == rows && b.dense_rows == rows && a.weights_fp8 == b.weights_fp8 &&
            a.few_row_mma == b.few_row_mma && a.few_row_fixed_phases == b.few_row_fixed_phases &&
@@ -77,14 +77,13 @@ void launch_few_row_gemm_pair(const GroupedGemmArgs& a, const GroupedGemmArgs& b
     const size_t shared_bytes = std::max(Form::shared_bytes(a), Form::shared_bytes(b));
     Form::template allow_shared_memory<kernel>();
     // One wave over both weights' units and the logits' blocks, as launch_with sizes one.
-    const int logit_blocks = logits != nullptr ? static_cast<int>(logits->num_tokens) * logits->expert_blocks() : 0;
     const int units_a = a.dense.n_padded / Form::kUnitRows, units_b = b.dense.n_padded / Form::kUnitRows;
     const int64_t capacity = std::max(1, few_row::resident_blocks<kernel>(shared_bytes) - logit_blocks);
     const int units_per_block = few_row::units_per_block(units_a + units_b, 1, capacity, Form::kMaxUnitsPerBlock);
     const int blocks_a = (units_a + units_per_block - 1) / units_per_block;
     const int blocks_b = (units_b + units_per_block - 1) / units_per_block;
     launch_kernel(kernel, logit_blocks + blocks_a + blocks_b, few_row::kThreads, shared_bytes, stream, a, b,
-                  units_per_block, blocks_a, logits != nullptr ? *logits : moe::RouterLogitsJob{}, logit_blocks);
+                  units_per_block, blocks_a, logits, logit_blocks);
     DS_CUDA_CHECK_LAUNCH();
   });
 }
