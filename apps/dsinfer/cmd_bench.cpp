@@ -137,7 +137,7 @@ int run_bench(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--max-num-seqs", wl.max_num_seqs, "--workload: requests running at once")->check(CLI::Range(1, 1 << 16));
   int async_scheduling = -1;
-  add_async_scheduling_options(app, async_scheduling, "--workload: ");
+  add_async_scheduling_options(app, async_scheduling, "decode steps and --workload: ");
   app.add_option("--num-kv-blocks", wl.num_kv_blocks, "--workload: KV blocks (default: every running request at full length)")
       ->check(CLI::Range(0, 1 << 24));
   app.add_option("--kv-cache-mb", kv_cache_mb, "--workload: KV cache memory, MiB (instead of --num-kv-blocks)")
@@ -168,6 +168,7 @@ int run_bench(int argc, char** argv) {
   parse_kv_cache_format(kv_cache_dtype, &cache_format);  // the validator accepted it
   Precision precision = Precision::kDefault;
   parse_precision(precision_name, &precision);  // and this one
+  const bool decode_ahead = async_scheduling_for(async_scheduling, backend_name);
 
   if (!workload_arg.empty()) {
     Result<WorkloadShape> shape = parse_workload_shape(workload_arg);
@@ -314,19 +315,37 @@ int run_bench(int argc, char** argv) {
       continue;
     }
 
-    // Decode: one token per sequence per step, contexts growing from prompt_len.
+    // Decode: one token per sequence per step, contexts growing from prompt_len. One step ahead
+    // (the engine's default on the cuda backend), each step is launched before the step before it
+    // is finished, with that step's greedy choices as its tokens (placeholders the backend fills
+    // on the device, as the engine's are), so the device runs the steps back to back as it does
+    // when serving, and a step's time runs from the host receiving one step's tokens to the next.
+    // One at a time, each step is launched, run and its tokens fetched before the next.
     double decode_s = 0, floor_s = 0, bytes_total = 0;
     size_t expert_bytes = 0;
     std::vector<size_t> step_bytes;
     std::vector<int32_t> greedy_ids;
+    const std::vector<RowSampling> greedy_rows(static_cast<size_t>(batch));  // every row greedy
+    uint64_t in_flight = 0;  // the ticket of the step launched ahead, 0 when none
+    auto finish_in_flight = [&] {
+      if (in_flight != 0) backend->wait_choice(in_flight);
+      in_flight = 0;
+      return Clock::now();
+    };
     constexpr int kWarmupSteps = 3;
     const int last_step = decode_steps + kWarmupSteps;  // untimed, routed
+    Clock::time_point timed_from;
     for (int step = 0; step <= last_step; ++step) {
+      // The first steps are warm-up (a device backend records its decode step on the third);
+      // the last one is untimed and records the routing, which sets how many experts a step
+      // reads (recording it would make the timed steps wait for the host). It runs once the
+      // steps before it are finished, one at a time.
+      const bool routed = step == last_step;
       ForwardBatch db;
       for (int s = 0; s < batch; ++s) {
         const int pos = prompt_len + step;
         const auto& table = fb.block_tables[s];
-        db.token_ids.push_back(tok(rng));
+        db.token_ids.push_back(decode_ahead && !routed && step > 0 ? -1 - s : tok(rng));
         db.positions.push_back(pos);
         db.slot_mapping.push_back(table[pos / bs] * bs + pos % bs);
         db.token_seq.push_back(s);
@@ -335,10 +354,20 @@ int run_bench(int argc, char** argv) {
         db.logits_indices.push_back(s);
       }
       db.num_tokens = batch;
-      // The first steps are warm-up (a device backend records its decode step on the third);
-      // the last one is untimed and records the routing, which sets how many experts a step
-      // reads (recording it would make the timed steps wait for the host).
-      const bool routed = step == last_step;
+      if (step >= kWarmupSteps && !routed) {
+        step_bytes.push_back(mb.dense_per_step +
+                             static_cast<size_t>(batch) * (prompt_len + step + 1) * mb.kv_per_token);
+      }
+      if (decode_ahead && !routed) {
+        ForwardOutput out = model->forward(db, caches);
+        const uint64_t ticket = backend->choose_async(out.logits, greedy_rows);
+        const Clock::time_point done = finish_in_flight();  // the step before this one
+        in_flight = ticket;
+        if (step == kWarmupSteps) timed_from = done;
+        continue;
+      }
+      const Clock::time_point drained = finish_in_flight();
+      if (decode_ahead) decode_s = std::chrono::duration<double>(drained - timed_from).count();
       const auto t0 = Clock::now();
       ForwardOutput out = model->forward(db, caches, routed);
       backend->argmax_rows(out.logits, greedy_ids);  // as the engine does for greedy requests
@@ -349,10 +378,7 @@ int run_bench(int argc, char** argv) {
           expert_bytes += distinct.size() * mb.per_expert;
         }
       }
-      if (step < kWarmupSteps || routed) continue;
-      size_t bytes = mb.dense_per_step + static_cast<size_t>(batch) * (prompt_len + step + 1) * mb.kv_per_token;
-      step_bytes.push_back(bytes);
-      decode_s += dt;
+      if (step >= kWarmupSteps && !routed) decode_s += dt;
     }
     for (size_t b : step_bytes) {
       bytes_total += b + expert_bytes;
@@ -423,6 +449,11 @@ int run_bench(int argc, char** argv) {
          << "- prefill: " << prompt_len << "-token prompts, all of a batch in one step, fastest of " << prefill_reps
          << " passes; TFLOP/s counts 2 x activated weights per token + causal attention (model_flops.h)"
          << (prefill_only ? "" : "; decode contexts start at " + std::to_string(prompt_len) + " tokens") << "\n";
+  if (!prefill_only) {
+    header << (decode_ahead ? "- decode steps: one ahead, as the engine schedules them (each launched before the step "
+                              "before it is finished, its tokens that step's greedy choices)\n"
+                            : "- decode steps: one at a time (each finished and its tokens fetched before the next)\n");
+  }
   if (clocks && !clocks->available()) {
     header << "- SM clock: not sampled (" << clocks->unavailable_reason() << ")\n";
   } else if (clocks) {

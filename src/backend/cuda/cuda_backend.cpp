@@ -94,6 +94,8 @@ CudaBackend::CudaBackend(Precision precision) {
   DS_CUDA_CHECK(cudaEventCreateWithFlags(&step_->copied, cudaEventDisableTiming));
   tile_counters_ = alloc_->persistent({kGemmMaxTileCounters}, DType::kI32);
   DS_CUDA_CHECK(cudaMemsetAsync(tile_counters_.data, 0, tile_counters_.num_bytes(), stream_));
+  argmax_scratch_ = alloc_->persistent({argmax_scratch_bytes()}, DType::kU8);
+  DS_CUDA_CHECK(cudaMemsetAsync(argmax_scratch_.data, 0, argmax_scratch_.num_bytes(), stream_));
   f32_products_ = precision == Precision::kFp32 || env_is("DSINFER_CUDA_PRECISION", "fp32");
   batch_invariant_ = f32_products_ || env_is("DSINFER_BATCH_INVARIANT", "1");
   graphs_enabled_ = !env_is("DSINFER_CUDA_GRAPHS", "0");
@@ -324,7 +326,7 @@ void CudaBackend::choose_into(const Tensor& logits, std::span<const RowSampling>
   bool all_greedy = true;
   for (const RowSampling& r : rows) all_greedy = all_greedy && is_greedy(r);
   if (all_greedy) {
-    launch_argmax_rows(logits.as<float>(), num_rows, vocab, ids, stream_);
+    launch_argmax_rows(logits.as<float>(), num_rows, vocab, ids, argmax_scratch_.data, stream_);
     return;
   }
   const size_t params_bytes = rows.size() * sizeof(RowSampling);

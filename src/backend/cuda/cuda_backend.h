@@ -509,6 +509,7 @@ class CudaBackend final : public Backend {
   bool few_row_fixed_phases_ = true;  // DSINFER_FEW_ROW_FIXED_PHASES=0: phases read at run time
   const ForwardBatch* step_batch_ = nullptr;
   Tensor tile_counters_;  // [kGemmMaxTileCounters] split-K arrival counts, zero between GEMMs
+  Tensor argmax_scratch_;  // launch_argmax_rows' arrival counts and slice keys, zero between launches
   std::shared_ptr<DeviceAllocator> alloc_;
   std::unique_ptr<LtMatmul> matmul_;
   // cuBLASLt on side_stream_, with its own workspace: matmul_ and side_matmul_ swap with the

@@ -411,41 +411,6 @@ __global__ void __launch_bounds__(kQuantizeThreads)
   }
 }
 
-// One block per row: each thread scans a stride, then a shared-memory tree keeps the larger
-// value and, on ties, the lower index.
-constexpr int kArgmaxThreads = 1024;
-
-__global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const float* x, int64_t n, int32_t* out) {
-  await_previous_kernels();
-  __shared__ float s_val[kArgmaxThreads];
-  __shared__ int32_t s_idx[kArgmaxThreads];
-  const float* row = x + blockIdx.x * n;
-  float best = -INFINITY;
-  int32_t best_i = 0x7fffffff;
-  for (int64_t i = threadIdx.x; i < n; i += kArgmaxThreads) {
-    const float v = row[i];
-    if (v > best || (best_i == 0x7fffffff)) {
-      best = v;
-      best_i = static_cast<int32_t>(i);
-    }
-  }
-  s_val[threadIdx.x] = best;
-  s_idx[threadIdx.x] = best_i;
-  __syncthreads();
-  for (int stride = kArgmaxThreads / 2; stride > 0; stride >>= 1) {
-    if (threadIdx.x < stride) {
-      const float v = s_val[threadIdx.x + stride];
-      const int32_t j = s_idx[threadIdx.x + stride];
-      if (v > s_val[threadIdx.x] || (v == s_val[threadIdx.x] && j < s_idx[threadIdx.x])) {
-        s_val[threadIdx.x] = v;
-        s_idx[threadIdx.x] = j;
-      }
-    }
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) out[blockIdx.x] = s_idx[0] == 0x7fffffff ? 0 : s_idx[0];
-}
-
 }  // namespace
 
 void launch_f32_to_bf16_padded(const float* x, int64_t rows, int64_t k, int64_t ldy, uint16_t* y, Stream stream) {
@@ -493,12 +458,6 @@ void launch_silu_mul_interleaved_e4m3(const void* gate_up, bool gate_up_bf16, in
   else
     launch_kernel(silu_mul_interleaved_e4m3_kernel<float>, static_cast<unsigned>(num_blocks), kQuantizeThreads, 0,
                   stream, static_cast<const float*>(gate_up), rows, inter_padded, halves, rows_padded, q, scales);
-  DS_CUDA_CHECK_LAUNCH();
-}
-
-void launch_argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, Stream stream) {
-  if (rows == 0) return;
-  launch_kernel(argmax_rows_kernel, static_cast<unsigned>(rows), kArgmaxThreads, 0, stream, x, n, out);
   DS_CUDA_CHECK_LAUNCH();
 }
 

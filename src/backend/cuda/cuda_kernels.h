@@ -120,8 +120,12 @@ void launch_quantize_rows_f32_e4m3(const float* x, int64_t rows, int64_t k, int6
                                    float* scales, Stream stream);
 // ids[i] = chosen[-1 - ids[i]] where ids[i] < 0 (token placeholders of a step scheduled ahead).
 void launch_resolve_placeholders(int32_t* ids, int64_t n, const int32_t* chosen, Stream stream);
-// out[r] = index of the largest x[r, :] (the first on ties), x fp32 [rows, n].
-void launch_argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, Stream stream);
+// out[r] = index of the largest x[r, :] (the first on ties; NaN never wins), x fp32 [rows, n]
+// (argmax_rows.cu). scratch: argmax_scratch_bytes() of device memory, zeroed before its first
+// launch and left zeroed by each; it lets a step of few rows cut each row over several blocks.
+// Launches that share a scratch must be ordered (one stream).
+int64_t argmax_scratch_bytes();
+void launch_argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, void* scratch, Stream stream);
 // out[i] = x[rows[i]] (rows of `width` floats).
 void launch_gather_rows(const float* x, const int32_t* rows, int64_t num_rows, int64_t width, float* out,
                         Stream stream);

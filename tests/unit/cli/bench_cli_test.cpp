@@ -2,6 +2,7 @@
 // engine, its counts and its results section; the prefill FLOP columns.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -143,6 +144,36 @@ TEST(BenchCli, PrecisionIsReportedAndCheckedUpFront) {
   const auto bad = run_dsinfer("bench --backend cpu --model " + tiny_v3() + " --precision bf8");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.out.find("precision"), std::string::npos) << bad.out;
+}
+
+// The decode tok/s column of the table's row for `batch` (NaN when there is none).
+double decode_tok_s(const std::string& out, int batch) {
+  const size_t row = out.find("\n| " + std::to_string(batch) + " | ");
+  if (row == std::string::npos) return std::nan("");
+  std::stringstream cells(out.substr(row + 1, out.find('\n', row + 1) - row - 1));
+  std::string cell;
+  for (int i = 0; i < 6 && std::getline(cells, cell, '|'); ++i) {
+  }
+  return std::strtod(cell.c_str(), nullptr);
+}
+
+// Decode steps one at a time by default on the CPU backend, one ahead with --async-scheduling
+// (the tokens of each step then come from the step before it through the backend's placeholder
+// path); either way every timed step gives a row, and the header says which was measured.
+TEST(BenchCli, DecodeStepsOneAheadOrOneAtATime) {
+  const std::string base = "bench --backend cpu --model " + tiny_v3() + " --batch-sizes 3 --prompt-len 8 --decode-steps 3";
+  const auto plain = run_dsinfer(base);
+  ASSERT_EQ(plain.exit_code, 0) << plain.out;
+  EXPECT_NE(plain.out.find("\n- decode steps: one at a time"), std::string::npos) << plain.out;
+  EXPECT_NE(plain.out.find("\n| 3 | "), std::string::npos) << plain.out;
+  const auto ahead = run_dsinfer(base + " --async-scheduling");
+  ASSERT_EQ(ahead.exit_code, 0) << ahead.out;
+  EXPECT_NE(ahead.out.find("\n- decode steps: one ahead"), std::string::npos) << ahead.out;
+  EXPECT_NE(ahead.out.find("\n| 3 | "), std::string::npos) << ahead.out;
+  for (const auto* r : {&plain, &ahead}) {
+    const double tok_s = decode_tok_s(r->out, 3);
+    EXPECT_TRUE(std::isfinite(tok_s) && tok_s > 0) << r->out;
+  }
 }
 
 TEST(BenchCli, PrefillAndDecodeTableKeepsTheBandwidthColumns) {

@@ -3,7 +3,10 @@
 // maxima) in one call, with each row's own draw, at a small vocabulary and at V2's.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <limits>
 #include <random>
+#include <string>
 
 #include "cuda_test_util.h"
 
@@ -62,6 +65,54 @@ class CudaSamplingTest : public CudaVsCpuTest {
     EXPECT_GT(not_argmax, num_rows / 4);
   }
 };
+
+// Steps of greedy rows only take the argmax kernel: a step of up to 32 rows cuts each row over
+// blocks of a few thousand logits and meets their bests in the row's last block, larger steps
+// take a block a row. The choice must be the reference's in both forms: the largest logit, the
+// lowest id on ties, ties placed in different blocks' slices and at a slice's edge, the best at
+// the last logit, a row of one value, NaN (which never wins past the first logit), and
+// vocabularies that are not whole vectors. Each case runs twice, so the second launch finds the
+// arrival counters set back to zero by the first.
+TEST_F(CudaSamplingTest, GreedyRowsMatchTheReferenceChoice) {
+  const float kNan = std::numeric_limits<float>::quiet_NaN();
+  for (const int vocab : {5003, 102400, 129280, 300000}) {
+    for (const int num_rows : {1, 3, 32, 33}) {
+      SCOPED_TRACE("vocab " + std::to_string(vocab) + ", " + std::to_string(num_rows) + " rows");
+      auto logits = random_values(static_cast<size_t>(num_rows) * vocab, vocab + num_rows, 3.0f);
+      for (int r = 0; r < num_rows; ++r) {
+        float* row = logits.data() + static_cast<size_t>(r) * vocab;
+        const float best = *std::max_element(row, row + vocab) + 1.0f;
+        if (r % 6 == 0) {  // the last logit
+          row[vocab - 1] = best;
+        } else if (r % 6 == 1) {  // a tie across slices
+          row[vocab / 2] = row[vocab / 3] = best;
+        } else if (r % 6 == 2) {  // a tie across the edge of V2's first two slices
+          row[4096] = row[4095] = best;
+        } else if (r % 6 == 3) {  // one value: id 0
+          std::fill(row, row + vocab, -2.5f);
+        } else if (r % 6 == 4) {
+          row[7] = row[vocab / 2] = kNan;
+          row[vocab / 4] = best;
+        }  // else the random maximum
+      }
+      std::vector<RowSampling> rows(num_rows);  // greedy
+      std::vector<int32_t> want, got;
+      Tensor cpu_logits = upload(*cpu_, {num_rows, vocab}, logits);
+      cpu_->sample_rows(cpu_logits, rows, want);
+      Tensor gpu_logits = upload(*gpu_, {num_rows, vocab}, logits);
+      for (int launch = 0; launch < 2; ++launch) {
+        gpu_->sample_rows(gpu_logits, rows, got);
+        ASSERT_EQ(got.size(), want.size());
+        for (int r = 0; r < num_rows; ++r) EXPECT_EQ(got[r], want[r]) << "row " << r << ", launch " << launch;
+      }
+      EXPECT_EQ(want[0], vocab - 1);  // the cases above are what the reference sees
+      if (num_rows > 3) {
+        EXPECT_EQ(want[1], vocab / 3);
+        EXPECT_EQ(want[3], 0);
+      }
+    }
+  }
+}
 
 TEST_F(CudaSamplingTest, RowsMatchTheReferenceChoice) {
   run_case(60, 5003, 1);
