@@ -56,13 +56,13 @@ __device__ unsigned long long block_max(unsigned long long key) {
 }
 
 // Block (slice, row) takes logits [slice * slice_len, +slice_len) of its row; with one slice
-// a block takes the whole row and writes the id itself. scratch: kMaxSlicedRows counters, then
-// kMaxSlicedRows × kMaxSlices keys.
-__global__ void argmax_rows_kernel(const float* x, int64_t n, int64_t slice_len, bool vector_loads, int32_t* out,
-                                   unsigned long long* scratch) {
+// block x takes row x whole and writes the id itself (rows in x: more than y's 65,535).
+// scratch: kMaxSlicedRows counters, then kMaxSlicedRows × kMaxSlices keys.
+__global__ void argmax_rows_kernel(const float* x, int64_t n, int num_slices, int64_t slice_len, bool vector_loads,
+                                   int32_t* out, unsigned long long* scratch) {
   await_previous_kernels();
-  const int64_t row = blockIdx.y;
-  const int num_slices = gridDim.x, slice = blockIdx.x;
+  const int64_t row = num_slices == 1 ? blockIdx.x : blockIdx.y;
+  const int slice = num_slices == 1 ? 0 : static_cast<int>(blockIdx.x);
   const float* logits = x + row * n;
   const int64_t begin = slice * slice_len, end = min(begin + slice_len, n);
   unsigned long long best = 0;
@@ -100,7 +100,8 @@ int64_t argmax_scratch_bytes() {
 
 void launch_argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, void* scratch, Stream stream) {
   if (rows == 0) return;
-  DS_CHECK_MSG(n > 0 && n <= 0x7fffffff, "argmax_rows: rows of " << n << " logits");
+  DS_CHECK_MSG(n > 0 && n <= 0x7fffffff && rows <= 0x7fffffff,
+               "argmax_rows: " << rows << " rows of " << n << " logits");
   const bool vector_loads = n % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
   int64_t num_slices = 1, slice_len = n;
   if (rows <= kMaxSlicedRows && scratch != nullptr) {
@@ -109,8 +110,10 @@ void launch_argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, v
     num_slices = (n + slice_len - 1) / slice_len;
   }
   const int threads = num_slices == 1 ? kRowThreads : kThreads;
-  launch_kernel(argmax_rows_kernel, dim3(static_cast<unsigned>(num_slices), static_cast<unsigned>(rows)), threads, 0,
-                stream, x, n, slice_len, vector_loads, out, static_cast<unsigned long long*>(scratch));
+  const dim3 grid = num_slices == 1 ? dim3(static_cast<unsigned>(rows))
+                                    : dim3(static_cast<unsigned>(num_slices), static_cast<unsigned>(rows));
+  launch_kernel(argmax_rows_kernel, grid, threads, 0, stream, x, n, static_cast<int>(num_slices), slice_len,
+                vector_loads, out, static_cast<unsigned long long*>(scratch));
   DS_CUDA_CHECK_LAUNCH();
 }
 

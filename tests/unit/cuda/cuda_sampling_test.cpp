@@ -114,6 +114,23 @@ TEST_F(CudaSamplingTest, GreedyRowsMatchTheReferenceChoice) {
   }
 }
 
+// More rows than a grid's y dimension holds (65,535), each a block's whole row.
+TEST_F(CudaSamplingTest, GreedyChoiceOfManyRows) {
+  constexpr int kRows = 70000, kVocab = 12;
+  const auto logits = random_values(static_cast<size_t>(kRows) * kVocab, 5, 3.0f);
+  std::vector<RowSampling> rows(kRows);  // greedy
+  std::vector<int32_t> want, got;
+  Tensor cpu_logits = upload(*cpu_, {kRows, kVocab}, logits);
+  cpu_->sample_rows(cpu_logits, rows, want);
+  Tensor gpu_logits = upload(*gpu_, {kRows, kVocab}, logits);
+  gpu_->sample_rows(gpu_logits, rows, got);
+  ASSERT_EQ(got.size(), want.size());
+  int mismatches = 0;
+  for (int r = 0; r < kRows; ++r) mismatches += got[r] != want[r];
+  EXPECT_EQ(mismatches, 0);
+  EXPECT_EQ(got.back(), want.back());
+}
+
 TEST_F(CudaSamplingTest, RowsMatchTheReferenceChoice) {
   run_case(60, 5003, 1);
   run_case(20, 102400, 2);
