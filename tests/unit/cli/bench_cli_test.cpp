@@ -23,6 +23,13 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
+// The report table's row for `batch`, without its newline; empty when there is none.
+std::string table_row(const std::string& out, int batch) {
+  const size_t at = out.find("\n| " + std::to_string(batch) + " | ");
+  if (at == std::string::npos) return "";
+  return out.substr(at + 1, out.find('\n', at + 1) - at - 1);
+}
+
 // A results file that already holds something, as bench/RESULTS.md does.
 std::string fresh_results(const std::string& name) {
   const std::string path = ::testing::TempDir() + "/" + name;
@@ -121,10 +128,9 @@ TEST(BenchCli, PrefillOnlyPrintsFlopRateAndRatioToTheGemmCeiling) {
   EXPECT_NE(r.out.find("| batch | prefill tok/s | prefill TFLOP/s | of GEMM ceiling |"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("decode tok/s"), std::string::npos) << r.out;
   // One row per batch size, each with a percentage (the CPU ceiling is measured, never n/a).
-  for (const char* row : {"\n| 1 | ", "\n| 2 | "}) {
-    const size_t at = r.out.find(row);
-    ASSERT_NE(at, std::string::npos) << r.out;
-    const std::string line = r.out.substr(at + 1, r.out.find('\n', at + 1) - at - 1);
+  for (const int batch : {1, 2}) {
+    const std::string line = table_row(r.out, batch);
+    ASSERT_FALSE(line.empty()) << r.out;
     EXPECT_NE(line.find("% |"), std::string::npos) << line;
   }
   EXPECT_NE(read_file(results).find("GEMM ceiling"), std::string::npos);
@@ -146,14 +152,13 @@ TEST(BenchCli, PrecisionIsReportedAndCheckedUpFront) {
   EXPECT_NE(bad.out.find("precision"), std::string::npos) << bad.out;
 }
 
-// The decode tok/s column of the table's row for `batch` (NaN when there is none).
+// The decode tok/s column (the fifth) of the table's row for `batch` (NaN when there is none).
 double decode_tok_s(const std::string& out, int batch) {
-  const size_t row = out.find("\n| " + std::to_string(batch) + " | ");
-  if (row == std::string::npos) return std::nan("");
-  std::stringstream cells(out.substr(row + 1, out.find('\n', row + 1) - row - 1));
+  std::stringstream cells(table_row(out, batch));
   std::string cell;
-  for (int i = 0; i < 6 && std::getline(cells, cell, '|'); ++i) {
-  }
+  std::getline(cells, cell, '|');  // before the row's first bar
+  for (int column = 1; column <= 5; ++column)
+    if (!std::getline(cells, cell, '|')) return std::nan("");
   return std::strtod(cell.c_str(), nullptr);
 }
 
@@ -161,7 +166,8 @@ double decode_tok_s(const std::string& out, int batch) {
 // (the tokens of each step then come from the step before it through the backend's placeholder
 // path); either way every timed step gives a row, and the header says which was measured.
 TEST(BenchCli, DecodeStepsOneAheadOrOneAtATime) {
-  const std::string base = "bench --backend cpu --model " + tiny_v3() + " --batch-sizes 3 --prompt-len 8 --decode-steps 3";
+  const std::string base =
+      "bench --backend cpu --model " + tiny_v3() + " --batch-sizes 3 --prompt-len 8 --decode-steps 3";
   const auto plain = run_dsinfer(base);
   ASSERT_EQ(plain.exit_code, 0) << plain.out;
   EXPECT_NE(plain.out.find("\n- decode steps: one at a time"), std::string::npos) << plain.out;
