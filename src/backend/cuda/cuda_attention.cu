@@ -12,7 +12,7 @@
 // style into the latent output; (4) that output is projected through W_UV by the same per-head
 // GEMM. Decode batches use many splits so that 132 SMs have work even for one sequence. Steps
 // of up to four tokens write their cache entries in the launch of (1), in blocks beside the
-// product's. Steps of 16 tokens or more (unless batch-invariant) take (1) and (4) on tensor
+// product's, and merge their splits in the launch of (4), where its blocks read their x. Steps of 16 tokens or more (unless batch-invariant) take (1) and (4) on tensor
 // cores (head_gemm_tf32.cu) and (2), (3) in the head tiles or query tiles.
 #include <algorithm>
 #include <cfloat>
@@ -380,26 +380,24 @@ constexpr int kMaxSplits = 64;
 constexpr int kCombineWarps = 8;
 constexpr int kCombineCols = 64;  // columns of a combine block: two per lane
 
-// Merges the splits of each (token, head) into the normalised latent output o_lat [T, H, lora].
-// Block (token, head, 64-column group): the first warp turns the splits' (max, sum) pairs into
-// one weight per split; then warp w adds splits w, w + 8, … of the group's columns (two per lane,
-// so a split's row is one coalesced read), and the eight warps' sums are added in warp order.
-// The order depends on num_splits only. Every read is requested at once, right after the wait
-// (a split past num_splits reads the last one again, unused): read where they are added, each
-// read waited for the sum before it, a round trip through L2 a split.
-__global__ void __launch_bounds__(kCombineWarps * 32) attention_combine_kernel(MlaDims d, int num_splits,
-                                                                             const float* workspace,
-                                                                             float* o_latent) {
-  await_previous_kernels();
-  __shared__ float s_weight[kMaxSplits];
-  __shared__ float2 s_sum[kCombineWarps][32];
-  const int t = blockIdx.x, h = blockIdx.y;
+// The merged, normalised latent output of (token t, head h) at columns [64 col_group, + 64),
+// flash-decoding style: the first warp turns the splits' (max, sum) pairs into one weight per
+// split; then warp w adds splits w, w + 8, … of the group's columns (two per lane, so a split's
+// row is one coalesced read), and the eight warps' sums are added in warp order. The order
+// depends on num_splits only. Every read is requested at once (a split past num_splits reads
+// the last one again, unused): read where they are added, each read waited for the sum before
+// it, a round trip through L2 a split. Every thread of the block's eight warps calls it (two
+// barriers); on return lane l of warp 0 holds columns 2l and 2l + 1 (where they lie within the
+// latent), the other warps nothing.
+__device__ __forceinline__ float2 merge_split_columns(const MlaDims& d, int num_splits, const float* workspace, int t,
+                                                      int h, int col_group, float (&s_weight)[kMaxSplits],
+                                                      float2 (&s_sum)[kCombineWarps][32]) {
   const int lora = d.kv_lora_rank;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const float* parts = workspace + (static_cast<int64_t>(t) * d.num_heads + h) * num_splits * (lora + 2);
   auto split_row = [&](int s) { return parts + static_cast<int64_t>(min(s, num_splits - 1)) * (lora + 2); };
   constexpr int kSplitsPerWarp = kMaxSplits / kCombineWarps;
-  const int col = blockIdx.z * kCombineCols + 2 * lane;
+  const int col = col_group * kCombineCols + 2 * lane;
   float2 p[kSplitsPerWarp];
 #pragma unroll
   for (int i = 0; i < kSplitsPerWarp; ++i)
@@ -441,15 +439,31 @@ __global__ void __launch_bounds__(kCombineWarps * 32) attention_combine_kernel(M
   }
   s_sum[warp][lane] = v;
   __syncthreads();
+  float2 total = make_float2(0.0f, 0.0f);
   if (warp == 0 && col < lora) {
-    float2 total = s_sum[0][lane];
+    total = s_sum[0][lane];
 #pragma unroll
     for (int w = 1; w < kCombineWarps; ++w) {
       total.x += s_sum[w][lane].x;
       total.y += s_sum[w][lane].y;
     }
-    *reinterpret_cast<float2*>(o_latent + (static_cast<int64_t>(t) * d.num_heads + h) * lora + col) = total;
   }
+  return total;
+}
+
+// Merges the splits of each (token, head) into the normalised latent output o_lat [T, H, lora]:
+// block (token, head, 64-column group).
+__global__ void __launch_bounds__(kCombineWarps * 32) attention_combine_kernel(MlaDims d, int num_splits,
+                                                                             const float* workspace,
+                                                                             float* o_latent) {
+  await_previous_kernels();
+  __shared__ float s_weight[kMaxSplits];
+  __shared__ float2 s_sum[kCombineWarps][32];
+  const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x % 32;
+  const float2 total = merge_split_columns(d, num_splits, workspace, t, h, blockIdx.z, s_weight, s_sum);
+  const int col = blockIdx.z * kCombineCols + 2 * lane;
+  if (threadIdx.x < 32 && col < d.kv_lora_rank)
+    *reinterpret_cast<float2*>(o_latent + (static_cast<int64_t>(t) * d.num_heads + h) * d.kv_lora_rank + col) = total;
 }
 
 constexpr int kHeadGemmTokens = 16;
@@ -546,6 +560,17 @@ struct CacheWriteBeside {
   const float* rope_sin;
 };
 
+// The splits of a step's attention, merged where the W_UV product reads its x in
+// head_gemm_few_kernel instead of by attention_combine_kernel before it: a link fewer in the
+// chain. A slice of that product's k is a combine block's 64 columns, so each block merges its
+// own slice of each token's head with the combine's arithmetic (the same bits) into its x,
+// which is then not read (nor o_latent written). workspace null: x is read as it is.
+struct SplitMergeBeside {
+  MlaDims d;
+  int num_splits = 0;
+  const float* workspace = nullptr;
+};
+
 // head_gemm_kernel's product for a step of at most four tokens, where it is a pure weight read:
 // block (column group, head, k slice) reads 64 weight rows × 128 columns, a 16-byte load per
 // lane and row, all eight of a warp's loads in flight at once, so the whole weight (fp32, some
@@ -557,7 +582,7 @@ __global__ void __launch_bounds__(kFewWarps * 32) head_gemm_few_kernel(const flo
                                                                       int n, float* y, int64_t y_token_stride,
                                                                       int64_t y_head_stride, int num_tokens,
                                                                       uint16_t* y_bf16, int64_t ld_y_bf16,
-                                                                      CacheWriteBeside beside) {
+                                                                      CacheWriteBeside beside, SplitMergeBeside merge) {
   namespace cg = cooperative_groups;
   // The cache write's blocks: (last column group, head, slice) is token head * slices + slice.
   // A cluster is the slices of one (column group, head), so these blocks form clusters of
@@ -591,9 +616,24 @@ __global__ void __launch_bounds__(kFewWarps * 32) head_gemm_few_kernel(const flo
     }
   }
   await_previous_kernels();
+  const bool merged = merge.workspace != nullptr;
   for (int i = threadIdx.x; i < kFewTokens * kFewRows; i += kFewWarps * 32) {
     const int r = i / kFewRows, c = i % kFewRows;
-    s_x[r][c] = r < num_tokens && k0 + c < k ? x[r * x_token_stride + h * x_head_stride + k0 + c] : 0.0f;
+    const bool read = r < num_tokens && k0 + c < k && !merged;
+    s_x[r][c] = read ? x[r * x_token_stride + h * x_head_stride + k0 + c] : 0.0f;
+  }
+  if (merged) {
+    static_assert(kFewRows == kCombineCols && kFewWarps == kCombineWarps, "a slice of k is a combine block");
+    __shared__ float s_weight[kMaxSplits];
+    __shared__ float2 s_sum[kCombineWarps][32];
+    for (int r = 0; r < num_tokens; ++r) {  // the same count in every thread: the merge's barriers
+      const float2 v = merge_split_columns(merge.d, merge.num_splits, merge.workspace, r, h, slice, s_weight, s_sum);
+      const int c = 2 * lane;
+      if (warp == 0 && k0 + c < k) {  // k (the latent width) is even
+        s_x[r][c] = v.x;
+        s_x[r][c + 1] = v.y;
+      }
+    }
   }
   __syncthreads();
   float4 acc[kFewTokens];
@@ -670,7 +710,7 @@ bool takes_few_token_form(int64_t x_token_stride, const float* w, int n, const f
 bool launch_head_gemm(const float* x, int64_t x_token_stride, int64_t x_head_stride, const float* w, int num_heads,
                       int k, int n, float* y, int64_t y_token_stride, int64_t y_head_stride, int num_tokens,
                       bool fast_forms, Stream stream, uint16_t* y_bf16 = nullptr, int64_t ld_y_bf16 = 0,
-                      const CacheWriteBeside& beside = {}) {
+                      const CacheWriteBeside& beside = {}, const SplitMergeBeside& merge = {}) {
   DS_CHECK_MSG(k <= kMaxHeadGemmK, "MLA absorption width " << k << " beyond the CUDA kernel's limit");
   const bool with_cache_write = beside.job.kv_a != nullptr;
   if (takes_few_token_form(x_token_stride, w, n, y, y_token_stride, y_head_stride, num_tokens, fast_forms)) {
@@ -681,10 +721,10 @@ bool launch_head_gemm(const float* x, int64_t x_token_stride, int64_t x_head_str
     const bool bf16_fits = y_bf16 != nullptr && ld_y_bf16 % 4 == 0 && reinterpret_cast<uintptr_t>(y_bf16) % 8 == 0;
     launch_cluster_kernel(head_gemm_few_kernel, grid, kFewWarps * 32, dim3(1, 1, num_slices), stream, x,
                           x_token_stride, x_head_stride, w, k, n, y, y_token_stride, y_head_stride, num_tokens,
-                          bf16_fits ? y_bf16 : nullptr, ld_y_bf16, beside);
+                          bf16_fits ? y_bf16 : nullptr, ld_y_bf16, beside, merge);
     return bf16_fits;
   }
-  DS_CHECK(!with_cache_write);
+  DS_CHECK(!with_cache_write && merge.workspace == nullptr);
   if (fast_forms && num_tokens >= kTensorCoreTokens &&
       head_gemm_tf32_supported(x, x_token_stride, x_head_stride, w, k, n, y, y_token_stride, y_head_stride))
     return launch_head_gemm_tf32(x, x_token_stride, x_head_stride, w, num_heads, k, n, y, y_token_stride,
@@ -723,7 +763,7 @@ bool launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
                           int num_prefill_tiles, int head_tile_blocks, int32_t* work_starts, bool fast_forms,
                           Stream stream, uint16_t* out_bf16, int64_t ld_out_bf16, const MlaCacheWrite* cache_write,
                           bool fixed_split_forms, int split_group_positions, bool few_token_tiles,
-                          bool few_token_tiles_early) {
+                          bool few_token_tiles_early, int merge_beside_max_tokens) {
   check_dims(d);
   if (b.num_tokens == 0) return false;
   DS_CHECK(num_splits >= 1 && num_splits <= kMaxSplits && split_len_tokens >= 0 && d.num_heads <= 65535);
@@ -741,6 +781,8 @@ bool launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
     else launch_mla_cache_write(d, b, *cache_write, rope_cos, rope_sin, stream);
   }
   const bool cache_just_written = beside.job.kv_a != nullptr;
+  const int64_t out_token_stride = static_cast<int64_t>(d.num_heads) * d.v_head_dim;
+  SplitMergeBeside merge{d};
   // q_lat[t, h] = q_nope[t, h] · W_UK[h]
   launch_head_gemm(q, q_token_stride, qk, w_uk, d.num_heads, d.qk_nope_head_dim, lora, q_latent, latent_token_stride,
                    lora, b.num_tokens, fast_forms, stream, nullptr, 0, beside);
@@ -778,15 +820,23 @@ bool launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
         DS_CUDA_CHECK_LAUNCH();
       }
     }
-    const dim3 grid2(b.num_tokens, d.num_heads, (d.kv_lora_rank + kCombineCols - 1) / kCombineCols);
-    launch_kernel(attention_combine_kernel, grid2, kCombineWarps * 32, 0, stream, d, num_splits, workspace,
-                  o_latent);
-    DS_CUDA_CHECK_LAUNCH();
+    // The merge, in the W_UV product's launch where that takes the few-token form.
+    if (b.num_tokens <= merge_beside_max_tokens &&
+        takes_few_token_form(latent_token_stride, w_uv_t, d.v_head_dim, out, out_token_stride, d.v_head_dim,
+                             b.num_tokens, fast_forms)) {
+      merge.num_splits = num_splits;
+      merge.workspace = workspace;
+    } else {
+      const dim3 grid2(b.num_tokens, d.num_heads, (d.kv_lora_rank + kCombineCols - 1) / kCombineCols);
+      launch_kernel(attention_combine_kernel, grid2, kCombineWarps * 32, 0, stream, d, num_splits, workspace,
+                    o_latent);
+      DS_CUDA_CHECK_LAUNCH();
+    }
   }
   // out[t, h] = o_lat[t, h] · W_UVᵀ[h]
-  return launch_head_gemm(o_latent, latent_token_stride, lora, w_uv_t, d.num_heads, lora,
-                          d.v_head_dim, out, static_cast<int64_t>(d.num_heads) * d.v_head_dim, d.v_head_dim,
-                          b.num_tokens, fast_forms, stream, out_bf16, ld_out_bf16);
+  return launch_head_gemm(o_latent, latent_token_stride, lora, w_uv_t, d.num_heads, lora, d.v_head_dim, out,
+                          out_token_stride, d.v_head_dim, b.num_tokens, fast_forms, stream, out_bf16, ld_out_bf16,
+                          {}, merge);
 }
 
 }  // namespace dsinfer::cuda

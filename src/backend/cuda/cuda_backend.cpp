@@ -126,6 +126,8 @@ CudaBackend::CudaBackend(Precision precision) {
   if (const char* tokens = std::getenv("DSINFER_MLA_FEW_TOKEN_TILES_MAX"))
     few_token_tiles_max_tokens_ = std::max(1, std::atoi(tokens));
   few_token_tiles_early_ = !env_is("DSINFER_MLA_FEW_TOKEN_TILES_EARLY", "0");
+  if (const char* tokens = std::getenv("DSINFER_MLA_MERGE_BESIDE_W_UV"))
+    merge_beside_max_tokens_ = std::clamp(std::atoi(tokens), 0, 4);
   if (env_is("DSINFER_MOE_PREFILL_EXPERTS", "chunked")) prefill_experts_ = PrefillExperts::kChunked;
   if (env_is("DSINFER_MOE_PREFILL_EXPERTS", "host")) prefill_experts_ = PrefillExperts::kHostPlanned;
   if (env_is("DSINFER_MOE_PREFILL_EXPERTS", "grouped")) prefill_experts_ = PrefillExperts::kGrouped;

@@ -431,7 +431,7 @@ bool CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView&
                               tiles.empty() ? nullptr : d_tiles.as<int32_t>(), static_cast<int>(tiles.size() / 2),
                               head_tile_blocks, work_starts.as<int32_t>(), !batch_invariant_, stream_,
                               out_bf16.data, out_bf16.ld, cache_write, fixed_split_forms_, split_group,
-                              few_token_tiles, few_token_tiles_early_);
+                              few_token_tiles, few_token_tiles_early_, merge_beside_max_tokens_);
 }
 
 // latent = each context's cache entries (bf16, one after another), kv = latent · W_upᵀ.
