@@ -274,21 +274,24 @@ TEST_F(CudaAttentionTest, CacheWriteBesideTheQueryProductGivesTheSameBits) {
 }
 
 TEST_F(CudaAttentionTest, SplitMergeBesideTheOutputProductGivesTheSameBits) {
-  // Split-path steps of up to four tokens merge their splits in the W_UV product's launch, each
-  // block its own 64 latent columns of every token's head with the combine's arithmetic;
-  // DSINFER_MLA_MERGE_BESIDE_W_UV=0 merges them in a launch of their own first. Same bits
-  // either way: splits from the split kernel (one to four tokens, one and several sequences,
-  // contexts from one position to past 2k, splits left empty, fp32 and FP8 caches, a latent of
-  // 32 columns that fills half a slice) and from the few-token head tiles (four to eight tokens:
-  // four merge beside, eight in their own launch).
+  // Split-path steps of up to DSINFER_MLA_MERGE_BESIDE_W_UV tokens (one by default, up to four)
+  // merge their splits in the W_UV product's launch, each block its own 64 latent columns of
+  // every token's head with the combine's arithmetic; 0 merges them in a launch of their own
+  // first. Same bits either way: splits from the split kernel (one to four tokens, one and
+  // several sequences, contexts from one position to past 2k, splits left empty, fp32 and FP8
+  // caches, a latent of 32 columns that fills half a slice) and from the few-token head tiles
+  // (four to eight tokens: four merge beside, eight in their own launch). The default backend
+  // merges one-token steps beside.
   auto separate = make_backend_with_env("cuda", "DSINFER_MLA_MERGE_BESIDE_W_UV", "0");
+  run_case(kV3Dims, {{2100, 1}}, 1690, KvCacheFormat::kF32, separate.get());
+  gpu_ = make_backend_with_env("cuda", "DSINFER_MLA_MERGE_BESIDE_W_UV", "4");
   run_case(kV3Dims, {{61, 4}}, 1700, KvCacheFormat::kF32, separate.get());
   run_case(kV3Dims, {{1300, 1}, {5, 1}, {0, 1}, {2200, 1}}, 1710, KvCacheFormat::kFp8, separate.get());
   run_case(kV3Dims, {{900, 1}, {40, 1}, {64, 1}, {7, 1}, {1200, 1}, {3, 1}, {2, 1}, {600, 1}}, 1720,
            KvCacheFormat::kF32, separate.get());
   setenv("DSINFER_MLA_FEW_TOKEN_TILES", "0", 1);  // steps of four tokens in the split kernel too
   few_token_tiles_max_ = 0;
-  gpu_ = make_backend("cuda");
+  gpu_ = make_backend_with_env("cuda", "DSINFER_MLA_MERGE_BESIDE_W_UV", "4");
   separate = make_backend_with_env("cuda", "DSINFER_MLA_MERGE_BESIDE_W_UV", "0");
   unsetenv("DSINFER_MLA_FEW_TOKEN_TILES");
   for (KvCacheFormat format : {KvCacheFormat::kF32, KvCacheFormat::kFp8}) {
