@@ -12,7 +12,8 @@
 // style into the latent output; (4) that output is projected through W_UV by the same per-head
 // GEMM. Decode batches use many splits so that 132 SMs have work even for one sequence. Steps
 // of up to four tokens write their cache entries in the launch of (1), in blocks beside the
-// product's, and merge their splits in the launch of (4), where its blocks read their x. Steps of 16 tokens or more (unless batch-invariant) take (1) and (4) on tensor
+// product's; one-token steps merge their splits (3) in the launch of (4), where its blocks read
+// their x. Steps of 16 tokens or more (unless batch-invariant) take (1) and (4) on tensor
 // cores (head_gemm_tf32.cu) and (2), (3) in the head tiles or query tiles.
 #include <algorithm>
 #include <cfloat>
