@@ -12,8 +12,8 @@
 // style into the latent output; (4) that output is projected through W_UV by the same per-head
 // GEMM. Decode batches use many splits so that 132 SMs have work even for one sequence. Steps
 // of up to four tokens write their cache entries in the launch of (1), in blocks beside the
-// product's; one-token steps merge their splits (3) in the launch of (4), where its blocks read
-// their x. Steps of 16 tokens or more (unless batch-invariant) take (1) and (4) on tensor
+// product's; steps of one or two tokens merge their splits (3) in the launch of (4), where its
+// blocks read their x. Steps of 16 tokens or more (unless batch-invariant) take (1) and (4) on tensor
 // cores (head_gemm_tf32.cu) and (2), (3) in the head tiles or query tiles.
 #include <algorithm>
 #include <cfloat>
@@ -381,32 +381,45 @@ constexpr int kMaxSplits = 64;
 constexpr int kCombineWarps = 8;
 constexpr int kCombineCols = 64;  // columns of a combine block: two per lane
 
-// The merged, normalised latent output of (token t, head h) at columns [64 col_group, + 64),
-// flash-decoding style: the first warp turns the splits' (max, sum) pairs into one weight per
-// split; then warp w adds splits w, w + 8, … of the group's columns (two per lane, so a split's
-// row is one coalesced read), and the eight warps' sums are added in warp order. The order
-// depends on num_splits only. Every read is requested at once (a split past num_splits reads
-// the last one again, unused): read where they are added, each read waited for the sum before
-// it, a round trip through L2 a split. Every thread of the block's eight warps calls it (two
-// barriers); on return lane l of warp 0 holds columns 2l and 2l + 1 (where they lie within the
+// The merged, normalised latent output of tokens t0 .. t0 + num_tokens - 1 (at most kTokens)
+// of head h at columns [64 col_group, + 64), flash-decoding style: warp r turns token r's
+// splits' (max, sum) pairs into one weight per split; then warp w adds splits w, w + 8, … of
+// each token's columns (two per lane, so a split's row is one coalesced read), and the eight
+// warps' sums are added in warp order. The order depends on num_splits only, and a token's
+// sums are the same whichever warp weighs them and whatever tokens share the call. Every read
+// of every token is requested at once (a split past num_splits reads the last one again,
+// unused): read where they are added, each read waited for the sum before it, a round trip
+// through L2 a split. Every thread of the block's eight warps calls it (two barriers), with
+// shared s_weight [kTokens][kMaxSplits] and s_sum [kTokens][kCombineWarps][32]; on return lane
+// l of warp r < num_tokens holds token r's columns 2l and 2l + 1 (where they lie within the
 // latent), the other warps nothing.
-__device__ __forceinline__ float2 merge_split_columns(const MlaDims& d, int num_splits, const float* workspace, int t,
-                                                      int h, int col_group, float (&s_weight)[kMaxSplits],
-                                                      float2 (&s_sum)[kCombineWarps][32]) {
+template <int kTokens>
+__device__ __forceinline__ float2 merge_split_columns(const MlaDims& d, int num_splits, const float* workspace, int t0,
+                                                      int num_tokens, int h, int col_group,
+                                                      float (*s_weight)[kMaxSplits],
+                                                      float2 (*s_sum)[kCombineWarps][32]) {
+  static_assert(kTokens >= 1 && kTokens <= kCombineWarps, "a warp weighs each token's splits");
   const int lora = d.kv_lora_rank;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const float* parts = workspace + (static_cast<int64_t>(t) * d.num_heads + h) * num_splits * (lora + 2);
-  auto split_row = [&](int s) { return parts + static_cast<int64_t>(min(s, num_splits - 1)) * (lora + 2); };
+  auto split_row = [&](int t, int s) {
+    const int64_t part = (static_cast<int64_t>(t0 + t) * d.num_heads + h) * num_splits + min(s, num_splits - 1);
+    return workspace + part * (lora + 2);
+  };
   constexpr int kSplitsPerWarp = kMaxSplits / kCombineWarps;
   const int col = col_group * kCombineCols + 2 * lane;
-  float2 p[kSplitsPerWarp];
+  float2 p[kTokens][kSplitsPerWarp];
 #pragma unroll
-  for (int i = 0; i < kSplitsPerWarp; ++i)
-    p[i] = *reinterpret_cast<const float2*>(split_row(warp + kCombineWarps * i) + min(col, lora - 2));
-  if (warp == 0) {
+  for (int t = 0; t < kTokens; ++t)
+    if (t < num_tokens) {
+#pragma unroll
+      for (int i = 0; i < kSplitsPerWarp; ++i)
+        p[t][i] = *reinterpret_cast<const float2*>(split_row(t, warp + kCombineWarps * i) + min(col, lora - 2));
+    }
+  if (warp < num_tokens) {
+    const int t = warp;
     float m[2], l[2];
     for (int j = 0; j < 2; ++j) {
-      const float* row = split_row(lane + 32 * j);
+      const float* row = split_row(t, lane + 32 * j);
       m[j] = row[lora];
       l[j] = row[lora + 1];
     }
@@ -424,29 +437,34 @@ __device__ __forceinline__ float2 merge_split_columns(const MlaDims& d, int num_
     }
     denom = warp_sum(denom);
     for (int j = 0; j < 2; ++j)
-      if (lane + 32 * j < num_splits) s_weight[lane + 32 * j] = e[j] / denom;
+      if (lane + 32 * j < num_splits) s_weight[t][lane + 32 * j] = e[j] / denom;
   }
   __syncthreads();
-  float2 v = make_float2(0.0f, 0.0f);
-  if (col < lora) {
 #pragma unroll
-    for (int i = 0; i < kSplitsPerWarp; ++i) {
-      const int s = warp + kCombineWarps * i;
-      if (s < num_splits && s_weight[s] != 0.0f) {
-        v.x += p[i].x * s_weight[s];
-        v.y += p[i].y * s_weight[s];
+  for (int t = 0; t < kTokens; ++t) {
+    if (t >= num_tokens) break;
+    float2 v = make_float2(0.0f, 0.0f);
+    if (col < lora) {
+#pragma unroll
+      for (int i = 0; i < kSplitsPerWarp; ++i) {
+        const int s = warp + kCombineWarps * i;
+        if (s < num_splits && s_weight[t][s] != 0.0f) {
+          v.x += p[t][i].x * s_weight[t][s];
+          v.y += p[t][i].y * s_weight[t][s];
+        }
       }
     }
+    s_sum[t][warp][lane] = v;
   }
-  s_sum[warp][lane] = v;
   __syncthreads();
   float2 total = make_float2(0.0f, 0.0f);
-  if (warp == 0 && col < lora) {
-    total = s_sum[0][lane];
+  if (warp < num_tokens && col < lora) {
+    const int t = warp;
+    total = s_sum[t][0][lane];
 #pragma unroll
     for (int w = 1; w < kCombineWarps; ++w) {
-      total.x += s_sum[w][lane].x;
-      total.y += s_sum[w][lane].y;
+      total.x += s_sum[t][w][lane].x;
+      total.y += s_sum[t][w][lane].y;
     }
   }
   return total;
@@ -458,10 +476,10 @@ __global__ void __launch_bounds__(kCombineWarps * 32) attention_combine_kernel(M
                                                                              const float* workspace,
                                                                              float* o_latent) {
   await_previous_kernels();
-  __shared__ float s_weight[kMaxSplits];
-  __shared__ float2 s_sum[kCombineWarps][32];
+  __shared__ float s_weight[1][kMaxSplits];
+  __shared__ float2 s_sum[1][kCombineWarps][32];
   const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x % 32;
-  const float2 total = merge_split_columns(d, num_splits, workspace, t, h, blockIdx.z, s_weight, s_sum);
+  const float2 total = merge_split_columns<1>(d, num_splits, workspace, t, 1, h, blockIdx.z, s_weight, s_sum);
   const int col = blockIdx.z * kCombineCols + 2 * lane;
   if (threadIdx.x < 32 && col < d.kv_lora_rank)
     *reinterpret_cast<float2*>(o_latent + (static_cast<int64_t>(t) * d.num_heads + h) * d.kv_lora_rank + col) = total;
@@ -625,15 +643,19 @@ __global__ void __launch_bounds__(kFewWarps * 32) head_gemm_few_kernel(const flo
   }
   if (merged) {
     static_assert(kFewRows == kCombineCols && kFewWarps == kCombineWarps, "a slice of k is a combine block");
-    __shared__ float s_weight[kMaxSplits];
-    __shared__ float2 s_sum[kCombineWarps][32];
-    for (int r = 0; r < num_tokens; ++r) {  // the same count in every thread: the merge's barriers
-      const float2 v = merge_split_columns(merge.d, merge.num_splits, merge.workspace, r, h, slice, s_weight, s_sum);
-      const int c = 2 * lane;
-      if (warp == 0 && k0 + c < k) {  // k (the latent width) is even
-        s_x[r][c] = v.x;
-        s_x[r][c + 1] = v.y;
-      }
+    __shared__ float s_weight[kFewTokens][kMaxSplits];
+    __shared__ float2 s_sum[kFewTokens][kCombineWarps][32];
+    // One token takes the form of one token's registers (the combine kernel's), more the form
+    // that requests every token's reads at once.
+    const float2 v = num_tokens == 1
+                         ? merge_split_columns<1>(merge.d, merge.num_splits, merge.workspace, 0, 1, h, slice,
+                                                  s_weight, s_sum)
+                         : merge_split_columns<kFewTokens>(merge.d, merge.num_splits, merge.workspace, 0,
+                                                           num_tokens, h, slice, s_weight, s_sum);
+    const int c = 2 * lane;
+    if (warp < num_tokens && k0 + c < k) {  // warp r holds token r's columns; k (the latent width) is even
+      s_x[warp][c] = v.x;
+      s_x[warp][c + 1] = v.y;
     }
   }
   __syncthreads();

@@ -404,9 +404,9 @@ class CudaBackend final : public Backend {
   bool few_token_tiles_early_ = true;
   // Split-path steps of up to this many tokens merge their splits in the W_UV product's launch
   // instead of a launch of their own (DSINFER_MLA_MERGE_BESIDE_W_UV=0..4; 0: never). On the
-  // H200 (V2-Lite, 1k contexts) one-token steps gained 2.1% (bf16) and 3.0% (FP8); two-token
-  // steps tied, and four-token ones lost 1.4-1.9%: each merges its tokens one after another.
-  int merge_beside_max_tokens_ = 1;
+  // H200 (V2-Lite, 1k contexts) one-token steps gained 1.2-2.1% (bf16) and 2.1-3.0% (FP8),
+  // two-token ones 0.4-1.0% and 0.5-1.2%; four-token ones tied.
+  int merge_beside_max_tokens_ = 2;
   // Where prefill-sized MoE layers run their experts (DSINFER_MOE_PREFILL_EXPERTS):
   // - kAuto (the default): e4m3 experts that take DeepSeek's FP8 activations
   //   (fp8_expert_activations_for) as kGrouped, in the prefill expert blocks; others as kChunked;

@@ -274,16 +274,17 @@ TEST_F(CudaAttentionTest, CacheWriteBesideTheQueryProductGivesTheSameBits) {
 }
 
 TEST_F(CudaAttentionTest, SplitMergeBesideTheOutputProductGivesTheSameBits) {
-  // Split-path steps of up to DSINFER_MLA_MERGE_BESIDE_W_UV tokens (one by default, up to four)
+  // Split-path steps of up to DSINFER_MLA_MERGE_BESIDE_W_UV tokens (two by default, up to four)
   // merge their splits in the W_UV product's launch, each block its own 64 latent columns of
   // every token's head with the combine's arithmetic; 0 merges them in a launch of their own
   // first. Same bits either way: splits from the split kernel (one to four tokens, one and
   // several sequences, contexts from one position to past 2k, splits left empty, fp32 and FP8
   // caches, a latent of 32 columns that fills half a slice) and from the few-token head tiles
   // (four to eight tokens: four merge beside, eight in their own launch). The default backend
-  // merges one-token steps beside.
+  // merges steps of one and two tokens beside.
   auto separate = make_backend_with_env("cuda", "DSINFER_MLA_MERGE_BESIDE_W_UV", "0");
   run_case(kV3Dims, {{2100, 1}}, 1690, KvCacheFormat::kF32, separate.get());
+  run_case(kV3Dims, {{700, 1}, {1500, 1}}, 1695, KvCacheFormat::kFp8, separate.get());
   gpu_ = make_backend_with_env("cuda", "DSINFER_MLA_MERGE_BESIDE_W_UV", "4");
   run_case(kV3Dims, {{61, 4}}, 1700, KvCacheFormat::kF32, separate.get());
   run_case(kV3Dims, {{1300, 1}, {5, 1}, {0, 1}, {2200, 1}}, 1710, KvCacheFormat::kFp8, separate.get());
