@@ -1,5 +1,11 @@
 // The CPU backend: fp32 arithmetic throughout, weights widened to fp32 when prepared (FP8
 // weights dequantised with their 128x128 block scales). The readable reference for all others.
+//
+// For precision studies it can round the inputs of the layers' products (linear(): the
+// projections, the experts' and the LM head; not the router's logits or attention's absorbed
+// products, which the CUDA backend keeps in fp32 too) to bf16 first, as the CUDA backend's
+// products read them: DSINFER_CPU_PRODUCT_INPUTS=bf16 for every product, bf16-multirow for
+// products of two rows or more only (a single sequence's decode steps then keep fp32 inputs).
 #pragma once
 
 #include "backend/backend.h"
@@ -8,6 +14,12 @@ namespace dsinfer {
 
 class CpuBackend : public Backend {
  public:
+  enum class ProductInputs { kFp32, kBf16, kBf16MultiRow };
+
+  // Product inputs from DSINFER_CPU_PRODUCT_INPUTS (fp32 where it is unset).
+  CpuBackend();
+  explicit CpuBackend(ProductInputs inputs) : product_inputs_(inputs) {}
+
   std::string name() const override { return "cpu"; }
 
   Tensor empty(const std::vector<int64_t>& shape, DType dtype) override;
@@ -27,6 +39,9 @@ class CpuBackend : public Backend {
 
   void read_cache_block(const LayerKvCache& cache, int32_t block, void* dst) override;
   void write_cache_block(LayerKvCache& cache, int32_t block, const void* src) override;
+
+ private:
+  ProductInputs product_inputs_ = ProductInputs::kFp32;
 };
 
 namespace cpu {

@@ -1,0 +1,56 @@
+// The CPU backend's product inputs (DSINFER_CPU_PRODUCT_INPUTS, CpuBackend::ProductInputs): read
+// from the environment by make_backend("cpu"), applied to linear()'s inputs where asked, and a
+// value it does not know refused.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/status.h"
+
+namespace dsinfer {
+namespace {
+
+// The product of rows of x = 1 + 2^-10 (below bf16's precision: it rounds to 1) with a weight of
+// one 1, on a CPU backend made with DSINFER_CPU_PRODUCT_INPUTS=value (unset where null).
+std::vector<float> product_of_rows(const char* value, int rows) {
+  if (value != nullptr) setenv("DSINFER_CPU_PRODUCT_INPUTS", value, 1);
+  else unsetenv("DSINFER_CPU_PRODUCT_INPUTS");
+  auto backend = make_backend("cpu");
+  unsetenv("DSINFER_CPU_PRODUCT_INPUTS");
+  const float one = 1.0f;
+  const LinearWeight w = backend->make_linear(HostTensor{DType::kF32, {1, 1}, &one});
+  const std::vector<float> x_host(rows, 1.0f + 1.0f / 1024.0f);
+  Tensor x = backend->from_host(HostTensor{DType::kF32, {rows, 1}, x_host.data()});
+  Tensor out = backend->empty({rows, 1}, DType::kF32);
+  backend->linear(x, w, out);
+  std::vector<float> y(rows);
+  backend->to_host(out, y.data());
+  return y;
+}
+
+TEST(CpuProductInputsTest, EnvironmentPicksWhereInputsAreRoundedToBf16) {
+  const float exact = 1.0f + 1.0f / 1024.0f;
+  EXPECT_EQ(product_of_rows(nullptr, 2), std::vector<float>(2, exact));
+  EXPECT_EQ(product_of_rows("fp32", 2), std::vector<float>(2, exact));
+  EXPECT_EQ(product_of_rows("bf16", 1), std::vector<float>(1, 1.0f));
+  EXPECT_EQ(product_of_rows("bf16", 2), std::vector<float>(2, 1.0f));
+  EXPECT_EQ(product_of_rows("bf16-multirow", 1), std::vector<float>(1, exact));
+  EXPECT_EQ(product_of_rows("bf16-multirow", 2), std::vector<float>(2, 1.0f));
+}
+
+TEST(CpuProductInputsTest, UnknownValueIsRefused) {
+  setenv("DSINFER_CPU_PRODUCT_INPUTS", "bf8", 1);
+  try {
+    (void)make_backend("cpu");
+    ADD_FAILURE() << "an unknown value was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bf8"), std::string::npos) << e.what();
+  }
+  unsetenv("DSINFER_CPU_PRODUCT_INPUTS");
+}
+
+}  // namespace
+}  // namespace dsinfer
