@@ -804,11 +804,11 @@ bool launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
     else launch_mla_cache_write(d, b, *cache_write, rope_cos, rope_sin, stream);
   }
   const bool cache_just_written = beside.job.kv_a != nullptr;
-  const int64_t out_token_stride = static_cast<int64_t>(d.num_heads) * d.v_head_dim;
-  SplitMergeBeside merge{d};
   // q_lat[t, h] = q_nope[t, h] · W_UK[h]
   launch_head_gemm(q, q_token_stride, qk, w_uk, d.num_heads, d.qk_nope_head_dim, lora, q_latent, latent_token_stride,
                    lora, b.num_tokens, fast_forms, stream, nullptr, 0, beside);
+  const int64_t out_token_stride = static_cast<int64_t>(d.num_heads) * d.v_head_dim;
+  SplitMergeBeside merge{d};  // the split path's merge, where it runs in the W_UV product's launch
   if (num_prefill_tiles > 0) {
     launch_mla_prefill_attention(d, b, q, q_latent, rope_cos, rope_sin, static_cast<const float*>(cache),
                                  softmax_scale, prefill_tiles,
