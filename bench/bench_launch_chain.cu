@@ -16,10 +16,17 @@
 //  - persistent: one kernel of one block an SM, its steps apart by a grid-wide barrier (an
 //    arrival counter in global memory), or handed on by flags: each block publishes that its
 //    slice of a step is written, and before the next step waits for every block's flag (no
-//    counter that every block updates in turn; a flag a 128-byte line).
+//    counter that every block updates in turn; a flag a 128-byte line);
+//  - persistent with leaner barriers: the arrival a release-add (`red.release.gpu`) instead of a
+//    fence and an atomic add, or the blocks of a thread-block cluster meeting at the cluster's
+//    own barrier first so that one arrival a cluster reaches the counter (a quarter of the
+//    arrivals with clusters of four), with one block an SM or four (the few-row products' wave);
+//  - the parts of a step: the persistent kernel without a hand-off (each block reads the vector
+//    as it stands: what the step itself costs), and one block running the whole chain.
 // Prints µs per step and each form's ratio to the persistent one.
 //
 // Usage: bench_launch_chain [--steps N] [--replays N] [--append RESULTS.md]
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -76,16 +83,98 @@ __device__ void hand_on_by_flags(unsigned* flags, unsigned step_done) {
   __syncthreads();
 }
 
-// sync: the grid-wide barrier on `sync` (one counter) or, with by_flags, the flags there
-// (gridDim.x of them).
+// How a persistent kernel's blocks hand one step on to the next.
+enum class Handoff {
+  kCounter,         // grid_barrier: a fence, an atomic add a block, polls with acquire loads
+  kFlags,           // hand_on_by_flags
+  kReleaseAdd,      // grid_barrier_release_add
+  kClusterLeaders,  // grid_barrier_by_cluster, the cluster's first block polling for all
+  kClusterArrival,  // grid_barrier_by_cluster, every block polling
+  // None: the steps follow each other without waiting for the other blocks (each reads the
+  // vector as it stands). With many blocks a lower bound of the step's own cost; with one
+  // block the chain itself, its block barrier the only hand-off.
+  kNone,
+};
+
+// Polls the counter until `target` arrivals are in (the calling thread's acquire).
+__device__ __forceinline__ void poll_arrivals(const unsigned* arrived, unsigned target) {
+  unsigned seen = 0;
+  do {
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(arrived) : "memory");
+  } while (seen < target);
+}
+
+// One arrival with release semantics (cumulative over the block's writes that the block barrier
+// ordered before it), in place of grid_barrier's fence and atomic add.
+__device__ __forceinline__ void arrive_release(unsigned* arrived) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(arrived) : "memory");
+}
+
+__device__ void grid_barrier_release_add(unsigned* arrived, unsigned target) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    arrive_release(arrived);
+    poll_arrivals(arrived, target);
+  }
+  __syncthreads();
+}
+
+// The blocks of a cluster meet at the cluster's barrier (release and acquire at cluster scope),
+// so that its first block's arrival speaks for all of them; `target` counts clusters. Either
+// that block alone polls and a second cluster barrier lets the others go on, or every block's
+// first thread polls.
+__device__ void grid_barrier_by_cluster(unsigned* arrived, unsigned target, bool leader_polls) {
+  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  cluster.sync();
+  const bool leader = cluster.block_rank() == 0;
+  if (threadIdx.x == 0 && leader) arrive_release(arrived);
+  if (threadIdx.x == 0 && (leader || !leader_polls)) poll_arrivals(arrived, target);
+  if (leader_polls) cluster.sync();
+  else __syncthreads();
+}
+
+// sync: the counter of the barriers, or for Handoff::kFlags gridDim.x flags. cluster_blocks:
+// the launch's cluster size (the cluster hand-offs).
 __global__ void __launch_bounds__(kThreads)
-    persistent_kernel(float* a, float* b, int num_steps, unsigned* sync, bool by_flags) {
+    persistent_kernel(float* a, float* b, int num_steps, unsigned* sync, Handoff handoff, int cluster_blocks) {
+  const unsigned num_clusters = gridDim.x / static_cast<unsigned>(cluster_blocks);
   for (int k = 0; k < num_steps; ++k) {
     chain_step<1>(k % 2 == 0 ? a : b, k % 2 == 0 ? b : a, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x),
                   BlockBarrier{});
-    if (by_flags) hand_on_by_flags(sync, static_cast<unsigned>(k + 1));
-    else dsinfer::bench::grid_barrier(sync, static_cast<unsigned>(k + 1) * gridDim.x, BlockBarrier{});
+    const unsigned step_done = static_cast<unsigned>(k + 1);
+    switch (handoff) {
+      case Handoff::kCounter: dsinfer::bench::grid_barrier(sync, step_done * gridDim.x, BlockBarrier{}); break;
+      case Handoff::kFlags: hand_on_by_flags(sync, step_done); break;
+      case Handoff::kReleaseAdd: grid_barrier_release_add(sync, step_done * gridDim.x); break;
+      case Handoff::kClusterLeaders: grid_barrier_by_cluster(sync, step_done * num_clusters, true); break;
+      case Handoff::kClusterArrival: grid_barrier_by_cluster(sync, step_done * num_clusters, false); break;
+      case Handoff::kNone: break;
+    }
   }
+}
+
+// The persistent kernel's launch of `blocks` blocks, in clusters of cluster_blocks where that is
+// above 1 (`cluster`: the attribute that the configuration points to).
+cudaLaunchConfig_t persistent_config(int blocks, int cluster_blocks, cudaStream_t stream,
+                                     cudaLaunchAttribute& cluster) {
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = static_cast<unsigned>(cluster_blocks);
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(kThreads);
+  config.stream = stream;
+  config.attrs = &cluster;
+  config.numAttrs = cluster_blocks > 1 ? 1 : 0;
+  return config;
+}
+
+void launch_persistent(int blocks, int cluster_blocks, cudaStream_t stream, float* a, float* b, int num_steps,
+                       unsigned* sync, Handoff handoff) {
+  cudaLaunchAttribute cluster;
+  const cudaLaunchConfig_t config = persistent_config(blocks, cluster_blocks, stream, cluster);
+  DS_CUDA_CHECK(cudaLaunchKernelEx(&config, persistent_kernel, a, b, num_steps, sync, handoff, cluster_blocks));
 }
 
 void launch_step(int blocks, bool wide, bool dependent, cudaStream_t stream, const float* in, float* out) {
@@ -104,7 +193,9 @@ void launch_step(int blocks, bool wide, bool dependent, cudaStream_t stream, con
 struct Form {
   std::string name;
   int blocks = 0;
-  bool persistent = false, dependent = false, wide = false, by_flags = false;
+  bool persistent = false, dependent = false, wide = false;
+  Handoff handoff = Handoff::kCounter;  // the persistent forms'
+  int cluster_blocks = 1;               // the cluster hand-offs' cluster size
   double us_per_step = 0;
 };
 
@@ -114,10 +205,9 @@ double time_form(const Form& form, int num_steps, int num_replays, float* a, flo
                  cudaStream_t stream) {
   const auto record = [&](cudaStream_t s) {
     if (form.persistent) {
-      const size_t sync_bytes = (form.by_flags ? form.blocks * kFlagStride : 1) * sizeof(unsigned);
+      const size_t sync_bytes = (form.handoff == Handoff::kFlags ? form.blocks * kFlagStride : 1) * sizeof(unsigned);
       DS_CUDA_CHECK(cudaMemsetAsync(sync, 0, sync_bytes, s));
-      persistent_kernel<<<form.blocks, kThreads, 0, s>>>(a, b, num_steps, sync, form.by_flags);
-      DS_CUDA_CHECK(cudaGetLastError());
+      launch_persistent(form.blocks, form.cluster_blocks, s, a, b, num_steps, sync, form.handoff);
     } else {
       for (int k = 0; k < num_steps; ++k)
         launch_step(form.blocks, form.wide, form.dependent, s, k % 2 == 0 ? a : b, k % 2 == 0 ? b : a);
@@ -148,9 +238,28 @@ int main(int argc, char** argv) {
   cudaStream_t stream;
   DS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
+  constexpr int kClusterBlocks = 4;
+  // Grids of whole clusters of n blocks, at most `blocks`.
+  const auto whole_clusters = [](int blocks, int n) { return blocks / n * n; };
+  const int cluster_sms = whole_clusters(sms, kClusterBlocks);
   std::vector<Form> forms = {
       {"persistent kernel, grid-wide barrier between steps", sms, true, false},
-      {"persistent kernel, steps handed on by every block's flag", sms, true, false, false, true},
+      {"persistent kernel, steps handed on by every block's flag", sms, true, false, false, Handoff::kFlags},
+      {"persistent kernel, release-add barrier", sms, true, false, false, Handoff::kReleaseAdd},
+      {"persistent kernel, clusters of 4 meet first, their first block arrives and polls", cluster_sms, true, false,
+       false, Handoff::kClusterLeaders, kClusterBlocks},
+      {"persistent kernel, clusters of 4 meet first, their first block arrives, every block polls", cluster_sms, true,
+       false, false, Handoff::kClusterArrival, kClusterBlocks},
+      {"persistent kernel, clusters of 2 meet first, their first block arrives and polls", whole_clusters(sms, 2),
+       true, false, false, Handoff::kClusterLeaders, 2},
+      {"persistent kernel, clusters of 8 meet first, their first block arrives and polls", whole_clusters(sms, 8),
+       true, false, false, Handoff::kClusterLeaders, 8},
+      {"persistent kernel, no hand-off (the steps' own cost)", sms, true, false, false, Handoff::kNone},
+      {"one block runs the whole chain, its block barrier the hand-off", 1, true, false, false, Handoff::kNone},
+      {"persistent kernel, four blocks an SM, grid-wide barrier", 4 * sms, true, false},
+      {"persistent kernel, four blocks an SM, release-add barrier", 4 * sms, true, false, false, Handoff::kReleaseAdd},
+      {"persistent kernel, four blocks an SM, clusters of 4 meet first, their first block arrives and polls",
+       4 * cluster_sms, true, false, false, Handoff::kClusterLeaders, kClusterBlocks},
       {"a kernel a step, programmatic dependents, one block an SM", sms, false, true},
       {"a kernel a step, programmatic dependents, two blocks an SM", 2 * sms, false, true},
       {"a kernel a step, programmatic dependents, four blocks an SM", 4 * sms, false, true},
@@ -160,6 +269,25 @@ int main(int argc, char** argv) {
       {"a kernel a step, stream order, one block an SM", sms, false, false},
       {"a kernel a step, stream order, every resident block", sms * per_sm, false, false},
   };
+  // A persistent kernel's blocks must all be resident at once, or its barriers never open.
+  for (const Form& f : forms) {
+    if (!f.persistent) continue;
+    int persistent_per_sm = 0;
+    DS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&persistent_per_sm, persistent_kernel, kThreads, 0));
+    int resident = sms * persistent_per_sm;
+    if (f.cluster_blocks > 1) {
+      cudaLaunchAttribute cluster;
+      const cudaLaunchConfig_t config = persistent_config(f.blocks, f.cluster_blocks, stream, cluster);
+      int clusters = 0;
+      DS_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, persistent_kernel, &config));
+      resident = clusters * f.cluster_blocks;
+    }
+    if (f.blocks > resident) {
+      std::fprintf(stderr, "bench_launch_chain: %s needs %d blocks resident, %d fit\n", f.name.c_str(), f.blocks,
+                   resident);
+      return 1;
+    }
+  }
   for (Form& f : forms) f.us_per_step = time_form(f, num_steps, num_replays, a, b, sync, stream);
   // The chains must have computed: the vector normalised again and again has RMS 1. Step k
   // writes b when k is even, a when it is odd.
