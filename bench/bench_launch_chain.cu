@@ -47,6 +47,7 @@ using dsinfer::cuda::await_previous_kernels;
 
 using dsinfer::bench::BlockBarrier;
 using dsinfer::bench::chain_step;
+using dsinfer::bench::poll_until;
 constexpr int kThreads = dsinfer::bench::kChainGroupThreads;
 constexpr int kGroupsPerWideBlock = 4;  // groups of kThreads threads in a block of the wide form
 constexpr int kWidth = dsinfer::bench::kChainWidth;
@@ -73,12 +74,7 @@ __device__ void hand_on_by_flags(unsigned* flags, unsigned step_done) {
     asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(flags + blockIdx.x * kFlagStride), "r"(step_done)
                  : "memory");
   }
-  for (unsigned j = threadIdx.x; j < gridDim.x; j += blockDim.x) {
-    unsigned seen = 0;
-    do {
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(flags + j * kFlagStride) : "memory");
-    } while (seen < step_done);
-  }
+  for (unsigned j = threadIdx.x; j < gridDim.x; j += blockDim.x) poll_until(flags + j * kFlagStride, step_done);
   __threadfence();
   __syncthreads();
 }
@@ -96,14 +92,6 @@ enum class Handoff {
   kNone,
 };
 
-// Polls the counter until `target` arrivals are in (the calling thread's acquire).
-__device__ __forceinline__ void poll_arrivals(const unsigned* arrived, unsigned target) {
-  unsigned seen = 0;
-  do {
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(arrived) : "memory");
-  } while (seen < target);
-}
-
 // One arrival with release semantics (cumulative over the block's writes that the block barrier
 // ordered before it), in place of grid_barrier's fence and atomic add.
 __device__ __forceinline__ void arrive_release(unsigned* arrived) {
@@ -114,7 +102,7 @@ __device__ void grid_barrier_release_add(unsigned* arrived, unsigned target) {
   __syncthreads();
   if (threadIdx.x == 0) {
     arrive_release(arrived);
-    poll_arrivals(arrived, target);
+    poll_until(arrived, target);
   }
   __syncthreads();
 }
@@ -128,7 +116,7 @@ __device__ void grid_barrier_by_cluster(unsigned* arrived, unsigned target, bool
   cluster.sync();
   const bool leader = cluster.block_rank() == 0;
   if (threadIdx.x == 0 && leader) arrive_release(arrived);
-  if (threadIdx.x == 0 && (leader || !leader_polls)) poll_arrivals(arrived, target);
+  if (threadIdx.x == 0 && (leader || !leader_polls)) poll_until(arrived, target);
   if (leader_polls) cluster.sync();
   else __syncthreads();
 }
@@ -270,10 +258,10 @@ int main(int argc, char** argv) {
       {"a kernel a step, stream order, every resident block", sms * per_sm, false, false},
   };
   // A persistent kernel's blocks must all be resident at once, or its barriers never open.
+  int persistent_per_sm = 0;
+  DS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&persistent_per_sm, persistent_kernel, kThreads, 0));
   for (const Form& f : forms) {
     if (!f.persistent) continue;
-    int persistent_per_sm = 0;
-    DS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&persistent_per_sm, persistent_kernel, kThreads, 0));
     int resident = sms * persistent_per_sm;
     if (f.cluster_blocks > 1) {
       cudaLaunchAttribute cluster;

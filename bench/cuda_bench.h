@@ -91,6 +91,14 @@ __device__ void chain_step(const float* in, float* out, int group, int num_group
   barrier();  // warp_sums is reused by the next step
 }
 
+// Polls a counter (or a flag) until it reaches `target` (the calling thread's acquire).
+__device__ __forceinline__ void poll_until(const unsigned* counter, unsigned target) {
+  unsigned seen = 0;
+  do {
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
+  } while (seen < target);
+}
+
 // The grid-wide barrier of the chain benches' persistent kernels: every block arrives once at
 // the counter (its thread 0, after barrier() has met the block's chain threads), and goes on
 // once `target` arrivals are in.
@@ -100,10 +108,7 @@ __device__ void grid_barrier(unsigned* arrived, unsigned target, Barrier barrier
   if (threadIdx.x == 0) {
     __threadfence();
     atomicAdd(arrived, 1u);
-    unsigned seen = 0;
-    do {
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(arrived) : "memory");
-    } while (seen < target);
+    poll_until(arrived, target);
   }
   barrier();
 }
