@@ -19,7 +19,8 @@ CpuBackend::CpuBackend() {
   if (inputs == nullptr || std::strcmp(inputs, "fp32") == 0) return;
   if (std::strcmp(inputs, "bf16") == 0) product_inputs_ = ProductInputs::kBf16;
   else if (std::strcmp(inputs, "bf16-multirow") == 0) product_inputs_ = ProductInputs::kBf16MultiRow;
-  else throw Error(std::string("DSINFER_CPU_PRODUCT_INPUTS: '") + inputs + "' is not fp32, bf16 or bf16-multirow");
+  else if (std::strcmp(inputs, "f16") == 0) product_inputs_ = ProductInputs::kF16;
+  else throw Error(std::string("DSINFER_CPU_PRODUCT_INPUTS: '") + inputs + "' is not fp32, bf16, bf16-multirow or f16");
 }
 
 Tensor CpuBackend::empty(const std::vector<int64_t>& shape, DType dtype) {
@@ -107,13 +108,15 @@ void CpuBackend::add(Tensor& x, const Tensor& y) {
 void CpuBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   DS_CHECK_MSG(x.dim(1) == w.in_features, "linear: input width " << x.dim(1) << " vs " << w.in_features);
   const int64_t rows = x.dim(0);
-  const bool rounds = product_inputs_ == ProductInputs::kBf16 ||
-                     (product_inputs_ == ProductInputs::kBf16MultiRow && rows > 1);
+  const bool to_bf16 = product_inputs_ == ProductInputs::kBf16 ||
+                      (product_inputs_ == ProductInputs::kBf16MultiRow && rows > 1);
   const float* xs = x.as<float>();
   std::vector<float> rounded;
-  if (rounds) {
+  if (to_bf16 || product_inputs_ == ProductInputs::kF16) {
     rounded.resize(static_cast<size_t>(rows * w.in_features));
-    for (size_t i = 0; i < rounded.size(); ++i) rounded[i] = bf16_to_f32(f32_to_bf16(xs[i]));
+    for (size_t i = 0; i < rounded.size(); ++i) {
+      rounded[i] = to_bf16 ? bf16_to_f32(f32_to_bf16(xs[i])) : f16_to_f32(f32_to_f16(xs[i]));
+    }
     xs = rounded.data();
   }
   cpu::matmul_xwt(xs, rows, w.in_features, w.weight.as<float>(), w.out_features, out.as<float>());

@@ -6,6 +6,8 @@
 // products, which the CUDA backend keeps in fp32 too) to bf16 first, as the CUDA backend's
 // products read them: DSINFER_CPU_PRODUCT_INPUTS=bf16 for every product, bf16-multirow for
 // products of two rows or more only (a single sequence's decode steps then keep fp32 inputs).
+// f16 rounds every product's inputs to f16 instead: ten mantissa bits (TF32's) at a tensor-core
+// rate equal to bf16's on Hopper, the form an f16 operand path would take.
 #pragma once
 
 #include "backend/backend.h"
@@ -14,7 +16,7 @@ namespace dsinfer {
 
 class CpuBackend : public Backend {
  public:
-  enum class ProductInputs { kFp32, kBf16, kBf16MultiRow };
+  enum class ProductInputs { kFp32, kBf16, kBf16MultiRow, kF16 };
 
   // Product inputs from DSINFER_CPU_PRODUCT_INPUTS (fp32 where it is unset).
   CpuBackend();

@@ -1,6 +1,6 @@
 // The CPU backend's product inputs (DSINFER_CPU_PRODUCT_INPUTS, CpuBackend::ProductInputs): read
-// from the environment by make_backend("cpu"), applied to linear()'s inputs where asked, and a
-// value it does not know refused.
+// from the environment by make_backend("cpu"), applied to linear()'s inputs where asked (in bf16
+// or f16), and a value it does not know refused.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -13,16 +13,17 @@
 namespace dsinfer {
 namespace {
 
-// The product of rows of x = 1 + 2^-10 (below bf16's precision: it rounds to 1) with a weight of
-// one 1, on a CPU backend made with DSINFER_CPU_PRODUCT_INPUTS=value (unset where null).
-std::vector<float> product_of_rows(const char* value, int rows) {
+// The product of rows of x_value (by default 1 + 2^-10: below bf16's precision, it rounds to 1, and
+// within f16's) with a weight of one 1, on a CPU backend made with
+// DSINFER_CPU_PRODUCT_INPUTS=value (unset where null).
+std::vector<float> product_of_rows(const char* value, int rows, float x_value = 1.0f + 1.0f / 1024.0f) {
   if (value != nullptr) setenv("DSINFER_CPU_PRODUCT_INPUTS", value, 1);
   else unsetenv("DSINFER_CPU_PRODUCT_INPUTS");
   auto backend = make_backend("cpu");
   unsetenv("DSINFER_CPU_PRODUCT_INPUTS");
   const float one = 1.0f;
   const LinearWeight w = backend->make_linear(HostTensor{DType::kF32, {1, 1}, &one});
-  const std::vector<float> x_host(rows, 1.0f + 1.0f / 1024.0f);
+  const std::vector<float> x_host(rows, x_value);
   Tensor x = backend->from_host(HostTensor{DType::kF32, {rows, 1}, x_host.data()});
   Tensor out = backend->empty({rows, 1}, DType::kF32);
   backend->linear(x, w, out);
@@ -31,7 +32,7 @@ std::vector<float> product_of_rows(const char* value, int rows) {
   return y;
 }
 
-TEST(CpuProductInputsTest, EnvironmentPicksWhereInputsAreRoundedToBf16) {
+TEST(CpuProductInputsTest, EnvironmentPicksWhereAndHowInputsAreRounded) {
   const float exact = 1.0f + 1.0f / 1024.0f;
   EXPECT_EQ(product_of_rows(nullptr, 2), std::vector<float>(2, exact));
   EXPECT_EQ(product_of_rows("fp32", 2), std::vector<float>(2, exact));
@@ -39,6 +40,10 @@ TEST(CpuProductInputsTest, EnvironmentPicksWhereInputsAreRoundedToBf16) {
   EXPECT_EQ(product_of_rows("bf16", 2), std::vector<float>(2, 1.0f));
   EXPECT_EQ(product_of_rows("bf16-multirow", 1), std::vector<float>(1, exact));
   EXPECT_EQ(product_of_rows("bf16-multirow", 2), std::vector<float>(2, 1.0f));
+  // f16 keeps ten mantissa bits in every product: 1 + 2^-10 stays, 1 + 2^-12 rounds to 1.
+  EXPECT_EQ(product_of_rows("f16", 1), std::vector<float>(1, exact));
+  EXPECT_EQ(product_of_rows("f16", 2, 1.0f + 1.0f / 4096.0f), std::vector<float>(2, 1.0f));
+  EXPECT_EQ(product_of_rows("fp32", 2, 1.0f + 1.0f / 4096.0f), std::vector<float>(2, 1.0f + 1.0f / 4096.0f));
 }
 
 TEST(CpuProductInputsTest, UnknownValueIsRefused) {
