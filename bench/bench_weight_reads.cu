@@ -18,6 +18,9 @@
 // gate/up product of one token (six experts' weights, a grouped layout read after the wait, or
 // before it as the down product reads its own), and as one dense weight of as many rows. What it
 // takes beyond the walk with its arithmetic is what the rest of the kernel costs.
+// Three rows price 16-bit weights in the CUDA-core form's walk with its arithmetic: bf16 as the
+// backend sums it, f16 widened exactly, and f16 summed in f16 pairs (docs/cuda.md, "Known gaps":
+// the f16 operand route).
 // Launches go one after another in a recorded graph over rotating copies of the weight (four,
 // past L2), so each time includes a launch boundary.
 //
@@ -77,8 +80,71 @@ __device__ __forceinline__ int64_t piece_stride(int64_t row_bytes) {
 
 // What a step does with its pieces besides folding them: nothing, the tensor-core form's work
 // (each e4m3 pair to an f16 pair, then eight f16 products m16n8k16 a step), or e4m3 products
-// m16n8k32 straight from the pieces (four a step; eight, for x in two e4m3 parts).
-enum class Work { kFold, kConvert, kF16Products, kE4m3Products, kE4m3ProductsTwice };
+// m16n8k32 straight from the pieces (four a step; eight, for x in two e4m3 parts). For the rows
+// order (the CUDA-core form's quads: piece r of a step is row r's), 16-bit weights against one
+// x piece: bf16 widened by integer operations and summed in fp32 as the backend's bf16 walk
+// does; f16 widened exactly (widen_f16x8_unscaled, x carrying the 2^112) and summed in fp32; or
+// f16 pairs summed in f16 chains of four, then in fp32, as the e4m3 walks sum theirs.
+enum class Work {
+  kFold,
+  kConvert,
+  kF16Products,
+  kE4m3Products,
+  kE4m3ProductsTwice,
+  kBf16Sums,
+  kF16Sums,
+  kF16PairSums
+};
+
+// The eight f16 of a 16-byte piece as fp32 values 2^-112 times theirs, exactly (subnormals
+// included, which stay fp32 subnormals): the exponent and mantissa moved to fp32's places, the
+// sign to its own. Multiplying by 2^112, or taking x 2^112 times larger, restores the values.
+__device__ __forceinline__ void widen_f16x8_unscaled(const uint4& v, float (&out)[8]) {
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out[2 * i] = __uint_as_float(((words[i] << 13) & 0x0fffe000u) | ((words[i] << 16) & 0x80000000u));
+    out[2 * i + 1] = __uint_as_float(((words[i] >> 3) & 0x0fffe000u) | (words[i] & 0x80000000u));
+  }
+}
+
+// The quad's four pieces against one x piece, into acc[r / 2][2 (r % 2) …], as kWork does them.
+template <Work kWork>
+__device__ __forceinline__ void row_sums_step(const uint4 (&rows)[4], const uint4& x_piece, float (&acc)[2][4]) {
+  const uint32_t xw[4] = {x_piece.x, x_piece.y, x_piece.z, x_piece.w};
+  if constexpr (kWork == Work::kF16PairSums) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const uint32_t w[4] = {rows[r].x, rows[r].y, rows[r].z, rows[r].w};
+      __half2 sum = __hmul2(*reinterpret_cast<const __half2*>(&w[0]), *reinterpret_cast<const __half2*>(&xw[0]));
+#pragma unroll
+      for (int j = 1; j < 4; ++j)
+        sum = __hfma2(*reinterpret_cast<const __half2*>(&w[j]), *reinterpret_cast<const __half2*>(&xw[j]), sum);
+      const float2 f = __half22float2(sum);
+      acc[r / 2][2 * (r % 2)] += f.x + f.y;
+    }
+  } else {
+    // x widened once for the quad's four rows, as bf16 in both forms (f16 x would take the
+    // same widening as its weights, once a step instead of four times).
+    float x[8];
+    dsinfer::cuda::few_row::widen_bf16x8(x_piece, x);
+    if constexpr (kWork == Work::kF16Sums) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) x[i] *= 0x1p112f;
+    }
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      float w[8];
+      if constexpr (kWork == Work::kBf16Sums) dsinfer::cuda::few_row::widen_bf16x8(rows[r], w);
+      else widen_f16x8_unscaled(rows[r], w);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        float& a = acc[r / 2][2 * (r % 2) + (i & 1)];
+        a = fmaf(w[i], x[i], a);
+      }
+    }
+  }
+}
 
 // The e4m3 product m16n8k32 (no kernel of the backend uses it: on this GPU it is slower than the
 // conversion to f16 and tensor_core.cuh's f16 product, which the other rows run as the kernel does).
@@ -98,6 +164,8 @@ __device__ __forceinline__ void work_step(const uint4 (&rows)[4], const uint4* x
   if constexpr (kWork == Work::kFold) {
 #pragma unroll
     for (int r = 0; r < 4; ++r) folded += rows[r].x ^ rows[r].y ^ rows[r].z ^ rows[r].w;
+  } else if constexpr (kWork == Work::kBf16Sums || kWork == Work::kF16Sums || kWork == Work::kF16PairSums) {
+    row_sums_step<kWork>(rows, x_piece[0], acc);
   } else {
     const uint4 xa = x_piece[0], xb = x_piece[1];
     const uint32_t xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
@@ -158,7 +226,10 @@ __global__ void __launch_bounds__(kThreads, 4)
   for (int s0 = 0; s0 < steps_per_thread; s0 += kDepth) {
 #pragma unroll
     for (int d = 0; d < kDepth; ++d) {
-      const int x_index = ((warp + 4 * (s0 + d)) * kChunkBytes + 16 * t) / 8 % (kXPieces - 1);
+      // The rows order's step takes x's piece `tid` of its phase; the fragments' two pieces
+      // at the chunk's column.
+      const int x_index = kOrder == Order::kRows ? ((s0 + d) * kThreads + tid) % kXPieces
+                                                 : ((warp + 4 * (s0 + d)) * kChunkBytes + 16 * t) / 8 % (kXPieces - 1);
       work_step<kWork>(steps[d], x_pieces + x_index, acc, folded);
       issue(s0 + d + kDepth, steps[d]);
     }
@@ -366,6 +437,12 @@ int main(int argc, char** argv) {
   add("fragments (tensor-core form), 4 steps in flight", bytes,
       walk(walk_kernel<Order::kFragments, 4>, fragment_steps));
   add("tiled fragments, 4 steps in flight", bytes, walk(walk_kernel<Order::kTiledFragments, 4>, fragment_steps));
+  add("rows, bf16 weights widened and summed in fp32 (the CUDA-core bf16 walk's work)", bytes,
+      walk(walk_kernel<Order::kRows, 4, Work::kBf16Sums>, row_steps));
+  add("rows, f16 weights widened exactly and summed in fp32", bytes,
+      walk(walk_kernel<Order::kRows, 4, Work::kF16Sums>, row_steps));
+  add("rows, f16 weights summed in f16 pairs (chains of four), then in fp32", bytes,
+      walk(walk_kernel<Order::kRows, 4, Work::kF16PairSums>, row_steps));
   add("rows, 2 steps in flight", bytes, walk(walk_kernel<Order::kRows, 2>, row_steps));
   add("fragments, 2 steps in flight", bytes, walk(walk_kernel<Order::kFragments, 2>, fragment_steps));
   add("tiled fragments, 2 steps in flight", bytes, walk(walk_kernel<Order::kTiledFragments, 2>, fragment_steps));

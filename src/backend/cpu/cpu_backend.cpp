@@ -1,5 +1,6 @@
 #include "backend/cpu/cpu_backend.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -20,7 +21,9 @@ CpuBackend::CpuBackend() {
   if (std::strcmp(inputs, "bf16") == 0) product_inputs_ = ProductInputs::kBf16;
   else if (std::strcmp(inputs, "bf16-multirow") == 0) product_inputs_ = ProductInputs::kBf16MultiRow;
   else if (std::strcmp(inputs, "f16") == 0) product_inputs_ = ProductInputs::kF16;
-  else throw Error(std::string("DSINFER_CPU_PRODUCT_INPUTS: '") + inputs + "' is not fp32, bf16, bf16-multirow or f16");
+  else if (std::strcmp(inputs, "f16-pairs") == 0) product_inputs_ = ProductInputs::kF16Pairs;
+  else throw Error(std::string("DSINFER_CPU_PRODUCT_INPUTS: '") + inputs +
+                   "' is not fp32, bf16, bf16-multirow, f16 or f16-pairs");
 }
 
 Tensor CpuBackend::empty(const std::vector<int64_t>& shape, DType dtype) {
@@ -105,14 +108,51 @@ void CpuBackend::add(Tensor& x, const Tensor& y) {
   for (int64_t i = 0; i < n; ++i) a[i] += b[i];
 }
 
+namespace {
+
+float round_to_f16(float v) { return f16_to_f32(f32_to_f16(v)); }
+
+// y = x · wᵀ with x rounded to f16 and summed as a few-row walk sums f16 pairs: each 8 columns
+// in two chains (even and odd columns) of four f16 products, every step rounded to f16, then the
+// two chains' sums added in fp32. The weights are used as they are: bf16 and f16 ones are f16
+// values already, and an e4m3 walk multiplies the codes (exact in f16) and applies the block's
+// scale after, which rounds like the dequantised values do, but for f16's range.
+void matmul_xwt_f16_pairs(const float* x, int64_t num_rows, int64_t k, const float* w, int64_t n, float* y) {
+  std::vector<float> x16(static_cast<size_t>(num_rows * k));
+  for (size_t i = 0; i < x16.size(); ++i) x16[i] = round_to_f16(x[i]);
+  global_thread_pool().parallel_for(n, [&](int64_t begin, int64_t end) {
+    for (int64_t r = 0; r < num_rows; ++r) {
+      const float* xr = x16.data() + r * k;
+      for (int64_t o = begin; o < end; ++o) {
+        const float* wo = w + o * k;
+        float sum = 0.0f;
+        for (int64_t c0 = 0; c0 < k; c0 += 8) {
+          float chain[2] = {0.0f, 0.0f};
+          for (int64_t c = c0; c < std::min(c0 + 8, k); ++c) {
+            chain[c % 2] = round_to_f16(std::fma(wo[c], xr[c], chain[c % 2]));
+          }
+          sum += chain[0] + chain[1];
+        }
+        y[r * n + o] = sum;
+      }
+    }
+  }, 1);
+}
+
+}  // namespace
+
 void CpuBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   DS_CHECK_MSG(x.dim(1) == w.in_features, "linear: input width " << x.dim(1) << " vs " << w.in_features);
   const int64_t rows = x.dim(0);
+  if (product_inputs_ == ProductInputs::kF16Pairs && rows == 1) {
+    matmul_xwt_f16_pairs(x.as<float>(), rows, w.in_features, w.weight.as<float>(), w.out_features, out.as<float>());
+    return;
+  }
   const bool to_bf16 = product_inputs_ == ProductInputs::kBf16 ||
                       (product_inputs_ == ProductInputs::kBf16MultiRow && rows > 1);
   const float* xs = x.as<float>();
   std::vector<float> rounded;
-  if (to_bf16 || product_inputs_ == ProductInputs::kF16) {
+  if (to_bf16 || product_inputs_ == ProductInputs::kF16 || product_inputs_ == ProductInputs::kF16Pairs) {
     rounded.resize(static_cast<size_t>(rows * w.in_features));
     for (size_t i = 0; i < rounded.size(); ++i) {
       rounded[i] = to_bf16 ? bf16_to_f32(f32_to_bf16(xs[i])) : f16_to_f32(f32_to_f16(xs[i]));

@@ -7,7 +7,9 @@
 // products read them: DSINFER_CPU_PRODUCT_INPUTS=bf16 for every product, bf16-multirow for
 // products of two rows or more only (a single sequence's decode steps then keep fp32 inputs).
 // f16 rounds every product's inputs to f16 instead: ten mantissa bits (TF32's) at a tensor-core
-// rate equal to bf16's on Hopper, the form an f16 operand path would take.
+// rate equal to bf16's on Hopper, the form an f16 operand path would take. f16-pairs also sums
+// one-row products as the few-row walks sum f16 pairs (chains of four products in f16, then
+// fp32), the form such a path's decode walks would take.
 #pragma once
 
 #include "backend/backend.h"
@@ -16,7 +18,7 @@ namespace dsinfer {
 
 class CpuBackend : public Backend {
  public:
-  enum class ProductInputs { kFp32, kBf16, kBf16MultiRow, kF16 };
+  enum class ProductInputs { kFp32, kBf16, kBf16MultiRow, kF16, kF16Pairs };
 
   // Product inputs from DSINFER_CPU_PRODUCT_INPUTS (fp32 where it is unset).
   CpuBackend();

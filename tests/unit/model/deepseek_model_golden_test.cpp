@@ -6,6 +6,7 @@
 #include "teacher_forcing.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <fstream>
 #include <iostream>
@@ -47,6 +48,19 @@ TEST_P(GoldenModelTest, MatchesReferenceLogitsAndGreedyTokens) {
   }
 }
 
+// Teacher-forced agreement of the fixture in `dir` on CPU backends with each of three product
+// input modes.
+std::array<testing::TeacherForcedAgreement, 3> agreements_with(const std::string& dir,
+                                                               const std::array<CpuBackend::ProductInputs, 3>& modes) {
+  std::array<testing::TeacherForcedAgreement, 3> result;
+  for (size_t m = 0; m < modes.size(); ++m) {
+    CpuBackend backend(modes[m]);
+    auto model = load_deepseek_model(dir, backend, 0, false);
+    result[m] = testing::teacher_forced_agreement(*model, dir, 1e-3);
+  }
+  return result;
+}
+
 // The CPU backend with the products' inputs rounded to bf16 first, as the CUDA backend's products
 // read them (CpuBackend::ProductInputs): the rounding runs where asked (every product, or only
 // products of two rows or more: a one-token prompt's logits then keep fp32's bits), logits stay
@@ -57,14 +71,7 @@ TEST_P(GoldenModelTest, MatchesReferenceLogitsAndGreedyTokens) {
 TEST_P(GoldenModelTest, Bf16ProductInputsStayWithinBf16OfTheReference) {
   const std::string dir = std::string(DSINFER_SOURCE_DIR) + "/tests/data/" + GetParam();
   using Inputs = CpuBackend::ProductInputs;
-  testing::TeacherForcedAgreement result[3];
-  const Inputs modes[3] = {Inputs::kFp32, Inputs::kBf16, Inputs::kBf16MultiRow};
-  for (int m = 0; m < 3; ++m) {
-    CpuBackend backend(modes[m]);
-    auto model = load_deepseek_model(dir, backend, 0, false);
-    result[m] = testing::teacher_forced_agreement(*model, dir, 1e-3);
-  }
-  const auto& [fp32, bf16, multirow] = result;
+  const auto [fp32, bf16, multirow] = agreements_with(dir, {Inputs::kFp32, Inputs::kBf16, Inputs::kBf16MultiRow});
   std::cout << GetParam() << ": top-1 agreement, fp32 inputs " << fp32.num_agree << ", bf16 " << bf16.num_agree
             << ", bf16 in products of two rows or more " << multirow.num_agree << " of " << fp32.num_steps << "\n";
   ASSERT_EQ(fp32.prompt_lengths[0], 1);
@@ -81,20 +88,24 @@ TEST_P(GoldenModelTest, Bf16ProductInputsStayWithinBf16OfTheReference) {
 }
 
 // The same with f16 product inputs: three more mantissa bits than bf16 (ten, as TF32) reach the
-// 99% bar on every fixture. Measured: 144 / 144 / 143 of 144 (tiny_v3, tiny_v2_lite, tiny_v3_fp8).
+// 99% bar on every fixture, also with one-row products summed in f16 pairs as the few-row walks
+// would sum them (f16-pairs). Measured: 144 / 144 / 143 of 144 both ways (tiny_v3, tiny_v2_lite,
+// tiny_v3_fp8).
 TEST_P(GoldenModelTest, F16ProductInputsAgreeOnNinetyNinePercentOfSteps) {
   const std::string dir = std::string(DSINFER_SOURCE_DIR) + "/tests/data/" + GetParam();
-  CpuBackend fp32_backend(CpuBackend::ProductInputs::kFp32), f16_backend(CpuBackend::ProductInputs::kF16);
-  const auto fp32 = testing::teacher_forced_agreement(*load_deepseek_model(dir, fp32_backend, 0, false), dir, 1e-3);
-  const auto f16 = testing::teacher_forced_agreement(*load_deepseek_model(dir, f16_backend, 0, false), dir, 1e-3);
-  std::cout << GetParam() << ": top-1 agreement with f16 product inputs " << f16.num_agree << " of " << f16.num_steps
-            << "\n";
+  using Inputs = CpuBackend::ProductInputs;
+  const auto [fp32, f16, pairs] = agreements_with(dir, {Inputs::kFp32, Inputs::kF16, Inputs::kF16Pairs});
+  std::cout << GetParam() << ": top-1 agreement, f16 inputs " << f16.num_agree << ", one-row products in f16 pairs "
+            << pairs.num_agree << " of " << f16.num_steps << "\n";
   ASSERT_EQ(f16.prompt_lengths[0], 1);
   EXPECT_NE(f16.prefill_logits[0], fp32.prefill_logits[0]) << "a one-token prompt, every product rounded";
+  EXPECT_NE(pairs.prefill_logits[0], f16.prefill_logits[0]) << "a one-token prompt, its products in f16 pairs";
   for (size_t i = 0; i < f16.prefill_logits.size(); ++i) {
     EXPECT_LT(f16.prefill_errors[i], 2e-3 * f16.prefill_scales[i]) << "prompt " << i;
+    EXPECT_LT(pairs.prefill_errors[i], 2e-3 * pairs.prefill_scales[i]) << "prompt " << i;
   }
   EXPECT_GE(f16.num_agree, 0.99 * f16.num_steps);
+  EXPECT_GE(pairs.num_agree, 0.99 * pairs.num_steps);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenModelTest,
