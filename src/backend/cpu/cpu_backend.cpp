@@ -112,29 +112,25 @@ namespace {
 
 float round_to_f16(float v) { return f16_to_f32(f32_to_f16(v)); }
 
-// y = x · wᵀ with x rounded to f16 and summed as a few-row walk sums f16 pairs: each 8 columns
-// in two chains (even and odd columns) of four f16 products, every step rounded to f16, then the
-// two chains' sums added in fp32. The weights are used as they are: bf16 and f16 ones are f16
-// values already, and an e4m3 walk multiplies the codes (exact in f16) and applies the block's
-// scale after, which rounds like the dequantised values do, but for f16's range.
-void matmul_xwt_f16_pairs(const float* x, int64_t num_rows, int64_t k, const float* w, int64_t n, float* y) {
-  std::vector<float> x16(static_cast<size_t>(num_rows * k));
-  for (size_t i = 0; i < x16.size(); ++i) x16[i] = round_to_f16(x[i]);
+// y = w · x for one row x (already rounded to f16), summed as a few-row walk sums f16 pairs:
+// each 8 columns in two chains (even and odd columns) of four f16 products, every step rounded
+// to f16, then the two chains' sums added in fp32. The weights are used as they are: bf16 and
+// f16 ones are f16 values already, and an e4m3 walk multiplies the codes (exact in f16) and
+// applies the block's scale after, which rounds like the dequantised values do, but for f16's
+// range.
+void matvec_f16_pairs(const float* x, int64_t k, const float* w, int64_t n, float* y) {
   global_thread_pool().parallel_for(n, [&](int64_t begin, int64_t end) {
-    for (int64_t r = 0; r < num_rows; ++r) {
-      const float* xr = x16.data() + r * k;
-      for (int64_t o = begin; o < end; ++o) {
-        const float* wo = w + o * k;
-        float sum = 0.0f;
-        for (int64_t c0 = 0; c0 < k; c0 += 8) {
-          float chain[2] = {0.0f, 0.0f};
-          for (int64_t c = c0; c < std::min(c0 + 8, k); ++c) {
-            chain[c % 2] = round_to_f16(std::fma(wo[c], xr[c], chain[c % 2]));
-          }
-          sum += chain[0] + chain[1];
+    for (int64_t o = begin; o < end; ++o) {
+      const float* wo = w + o * k;
+      float sum = 0.0f;
+      for (int64_t c0 = 0; c0 < k; c0 += 8) {
+        float chain[2] = {0.0f, 0.0f};
+        for (int64_t c = c0; c < std::min(c0 + 8, k); ++c) {
+          chain[c % 2] = round_to_f16(std::fma(wo[c], x[c], chain[c % 2]));
         }
-        y[r * n + o] = sum;
+        sum += chain[0] + chain[1];
       }
+      y[o] = sum;
     }
   }, 1);
 }
@@ -144,22 +140,23 @@ void matmul_xwt_f16_pairs(const float* x, int64_t num_rows, int64_t k, const flo
 void CpuBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   DS_CHECK_MSG(x.dim(1) == w.in_features, "linear: input width " << x.dim(1) << " vs " << w.in_features);
   const int64_t rows = x.dim(0);
-  if (product_inputs_ == ProductInputs::kF16Pairs && rows == 1) {
-    matmul_xwt_f16_pairs(x.as<float>(), rows, w.in_features, w.weight.as<float>(), w.out_features, out.as<float>());
-    return;
-  }
   const bool to_bf16 = product_inputs_ == ProductInputs::kBf16 ||
-                      (product_inputs_ == ProductInputs::kBf16MultiRow && rows > 1);
+                       (product_inputs_ == ProductInputs::kBf16MultiRow && rows > 1);
+  const bool to_f16 = product_inputs_ == ProductInputs::kF16 || product_inputs_ == ProductInputs::kF16Pairs;
   const float* xs = x.as<float>();
   std::vector<float> rounded;
-  if (to_bf16 || product_inputs_ == ProductInputs::kF16 || product_inputs_ == ProductInputs::kF16Pairs) {
+  if (to_bf16 || to_f16) {
     rounded.resize(static_cast<size_t>(rows * w.in_features));
     for (size_t i = 0; i < rounded.size(); ++i) {
-      rounded[i] = to_bf16 ? bf16_to_f32(f32_to_bf16(xs[i])) : f16_to_f32(f32_to_f16(xs[i]));
+      rounded[i] = to_bf16 ? bf16_to_f32(f32_to_bf16(xs[i])) : round_to_f16(xs[i]);
     }
     xs = rounded.data();
   }
-  cpu::matmul_xwt(xs, rows, w.in_features, w.weight.as<float>(), w.out_features, out.as<float>());
+  if (product_inputs_ == ProductInputs::kF16Pairs && rows == 1) {
+    matvec_f16_pairs(xs, w.in_features, w.weight.as<float>(), w.out_features, out.as<float>());
+  } else {
+    cpu::matmul_xwt(xs, rows, w.in_features, w.weight.as<float>(), w.out_features, out.as<float>());
+  }
 }
 
 void CpuBackend::silu_mul(const Tensor& gate_up, Tensor& out) {
