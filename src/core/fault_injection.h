@@ -1,8 +1,9 @@
 // Failures on purpose, for tests of the code that handles them. DSINFER_INJECT_FAULTS holds
 // "site:N[,site:N…]": the Nth pass through `site` (counted from when the process first saw the
 // value, or from set_injected_faults; a site may be named more than once) throws
-// Error(kResourceExhausted), as a failed device allocation there would. Unset, a pass costs one
-// getenv.
+// Error(kResourceExhausted), as a failed device allocation there would. "site:slow=MS" makes
+// every pass through `site` wait MS milliseconds first, as a slow device would, so that a test
+// can act while a request is surely still running. Unset, a pass costs one getenv.
 //
 // Sites: "forward" (a model step, after its first layer was launched), "engine_step" (the
 // engine's step outside a model step: an unexpected failure).

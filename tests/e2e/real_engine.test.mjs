@@ -55,10 +55,16 @@ test('prompt + max_tokens over the model context is 400 context_length_exceeded'
     (e) => e.status === 400 && e.code === 'context_length_exceeded');
 });
 
-test('a hung-up stream is cancelled and its KV blocks return', async () => {
-  const baseline = (await metrics(server.base)).dsinfer_kv_blocks_used;
+test('a hung-up stream is cancelled and its KV blocks return', async (t) => {
+  // A server of its own whose engine steps take 20 ms each (a slow device): the 200 tokens then
+  // take seconds, so the hang-up surely comes while the request runs. (At full speed the tiny
+  // model streams them in about 30 ms, and a client slowed by a busy machine hung up too late.)
+  const slowed = await startServer(['--engine', 'model', '--model', dir, '--served-model-name', 'tiny',
+    '--kv-cache-mb', '16'], { DSINFER_INJECT_FAULTS: 'engine_step:slow=20' });
+  t.after(async () => assert.equal((await slowed.stop()).code, 0));
+  const baseline = (await metrics(slowed.base)).dsinfer_kv_blocks_used;
   const controller = new AbortController();
-  const client = new OpenAI({ baseURL: `${server.base}/v1`, apiKey: 'x', maxRetries: 0 });
+  const client = new OpenAI({ baseURL: `${slowed.base}/v1`, apiKey: 'x', maxRetries: 0 });
   const stream = await client.chat.completions.create({
     model: 'tiny', stream: true, max_tokens: 200, messages: [{ role: 'user', content: 'Tell me a long story' }],
     ignore_eos: true,
@@ -68,7 +74,7 @@ test('a hung-up stream is cancelled and its KV blocks return', async () => {
   try {
     for await (const _ of stream) {
       if (++chunks === 5) {
-        usedWhileRunning = (await metrics(server.base)).dsinfer_kv_blocks_used;
+        usedWhileRunning = (await metrics(slowed.base)).dsinfer_kv_blocks_used;
         controller.abort();
       }
     }
@@ -77,7 +83,7 @@ test('a hung-up stream is cancelled and its KV blocks return', async () => {
   }
   assert.ok(usedWhileRunning > 0);
   assert.ok(await waitFor(async () => {
-    const m = await metrics(server.base);
+    const m = await metrics(slowed.base);
     return m.dsinfer_engine_running_requests === 0 && m.dsinfer_requests_cancelled_total >= 1 &&
       m.dsinfer_kv_blocks_used <= baseline;
   }), 'the request was cancelled and its blocks returned');
