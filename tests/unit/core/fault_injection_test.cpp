@@ -7,15 +7,12 @@
 #include <chrono>
 
 #include "core/status.h"
+#include "scoped_faults.h"
 
 namespace dsinfer {
 namespace {
 
-class ScopedFaults {
- public:
-  explicit ScopedFaults(const char* spec) { set_injected_faults(spec); }
-  ~ScopedFaults() { set_injected_faults(""); }
-};
+using testing::ScopedFaults;
 
 // Milliseconds one pass through `site` took, or -1 where it threw.
 double pass_ms(const char* site) {

@@ -12,16 +12,13 @@
 #include "engine/async_engine.h"
 #include "engine/engine_core.h"
 #include "engine_outputs.h"
+#include "scoped_faults.h"
 #include "test_fixtures.h"
 
 namespace dsinfer {
 namespace {
 
-class ScopedFaults {
- public:
-  explicit ScopedFaults(const char* spec) { set_injected_faults(spec); }
-  ~ScopedFaults() { set_injected_faults(""); }
-};
+using testing::ScopedFaults;
 
 GenerationRequest greedy(const std::vector<TokenId>& prompt, int max_tokens) {
   GenerationRequest r;
