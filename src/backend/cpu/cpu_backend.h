@@ -6,10 +6,10 @@
 // products, which the CUDA backend keeps in fp32 too) to bf16 first, as the CUDA backend's
 // products read them: DSINFER_CPU_PRODUCT_INPUTS=bf16 for every product, bf16-multirow for
 // products of two rows or more only (a single sequence's decode steps then keep fp32 inputs).
-// f16 rounds every product's inputs to f16 instead: ten mantissa bits (TF32's) at a tensor-core
-// rate equal to bf16's on Hopper, the form an f16 operand path would take. f16-pairs also sums
-// one-row products as the few-row walks sum f16 pairs (chains of four products in f16, then
-// fp32), the form such a path's decode walks would take.
+// f16 rounds every product's inputs to f16 instead: ten mantissa bits (TF32's) at 0.955-0.980 of
+// bf16's tensor-core rate on the H200 (bench_operand_types), the form an f16 operand path would
+// take. f16-pairs also sums one-row products as the few-row walks sum f16 pairs (chains of four
+// products in f16, then fp32), the form such a path's decode walks would take.
 #pragma once
 
 #include "backend/backend.h"
