@@ -139,10 +139,18 @@ ForwardOutput DeepseekModel::forward_recorded(const ForwardBatch& batch, KvCache
     padded.logits_indices.push_back(i);
   }
   padded.num_tokens = bucket;
-  // The recording holds the caches' addresses, so they are part of its key.
-  const uint64_t key = (reinterpret_cast<uintptr_t>(caches.layers.empty() ? nullptr : caches.layers[0].data.data)
-                        << 9) ^ static_cast<uint64_t>(bucket);
+  const uint64_t key = static_cast<uint64_t>(bucket);
   Recording& rec = recordings_[key];
+  // A recording replayed over caches other than its own would read and write the old ones (freed,
+  // or another sequence set's): a step over new caches starts the bucket afresh, and its next
+  // recording replaces the old one.
+  CacheLayout layout = layout_of(caches);
+  if (rec.caches != layout) {
+    rec.captured = false;
+    rec.failed = false;
+    rec.num_eager_runs = 0;
+    rec.caches = std::move(layout);
+  }
   backend_.begin_step(padded);
   ForwardOutput out;
   bool done = false;
@@ -188,6 +196,12 @@ ForwardOutput DeepseekModel::forward_recorded(const ForwardBatch& batch, KvCache
   out.logits = first_rows(out.logits);
   out.hidden = first_rows(out.hidden);
   return out;
+}
+
+DeepseekModel::CacheLayout DeepseekModel::layout_of(const KvCaches& caches) {
+  CacheLayout layout{caches.num_blocks, caches.block_size, {}};
+  for (const LayerKvCache& layer : caches.layers) layout.layers.emplace_back(layer.data.data, layer.format);
+  return layout;
 }
 
 ForwardOutput DeepseekModel::run_layers(const ForwardBatch& batch, KvCaches& caches, bool record_routing) {

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -49,13 +50,21 @@ class DeepseekModel {
   static int decode_bucket(const ForwardBatch& batch);
   ForwardOutput forward_recorded(const ForwardBatch& batch, KvCaches& caches, int bucket);
 
+  // The caches a recording reads and writes: it holds their addresses, every layer's.
+  struct CacheLayout {
+    int num_blocks = 0, block_size = 0;
+    std::vector<std::pair<const void*, KvCacheFormat>> layers;
+    bool operator==(const CacheLayout&) const = default;
+  };
+  static CacheLayout layout_of(const KvCaches& caches);
   struct Recording {
     bool captured = false;
     bool failed = false;
     int num_eager_runs = 0;
+    CacheLayout caches;    // a step over other caches records again, under the same key
     ForwardOutput output;  // the recorded step's output tensors, rewritten by each replay
   };
-  std::map<uint64_t, Recording> recordings_;
+  std::map<uint64_t, Recording> recordings_;  // by bucket
 
   ModelConfig config_;
   ModelWeights weights_;
