@@ -13,6 +13,7 @@ then cast to the chosen dtype like every other weight.
 
 Usage (GPU machine): python3 tools/hf_teacher_forced.py --fixtures tests/data/tiny_v3 ...
                      [--dtypes float32 bfloat16 float16] [--device cuda] [--cache]
+                     [--reference reference_long.json]
 """
 
 import argparse
@@ -84,11 +85,13 @@ def main():
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16", "float16"])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--cache", action="store_true", help="decode through HF's KV cache")
+    ap.add_argument("--reference", default="reference.json",
+                    help="the fixture's reference file (reference_long.json: make_long_reference.py)")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     for fixture_dir in args.fixtures:
-        with open(os.path.join(fixture_dir, "reference.json")) as f:
+        with open(os.path.join(fixture_dir, args.reference)) as f:
             ref = json.load(f)
         tmp = tempfile.mkdtemp()
         try:
@@ -98,8 +101,8 @@ def main():
                                                          attn_implementation="eager")
                 model = model.to(args.device).eval()
                 a, n = agreement(model, ref, args.device, args.cache)
-                print(f"{os.path.basename(fixture_dir.rstrip('/'))} {dtype} {args.device}"
-                      f"{' cache' if args.cache else ''}: top-1 agreement {a}/{n} ({100.0 * a / n:.1f}%)",
+                print(f"{os.path.basename(fixture_dir.rstrip('/'))} {args.reference} {dtype} {args.device}"
+                      f"{' cache' if args.cache else ''}: top-1 agreement {a}/{n} ({100.0 * a / n:.2f}%)",
                       flush=True)
                 del model
         finally:
