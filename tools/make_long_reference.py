@@ -31,22 +31,11 @@ import transformers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hf_teacher_forced import model_class, widened_copy  # noqa: E402
+from make_reference import greedy_path  # noqa: E402
 
 MAX_PROMPT_LEN = 200
 # One seed per fixture name, so that rerunning one fixture gives the same prompts.
 SEEDS = {"tiny_v3": 3000, "tiny_v2_lite": 3001, "tiny_v3_fp8": 3002}
-
-
-@torch.no_grad()
-def greedy_path(model, prompt_ids, num_tokens):
-    seq, greedy, margins = list(prompt_ids), [], []
-    for _ in range(num_tokens):
-        logits = model(torch.tensor([seq]), use_cache=False).logits[0, -1].float()
-        top = torch.topk(logits, 2)
-        greedy.append(int(top.indices[0]))
-        margins.append(float(top.values[0] - top.values[1]))
-        seq.append(greedy[-1])
-    return greedy, margins
 
 
 def prompt_lengths(gen, num_prompts):

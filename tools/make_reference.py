@@ -198,19 +198,25 @@ def last_logits(model, ids):
 
 
 @torch.no_grad()
+def greedy_path(model, prompt_ids, num_tokens):
+    """num_tokens greedy tokens after the prompt, each with its top-1/top-2 logit margin."""
+    seq, greedy, margins = list(prompt_ids), [], []
+    for _ in range(num_tokens):
+        top = torch.topk(last_logits(model, seq), 2)
+        greedy.append(int(top.indices[0]))
+        margins.append(float(top.values[0] - top.values[1]))
+        seq.append(greedy[-1])
+    return greedy, margins
+
+
+@torch.no_grad()
 def reference_outputs(model, vocab_size, gen):
     prompts = []
     for i, n in enumerate(PROMPT_LENGTHS):
         ids = torch.randint(2, vocab_size, (n,), generator=gen).tolist()
         logits = last_logits(model, ids)
         top = torch.topk(logits, 5)
-        seq, greedy, margins = list(ids), [], []
-        for _ in range(NUM_GREEDY_TOKENS):
-            lg = last_logits(model, seq)
-            t2 = torch.topk(lg, 2)
-            greedy.append(int(t2.indices[0]))
-            margins.append(float(t2.values[0] - t2.values[1]))
-            seq.append(int(t2.indices[0]))
+        greedy, margins = greedy_path(model, ids, NUM_GREEDY_TOKENS)
         prompts.append(dict(
             prompt_ids=ids,
             top5_ids=[int(x) for x in top.indices],

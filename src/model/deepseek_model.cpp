@@ -144,12 +144,11 @@ ForwardOutput DeepseekModel::forward_recorded(const ForwardBatch& batch, KvCache
   // A recording replayed over caches other than its own would read and write the old ones (freed,
   // or another sequence set's): a step over new caches starts the bucket afresh, and its next
   // recording replaces the old one.
-  CacheLayout layout = layout_of(caches);
-  if (rec.caches != layout) {
+  if (!rec.caches.matches(caches)) {
     rec.captured = false;
     rec.failed = false;
     rec.num_eager_runs = 0;
-    rec.caches = std::move(layout);
+    rec.caches = CacheLayout::of(caches);
   }
   backend_.begin_step(padded);
   ForwardOutput out;
@@ -198,10 +197,18 @@ ForwardOutput DeepseekModel::forward_recorded(const ForwardBatch& batch, KvCache
   return out;
 }
 
-DeepseekModel::CacheLayout DeepseekModel::layout_of(const KvCaches& caches) {
+DeepseekModel::CacheLayout DeepseekModel::CacheLayout::of(const KvCaches& caches) {
   CacheLayout layout{caches.num_blocks, caches.block_size, {}};
   for (const LayerKvCache& layer : caches.layers) layout.layers.emplace_back(layer.data.data, layer.format);
   return layout;
+}
+
+bool DeepseekModel::CacheLayout::matches(const KvCaches& caches) const {
+  if (num_blocks != caches.num_blocks || block_size != caches.block_size || layers.size() != caches.layers.size())
+    return false;
+  for (size_t i = 0; i < layers.size(); ++i)
+    if (layers[i].first != caches.layers[i].data.data || layers[i].second != caches.layers[i].format) return false;
+  return true;
 }
 
 ForwardOutput DeepseekModel::run_layers(const ForwardBatch& batch, KvCaches& caches, bool record_routing) {

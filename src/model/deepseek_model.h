@@ -54,9 +54,9 @@ class DeepseekModel {
   struct CacheLayout {
     int num_blocks = 0, block_size = 0;
     std::vector<std::pair<const void*, KvCacheFormat>> layers;
-    bool operator==(const CacheLayout&) const = default;
+    static CacheLayout of(const KvCaches& caches);
+    bool matches(const KvCaches& caches) const;  // compared in place: every decode step asks
   };
-  static CacheLayout layout_of(const KvCaches& caches);
   struct Recording {
     bool captured = false;
     bool failed = false;
