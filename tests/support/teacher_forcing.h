@@ -1,12 +1,15 @@
-// Teacher-forced greedy decoding of an HF reference fixture (tests/data/*/reference.json): each
-// prompt is prefilled, then every reference token is fed back one step at a time, counting the
-// steps where the model's argmax is the reference's token.
+// Teacher-forced greedy decoding of an HF reference fixture (tests/data/*/reference.json, or the
+// longer reference_long.json of tools/make_long_reference.py): each prompt is prefilled, then
+// every reference token is fed back one step at a time, counting the steps where the model's
+// argmax is the reference's token.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -15,22 +18,54 @@
 
 namespace dsinfer::testing {
 
+// 6 prompts x 24 greedy tokens, with the prefill's full logits (make_reference.py).
+inline constexpr const char* kShortReference = "reference.json";
+// 128 prompts of 1 to 200 tokens x 24 greedy tokens, without logits (make_long_reference.py).
+inline constexpr const char* kLongReference = "reference_long.json";
+
+inline bool reference_exists(const std::string& fixture_dir, const char* reference_file) {
+  return std::filesystem::exists(fixture_dir + "/" + reference_file);
+}
+
+// A step whose argmax was not the reference's token.
+struct TeacherForcedMiss {
+  int prompt = 0, step = 0;  // step 0 reads the prefill's logits
+  int prompt_length = 0;
+  double reference_margin = 0;  // the reference's top-1/top-2 margin there
+};
+
 struct TeacherForcedAgreement {
   int num_steps = 0, num_agree = 0;
   int num_clear = 0, num_clear_agree = 0;  // steps whose reference top-2 margin passes clear_margin
   double largest_missed_margin = 0;         // the reference's top-2 margin at the clearest miss
-  // Per prompt: the logits after prefill, their largest |logit - reference|, and the
-  // reference's largest |logit|.
+  std::vector<TeacherForcedMiss> misses;
+  // Per prompt: the logits after prefill, and where the reference holds them (reference.json
+  // only) their largest |logit - reference| and the reference's largest |logit|.
   std::vector<std::vector<float>> prefill_logits;
   std::vector<double> prefill_errors, prefill_scales;
   std::vector<int> prompt_lengths;
+
+  double agreement() const { return num_steps == 0 ? 0 : static_cast<double>(num_agree) / num_steps; }
+
+  // "3050/3072 (99.28%), clear margins 2980/2980, 22 misses at margins <= 0.0123"
+  std::string describe() const {
+    std::ostringstream s;
+    s << num_agree << "/" << num_steps << " (" << std::fixed;
+    s.precision(2);
+    s << 100 * agreement() << "%), clear margins " << num_clear_agree << "/" << num_clear << ", " << misses.size()
+      << " misses";
+    s.precision(4);
+    if (!misses.empty()) s << " at reference margins <= " << largest_missed_margin;
+    return s.str();
+  }
 };
 
 inline TeacherForcedAgreement teacher_forced_agreement(DeepseekModel& model, const std::string& fixture_dir,
                                                        double clear_margin,
-                                                       KvCacheFormat cache_format = KvCacheFormat::kF32) {
+                                                       KvCacheFormat cache_format = KvCacheFormat::kF32,
+                                                       const char* reference_file = kShortReference) {
   constexpr int kBlockSize = 64;
-  std::ifstream f(fixture_dir + "/reference.json");
+  std::ifstream f(fixture_dir + "/" + reference_file);
   const auto ref = nlohmann::json::parse(f);
   Backend& backend = model.backend();
   TeacherForcedAgreement a;
@@ -39,31 +74,39 @@ inline TeacherForcedAgreement teacher_forced_agreement(DeepseekModel& model, con
     std::vector<TokenId> tokens = p["prompt_ids"].get<std::vector<TokenId>>();
     const auto greedy = p["greedy_ids"].get<std::vector<TokenId>>();
     const auto margins = p["greedy_margins"].get<std::vector<double>>();
+    const int prompt_length = static_cast<int>(tokens.size());
     const int total = static_cast<int>(tokens.size() + greedy.size());
     const int num_blocks = (total + kBlockSize - 1) / kBlockSize;
     KvCaches caches = model.allocate_caches(num_blocks, kBlockSize, cache_format);
     ForwardOutput out = model.forward(single_sequence_batch(tokens, 0, num_blocks, kBlockSize), caches);
     backend.to_host(out.logits, logits.data());
-    const auto full = p["last_logits"].get<std::vector<double>>();
-    double max_err = 0, scale = 0;
-    for (size_t v = 0; v < full.size(); ++v) {
-      max_err = std::max(max_err, std::abs(logits[v] - full[v]));
-      scale = std::max(scale, std::abs(full[v]));
+    if (p.contains("last_logits")) {
+      const auto full = p["last_logits"].get<std::vector<double>>();
+      double max_err = 0, scale = 0;
+      for (size_t v = 0; v < full.size(); ++v) {
+        max_err = std::max(max_err, std::abs(logits[v] - full[v]));
+        scale = std::max(scale, std::abs(full[v]));
+      }
+      a.prefill_errors.push_back(max_err);
+      a.prefill_scales.push_back(scale);
     }
     a.prefill_logits.push_back(logits);
-    a.prompt_lengths.push_back(static_cast<int>(tokens.size()));
-    a.prefill_errors.push_back(max_err);
-    a.prefill_scales.push_back(scale);
+    a.prompt_lengths.push_back(prompt_length);
     for (size_t step = 0; step < greedy.size(); ++step) {
       const int next = static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin());
       ++a.num_steps;
       a.num_agree += next == greedy[step];
-      if (next != greedy[step]) a.largest_missed_margin = std::max(a.largest_missed_margin, margins[step]);
+      if (next != greedy[step]) {
+        a.largest_missed_margin = std::max(a.largest_missed_margin, margins[step]);
+        a.misses.push_back({static_cast<int>(a.prompt_lengths.size()) - 1, static_cast<int>(step), prompt_length,
+                            margins[step]});
+      }
       if (margins[step] > clear_margin) {
         ++a.num_clear;
         a.num_clear_agree += next == greedy[step];
       }
-      tokens.push_back(greedy[step]);  // follow the reference path
+      if (step + 1 == greedy.size()) break;  // the last token's own logits are not compared
+      tokens.push_back(greedy[step]);        // follow the reference path
       out = model.forward(single_sequence_batch(tokens, static_cast<int>(tokens.size()) - 1, num_blocks, kBlockSize),
                           caches);
       backend.to_host(out.logits, logits.data());

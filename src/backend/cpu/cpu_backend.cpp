@@ -21,9 +21,10 @@ CpuBackend::CpuBackend() {
   if (std::strcmp(inputs, "bf16") == 0) product_inputs_ = ProductInputs::kBf16;
   else if (std::strcmp(inputs, "bf16-multirow") == 0) product_inputs_ = ProductInputs::kBf16MultiRow;
   else if (std::strcmp(inputs, "f16") == 0) product_inputs_ = ProductInputs::kF16;
+  else if (std::strcmp(inputs, "f16-multirow") == 0) product_inputs_ = ProductInputs::kF16MultiRow;
   else if (std::strcmp(inputs, "f16-pairs") == 0) product_inputs_ = ProductInputs::kF16Pairs;
   else throw Error(std::string("DSINFER_CPU_PRODUCT_INPUTS: '") + inputs +
-                   "' is not fp32, bf16, bf16-multirow, f16 or f16-pairs");
+                   "' is not fp32, bf16, bf16-multirow, f16, f16-multirow or f16-pairs");
 }
 
 Tensor CpuBackend::empty(const std::vector<int64_t>& shape, DType dtype) {
@@ -137,12 +138,15 @@ void matvec_f16_pairs(const float* x, int64_t k, const float* w, int64_t n, floa
 
 }  // namespace
 
-void CpuBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
+void CpuBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) { linear_in_step(x, w, out, x.dim(0)); }
+
+void CpuBackend::linear_in_step(const Tensor& x, const LinearWeight& w, Tensor& out, int64_t step_rows) {
   DS_CHECK_MSG(x.dim(1) == w.in_features, "linear: input width " << x.dim(1) << " vs " << w.in_features);
   const int64_t rows = x.dim(0);
   const bool to_bf16 = product_inputs_ == ProductInputs::kBf16 ||
-                       (product_inputs_ == ProductInputs::kBf16MultiRow && rows > 1);
-  const bool to_f16 = product_inputs_ == ProductInputs::kF16 || product_inputs_ == ProductInputs::kF16Pairs;
+                       (product_inputs_ == ProductInputs::kBf16MultiRow && step_rows > 1);
+  const bool to_f16 = product_inputs_ == ProductInputs::kF16 || product_inputs_ == ProductInputs::kF16Pairs ||
+                      (product_inputs_ == ProductInputs::kF16MultiRow && step_rows > 1);
   const float* xs = x.as<float>();
   std::vector<float> rounded;
   if (to_bf16 || to_f16) {

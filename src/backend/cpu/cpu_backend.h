@@ -4,12 +4,14 @@
 // For precision studies it can round the inputs of the layers' products (linear(): the
 // projections, the experts' and the LM head; not the router's logits or attention's absorbed
 // products, which the CUDA backend keeps in fp32 too) to bf16 first, as the CUDA backend's
-// products read them: DSINFER_CPU_PRODUCT_INPUTS=bf16 for every product, bf16-multirow for
-// products of two rows or more only (a single sequence's decode steps then keep fp32 inputs).
-// f16 rounds every product's inputs to f16 instead: ten mantissa bits (TF32's) at 0.955-0.980 of
-// bf16's tensor-core rate on the H200 (bench_operand_types), the form an f16 operand path would
-// take. f16-pairs also sums one-row products as the few-row walks sum f16 pairs (chains of four
-// products in f16, then fp32), the form such a path's decode walks would take.
+// products read them: DSINFER_CPU_PRODUCT_INPUTS=bf16 for every product, bf16-multirow for the
+// products of steps of two rows or more only (a single sequence's decode steps then keep fp32
+// inputs; an expert's rows count as their step's, since the engine picks a product's form by the
+// step's rows). f16 rounds every product's inputs to f16 instead: ten mantissa bits (TF32's) at
+// 0.955-0.980 of bf16's tensor-core rate on the H200 (bench_operand_types), the form an f16
+// operand path would take; f16-multirow does so in steps of two rows or more, keeping one-row
+// steps in fp32. f16-pairs also sums one-row products as the few-row walks sum f16 pairs (chains
+// of four products in f16, then fp32), the form such a path's decode walks would take.
 #pragma once
 
 #include "backend/backend.h"
@@ -18,7 +20,7 @@ namespace dsinfer {
 
 class CpuBackend : public Backend {
  public:
-  enum class ProductInputs { kFp32, kBf16, kBf16MultiRow, kF16, kF16Pairs };
+  enum class ProductInputs { kFp32, kBf16, kBf16MultiRow, kF16, kF16MultiRow, kF16Pairs };
 
   // Product inputs from DSINFER_CPU_PRODUCT_INPUTS (fp32 where it is unset).
   CpuBackend();
@@ -35,6 +37,9 @@ class CpuBackend : public Backend {
   void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) override;
   void add(Tensor& x, const Tensor& y) override;
   void linear(const Tensor& x, const LinearWeight& w, Tensor& out) override;
+  // linear() over rows gathered from a step of step_rows rows (an expert's rows): the modes that
+  // keep one-row steps apart go by the step's rows, not the product's.
+  void linear_in_step(const Tensor& x, const LinearWeight& w, Tensor& out, int64_t step_rows);
   void silu_mul(const Tensor& gate_up, Tensor& out) override;
   void concat_cols(const Tensor& a, const Tensor& b, Tensor& out) override;
   void gather_rows(const Tensor& x, std::span<const int32_t> rows, Tensor& out) override;

@@ -48,12 +48,13 @@ TEST_P(GoldenModelTest, MatchesReferenceLogitsAndGreedyTokens) {
   }
 }
 
-// Teacher-forced agreement of the fixture in `dir` on CPU backends with each of three product
-// input modes.
-std::array<testing::TeacherForcedAgreement, 3> agreements_with(const std::string& dir,
-                                                               const std::array<CpuBackend::ProductInputs, 3>& modes) {
-  std::array<testing::TeacherForcedAgreement, 3> result;
-  for (size_t m = 0; m < modes.size(); ++m) {
+// Teacher-forced agreement of the fixture in `dir` on CPU backends with each of N product input
+// modes.
+template <size_t N>
+std::array<testing::TeacherForcedAgreement, N> agreements_with(const std::string& dir,
+                                                               const std::array<CpuBackend::ProductInputs, N>& modes) {
+  std::array<testing::TeacherForcedAgreement, N> result;
+  for (size_t m = 0; m < N; ++m) {
     CpuBackend backend(modes[m]);
     auto model = load_deepseek_model(dir, backend, 0, false);
     result[m] = testing::teacher_forced_agreement(*model, dir, 1e-3);
@@ -71,9 +72,10 @@ std::array<testing::TeacherForcedAgreement, 3> agreements_with(const std::string
 TEST_P(GoldenModelTest, Bf16ProductInputsStayWithinBf16OfTheReference) {
   const std::string dir = std::string(DSINFER_SOURCE_DIR) + "/tests/data/" + GetParam();
   using Inputs = CpuBackend::ProductInputs;
-  const auto [fp32, bf16, multirow] = agreements_with(dir, {Inputs::kFp32, Inputs::kBf16, Inputs::kBf16MultiRow});
+  const auto [fp32, bf16, multirow] =
+      agreements_with<3>(dir, {Inputs::kFp32, Inputs::kBf16, Inputs::kBf16MultiRow});
   std::cout << GetParam() << ": top-1 agreement, fp32 inputs " << fp32.num_agree << ", bf16 " << bf16.num_agree
-            << ", bf16 in products of two rows or more " << multirow.num_agree << " of " << fp32.num_steps << "\n";
+            << ", bf16 in steps of two rows or more " << multirow.num_agree << " of " << fp32.num_steps << "\n";
   ASSERT_EQ(fp32.prompt_lengths[0], 1);
   EXPECT_NE(bf16.prefill_logits[0], fp32.prefill_logits[0]) << "a one-token prompt, every product rounded";
   EXPECT_EQ(multirow.prefill_logits[0], fp32.prefill_logits[0]) << "a one-token prompt, one-row products in fp32";
@@ -89,23 +91,32 @@ TEST_P(GoldenModelTest, Bf16ProductInputsStayWithinBf16OfTheReference) {
 
 // The same with f16 product inputs: three more mantissa bits than bf16 (ten, as TF32) reach the
 // 99% bar on every fixture, also with one-row products summed in f16 pairs as the few-row walks
-// would sum them (f16-pairs). Measured: 144 / 144 / 143 of 144 both ways (tiny_v3, tiny_v2_lite,
-// tiny_v3_fp8).
+// would sum them (f16-pairs), and with f16 in steps of two rows or more and one-row steps in fp32
+// (f16-multirow). Measured: 144 / 144 / 143 of 144 the first two ways, 144 × 3 the third
+// (tiny_v3, tiny_v2_lite, tiny_v3_fp8).
 TEST_P(GoldenModelTest, F16ProductInputsAgreeOnNinetyNinePercentOfSteps) {
   const std::string dir = std::string(DSINFER_SOURCE_DIR) + "/tests/data/" + GetParam();
   using Inputs = CpuBackend::ProductInputs;
-  const auto [fp32, f16, pairs] = agreements_with(dir, {Inputs::kFp32, Inputs::kF16, Inputs::kF16Pairs});
+  const auto [fp32, f16, pairs, multirow] =
+      agreements_with<4>(dir, {Inputs::kFp32, Inputs::kF16, Inputs::kF16Pairs, Inputs::kF16MultiRow});
   std::cout << GetParam() << ": top-1 agreement, f16 inputs " << f16.num_agree << ", one-row products in f16 pairs "
-            << pairs.num_agree << " of " << f16.num_steps << "\n";
+            << pairs.num_agree << ", f16 in steps of two rows or more " << multirow.num_agree << " of "
+            << f16.num_steps << "\n";
   ASSERT_EQ(f16.prompt_lengths[0], 1);
   EXPECT_NE(f16.prefill_logits[0], fp32.prefill_logits[0]) << "a one-token prompt, every product rounded";
   EXPECT_NE(pairs.prefill_logits[0], f16.prefill_logits[0]) << "a one-token prompt, its products in f16 pairs";
+  EXPECT_EQ(multirow.prefill_logits[0], fp32.prefill_logits[0]) << "a one-token prompt, one-row products in fp32";
   for (size_t i = 0; i < f16.prefill_logits.size(); ++i) {
     EXPECT_LT(f16.prefill_errors[i], 2e-3 * f16.prefill_scales[i]) << "prompt " << i;
     EXPECT_LT(pairs.prefill_errors[i], 2e-3 * pairs.prefill_scales[i]) << "prompt " << i;
+    EXPECT_LT(multirow.prefill_errors[i], 2e-3 * multirow.prefill_scales[i]) << "prompt " << i;
+    if (i > 0) {
+      EXPECT_NE(multirow.prefill_logits[i], fp32.prefill_logits[i]) << "prompt " << i;
+    }
   }
   EXPECT_GE(f16.num_agree, 0.99 * f16.num_steps);
   EXPECT_GE(pairs.num_agree, 0.99 * pairs.num_steps);
+  EXPECT_GE(multirow.num_agree, 0.99 * multirow.num_steps);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenModelTest,
