@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -15,7 +16,39 @@
 
 namespace dsinfer {
 
+namespace {
+
+// "D,E" of DSINFER_CPU_FP8_ACTIVATIONS: two counts of rows, each 1 or more.
+CpuBackend::Fp8Activations parse_fp8_activations(const char* value) {
+  long long dense = 0, routed = 0;
+  int consumed = 0;
+  if (std::sscanf(value, "%lld,%lld%n", &dense, &routed, &consumed) != 2 || value[consumed] != '\0' || dense < 1 ||
+      routed < 1) {
+    throw Error(std::string("DSINFER_CPU_FP8_ACTIVATIONS: '") + value +
+                "' is not two row counts of 1 or more, D,E (dense products' and routed experts' smallest steps)");
+  }
+  return {dense, routed};
+}
+
+// DeepSeek's FP8 activations: each 128-column tile of each row in e4m3 under the tile's scale,
+// returned as the values the product reads (code x scale).
+void quantize_rows_e4m3(const float* x, int64_t rows, int64_t cols, float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c0 = 0; c0 < cols; c0 += 128) {
+      const int64_t c1 = std::min(cols, c0 + 128);
+      float amax = 0.0f;
+      for (int64_t c = c0; c < c1; ++c) amax = std::max(amax, std::abs(x[r * cols + c]));
+      const float scale = e4m3_block_scale(amax);
+      for (int64_t c = c0; c < c1; ++c)
+        out[r * cols + c] = fp8e4m3_to_f32(f32_to_fp8e4m3(x[r * cols + c] / scale)) * scale;
+    }
+  }
+}
+
+}  // namespace
+
 CpuBackend::CpuBackend() {
+  if (const char* fp8 = std::getenv("DSINFER_CPU_FP8_ACTIVATIONS")) fp8_activations_ = parse_fp8_activations(fp8);
   const char* inputs = std::getenv("DSINFER_CPU_PRODUCT_INPUTS");
   if (inputs == nullptr || std::strcmp(inputs, "fp32") == 0) return;
   if (std::strcmp(inputs, "bf16") == 0) product_inputs_ = ProductInputs::kBf16;
@@ -72,6 +105,7 @@ LinearWeight CpuBackend::make_linear(const HostTensor& w) {
   lw.out_features = w.shape[0];
   lw.in_features = w.shape[1];
   lw.weight = from_host(w);
+  if (w.dtype == DType::kF8E4M3) e4m3_weights_.insert(lw.weight.data);
   return lw;
 }
 
@@ -138,11 +172,21 @@ void matvec_f16_pairs(const float* x, int64_t k, const float* w, int64_t n, floa
 
 }  // namespace
 
-void CpuBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) { linear_in_step(x, w, out, x.dim(0)); }
+void CpuBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
+  linear_in_step(x, w, out, x.dim(0));
+}
 
-void CpuBackend::linear_in_step(const Tensor& x, const LinearWeight& w, Tensor& out, int64_t step_rows) {
+void CpuBackend::linear_in_step(const Tensor& x, const LinearWeight& w, Tensor& out, int64_t step_rows,
+                                bool routed_expert) {
   DS_CHECK_MSG(x.dim(1) == w.in_features, "linear: input width " << x.dim(1) << " vs " << w.in_features);
   const int64_t rows = x.dim(0);
+  const int64_t fp8_min_rows = routed_expert ? fp8_activations_.routed_min_rows : fp8_activations_.dense_min_rows;
+  if (fp8_min_rows > 0 && step_rows >= fp8_min_rows && e4m3_weights_.contains(w.weight.data)) {
+    std::vector<float> quantized(static_cast<size_t>(rows * w.in_features));
+    quantize_rows_e4m3(x.as<float>(), rows, w.in_features, quantized.data());
+    cpu::matmul_xwt(quantized.data(), rows, w.in_features, w.weight.as<float>(), w.out_features, out.as<float>());
+    return;
+  }
   const bool to_bf16 = product_inputs_ == ProductInputs::kBf16 ||
                        (product_inputs_ == ProductInputs::kBf16MultiRow && step_rows > 1);
   const bool to_f16 = product_inputs_ == ProductInputs::kF16 || product_inputs_ == ProductInputs::kF16Pairs ||

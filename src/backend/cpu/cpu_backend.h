@@ -12,7 +12,15 @@
 // operand path would take; f16-multirow does so in steps of two rows or more, keeping one-row
 // steps in fp32. f16-pairs also sums one-row products as the few-row walks sum f16 pairs (chains
 // of four products in f16, then fp32), the form such a path's decode walks would take.
+//
+// DSINFER_CPU_FP8_ACTIVATIONS=D,E also runs DeepSeek's FP8 recipe where the CUDA backend does:
+// products over e4m3 checkpoint weights read their inputs quantised per row and 128 columns to
+// e4m3 under the tile's scale (its largest magnitude / 448) in steps of D rows or more (dense
+// products and shared experts) and E rows or more (routed experts); "33,3" is the CUDA backend's
+// default (cuBLASLt above 32 rows, the expert blocks past the few-row kernel's two tokens).
 #pragma once
+
+#include <unordered_set>
 
 #include "backend/backend.h"
 
@@ -21,12 +29,23 @@ namespace dsinfer {
 class CpuBackend : public Backend {
  public:
   enum class ProductInputs { kFp32, kBf16, kBf16MultiRow, kF16, kF16MultiRow, kF16Pairs };
+  // The smallest steps whose products over e4m3 weights take FP8 activations (0: none).
+  struct Fp8Activations {
+    int64_t dense_min_rows = 0;
+    int64_t routed_min_rows = 0;
+    bool any() const { return dense_min_rows > 0 || routed_min_rows > 0; }
+  };
 
-  // Product inputs from DSINFER_CPU_PRODUCT_INPUTS (fp32 where it is unset).
+  // Product inputs from DSINFER_CPU_PRODUCT_INPUTS (fp32 where it is unset) and
+  // DSINFER_CPU_FP8_ACTIVATIONS (none where it is unset).
   CpuBackend();
   explicit CpuBackend(ProductInputs inputs) : product_inputs_(inputs) {}
+  CpuBackend(ProductInputs inputs, Fp8Activations fp8_activations)
+      : product_inputs_(inputs), fp8_activations_(fp8_activations) {}
 
   std::string name() const override { return "cpu"; }
+  // e4m3 weights come as stored where FP8 activations are asked for, so that their products are known.
+  bool wants_raw_fp8() const override { return fp8_activations_.any(); }
 
   Tensor empty(const std::vector<int64_t>& shape, DType dtype) override;
   Tensor from_host(const HostTensor& host) override;
@@ -37,9 +56,11 @@ class CpuBackend : public Backend {
   void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) override;
   void add(Tensor& x, const Tensor& y) override;
   void linear(const Tensor& x, const LinearWeight& w, Tensor& out) override;
-  // linear() over rows gathered from a step of step_rows rows (an expert's rows): the modes that
-  // keep one-row steps apart go by the step's rows, not the product's.
-  void linear_in_step(const Tensor& x, const LinearWeight& w, Tensor& out, int64_t step_rows);
+  // linear() over rows gathered from a step of step_rows rows (an expert's rows; routed_expert
+  // for a routed expert's): the modes that keep one-row steps apart go by the step's rows, not
+  // the product's.
+  void linear_in_step(const Tensor& x, const LinearWeight& w, Tensor& out, int64_t step_rows,
+                      bool routed_expert = false);
   void silu_mul(const Tensor& gate_up, Tensor& out) override;
   void concat_cols(const Tensor& a, const Tensor& b, Tensor& out) override;
   void gather_rows(const Tensor& x, std::span<const int32_t> rows, Tensor& out) override;
@@ -51,6 +72,8 @@ class CpuBackend : public Backend {
 
  private:
   ProductInputs product_inputs_ = ProductInputs::kFp32;
+  Fp8Activations fp8_activations_;
+  std::unordered_set<const void*> e4m3_weights_;  // the weights make_linear took in e4m3
 };
 
 namespace cpu {

@@ -82,15 +82,16 @@ void route_token(const float* logits, const MoeWeights& w, int32_t* expert_ids, 
 
 namespace {
 
-// down(silu(gate(x)) * up(x)) for rows of x, gathered from a step of step_rows rows.
+// down(silu(gate(x)) * up(x)) for rows of x, gathered from a step of step_rows rows (a routed
+// expert's where routed_expert).
 void run_mlp(CpuBackend& be, const Tensor& x, const LinearWeight& gate_up, const LinearWeight& down, Tensor& out,
-             int64_t step_rows) {
+             int64_t step_rows, bool routed_expert) {
   const int64_t rows = x.dim(0);
   Tensor gu = be.empty({rows, gate_up.out_features}, DType::kF32);
-  be.linear_in_step(x, gate_up, gu, step_rows);
+  be.linear_in_step(x, gate_up, gu, step_rows, routed_expert);
   Tensor act = be.empty({rows, gate_up.out_features / 2}, DType::kF32);
   be.silu_mul(gu, act);
-  be.linear_in_step(act, down, out, step_rows);
+  be.linear_in_step(act, down, out, step_rows, routed_expert);
 }
 
 }  // namespace
@@ -118,7 +119,7 @@ void CpuBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRouti
     for (int64_t r = 0; r < n; ++r)
       std::copy_n(x.as<float>() + (entries[r] / top_k) * hidden, hidden, xe.as<float>() + r * hidden);
     Tensor ye = empty({n, hidden}, DType::kF32);
-    run_mlp(*this, xe, w.expert_gate_up[e], w.expert_down[e], ye, num_tokens);
+    run_mlp(*this, xe, w.expert_gate_up[e], w.expert_down[e], ye, num_tokens, /*routed_expert=*/true);
     for (int64_t r = 0; r < n; ++r)
       std::copy_n(ye.as<float>() + r * hidden, hidden, expert_out.data() + static_cast<int64_t>(entries[r]) * hidden);
   }
@@ -132,7 +133,7 @@ void CpuBackend::moe(const Tensor& x, const MoeWeights& w, Tensor& out, MoeRouti
     }
   if (w.has_shared) {
     Tensor shared = empty({num_tokens, hidden}, DType::kF32);
-    run_mlp(*this, x, w.shared_gate_up, w.shared_down, shared, num_tokens);
+    run_mlp(*this, x, w.shared_gate_up, w.shared_down, shared, num_tokens, /*routed_expert=*/false);
     add(out, shared);
   }
   if (routing != nullptr) {

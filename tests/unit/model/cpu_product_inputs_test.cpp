@@ -74,5 +74,63 @@ TEST(CpuProductInputsTest, UnknownValueIsRefused) {
   unsetenv("DSINFER_CPU_PRODUCT_INPUTS");
 }
 
+// The product [1, 0.3] · [1, 1]ᵀ over an e4m3 weight (codes of 1, scale 1) for `rows` rows of a
+// step of step_rows, on a CPU backend made with DSINFER_CPU_FP8_ACTIVATIONS=value.
+std::vector<float> e4m3_product(const char* value, int rows, int step_rows, bool routed_expert) {
+  setenv("DSINFER_CPU_FP8_ACTIVATIONS", value, 1);
+  auto backend = make_backend("cpu");
+  unsetenv("DSINFER_CPU_FP8_ACTIVATIONS");
+  auto& cpu = dynamic_cast<CpuBackend&>(*backend);
+  EXPECT_TRUE(cpu.wants_raw_fp8());
+  const uint8_t codes[2] = {0x38, 0x38};  // e4m3 1.0
+  const float scale = 1.0f;
+  const LinearWeight w = cpu.make_linear(HostTensor{DType::kF8E4M3, {1, 2}, codes, &scale, 128, 128});
+  std::vector<float> x_host;
+  for (int r = 0; r < rows; ++r) x_host.insert(x_host.end(), {1.0f, 0.3f});
+  Tensor x = cpu.from_host(HostTensor{DType::kF32, {rows, 2}, x_host.data()});
+  Tensor out = cpu.empty({rows, 1}, DType::kF32);
+  cpu.linear_in_step(x, w, out, step_rows, routed_expert);
+  std::vector<float> y(rows);
+  cpu.to_host(out, y.data());
+  return y;
+}
+
+// DeepSeek's FP8 activations where DSINFER_CPU_FP8_ACTIVATIONS asks: the row [1, 0.3] under its
+// tile's scale 1/448 reads 0.3 as 134.4 / 448, whose nearest e4m3 is 128 (the codes step by 16
+// there): 1 + 128/448. Dense products and routed experts go by their own bounds.
+TEST(CpuProductInputsTest, Fp8ActivationsFromTheirStepsOnward) {
+  const float exact = 1.0f + 0.3f, quantized = 1.0f + 128.0f / 448.0f;
+  EXPECT_EQ(e4m3_product("33,3", 1, 32, false), std::vector<float>(1, exact));
+  EXPECT_EQ(e4m3_product("33,3", 1, 33, false), std::vector<float>(1, quantized));
+  EXPECT_EQ(e4m3_product("33,3", 2, 2, true), std::vector<float>(2, exact));
+  EXPECT_EQ(e4m3_product("33,3", 1, 3, true), std::vector<float>(1, quantized));
+  // A weight that was not e4m3 keeps its inputs.
+  setenv("DSINFER_CPU_FP8_ACTIVATIONS", "1,1", 1);
+  auto backend = make_backend("cpu");
+  unsetenv("DSINFER_CPU_FP8_ACTIVATIONS");
+  const float weights[2] = {1.0f, 1.0f}, x_host[2] = {1.0f, 0.3f};
+  const LinearWeight w = backend->make_linear(HostTensor{DType::kF32, {1, 2}, weights});
+  Tensor x = backend->from_host(HostTensor{DType::kF32, {1, 2}, x_host});
+  Tensor out = backend->empty({1, 1}, DType::kF32);
+  backend->linear(x, w, out);
+  float y = 0;
+  backend->to_host(out, &y);
+  EXPECT_EQ(y, exact);
+  EXPECT_FALSE(dynamic_cast<CpuBackend&>(*make_backend("cpu")).wants_raw_fp8());
+}
+
+TEST(CpuProductInputsTest, MalformedFp8ActivationsAreRefused) {
+  for (const char* value : {"33", "0,3", "33,3,1", "a,b", "33,-1", ""}) {
+    setenv("DSINFER_CPU_FP8_ACTIVATIONS", value, 1);
+    try {
+      (void)make_backend("cpu");
+      ADD_FAILURE() << "'" << value << "' was taken";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("DSINFER_CPU_FP8_ACTIVATIONS"), std::string::npos) << e.what();
+    }
+  }
+  unsetenv("DSINFER_CPU_FP8_ACTIVATIONS");
+}
+
 }  // namespace
 }  // namespace dsinfer

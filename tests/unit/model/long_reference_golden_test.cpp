@@ -24,8 +24,9 @@ class LongReferenceTest : public ::testing::TestWithParam<std::string> {
       GTEST_SKIP() << dir_ << "/" << testing::kLongReference << " is absent (tools/make_long_reference.py)";
   }
 
-  testing::TeacherForcedAgreement agreement_with(CpuBackend::ProductInputs inputs, double clear_margin) const {
-    CpuBackend backend(inputs);
+  testing::TeacherForcedAgreement agreement_with(CpuBackend::ProductInputs inputs, double clear_margin,
+                                                 CpuBackend::Fp8Activations fp8_activations = {}) const {
+    CpuBackend backend(inputs, fp8_activations);
     auto model = load_deepseek_model(dir_, backend, 0, false);
     return testing::teacher_forced_agreement(*model, dir_, clear_margin, KvCacheFormat::kF32,
                                              testing::kLongReference);
@@ -73,6 +74,27 @@ TEST_P(LongReferenceTest, SixteenBitProductInputs) {
   EXPECT_GE(f16_multirow.agreement(), 0.99) << GetParam();
   EXPECT_GE(bf16.agreement(), 0.97) << GetParam();
   EXPECT_GE(multirow.agreement(), 0.98) << GetParam();
+}
+
+// DeepSeek's FP8 activations where the CUDA backend takes them (dense products of steps above 32
+// rows, routed experts of steps above two), with bf16 inputs elsewhere (the CUDA default path's
+// products) and with f16 in steps of two rows or more. Only tiny_v3_fp8 has e4m3 weights. Over
+// the CPU's own fp32 paths (RESULTS.md, "Sixteen-bit product inputs over 3,072 steps on the
+// CPU"): 95.83% and 97.01% on tiny_v3_fp8, short of 99% either way; with the recipe only in
+// steps of 257 rows or more, f16 reached 100.00% (the bf16 checkpoints: their bf16 and f16 figures).
+TEST_P(LongReferenceTest, Fp8ActivationsWhereTheCudaBackendTakesThem) {
+  using Inputs = CpuBackend::ProductInputs;
+  const CpuBackend::Fp8Activations cuda_default{33, 3}, from_257_rows{257, 257};
+  const testing::TeacherForcedAgreement bf16 = agreement_with(Inputs::kBf16, 1e-3, cuda_default);
+  const testing::TeacherForcedAgreement f16 = agreement_with(Inputs::kF16MultiRow, 1e-3, cuda_default);
+  const testing::TeacherForcedAgreement f16_later = agreement_with(Inputs::kF16MultiRow, 1e-3, from_257_rows);
+  std::cout << GetParam() << " (bf16 inputs, FP8 activations as on CUDA): " << bf16.describe() << "\n"
+            << GetParam() << " (f16 in steps of two rows or more, FP8 activations as on CUDA): " << f16.describe()
+            << "\n"
+            << GetParam() << " (the same, FP8 activations from steps of 257 rows): " << f16_later.describe() << "\n";
+  EXPECT_GE(bf16.agreement(), 0.94) << GetParam();
+  EXPECT_GE(f16.agreement(), 0.94) << GetParam();
+  EXPECT_GE(f16_later.agreement(), 0.99) << GetParam();
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, LongReferenceTest, ::testing::Values("tiny_v3", "tiny_v2_lite", "tiny_v3_fp8"));
