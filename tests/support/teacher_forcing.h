@@ -47,7 +47,7 @@ struct TeacherForcedAgreement {
 
   double agreement() const { return num_steps == 0 ? 0 : static_cast<double>(num_agree) / num_steps; }
 
-  // "3050/3072 (99.28%), clear margins 2980/2980, 22 misses at margins <= 0.0123"
+  // "3050/3072 (99.28%), clear margins 2980/2980, 22 misses at reference margins <= 0.0123"
   std::string describe() const {
     std::ostringstream s;
     s << num_agree << "/" << num_steps << " (" << std::fixed;

@@ -105,8 +105,13 @@ LinearWeight CpuBackend::make_linear(const HostTensor& w) {
   lw.out_features = w.shape[0];
   lw.in_features = w.shape[1];
   lw.weight = from_host(w);
-  if (w.dtype == DType::kF8E4M3) e4m3_weights_.insert(lw.weight.data);
+  if (w.dtype == DType::kF8E4M3) e4m3_weights_[lw.weight.data] = lw.weight.storage;
   return lw;
+}
+
+bool CpuBackend::is_e4m3(const LinearWeight& w) const {
+  const auto it = e4m3_weights_.find(w.weight.data);
+  return it != e4m3_weights_.end() && !it->second.expired();
 }
 
 void CpuBackend::embedding(const Tensor& table, std::span<const TokenId> ids, Tensor& out) {
@@ -181,7 +186,7 @@ void CpuBackend::linear_in_step(const Tensor& x, const LinearWeight& w, Tensor& 
   DS_CHECK_MSG(x.dim(1) == w.in_features, "linear: input width " << x.dim(1) << " vs " << w.in_features);
   const int64_t rows = x.dim(0);
   const int64_t fp8_min_rows = routed_expert ? fp8_activations_.routed_min_rows : fp8_activations_.dense_min_rows;
-  if (fp8_min_rows > 0 && step_rows >= fp8_min_rows && e4m3_weights_.contains(w.weight.data)) {
+  if (fp8_min_rows > 0 && step_rows >= fp8_min_rows && is_e4m3(w)) {
     std::vector<float> quantized(static_cast<size_t>(rows * w.in_features));
     quantize_rows_e4m3(x.as<float>(), rows, w.in_features, quantized.data());
     cpu::matmul_xwt(quantized.data(), rows, w.in_features, w.weight.as<float>(), w.out_features, out.as<float>());

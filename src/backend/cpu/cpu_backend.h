@@ -20,7 +20,8 @@
 // default (cuBLASLt above 32 rows, the expert blocks past the few-row kernel's two tokens).
 #pragma once
 
-#include <unordered_set>
+#include <memory>
+#include <unordered_map>
 
 #include "backend/backend.h"
 
@@ -73,7 +74,10 @@ class CpuBackend : public Backend {
  private:
   ProductInputs product_inputs_ = ProductInputs::kFp32;
   Fp8Activations fp8_activations_;
-  std::unordered_set<const void*> e4m3_weights_;  // the weights make_linear took in e4m3
+  // The weights make_linear took in e4m3, by address; an entry whose storage is gone is stale
+  // (another weight may since have been given its address).
+  std::unordered_map<const void*, std::weak_ptr<void>> e4m3_weights_;
+  bool is_e4m3(const LinearWeight& w) const;
 };
 
 namespace cpu {

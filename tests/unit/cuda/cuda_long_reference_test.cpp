@@ -37,13 +37,15 @@ class CudaLongReferenceTest : public ::testing::TestWithParam<std::string> {
 // The default path (bf16 activations; DeepSeek's FP8 activations in tiny_v3_fp8's larger
 // products). HF transformers in bf16 agrees on 96.19% / 97.59% / 95.31% of these steps
 // (tiny_v3, tiny_v2_lite, tiny_v3_fp8; bench/RESULTS.md, "A long teacher-forced reference"):
-// the bar is that floor less a point for FP8 activations, which HF does not run.
+// the bar is that floor less a point for FP8 activations, which HF does not run, and over the
+// steps whose reference margin passes 0.2 the short fixtures' bars (cuda_model_test.cpp).
 TEST_P(CudaLongReferenceTest, DefaultPathHoldsHfBf16Agreement) {
+  const bool fp8_recipe = GetParam() == "tiny_v3_fp8";
   const testing::TeacherForcedAgreement a = agreement_with(Precision::kDefault, 0.2);
   std::cout << GetParam() << " (default path): " << a.describe() << "\n";
   EXPECT_EQ(a.num_steps, 128 * 24);
-  EXPECT_GE(a.agreement(), GetParam() == "tiny_v3_fp8" ? 0.94 : 0.95) << GetParam();
-  EXPECT_GE(a.num_clear_agree, 0.98 * a.num_clear) << GetParam();
+  EXPECT_GE(a.agreement(), fp8_recipe ? 0.94 : 0.95) << GetParam();
+  EXPECT_GE(a.num_clear_agree, (fp8_recipe ? 0.95 : 0.98) * a.num_clear) << GetParam();
 }
 
 // The CPU backend with the default path's product inputs (bf16, and DeepSeek's FP8 activations
