@@ -3,9 +3,17 @@
 // (rope_dim), and every head attends to it as one shared key/value (MQA in latent space).
 // An FP8 cache (latent_cache_format.h) is quantised as tokens are written and dequantised as
 // they are read; attention itself is the same.
+//
+// Where CpuRoundings::bf16_expanded_attention asks, a sequence's prefill chunk of 64 tokens or
+// more attends as the CUDA backend's expanded form does, with its bf16 operands: the context's
+// latent entries rounded to bf16 and up-projected per head into keys and values (bf16 weights,
+// fp32 sums, bf16 results), bf16 queries, and unnormalised probabilities rounded to bf16 for
+// the product with the values. The same attention, rounded where the CUDA kernels round.
 #include <algorithm>
 #include <cmath>
 #include <vector>
+
+#include "core/dtype.h"
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_matmul.h"
@@ -23,6 +31,11 @@ void rotate_interleaved(float* x, int rope_dim, const float* cos, const float* s
     x[2 * i + 1] = a * sin[i] + b * cos[i];
   }
 }
+
+float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
+
+// A sequence with this many new tokens in a step attends in the CUDA backend's expanded form.
+constexpr int kExpandedMinTokens = 64;
 
 }  // namespace
 
@@ -56,6 +69,17 @@ void CpuBackend::mla_attention(const MlaAttentionArgs& args) {
     if (fp8) quantize_latent_entry(e, lora, rope, dst);
   }
 
+  // Tokens of the sequences whose chunk attends in the expanded form (none unless emulating it).
+  std::vector<char> expanded(num_tokens, 0);
+  if (roundings_.bf16_expanded_attention) {
+    std::vector<int> new_tokens(batch.block_tables.size(), 0);
+    for (int t = 0; t < num_tokens; ++t)
+      if (batch.slot_mapping[t] >= 0) ++new_tokens[batch.token_seq[t]];
+    for (int t = 0; t < num_tokens; ++t)
+      expanded[t] = batch.slot_mapping[t] >= 0 && new_tokens[batch.token_seq[t]] >= kExpandedMinTokens;
+    expanded_bf16_attention(args, expanded);
+  }
+
   // 2. Each (token, head): absorb W_UK into the query, attend over positions 0..pos of its
   // sequence, project the latent output through W_UV. Independent of the rest of the batch.
   const float* w_uk = w.w_uk.as<float>();  // [heads, nope, lora]
@@ -65,6 +89,7 @@ void CpuBackend::mla_attention(const MlaAttentionArgs& args) {
     std::vector<float> q_lat(lora), q_rope(rope), scores, o_lat(lora), dequantized(entry);
     for (int64_t item = b; item < e; ++item) {
       const int t = static_cast<int>(item / heads), h = static_cast<int>(item % heads);
+      if (expanded[t]) continue;
       const int pos = batch.positions[t];
       const float* q = args.q->as<float>() + static_cast<int64_t>(t) * q_stride + h * (nope + rope);
       // q_lat[l] = sum_d q_nope[d] * W_UK[h][d][l]
@@ -108,6 +133,87 @@ void CpuBackend::mla_attention(const MlaAttentionArgs& args) {
       for (int v = 0; v < vdim; ++v) o[v] = cpu::dot(uv + static_cast<int64_t>(v) * lora, o_lat.data(), lora);
     }
   }, 1);
+}
+
+void CpuBackend::expanded_bf16_attention(const MlaAttentionArgs& args, const std::vector<char>& expanded) {
+  const MlaWeights& w = *args.weights;
+  const ForwardBatch& batch = *args.batch;
+  const int lora = w.kv_lora_rank, rope = w.qk_rope_head_dim, nope = w.qk_nope_head_dim;
+  const int vdim = w.v_head_dim, heads = w.num_heads, entry = lora + rope, half = rope / 2;
+  const int q_stride = heads * (nope + rope);
+  const bool fp8 = args.cache->format == KvCacheFormat::kFp8;
+  const int64_t entry_bytes = static_cast<int64_t>(latent_entry_bytes(args.cache->format, lora, rope));
+  const auto* cache = static_cast<const uint8_t*>(args.cache->data.data);
+  const float* cos_table = args.rope_cos->as<float>();
+  const float* sin_table = args.rope_sin->as<float>();
+  const int bs = args.block_size;
+  float* out = args.out->as<float>();
+  // The up-projection's weights in bf16, as the expanded form keeps them: [heads, nope | vdim, lora].
+  std::vector<float> w_uk(w.w_uk.as<float>(), w.w_uk.as<float>() + static_cast<int64_t>(heads) * nope * lora);
+  std::vector<float> w_uv(w.w_uv.as<float>(), w.w_uv.as<float>() + static_cast<int64_t>(heads) * vdim * lora);
+  for (float& v : w_uk) v = round_bf16(v);
+  for (float& v : w_uv) v = round_bf16(v);
+
+  for (size_t seq = 0; seq < batch.block_tables.size(); ++seq) {
+    std::vector<int> tokens;
+    for (int t = 0; t < batch.num_tokens; ++t)
+      if (expanded[t] && batch.token_seq[t] == static_cast<int32_t>(seq)) tokens.push_back(t);
+    if (tokens.empty()) continue;
+    const auto& table = batch.block_tables[seq];
+    const int context = batch.context_lens[seq];
+    // The context's latent entries gathered in bf16: [context, lora | rope].
+    std::vector<float> latent(static_cast<size_t>(context) * entry);
+    for (int p = 0; p < context; ++p) {
+      const uint8_t* e = cache + (static_cast<int64_t>(table[p / bs]) * bs + p % bs) * entry_bytes;
+      float* dst = latent.data() + static_cast<int64_t>(p) * entry;
+      if (fp8) dequantize_latent_entry(e, lora, rope, dst);
+      else std::copy_n(reinterpret_cast<const float*>(e), entry, dst);
+      for (int c = 0; c < entry; ++c) dst[c] = round_bf16(dst[c]);
+    }
+    global_thread_pool().parallel_for(heads, [&](int64_t h_begin, int64_t h_end) {
+      std::vector<float> keys(static_cast<size_t>(context) * nope), values(static_cast<size_t>(context) * vdim);
+      std::vector<float> q_nope(nope), q_rope(rope), probs;
+      for (int64_t h = h_begin; h < h_end; ++h) {
+        const float* uk = w_uk.data() + h * nope * lora;
+        const float* uv = w_uv.data() + h * vdim * lora;
+        for (int p = 0; p < context; ++p) {
+          const float* lat = latent.data() + static_cast<int64_t>(p) * entry;
+          for (int d = 0; d < nope; ++d)
+            keys[static_cast<size_t>(p) * nope + d] = round_bf16(cpu::dot(uk + static_cast<int64_t>(d) * lora, lat, lora));
+          for (int v = 0; v < vdim; ++v)
+            values[static_cast<size_t>(p) * vdim + v] =
+                round_bf16(cpu::dot(uv + static_cast<int64_t>(v) * lora, lat, lora));
+        }
+        for (const int t : tokens) {
+          const int pos = batch.positions[t];
+          const float* q = args.q->as<float>() + static_cast<int64_t>(t) * q_stride + h * (nope + rope);
+          for (int d = 0; d < nope; ++d) q_nope[d] = round_bf16(q[d]);
+          for (int r = 0; r < rope; ++r) q_rope[r] = round_bf16(q[nope + r]);
+          rotate_interleaved(q_rope.data(), rope, cos_table + pos * half, sin_table + pos * half);
+          for (float& v : q_rope) v = round_bf16(v);
+          probs.resize(pos + 1);
+          float max_score = -INFINITY;
+          for (int p = 0; p <= pos; ++p) {
+            const float* lat = latent.data() + static_cast<int64_t>(p) * entry;
+            probs[p] = (cpu::dot(q_nope.data(), keys.data() + static_cast<int64_t>(p) * nope, nope) +
+                        cpu::dot(q_rope.data(), lat + lora, rope)) *
+                       args.softmax_scale;
+            max_score = std::max(max_score, probs[p]);
+          }
+          float denom = 0.0f;
+          for (int p = 0; p <= pos; ++p) {
+            probs[p] = std::exp(probs[p] - max_score);
+            denom += probs[p];
+          }
+          float* o = out + static_cast<int64_t>(t) * heads * vdim + h * vdim;
+          std::fill(o, o + vdim, 0.0f);
+          for (int p = 0; p <= pos; ++p)
+            cpu::axpy(round_bf16(probs[p]), values.data() + static_cast<int64_t>(p) * vdim, o, vdim);
+          for (int v = 0; v < vdim; ++v) o[v] /= denom;
+        }
+      }
+    }, 1);
+  }
 }
 
 }  // namespace dsinfer

@@ -48,14 +48,21 @@ void quantize_rows_e4m3(const float* x, int64_t rows, int64_t cols, float* out) 
 }  // namespace
 
 CpuBackend::CpuBackend() {
-  if (const char* fp8 = std::getenv("DSINFER_CPU_FP8_ACTIVATIONS")) fp8_activations_ = parse_fp8_activations(fp8);
+  if (const char* fp8 = std::getenv("DSINFER_CPU_FP8_ACTIVATIONS"))
+    roundings_.fp8_activations = parse_fp8_activations(fp8);
+  if (const char* attention = std::getenv("DSINFER_CPU_EXPANDED_ATTENTION")) {
+    if (std::strcmp(attention, "bf16") == 0) roundings_.bf16_expanded_attention = true;
+    else if (std::strcmp(attention, "fp32") != 0)
+      throw Error(std::string("DSINFER_CPU_EXPANDED_ATTENTION: '") + attention + "' is not fp32 or bf16");
+  }
   const char* inputs = std::getenv("DSINFER_CPU_PRODUCT_INPUTS");
+  ProductInputs& mode = roundings_.product_inputs;
   if (inputs == nullptr || std::strcmp(inputs, "fp32") == 0) return;
-  if (std::strcmp(inputs, "bf16") == 0) product_inputs_ = ProductInputs::kBf16;
-  else if (std::strcmp(inputs, "bf16-multirow") == 0) product_inputs_ = ProductInputs::kBf16MultiRow;
-  else if (std::strcmp(inputs, "f16") == 0) product_inputs_ = ProductInputs::kF16;
-  else if (std::strcmp(inputs, "f16-multirow") == 0) product_inputs_ = ProductInputs::kF16MultiRow;
-  else if (std::strcmp(inputs, "f16-pairs") == 0) product_inputs_ = ProductInputs::kF16Pairs;
+  if (std::strcmp(inputs, "bf16") == 0) mode = ProductInputs::kBf16;
+  else if (std::strcmp(inputs, "bf16-multirow") == 0) mode = ProductInputs::kBf16MultiRow;
+  else if (std::strcmp(inputs, "f16") == 0) mode = ProductInputs::kF16;
+  else if (std::strcmp(inputs, "f16-multirow") == 0) mode = ProductInputs::kF16MultiRow;
+  else if (std::strcmp(inputs, "f16-pairs") == 0) mode = ProductInputs::kF16Pairs;
   else throw Error(std::string("DSINFER_CPU_PRODUCT_INPUTS: '") + inputs +
                    "' is not fp32, bf16, bf16-multirow, f16, f16-multirow or f16-pairs");
 }
@@ -185,17 +192,18 @@ void CpuBackend::linear_in_step(const Tensor& x, const LinearWeight& w, Tensor& 
                                 bool routed_expert) {
   DS_CHECK_MSG(x.dim(1) == w.in_features, "linear: input width " << x.dim(1) << " vs " << w.in_features);
   const int64_t rows = x.dim(0);
-  const int64_t fp8_min_rows = routed_expert ? fp8_activations_.routed_min_rows : fp8_activations_.dense_min_rows;
+  const CpuFp8Activations& fp8 = roundings_.fp8_activations;
+  const int64_t fp8_min_rows = routed_expert ? fp8.routed_min_rows : fp8.dense_min_rows;
   if (fp8_min_rows > 0 && step_rows >= fp8_min_rows && is_e4m3(w)) {
     std::vector<float> quantized(static_cast<size_t>(rows * w.in_features));
     quantize_rows_e4m3(x.as<float>(), rows, w.in_features, quantized.data());
     cpu::matmul_xwt(quantized.data(), rows, w.in_features, w.weight.as<float>(), w.out_features, out.as<float>());
     return;
   }
-  const bool to_bf16 = product_inputs_ == ProductInputs::kBf16 ||
-                       (product_inputs_ == ProductInputs::kBf16MultiRow && step_rows > 1);
-  const bool to_f16 = product_inputs_ == ProductInputs::kF16 || product_inputs_ == ProductInputs::kF16Pairs ||
-                      (product_inputs_ == ProductInputs::kF16MultiRow && step_rows > 1);
+  const ProductInputs mode = roundings_.product_inputs;
+  const bool to_bf16 = mode == ProductInputs::kBf16 || (mode == ProductInputs::kBf16MultiRow && step_rows > 1);
+  const bool to_f16 = mode == ProductInputs::kF16 || mode == ProductInputs::kF16Pairs ||
+                      (mode == ProductInputs::kF16MultiRow && step_rows > 1);
   const float* xs = x.as<float>();
   std::vector<float> rounded;
   if (to_bf16 || to_f16) {
@@ -205,7 +213,7 @@ void CpuBackend::linear_in_step(const Tensor& x, const LinearWeight& w, Tensor& 
     }
     xs = rounded.data();
   }
-  if (product_inputs_ == ProductInputs::kF16Pairs && rows == 1) {
+  if (mode == ProductInputs::kF16Pairs && rows == 1) {
     matvec_f16_pairs(xs, w.in_features, w.weight.as<float>(), w.out_features, out.as<float>());
   } else {
     cpu::matmul_xwt(xs, rows, w.in_features, w.weight.as<float>(), w.out_features, out.as<float>());

@@ -18,6 +18,9 @@
 // e4m3 under the tile's scale (its largest magnitude / 448) in steps of D rows or more (dense
 // products and shared experts) and E rows or more (routed experts); "33,3" is the CUDA backend's
 // default (cuBLASLt above 32 rows, the expert blocks past the few-row kernel's two tokens).
+// DSINFER_CPU_EXPANDED_ATTENTION=bf16 runs prefill chunks of 64 tokens or more as the CUDA
+// backend's expanded form does (cpu_attention.cpp): the gathered latent, the up-projected keys
+// and values, the queries and the unnormalised probabilities in bf16.
 #pragma once
 
 #include <memory>
@@ -27,26 +30,40 @@
 
 namespace dsinfer {
 
+enum class CpuProductInputs { kFp32, kBf16, kBf16MultiRow, kF16, kF16MultiRow, kF16Pairs };
+
+// The smallest steps whose products over e4m3 weights take FP8 activations (0: none).
+struct CpuFp8Activations {
+  int64_t dense_min_rows = 0;
+  int64_t routed_min_rows = 0;
+  bool any() const { return dense_min_rows > 0 || routed_min_rows > 0; }
+};
+
+// Where the CPU backend rounds as the CUDA backend does (nowhere by default).
+struct CpuRoundings {
+  CpuProductInputs product_inputs = CpuProductInputs::kFp32;
+  CpuFp8Activations fp8_activations;
+  bool bf16_expanded_attention = false;
+  // The CUDA backend's default path: bf16 product inputs, FP8 activations as it takes them, the
+  // expanded attention in bf16.
+  static CpuRoundings cuda_default() { return {CpuProductInputs::kBf16, {33, 3}, true}; }
+};
+
 class CpuBackend : public Backend {
  public:
-  enum class ProductInputs { kFp32, kBf16, kBf16MultiRow, kF16, kF16MultiRow, kF16Pairs };
-  // The smallest steps whose products over e4m3 weights take FP8 activations (0: none).
-  struct Fp8Activations {
-    int64_t dense_min_rows = 0;
-    int64_t routed_min_rows = 0;
-    bool any() const { return dense_min_rows > 0 || routed_min_rows > 0; }
-  };
+  using ProductInputs = CpuProductInputs;
+  using Fp8Activations = CpuFp8Activations;
 
-  // Product inputs from DSINFER_CPU_PRODUCT_INPUTS (fp32 where it is unset) and
-  // DSINFER_CPU_FP8_ACTIVATIONS (none where it is unset).
+  // Roundings from DSINFER_CPU_PRODUCT_INPUTS, DSINFER_CPU_FP8_ACTIVATIONS and
+  // DSINFER_CPU_EXPANDED_ATTENTION (none where they are unset).
   CpuBackend();
-  explicit CpuBackend(ProductInputs inputs) : product_inputs_(inputs) {}
-  CpuBackend(ProductInputs inputs, Fp8Activations fp8_activations)
-      : product_inputs_(inputs), fp8_activations_(fp8_activations) {}
+  explicit CpuBackend(ProductInputs inputs) { roundings_.product_inputs = inputs; }
+  explicit CpuBackend(const CpuRoundings& roundings) : roundings_(roundings) {}
+  const CpuRoundings& roundings() const { return roundings_; }
 
   std::string name() const override { return "cpu"; }
   // e4m3 weights come as stored where FP8 activations are asked for, so that their products are known.
-  bool wants_raw_fp8() const override { return fp8_activations_.any(); }
+  bool wants_raw_fp8() const override { return roundings_.fp8_activations.any(); }
 
   Tensor empty(const std::vector<int64_t>& shape, DType dtype) override;
   Tensor from_host(const HostTensor& host) override;
@@ -72,8 +89,11 @@ class CpuBackend : public Backend {
   void write_cache_block(LayerKvCache& cache, int32_t block, const void* src) override;
 
  private:
-  ProductInputs product_inputs_ = ProductInputs::kFp32;
-  Fp8Activations fp8_activations_;
+  // The tokens marked in `expanded` (whole prefill chunks) in the CUDA backend's expanded form,
+  // with its bf16 operands (cpu_attention.cpp); the cache holds their entries already.
+  void expanded_bf16_attention(const MlaAttentionArgs& args, const std::vector<char>& expanded);
+
+  CpuRoundings roundings_;
   // The weights make_linear took in e4m3, by address; an entry whose storage is gone is stale
   // (another weight may since have been given its address).
   std::unordered_map<const void*, std::weak_ptr<void>> e4m3_weights_;

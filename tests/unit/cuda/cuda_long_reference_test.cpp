@@ -48,14 +48,14 @@ TEST_P(CudaLongReferenceTest, DefaultPathHoldsHfBf16Agreement) {
   EXPECT_GE(a.num_clear_agree, (fp8_recipe ? 0.95 : 0.98) * a.num_clear) << GetParam();
 }
 
-// The CPU backend with the default path's product inputs (bf16, and DeepSeek's FP8 activations
-// where the CUDA backend takes them: CpuBackend::Fp8Activations{33, 3}) predicts the default
-// path's agreement to within a point: on the short fixture it scored tiny_v3_fp8 137/144 against
-// CUDA's 138. What it leaves out (attention's bf16 queries and gathered latent in prefill, the
-// TF32 absorbed products, the order of sums) moves only near ties.
+// The CPU backend with the default path's roundings (CpuRoundings::cuda_default: bf16 product
+// inputs, DeepSeek's FP8 activations where the CUDA backend takes them, the expanded prefill
+// attention's bf16 operands) predicts the default path's agreement to within a point: on the
+// short fixtures it scored 144 / 142 / 136 of 144 against CUDA's 143 / 141 / 138. What it leaves
+// out (the TF32 absorbed products, the order of sums) moves only near ties.
 TEST_P(CudaLongReferenceTest, DefaultPathAsTheCpuPredicts) {
   const testing::TeacherForcedAgreement cuda = agreement_with(Precision::kDefault, 1e-3);
-  CpuBackend cpu_backend(CpuBackend::ProductInputs::kBf16, CpuBackend::Fp8Activations{33, 3});
+  CpuBackend cpu_backend(CpuRoundings::cuda_default());
   auto cpu_model = load_deepseek_model(dir_, cpu_backend, 0, false);
   const testing::TeacherForcedAgreement cpu =
       testing::teacher_forced_agreement(*cpu_model, dir_, 1e-3, KvCacheFormat::kF32, testing::kLongReference);

@@ -82,6 +82,7 @@ std::vector<float> e4m3_product(const char* value, int rows, int step_rows, bool
   unsetenv("DSINFER_CPU_FP8_ACTIVATIONS");
   auto& cpu = dynamic_cast<CpuBackend&>(*backend);
   EXPECT_TRUE(cpu.wants_raw_fp8());
+  EXPECT_FALSE(cpu.roundings().bf16_expanded_attention);
   const uint8_t codes[2] = {0x38, 0x38};  // e4m3 1.0
   const float scale = 1.0f;
   const LinearWeight w = cpu.make_linear(HostTensor{DType::kF8E4M3, {1, 2}, codes, &scale, 128, 128});
@@ -130,6 +131,22 @@ TEST(CpuProductInputsTest, MalformedFp8ActivationsAreRefused) {
     }
   }
   unsetenv("DSINFER_CPU_FP8_ACTIVATIONS");
+}
+
+TEST(CpuProductInputsTest, ExpandedAttentionRoundingFromTheEnvironment) {
+  for (const char* value : {"bf16", "fp32"}) {
+    setenv("DSINFER_CPU_EXPANDED_ATTENTION", value, 1);
+    auto backend = make_backend("cpu");
+    EXPECT_EQ(dynamic_cast<CpuBackend&>(*backend).roundings().bf16_expanded_attention, std::string(value) == "bf16");
+  }
+  setenv("DSINFER_CPU_EXPANDED_ATTENTION", "f16", 1);
+  try {
+    (void)make_backend("cpu");
+    ADD_FAILURE() << "'f16' was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("DSINFER_CPU_EXPANDED_ATTENTION"), std::string::npos) << e.what();
+  }
+  unsetenv("DSINFER_CPU_EXPANDED_ATTENTION");
 }
 
 }  // namespace

@@ -120,7 +120,7 @@ TEST_P(GoldenModelTest, F16ProductInputsAgreeOnNinetyNinePercentOfSteps) {
 }
 
 // bf16 product inputs with DeepSeek's FP8 activations where the CUDA backend takes them
-// (CpuBackend::Fp8Activations: dense products of steps above 32 rows, routed experts of steps
+// (CpuFp8Activations: dense products of steps above 32 rows, routed experts of steps
 // above two): the CUDA default path's arithmetic on the CPU, short of attention's and the norms'
 // own roundings. Checkpoints without e4m3 weights are untouched; on tiny_v3_fp8, prompts of one
 // or two tokens keep bf16's logits and the longer ones do not.
@@ -128,7 +128,7 @@ TEST_P(GoldenModelTest, Fp8ActivationsWhereTheCudaBackendTakesThem) {
   const std::string dir = std::string(DSINFER_SOURCE_DIR) + "/tests/data/" + GetParam();
   using Inputs = CpuBackend::ProductInputs;
   CpuBackend bf16_backend(Inputs::kBf16);
-  CpuBackend recipe_backend(Inputs::kBf16, CpuBackend::Fp8Activations{33, 3});
+  CpuBackend recipe_backend(CpuRoundings{Inputs::kBf16, {33, 3}});
   auto bf16_model = load_deepseek_model(dir, bf16_backend, 0, false);
   auto recipe_model = load_deepseek_model(dir, recipe_backend, 0, false);
   const auto bf16 = testing::teacher_forced_agreement(*bf16_model, dir, 0.2);
@@ -146,6 +146,37 @@ TEST_P(GoldenModelTest, Fp8ActivationsWhereTheCudaBackendTakesThem) {
   }
   EXPECT_GE(recipe.num_agree, 0.90 * recipe.num_steps);
   EXPECT_GE(recipe.num_clear_agree, 0.95 * recipe.num_clear);
+}
+
+// Prefill chunks of 64 tokens or more attend as the CUDA backend's expanded form rounds them
+// (CpuRoundings::bf16_expanded_attention): shorter prompts keep fp32's logits bit for bit, longer
+// ones move within bf16's reach. With the products' roundings too (CpuRoundings::cuda_default)
+// the CPU runs the CUDA default path's arithmetic; the CUDA path scored 143 / 141 / 138 of 144.
+TEST_P(GoldenModelTest, Bf16ExpandedAttentionAsTheCudaBackendRoundsIt) {
+  const std::string dir = std::string(DSINFER_SOURCE_DIR) + "/tests/data/" + GetParam();
+  CpuBackend fp32_backend(CpuRoundings{});
+  CpuRoundings expanded_only;
+  expanded_only.bf16_expanded_attention = true;
+  CpuBackend expanded_backend(expanded_only);
+  CpuBackend cuda_default_backend(CpuRoundings::cuda_default());
+  auto fp32_model = load_deepseek_model(dir, fp32_backend, 0, false);
+  auto expanded_model = load_deepseek_model(dir, expanded_backend, 0, false);
+  auto cuda_default_model = load_deepseek_model(dir, cuda_default_backend, 0, false);
+  const auto fp32 = testing::teacher_forced_agreement(*fp32_model, dir, 0.2);
+  const auto expanded = testing::teacher_forced_agreement(*expanded_model, dir, 0.2);
+  const auto cuda_default = testing::teacher_forced_agreement(*cuda_default_model, dir, 0.2);
+  std::cout << GetParam() << ": top-1 agreement, bf16 expanded attention " << expanded.describe()
+            << "; the CUDA default path's roundings " << cuda_default.describe() << "\n";
+  for (size_t i = 0; i < expanded.prefill_logits.size(); ++i) {
+    if (expanded.prompt_lengths[i] < 64) {
+      EXPECT_EQ(expanded.prefill_logits[i], fp32.prefill_logits[i]) << "prompt " << i;
+    } else {
+      EXPECT_NE(expanded.prefill_logits[i], fp32.prefill_logits[i]) << "prompt " << i;
+    }
+    EXPECT_LT(expanded.prefill_errors[i], 3e-2 * expanded.prefill_scales[i]) << "prompt " << i;
+  }
+  EXPECT_GE(expanded.num_agree, 0.95 * expanded.num_steps);
+  EXPECT_GE(cuda_default.num_agree, 0.90 * cuda_default.num_steps);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenModelTest,
