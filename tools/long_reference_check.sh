@@ -7,8 +7,11 @@
 #
 # Run from the repository root:
 #   BIN_DIR=build-gpu/bin OUT=out tools/long_reference_check.sh
-# BIN_DIR holds a stripped unit_cuda; REFERENCE_THREADS the CPU threads of each fixture's HF
-# run (the three run at once); EXTRA_FILTER more gtest patterns (":"-joined) to run after them.
+# BIN_DIR holds a stripped unit_cuda, and where it also holds unit_model (`cmake --build build-gpu
+# --target unit_model`, stripped alike), the CPU's tests over the same files run too
+# (LongReferenceTest: the CPU's roundings against HF's paths);
+# REFERENCE_THREADS the CPU threads of each fixture's HF run (the three run at once);
+# EXTRA_FILTER more gtest patterns (":"-joined) for unit_cuda.
 set -uo pipefail
 BIN_DIR="${BIN_DIR:-build-gpu/bin}"
 OUT="${OUT:-out}"
@@ -41,7 +44,14 @@ filter='*LongReference*:*CudaGoldenModelTest*'
 timeout "$UNIT_TIMEOUT_S" "$BIN_DIR/unit_cuda" --gtest_filter="$filter" > "$OUT/unit_cuda_long.log" 2>&1
 echo "unit_cuda: exit $?" >> "$OUT/unit_cuda_long.log"
 
+if [ -x "$BIN_DIR/unit_model" ]; then
+  timeout "$UNIT_TIMEOUT_S" "$BIN_DIR/unit_model" --gtest_filter='*LongReference*' \
+    > "$OUT/unit_model_long.log" 2>&1
+  echo "unit_model: exit $?" >> "$OUT/unit_model_long.log"
+fi
+
 echo "== summary"
 for fx in "${FIXTURES[@]}"; do tail -n 2 "$OUT/make_long_reference_$fx.log"; done
 grep -E "default path|fp32 mode|top-1 agreement|^\[  (PASSED|FAILED)|FAILED  \]|exit" "$OUT/unit_cuda_long.log"
+[ -f "$OUT/unit_model_long.log" ] && grep -E "\(|^\[  (PASSED|FAILED)|FAILED  \]|exit" "$OUT/unit_model_long.log"
 exit $status

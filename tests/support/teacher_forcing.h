@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -22,6 +23,14 @@ namespace dsinfer::testing {
 inline constexpr const char* kShortReference = "reference.json";
 // 128 prompts of 1 to 200 tokens x 24 greedy tokens, without logits (make_long_reference.py).
 inline constexpr const char* kLongReference = "reference_long.json";
+
+// tests/data/<fixture> of the source tree: DSINFER_SOURCE_DIR from the environment where set
+// (a test binary run from another checkout, as on the GPU machine), else the build's.
+inline std::string fixture_dir(const std::string& fixture) {
+  const char* env = std::getenv("DSINFER_SOURCE_DIR");
+  return (env != nullptr && *env != '\0' ? std::string(env) : std::string(DSINFER_SOURCE_DIR)) + "/tests/data/" +
+         fixture;
+}
 
 inline bool reference_exists(const std::string& fixture_dir, const char* reference_file) {
   return std::filesystem::exists(fixture_dir + "/" + reference_file);

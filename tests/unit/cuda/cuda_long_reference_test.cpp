@@ -19,7 +19,7 @@ class CudaLongReferenceTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     if (!cuda_backend_available()) GTEST_SKIP() << "no CUDA device visible";
-    dir_ = testing_cuda::source_dir() + "/tests/data/" + GetParam();
+    dir_ = testing::fixture_dir(GetParam());
     if (!testing::reference_exists(dir_, testing::kLongReference))
       GTEST_SKIP() << dir_ << "/" << testing::kLongReference << " is absent (tools/make_long_reference.py)";
   }

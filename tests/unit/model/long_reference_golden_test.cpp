@@ -19,7 +19,7 @@ namespace {
 class LongReferenceTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    dir_ = std::string(DSINFER_SOURCE_DIR) + "/tests/data/" + GetParam();
+    dir_ = testing::fixture_dir(GetParam());
     if (!testing::reference_exists(dir_, testing::kLongReference))
       GTEST_SKIP() << dir_ << "/" << testing::kLongReference << " is absent (tools/make_long_reference.py)";
   }
