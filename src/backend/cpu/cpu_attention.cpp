@@ -8,7 +8,10 @@
 // more attends as the CUDA backend's expanded form does, with its bf16 operands: the context's
 // latent entries rounded to bf16 and up-projected per head into keys and values (bf16 weights,
 // fp32 sums, bf16 results), bf16 queries, and unnormalised probabilities rounded to bf16 for
-// the product with the values. The same attention, rounded where the CUDA kernels round.
+// the product with the values. Where CpuRoundings::bf16_query_tiles asks, the other tokens of a
+// step with a sequence of 16 of them or more attend as the CUDA backend's query tiles do
+// (mla_tensor_core.cu): bf16 queries and entries, an online softmax over chunks of 32 positions,
+// bf16 probabilities. The same attention, rounded where the CUDA kernels round.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -36,6 +39,47 @@ float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
 
 // A sequence with this many new tokens in a step attends in the CUDA backend's expanded form.
 constexpr int kExpandedMinTokens = 64;
+// A step with a sequence of this many other new tokens attends in its query tiles, which walk
+// the context in chunks of kTileChunk positions.
+constexpr int kQueryTileMinTokens = 16;
+constexpr int kTileChunk = 32;
+
+// One (token, head) of the CUDA backend's query tiles: q_lat, q_rope and each entry in bf16,
+// scores with fp32 sums, an online softmax over chunks of kTileChunk positions whose
+// unnormalised probabilities are rounded to bf16 for the product with the values. entry_at(s)
+// gives position s's entry in fp32.
+void attend_in_bf16_tiles(std::vector<float>& q_lat, std::vector<float>& q_rope, int num_ctx, float softmax_scale,
+                          const auto& entry_at, float* o_lat) {
+  const int lora = static_cast<int>(q_lat.size()), rope = static_cast<int>(q_rope.size());
+  for (float& v : q_lat) v = round_bf16(v);
+  for (float& v : q_rope) v = round_bf16(v);
+  std::vector<float> entries(static_cast<size_t>(kTileChunk) * (lora + rope)), probs(kTileChunk);
+  float row_max = -INFINITY, row_sum = 0.0f;
+  std::fill(o_lat, o_lat + lora, 0.0f);
+  for (int c0 = 0; c0 < num_ctx; c0 += kTileChunk) {
+    const int n = std::min(kTileChunk, num_ctx - c0);
+    float m_new = row_max;
+    for (int i = 0; i < n; ++i) {
+      float* e = entries.data() + static_cast<int64_t>(i) * (lora + rope);
+      const float* src = entry_at(c0 + i);
+      for (int c = 0; c < lora + rope; ++c) e[c] = round_bf16(src[c]);
+      probs[i] = (cpu::dot(q_lat.data(), e, lora) + cpu::dot(q_rope.data(), e + lora, rope)) * softmax_scale;
+      m_new = std::max(m_new, probs[i]);
+    }
+    float chunk_sum = 0.0f;
+    for (int i = 0; i < n; ++i) {
+      const float p = std::exp(probs[i] - m_new);
+      chunk_sum += p;
+      probs[i] = round_bf16(p);
+    }
+    const float rescale = row_max == -INFINITY ? 0.0f : std::exp(row_max - m_new);
+    row_sum = row_sum * rescale + chunk_sum;
+    row_max = m_new;
+    for (int c = 0; c < lora; ++c) o_lat[c] *= rescale;
+    for (int i = 0; i < n; ++i) cpu::axpy(probs[i], entries.data() + static_cast<int64_t>(i) * (lora + rope), o_lat, lora);
+  }
+  for (int c = 0; c < lora; ++c) o_lat[c] /= row_sum;
+}
 
 }  // namespace
 
@@ -79,6 +123,14 @@ void CpuBackend::mla_attention(const MlaAttentionArgs& args) {
       expanded[t] = batch.slot_mapping[t] >= 0 && new_tokens[batch.token_seq[t]] >= kExpandedMinTokens;
     expanded_bf16_attention(args, expanded);
   }
+  // The other tokens attend in query tiles where a sequence has kQueryTileMinTokens of them or
+  // more (an fp32 cache only), all of them then, as on CUDA (none unless emulating them).
+  bool query_tiles = false;
+  if (roundings_.bf16_query_tiles && !fp8) {
+    std::vector<int> other_tokens(batch.block_tables.size(), 0);
+    for (int t = 0; t < num_tokens; ++t)
+      if (!expanded[t]) query_tiles = ++other_tokens[batch.token_seq[t]] >= kQueryTileMinTokens || query_tiles;
+  }
 
   // 2. Each (token, head): absorb W_UK into the query, attend over positions 0..pos of its
   // sequence, project the latent output through W_UV. Independent of the rest of the batch.
@@ -108,6 +160,13 @@ void CpuBackend::mla_attention(const MlaAttentionArgs& args) {
         return dequantized.data();
       };
       const int num_ctx = pos + 1;  // causal: positions 0..pos are in the cache by now
+      float* o = out + static_cast<int64_t>(t) * heads * vdim + h * vdim;
+      const float* uv = w_uv + static_cast<int64_t>(h) * vdim * lora;
+      if (query_tiles) {
+        attend_in_bf16_tiles(q_lat, q_rope, num_ctx, args.softmax_scale, entry_at, o_lat.data());
+        for (int v = 0; v < vdim; ++v) o[v] = cpu::dot(uv + static_cast<int64_t>(v) * lora, o_lat.data(), lora);
+        continue;
+      }
       scores.resize(num_ctx);
       float max_score = -INFINITY;
       for (int s = 0; s < num_ctx; ++s) {
@@ -128,8 +187,6 @@ void CpuBackend::mla_attention(const MlaAttentionArgs& args) {
         const float* kv = entry_at(s);
         cpu::axpy(scores[s] * inv, kv, o_lat.data(), lora);
       }
-      float* o = out + static_cast<int64_t>(t) * heads * vdim + h * vdim;
-      const float* uv = w_uv + static_cast<int64_t>(h) * vdim * lora;
       for (int v = 0; v < vdim; ++v) o[v] = cpu::dot(uv + static_cast<int64_t>(v) * lora, o_lat.data(), lora);
     }
   }, 1);

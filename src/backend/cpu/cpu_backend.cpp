@@ -30,6 +30,14 @@ CpuBackend::Fp8Activations parse_fp8_activations(const char* value) {
   return {dense, routed};
 }
 
+// A switch that is fp32 (the default) or bf16.
+bool parse_bf16_switch(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || std::strcmp(value, "fp32") == 0) return false;
+  if (std::strcmp(value, "bf16") == 0) return true;
+  throw Error(std::string(name) + ": '" + value + "' is not fp32 or bf16");
+}
+
 // DeepSeek's FP8 activations: each 128-column tile of each row in e4m3 under the tile's scale,
 // returned as the values the product reads (code x scale).
 void quantize_rows_e4m3(const float* x, int64_t rows, int64_t cols, float* out) {
@@ -50,11 +58,8 @@ void quantize_rows_e4m3(const float* x, int64_t rows, int64_t cols, float* out) 
 CpuBackend::CpuBackend() {
   if (const char* fp8 = std::getenv("DSINFER_CPU_FP8_ACTIVATIONS"))
     roundings_.fp8_activations = parse_fp8_activations(fp8);
-  if (const char* attention = std::getenv("DSINFER_CPU_EXPANDED_ATTENTION")) {
-    if (std::strcmp(attention, "bf16") == 0) roundings_.bf16_expanded_attention = true;
-    else if (std::strcmp(attention, "fp32") != 0)
-      throw Error(std::string("DSINFER_CPU_EXPANDED_ATTENTION: '") + attention + "' is not fp32 or bf16");
-  }
+  roundings_.bf16_expanded_attention = parse_bf16_switch("DSINFER_CPU_EXPANDED_ATTENTION");
+  roundings_.bf16_query_tiles = parse_bf16_switch("DSINFER_CPU_QUERY_TILES");
   const char* inputs = std::getenv("DSINFER_CPU_PRODUCT_INPUTS");
   ProductInputs& mode = roundings_.product_inputs;
   if (inputs == nullptr || std::strcmp(inputs, "fp32") == 0) return;

@@ -20,7 +20,9 @@
 // default (cuBLASLt above 32 rows, the expert blocks past the few-row kernel's two tokens).
 // DSINFER_CPU_EXPANDED_ATTENTION=bf16 runs prefill chunks of 64 tokens or more as the CUDA
 // backend's expanded form does (cpu_attention.cpp): the gathered latent, the up-projected keys
-// and values, the queries and the unnormalised probabilities in bf16.
+// and values, the queries and the unnormalised probabilities in bf16; DSINFER_CPU_QUERY_TILES=bf16
+// the other tokens of steps with a sequence of 16 or more as its query tiles do (bf16 queries,
+// entries and probabilities, an fp32 cache only).
 #pragma once
 
 #include <memory>
@@ -44,9 +46,10 @@ struct CpuRoundings {
   CpuProductInputs product_inputs = CpuProductInputs::kFp32;
   CpuFp8Activations fp8_activations;
   bool bf16_expanded_attention = false;
+  bool bf16_query_tiles = false;
   // The CUDA backend's default path: bf16 product inputs, FP8 activations as it takes them, the
-  // expanded attention in bf16.
-  static CpuRoundings cuda_default() { return {CpuProductInputs::kBf16, {33, 3}, true}; }
+  // prefill attention's bf16 operands.
+  static CpuRoundings cuda_default() { return {CpuProductInputs::kBf16, {33, 3}, true, true}; }
 };
 
 class CpuBackend : public Backend {
@@ -54,8 +57,8 @@ class CpuBackend : public Backend {
   using ProductInputs = CpuProductInputs;
   using Fp8Activations = CpuFp8Activations;
 
-  // Roundings from DSINFER_CPU_PRODUCT_INPUTS, DSINFER_CPU_FP8_ACTIVATIONS and
-  // DSINFER_CPU_EXPANDED_ATTENTION (none where they are unset).
+  // Roundings from DSINFER_CPU_PRODUCT_INPUTS, DSINFER_CPU_FP8_ACTIVATIONS,
+  // DSINFER_CPU_EXPANDED_ATTENTION and DSINFER_CPU_QUERY_TILES (none where they are unset).
   CpuBackend();
   explicit CpuBackend(ProductInputs inputs) { roundings_.product_inputs = inputs; }
   explicit CpuBackend(const CpuRoundings& roundings) : roundings_(roundings) {}

@@ -133,20 +133,26 @@ TEST(CpuProductInputsTest, MalformedFp8ActivationsAreRefused) {
   unsetenv("DSINFER_CPU_FP8_ACTIVATIONS");
 }
 
-TEST(CpuProductInputsTest, ExpandedAttentionRoundingFromTheEnvironment) {
-  for (const char* value : {"bf16", "fp32"}) {
-    setenv("DSINFER_CPU_EXPANDED_ATTENTION", value, 1);
-    auto backend = make_backend("cpu");
-    EXPECT_EQ(dynamic_cast<CpuBackend&>(*backend).roundings().bf16_expanded_attention, std::string(value) == "bf16");
+TEST(CpuProductInputsTest, AttentionRoundingsFromTheEnvironment) {
+  for (const char* name : {"DSINFER_CPU_EXPANDED_ATTENTION", "DSINFER_CPU_QUERY_TILES"}) {
+    SCOPED_TRACE(name);
+    const bool expanded = std::string(name) == "DSINFER_CPU_EXPANDED_ATTENTION";
+    for (const char* value : {"bf16", "fp32"}) {
+      setenv(name, value, 1);
+      auto backend = make_backend("cpu");
+      const CpuRoundings& r = dynamic_cast<CpuBackend&>(*backend).roundings();
+      EXPECT_EQ(expanded ? r.bf16_expanded_attention : r.bf16_query_tiles, std::string(value) == "bf16");
+      EXPECT_FALSE(expanded ? r.bf16_query_tiles : r.bf16_expanded_attention);
+    }
+    setenv(name, "f16", 1);
+    try {
+      (void)make_backend("cpu");
+      ADD_FAILURE() << "'f16' was taken";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+    }
+    unsetenv(name);
   }
-  setenv("DSINFER_CPU_EXPANDED_ATTENTION", "f16", 1);
-  try {
-    (void)make_backend("cpu");
-    ADD_FAILURE() << "'f16' was taken";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("DSINFER_CPU_EXPANDED_ATTENTION"), std::string::npos) << e.what();
-  }
-  unsetenv("DSINFER_CPU_EXPANDED_ATTENTION");
 }
 
 }  // namespace

@@ -150,8 +150,9 @@ TEST_P(GoldenModelTest, Fp8ActivationsWhereTheCudaBackendTakesThem) {
 
 // Prefill chunks of 64 tokens or more attend as the CUDA backend's expanded form rounds them
 // (CpuRoundings::bf16_expanded_attention): shorter prompts keep fp32's logits bit for bit, longer
-// ones move within bf16's reach. With the products' roundings too (CpuRoundings::cuda_default)
-// the CPU runs the CUDA default path's arithmetic; the CUDA path scored 143 / 141 / 138 of 144.
+// ones move within bf16's reach. With the query tiles' and the products' roundings too
+// (CpuRoundings::cuda_default) the CPU runs the CUDA default path's arithmetic: 144 / 143 / 136
+// of 144, where the CUDA path scored 143 / 141 / 138.
 TEST_P(GoldenModelTest, Bf16ExpandedAttentionAsTheCudaBackendRoundsIt) {
   const std::string dir = std::string(DSINFER_SOURCE_DIR) + "/tests/data/" + GetParam();
   CpuBackend fp32_backend(CpuRoundings{});
@@ -177,6 +178,36 @@ TEST_P(GoldenModelTest, Bf16ExpandedAttentionAsTheCudaBackendRoundsIt) {
   }
   EXPECT_GE(expanded.num_agree, 0.95 * expanded.num_steps);
   EXPECT_GE(cuda_default.num_agree, 0.90 * cuda_default.num_steps);
+}
+
+// Prompts of 16 tokens or more attend as the CUDA backend's query tiles round them
+// (CpuRoundings::bf16_query_tiles; with the expanded form emulated too, as in cuda_default, the
+// prompts of 64 or more take that instead): their logits move within bf16's reach, and shorter
+// prompts keep fp32's bits.
+TEST_P(GoldenModelTest, Bf16QueryTilesAsTheCudaBackendRoundsThem) {
+  const std::string dir = std::string(DSINFER_SOURCE_DIR) + "/tests/data/" + GetParam();
+  CpuBackend fp32_backend(CpuRoundings{});
+  CpuRoundings tiles_only;
+  tiles_only.bf16_query_tiles = true;
+  CpuBackend tiles_backend(tiles_only);
+  auto fp32_model = load_deepseek_model(dir, fp32_backend, 0, false);
+  auto tiles_model = load_deepseek_model(dir, tiles_backend, 0, false);
+  const auto fp32 = testing::teacher_forced_agreement(*fp32_model, dir, 0.2);
+  const auto tiles = testing::teacher_forced_agreement(*tiles_model, dir, 0.2);
+  std::cout << GetParam() << ": top-1 agreement, bf16 query tiles " << tiles.describe() << "\n";
+  int num_moved = 0;
+  for (size_t i = 0; i < tiles.prefill_logits.size(); ++i) {
+    const int length = tiles.prompt_lengths[i];
+    if (length >= 16) {
+      EXPECT_NE(tiles.prefill_logits[i], fp32.prefill_logits[i]) << "prompt " << i;
+      ++num_moved;
+    } else {
+      EXPECT_EQ(tiles.prefill_logits[i], fp32.prefill_logits[i]) << "prompt " << i;
+    }
+    EXPECT_LT(tiles.prefill_errors[i], 3e-2 * tiles.prefill_scales[i]) << "prompt " << i;
+  }
+  EXPECT_EQ(num_moved, 4);  // the prompts of 17, 64, 65 and 130 tokens
+  EXPECT_GE(tiles.num_agree, 0.95 * tiles.num_steps);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenModelTest,
