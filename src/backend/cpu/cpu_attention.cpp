@@ -16,11 +16,10 @@
 #include <cmath>
 #include <vector>
 
-#include "core/dtype.h"
-
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_matmul.h"
 #include "core/check.h"
+#include "core/dtype.h"
 #include "core/thread_pool.h"
 
 namespace dsinfer {

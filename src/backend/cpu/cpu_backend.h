@@ -44,7 +44,7 @@ struct CpuFp8Activations {
 // Where the CPU backend rounds as the CUDA backend does (nowhere by default).
 struct CpuRoundings {
   CpuProductInputs product_inputs = CpuProductInputs::kFp32;
-  CpuFp8Activations fp8_activations;
+  CpuFp8Activations fp8_activations{};
   bool bf16_expanded_attention = false;
   bool bf16_query_tiles = false;
   // The CUDA backend's default path: bf16 product inputs, FP8 activations as it takes them, the

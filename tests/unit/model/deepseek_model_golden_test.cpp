@@ -119,20 +119,39 @@ TEST_P(GoldenModelTest, F16ProductInputsAgreeOnNinetyNinePercentOfSteps) {
   EXPECT_GE(multirow.num_agree, 0.99 * multirow.num_steps);
 }
 
+// Teacher-forced agreement of the fixture in `dir` on a CPU backend with `roundings`.
+testing::TeacherForcedAgreement agreement_under(const std::string& dir, const CpuRoundings& roundings) {
+  CpuBackend backend(roundings);
+  auto model = load_deepseek_model(dir, backend, 0, false);
+  return testing::teacher_forced_agreement(*model, dir, 0.2);
+}
+
+// Prompts of min_length tokens or more move off fp32's prefill logits, within bf16's reach;
+// shorter ones keep fp32's bits. Returns how many moved.
+int expect_moved_from(int min_length, const testing::TeacherForcedAgreement& rounded,
+                      const testing::TeacherForcedAgreement& fp32) {
+  int num_moved = 0;
+  for (size_t i = 0; i < rounded.prefill_logits.size(); ++i) {
+    if (rounded.prompt_lengths[i] >= min_length) {
+      EXPECT_NE(rounded.prefill_logits[i], fp32.prefill_logits[i]) << "prompt " << i;
+      ++num_moved;
+    } else {
+      EXPECT_EQ(rounded.prefill_logits[i], fp32.prefill_logits[i]) << "prompt " << i;
+    }
+    EXPECT_LT(rounded.prefill_errors[i], 3e-2 * rounded.prefill_scales[i]) << "prompt " << i;
+  }
+  return num_moved;
+}
+
 // bf16 product inputs with DeepSeek's FP8 activations where the CUDA backend takes them
 // (CpuFp8Activations: dense products of steps above 32 rows, routed experts of steps
-// above two): the CUDA default path's arithmetic on the CPU, short of attention's and the norms'
-// own roundings. Checkpoints without e4m3 weights are untouched; on tiny_v3_fp8, prompts of one
+// above two). Checkpoints without e4m3 weights are untouched; on tiny_v3_fp8, prompts of one
 // or two tokens keep bf16's logits and the longer ones do not.
 TEST_P(GoldenModelTest, Fp8ActivationsWhereTheCudaBackendTakesThem) {
   const std::string dir = std::string(DSINFER_SOURCE_DIR) + "/tests/data/" + GetParam();
   using Inputs = CpuBackend::ProductInputs;
-  CpuBackend bf16_backend(Inputs::kBf16);
-  CpuBackend recipe_backend(CpuRoundings{Inputs::kBf16, {33, 3}});
-  auto bf16_model = load_deepseek_model(dir, bf16_backend, 0, false);
-  auto recipe_model = load_deepseek_model(dir, recipe_backend, 0, false);
-  const auto bf16 = testing::teacher_forced_agreement(*bf16_model, dir, 0.2);
-  const auto recipe = testing::teacher_forced_agreement(*recipe_model, dir, 0.2);
+  const auto bf16 = agreement_under(dir, CpuRoundings{.product_inputs = Inputs::kBf16});
+  const auto recipe = agreement_under(dir, CpuRoundings{.product_inputs = Inputs::kBf16, .fp8_activations = {33, 3}});
   std::cout << GetParam() << ": top-1 agreement, bf16 inputs " << bf16.num_agree << ", with FP8 activations "
             << recipe.describe() << "\n";
   if (GetParam() != "tiny_v3_fp8") {
@@ -155,27 +174,14 @@ TEST_P(GoldenModelTest, Fp8ActivationsWhereTheCudaBackendTakesThem) {
 // of 144, where the CUDA path scored 143 / 141 / 138.
 TEST_P(GoldenModelTest, Bf16ExpandedAttentionAsTheCudaBackendRoundsIt) {
   const std::string dir = std::string(DSINFER_SOURCE_DIR) + "/tests/data/" + GetParam();
-  CpuBackend fp32_backend(CpuRoundings{});
   CpuRoundings expanded_only;
   expanded_only.bf16_expanded_attention = true;
-  CpuBackend expanded_backend(expanded_only);
-  CpuBackend cuda_default_backend(CpuRoundings::cuda_default());
-  auto fp32_model = load_deepseek_model(dir, fp32_backend, 0, false);
-  auto expanded_model = load_deepseek_model(dir, expanded_backend, 0, false);
-  auto cuda_default_model = load_deepseek_model(dir, cuda_default_backend, 0, false);
-  const auto fp32 = testing::teacher_forced_agreement(*fp32_model, dir, 0.2);
-  const auto expanded = testing::teacher_forced_agreement(*expanded_model, dir, 0.2);
-  const auto cuda_default = testing::teacher_forced_agreement(*cuda_default_model, dir, 0.2);
+  const auto fp32 = agreement_under(dir, CpuRoundings{});
+  const auto expanded = agreement_under(dir, expanded_only);
+  const auto cuda_default = agreement_under(dir, CpuRoundings::cuda_default());
   std::cout << GetParam() << ": top-1 agreement, bf16 expanded attention " << expanded.describe()
             << "; the CUDA default path's roundings " << cuda_default.describe() << "\n";
-  for (size_t i = 0; i < expanded.prefill_logits.size(); ++i) {
-    if (expanded.prompt_lengths[i] < 64) {
-      EXPECT_EQ(expanded.prefill_logits[i], fp32.prefill_logits[i]) << "prompt " << i;
-    } else {
-      EXPECT_NE(expanded.prefill_logits[i], fp32.prefill_logits[i]) << "prompt " << i;
-    }
-    EXPECT_LT(expanded.prefill_errors[i], 3e-2 * expanded.prefill_scales[i]) << "prompt " << i;
-  }
+  EXPECT_EQ(expect_moved_from(64, expanded, fp32), 3);  // the prompts of 64, 65 and 130 tokens
   EXPECT_GE(expanded.num_agree, 0.95 * expanded.num_steps);
   EXPECT_GE(cuda_default.num_agree, 0.90 * cuda_default.num_steps);
 }
@@ -186,27 +192,12 @@ TEST_P(GoldenModelTest, Bf16ExpandedAttentionAsTheCudaBackendRoundsIt) {
 // prompts keep fp32's bits.
 TEST_P(GoldenModelTest, Bf16QueryTilesAsTheCudaBackendRoundsThem) {
   const std::string dir = std::string(DSINFER_SOURCE_DIR) + "/tests/data/" + GetParam();
-  CpuBackend fp32_backend(CpuRoundings{});
   CpuRoundings tiles_only;
   tiles_only.bf16_query_tiles = true;
-  CpuBackend tiles_backend(tiles_only);
-  auto fp32_model = load_deepseek_model(dir, fp32_backend, 0, false);
-  auto tiles_model = load_deepseek_model(dir, tiles_backend, 0, false);
-  const auto fp32 = testing::teacher_forced_agreement(*fp32_model, dir, 0.2);
-  const auto tiles = testing::teacher_forced_agreement(*tiles_model, dir, 0.2);
+  const auto fp32 = agreement_under(dir, CpuRoundings{});
+  const auto tiles = agreement_under(dir, tiles_only);
   std::cout << GetParam() << ": top-1 agreement, bf16 query tiles " << tiles.describe() << "\n";
-  int num_moved = 0;
-  for (size_t i = 0; i < tiles.prefill_logits.size(); ++i) {
-    const int length = tiles.prompt_lengths[i];
-    if (length >= 16) {
-      EXPECT_NE(tiles.prefill_logits[i], fp32.prefill_logits[i]) << "prompt " << i;
-      ++num_moved;
-    } else {
-      EXPECT_EQ(tiles.prefill_logits[i], fp32.prefill_logits[i]) << "prompt " << i;
-    }
-    EXPECT_LT(tiles.prefill_errors[i], 3e-2 * tiles.prefill_scales[i]) << "prompt " << i;
-  }
-  EXPECT_EQ(num_moved, 4);  // the prompts of 17, 64, 65 and 130 tokens
+  EXPECT_EQ(expect_moved_from(16, tiles, fp32), 4);  // the prompts of 17, 64, 65 and 130 tokens
   EXPECT_GE(tiles.num_agree, 0.95 * tiles.num_steps);
 }
 

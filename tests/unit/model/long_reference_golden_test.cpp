@@ -26,7 +26,7 @@ class LongReferenceTest : public ::testing::TestWithParam<std::string> {
 
   testing::TeacherForcedAgreement agreement_with(CpuBackend::ProductInputs inputs, double clear_margin,
                                                  CpuFp8Activations fp8_activations = {}) const {
-    return agreement_with(CpuRoundings{inputs, fp8_activations}, clear_margin);
+    return agreement_with(CpuRoundings{.product_inputs = inputs, .fp8_activations = fp8_activations}, clear_margin);
   }
 
   testing::TeacherForcedAgreement agreement_with(const CpuRoundings& roundings, double clear_margin) const {
