@@ -11,9 +11,14 @@
 // the product with the values. Where CpuRoundings::bf16_query_tiles asks, the other tokens of a
 // step with a sequence of 16 of them or more attend as the CUDA backend's query tiles do
 // (mla_tensor_core.cu): bf16 queries and entries, an online softmax over chunks of 32 positions,
-// bf16 probabilities. The same attention, rounded where the CUDA kernels round.
+// bf16 probabilities. Where CpuRoundings::tf32_head_tiles asks, steps the CUDA backend gives its
+// head tiles (4 to 8 tokens, or 16 and more without such a sequence; mla_decode_tiles.cu) attend
+// with TF32 queries and probabilities and the entries' low mantissa bits ignored, over chunks of
+// 16 positions. The same attention, rounded where the CUDA kernels round.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -38,30 +43,62 @@ float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
 
 // A sequence with this many new tokens in a step attends in the CUDA backend's expanded form.
 constexpr int kExpandedMinTokens = 64;
-// A step with a sequence of this many other new tokens attends in its query tiles, which walk
-// the context in chunks of kTileChunk positions.
+// A step with a sequence of this many other new tokens attends in its query tiles.
 constexpr int kQueryTileMinTokens = 16;
-constexpr int kTileChunk = 32;
+// Otherwise steps of this many tokens or more (decode batches), and steps of kFewTokenTilesMin to
+// kFewTokenTilesMax tokens, attend in its head tiles; the rest in its fp32 split kernel.
+constexpr int kHeadTileMinTokens = 16;
+constexpr int kFewTokenTilesMin = 4;
+constexpr int kFewTokenTilesMax = 8;
 
-// One (token, head) of the CUDA backend's query tiles: q_lat, q_rope and each entry in bf16,
-// scores with fp32 sums, an online softmax over chunks of kTileChunk positions whose
-// unnormalised probabilities are rounded to bf16 for the product with the values. entry_at(s)
-// gives position s's entry in fp32.
-void attend_in_bf16_tiles(std::vector<float>& q_lat, std::vector<float>& q_rope, int num_ctx, float softmax_scale,
-                          const auto& entry_at, float* o_lat) {
+float round_tf32(float v) {  // cvt.rna.tf32: to nearest, ties away from zero
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & ~0x1fffu;
+  std::memcpy(&v, &u, 4);
+  return v;
+}
+
+float truncate_tf32(float v) {  // an fp32 operand whose low mantissa bits the TF32 product ignores
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  u &= ~0x1fffu;
+  std::memcpy(&v, &u, 4);
+  return v;
+}
+
+// The operands of one of the CUDA backend's tensor-core attention kernels.
+struct TileOperands {
+  int chunk_positions;          // the context is walked in chunks of this many positions
+  float (*query)(float);        // q_lat and the rotated q_rope as the product reads them
+  float (*entry)(float);        // cache entries, as keys and as values
+  float (*probability)(float);  // unnormalised probabilities, for the product with the values
+};
+// Query tiles (mla_tensor_core.cu): bf16 operands, chunks of 32 positions.
+constexpr TileOperands kQueryTiles{32, round_bf16, round_bf16, round_bf16};
+// Head tiles (mla_decode_tiles.cu): TF32 queries and probabilities, fp32 entries read by the
+// TF32 product as they are (their low bits ignored), chunks of 16 positions.
+constexpr TileOperands kHeadTiles{16, round_tf32, truncate_tf32, round_tf32};
+
+// One (token, head) as such a kernel computes it: scores with fp32 sums, an online softmax
+// over the chunks whose unnormalised probabilities are rounded for the product with the
+// values. entry_at(s) gives position s's entry in fp32.
+void attend_in_tiles(const TileOperands& ops, std::vector<float>& q_lat, std::vector<float>& q_rope, int num_ctx,
+                     float softmax_scale, const auto& entry_at, float* o_lat) {
   const int lora = static_cast<int>(q_lat.size()), rope = static_cast<int>(q_rope.size());
-  for (float& v : q_lat) v = round_bf16(v);
-  for (float& v : q_rope) v = round_bf16(v);
-  std::vector<float> entries(static_cast<size_t>(kTileChunk) * (lora + rope)), probs(kTileChunk);
+  for (float& v : q_lat) v = ops.query(v);
+  for (float& v : q_rope) v = ops.query(v);
+  const int chunk = ops.chunk_positions;
+  std::vector<float> entries(static_cast<size_t>(chunk) * (lora + rope)), probs(chunk);
   float row_max = -INFINITY, row_sum = 0.0f;
   std::fill(o_lat, o_lat + lora, 0.0f);
-  for (int c0 = 0; c0 < num_ctx; c0 += kTileChunk) {
-    const int n = std::min(kTileChunk, num_ctx - c0);
+  for (int c0 = 0; c0 < num_ctx; c0 += chunk) {
+    const int n = std::min(chunk, num_ctx - c0);
     float m_new = row_max;
     for (int i = 0; i < n; ++i) {
       float* e = entries.data() + static_cast<int64_t>(i) * (lora + rope);
       const float* src = entry_at(c0 + i);
-      for (int c = 0; c < lora + rope; ++c) e[c] = round_bf16(src[c]);
+      for (int c = 0; c < lora + rope; ++c) e[c] = ops.entry(src[c]);
       probs[i] = (cpu::dot(q_lat.data(), e, lora) + cpu::dot(q_rope.data(), e + lora, rope)) * softmax_scale;
       m_new = std::max(m_new, probs[i]);
     }
@@ -69,7 +106,7 @@ void attend_in_bf16_tiles(std::vector<float>& q_lat, std::vector<float>& q_rope,
     for (int i = 0; i < n; ++i) {
       const float p = std::exp(probs[i] - m_new);
       chunk_sum += p;
-      probs[i] = round_bf16(p);
+      probs[i] = ops.probability(p);
     }
     const float rescale = row_max == -INFINITY ? 0.0f : std::exp(row_max - m_new);
     row_sum = row_sum * rescale + chunk_sum;
@@ -123,12 +160,22 @@ void CpuBackend::mla_attention(const MlaAttentionArgs& args) {
     expanded_bf16_attention(args, expanded);
   }
   // The other tokens attend in query tiles where a sequence has kQueryTileMinTokens of them or
-  // more (an fp32 cache only), all of them then, as on CUDA (none unless emulating them).
-  bool query_tiles = false;
-  if (roundings_.bf16_query_tiles && !fp8) {
+  // more (an fp32 cache only), all of them then; otherwise in head tiles where the CUDA backend
+  // takes them (an fp32 cache here), as on CUDA (neither unless emulating them).
+  const TileOperands* tiles = nullptr;
+  if (!fp8 && (roundings_.bf16_query_tiles || roundings_.tf32_head_tiles)) {
     std::vector<int> other_tokens(batch.block_tables.size(), 0);
-    for (int t = 0; t < num_tokens; ++t)
-      if (!expanded[t]) query_tiles = ++other_tokens[batch.token_seq[t]] >= kQueryTileMinTokens || query_tiles;
+    int num_other = 0;
+    bool long_chunk = false;
+    for (int t = 0; t < num_tokens; ++t) {
+      if (expanded[t]) continue;
+      ++num_other;
+      long_chunk = ++other_tokens[batch.token_seq[t]] >= kQueryTileMinTokens || long_chunk;
+    }
+    const bool head_tiles = num_other >= kHeadTileMinTokens ||
+                            (num_other >= kFewTokenTilesMin && num_other <= kFewTokenTilesMax);
+    if (long_chunk) tiles = roundings_.bf16_query_tiles ? &kQueryTiles : nullptr;
+    else if (head_tiles && roundings_.tf32_head_tiles) tiles = &kHeadTiles;
   }
 
   // 2. Each (token, head): absorb W_UK into the query, attend over positions 0..pos of its
@@ -161,8 +208,8 @@ void CpuBackend::mla_attention(const MlaAttentionArgs& args) {
       const int num_ctx = pos + 1;  // causal: positions 0..pos are in the cache by now
       float* o = out + static_cast<int64_t>(t) * heads * vdim + h * vdim;
       const float* uv = w_uv + static_cast<int64_t>(h) * vdim * lora;
-      if (query_tiles) {
-        attend_in_bf16_tiles(q_lat, q_rope, num_ctx, args.softmax_scale, entry_at, o_lat.data());
+      if (tiles != nullptr) {
+        attend_in_tiles(*tiles, q_lat, q_rope, num_ctx, args.softmax_scale, entry_at, o_lat.data());
         for (int v = 0; v < vdim; ++v) o[v] = cpu::dot(uv + static_cast<int64_t>(v) * lora, o_lat.data(), lora);
         continue;
       }

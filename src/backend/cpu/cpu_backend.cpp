@@ -30,12 +30,12 @@ CpuBackend::Fp8Activations parse_fp8_activations(const char* value) {
   return {dense, routed};
 }
 
-// A switch that is fp32 (the default) or bf16.
-bool parse_bf16_switch(const char* name) {
+// A switch that is fp32 (the default) or `rounded` (bf16, tf32).
+bool parse_rounding_switch(const char* name, const char* rounded) {
   const char* value = std::getenv(name);
   if (value == nullptr || std::strcmp(value, "fp32") == 0) return false;
-  if (std::strcmp(value, "bf16") == 0) return true;
-  throw Error(std::string(name) + ": '" + value + "' is not fp32 or bf16");
+  if (std::strcmp(value, rounded) == 0) return true;
+  throw Error(std::string(name) + ": '" + value + "' is not fp32 or " + rounded);
 }
 
 // DeepSeek's FP8 activations: each 128-column tile of each row in e4m3 under the tile's scale,
@@ -58,8 +58,9 @@ void quantize_rows_e4m3(const float* x, int64_t rows, int64_t cols, float* out) 
 CpuBackend::CpuBackend() {
   if (const char* fp8 = std::getenv("DSINFER_CPU_FP8_ACTIVATIONS"))
     roundings_.fp8_activations = parse_fp8_activations(fp8);
-  roundings_.bf16_expanded_attention = parse_bf16_switch("DSINFER_CPU_EXPANDED_ATTENTION");
-  roundings_.bf16_query_tiles = parse_bf16_switch("DSINFER_CPU_QUERY_TILES");
+  roundings_.bf16_expanded_attention = parse_rounding_switch("DSINFER_CPU_EXPANDED_ATTENTION", "bf16");
+  roundings_.bf16_query_tiles = parse_rounding_switch("DSINFER_CPU_QUERY_TILES", "bf16");
+  roundings_.tf32_head_tiles = parse_rounding_switch("DSINFER_CPU_HEAD_TILES", "tf32");
   const char* inputs = std::getenv("DSINFER_CPU_PRODUCT_INPUTS");
   ProductInputs& mode = roundings_.product_inputs;
   if (inputs == nullptr || std::strcmp(inputs, "fp32") == 0) return;

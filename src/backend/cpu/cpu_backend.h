@@ -22,7 +22,8 @@
 // backend's expanded form does (cpu_attention.cpp): the gathered latent, the up-projected keys
 // and values, the queries and the unnormalised probabilities in bf16; DSINFER_CPU_QUERY_TILES=bf16
 // the other tokens of steps with a sequence of 16 or more as its query tiles do (bf16 queries,
-// entries and probabilities, an fp32 cache only).
+// entries and probabilities, an fp32 cache only); DSINFER_CPU_HEAD_TILES=tf32 the steps its head
+// tiles take (TF32 queries and probabilities, the entries' low mantissa bits ignored).
 #pragma once
 
 #include <memory>
@@ -47,9 +48,10 @@ struct CpuRoundings {
   CpuFp8Activations fp8_activations{};
   bool bf16_expanded_attention = false;
   bool bf16_query_tiles = false;
-  // The CUDA backend's default path: bf16 product inputs, FP8 activations as it takes them, the
-  // prefill attention's bf16 operands.
-  static CpuRoundings cuda_default() { return {CpuProductInputs::kBf16, {33, 3}, true, true}; }
+  bool tf32_head_tiles = false;
+  // The CUDA backend's default path: bf16 product inputs, FP8 activations as it takes them, its
+  // attention kernels' operands.
+  static CpuRoundings cuda_default() { return {CpuProductInputs::kBf16, {33, 3}, true, true, true}; }
 };
 
 class CpuBackend : public Backend {
@@ -58,7 +60,8 @@ class CpuBackend : public Backend {
   using Fp8Activations = CpuFp8Activations;
 
   // Roundings from DSINFER_CPU_PRODUCT_INPUTS, DSINFER_CPU_FP8_ACTIVATIONS,
-  // DSINFER_CPU_EXPANDED_ATTENTION and DSINFER_CPU_QUERY_TILES (none where they are unset).
+  // DSINFER_CPU_EXPANDED_ATTENTION, DSINFER_CPU_QUERY_TILES and DSINFER_CPU_HEAD_TILES (none
+  // where they are unset).
   CpuBackend();
   explicit CpuBackend(ProductInputs inputs) { roundings_.product_inputs = inputs; }
   explicit CpuBackend(const CpuRoundings& roundings) : roundings_(roundings) {}

@@ -49,10 +49,10 @@ TEST_P(CudaLongReferenceTest, DefaultPathHoldsHfBf16Agreement) {
 }
 
 // The CPU backend with the default path's roundings (CpuRoundings::cuda_default: bf16 product
-// inputs, DeepSeek's FP8 activations where the CUDA backend takes them, the prefill attention's
-// bf16 operands) predicts the default path's agreement to within a point: on the short fixtures
-// it scored 144 / 143 / 136 of 144 against CUDA's 143 / 141 / 138. What it leaves out (the TF32
-// head tiles of steps of 4 to 8 tokens, the order of sums) moves only near ties.
+// inputs, DeepSeek's FP8 activations where the CUDA backend takes them, the attention kernels'
+// bf16 and TF32 operands) predicts the default path's agreement to within a point: on the short
+// fixtures it scored 144 / 143 / 136 of 144 against CUDA's 143 / 141 / 138. What it leaves out
+// (the order of sums, the splits of long contexts) moves only near ties.
 TEST_P(CudaLongReferenceTest, DefaultPathAsTheCpuPredicts) {
   const testing::TeacherForcedAgreement cuda = agreement_with(Precision::kDefault, 1e-3);
   CpuBackend cpu_backend(CpuRoundings::cuda_default());

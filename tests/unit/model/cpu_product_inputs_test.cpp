@@ -134,24 +134,32 @@ TEST(CpuProductInputsTest, MalformedFp8ActivationsAreRefused) {
 }
 
 TEST(CpuProductInputsTest, AttentionRoundingsFromTheEnvironment) {
-  for (const char* name : {"DSINFER_CPU_EXPANDED_ATTENTION", "DSINFER_CPU_QUERY_TILES"}) {
-    SCOPED_TRACE(name);
-    const bool expanded = std::string(name) == "DSINFER_CPU_EXPANDED_ATTENTION";
-    for (const char* value : {"bf16", "fp32"}) {
-      setenv(name, value, 1);
+  struct Switch {
+    const char* name;
+    const char* rounded;
+    bool CpuRoundings::*field;
+  };
+  const Switch switches[] = {{"DSINFER_CPU_EXPANDED_ATTENTION", "bf16", &CpuRoundings::bf16_expanded_attention},
+                             {"DSINFER_CPU_QUERY_TILES", "bf16", &CpuRoundings::bf16_query_tiles},
+                             {"DSINFER_CPU_HEAD_TILES", "tf32", &CpuRoundings::tf32_head_tiles}};
+  for (const Switch& sw : switches) {
+    SCOPED_TRACE(sw.name);
+    for (const char* value : {sw.rounded, "fp32"}) {
+      setenv(sw.name, value, 1);
       auto backend = make_backend("cpu");
       const CpuRoundings& r = dynamic_cast<CpuBackend&>(*backend).roundings();
-      EXPECT_EQ(expanded ? r.bf16_expanded_attention : r.bf16_query_tiles, std::string(value) == "bf16");
-      EXPECT_FALSE(expanded ? r.bf16_query_tiles : r.bf16_expanded_attention);
+      EXPECT_EQ(r.*sw.field, std::string(value) == sw.rounded);
+      const int num_on = r.bf16_expanded_attention + r.bf16_query_tiles + r.tf32_head_tiles;
+      EXPECT_EQ(num_on, std::string(value) == sw.rounded ? 1 : 0);
     }
-    setenv(name, "f16", 1);
+    setenv(sw.name, "f16", 1);
     try {
       (void)make_backend("cpu");
       ADD_FAILURE() << "'f16' was taken";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(sw.name), std::string::npos) << e.what();
     }
-    unsetenv(name);
+    unsetenv(sw.name);
   }
 }
 

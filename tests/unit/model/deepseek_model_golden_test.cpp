@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <climits>
 #include <cmath>
 #include <fstream>
 #include <iostream>
@@ -126,13 +127,13 @@ testing::TeacherForcedAgreement agreement_under(const std::string& dir, const Cp
   return testing::teacher_forced_agreement(*model, dir, 0.2);
 }
 
-// Prompts of min_length tokens or more move off fp32's prefill logits, within bf16's reach;
-// shorter ones keep fp32's bits. Returns how many moved.
-int expect_moved_from(int min_length, const testing::TeacherForcedAgreement& rounded,
-                      const testing::TeacherForcedAgreement& fp32) {
+// Prompts of min_length to max_length tokens move off fp32's prefill logits, within bf16's
+// reach; the others keep fp32's bits. Returns how many moved.
+int expect_moved(int min_length, int max_length, const testing::TeacherForcedAgreement& rounded,
+                 const testing::TeacherForcedAgreement& fp32) {
   int num_moved = 0;
   for (size_t i = 0; i < rounded.prefill_logits.size(); ++i) {
-    if (rounded.prompt_lengths[i] >= min_length) {
+    if (rounded.prompt_lengths[i] >= min_length && rounded.prompt_lengths[i] <= max_length) {
       EXPECT_NE(rounded.prefill_logits[i], fp32.prefill_logits[i]) << "prompt " << i;
       ++num_moved;
     } else {
@@ -167,38 +168,39 @@ TEST_P(GoldenModelTest, Fp8ActivationsWhereTheCudaBackendTakesThem) {
   EXPECT_GE(recipe.num_clear_agree, 0.95 * recipe.num_clear);
 }
 
-// Prefill chunks of 64 tokens or more attend as the CUDA backend's expanded form rounds them
-// (CpuRoundings::bf16_expanded_attention): shorter prompts keep fp32's logits bit for bit, longer
-// ones move within bf16's reach. With the query tiles' and the products' roundings too
-// (CpuRoundings::cuda_default) the CPU runs the CUDA default path's arithmetic: 144 / 143 / 136
-// of 144, where the CUDA path scored 143 / 141 / 138.
-TEST_P(GoldenModelTest, Bf16ExpandedAttentionAsTheCudaBackendRoundsIt) {
+// Each of the CUDA attention kernels' roundings (CpuRoundings) moves the prompts that kernel
+// takes, within bf16's reach, and leaves the others fp32's bits (one-token decode steps take the
+// fp32 split kernel): the expanded form's bf16 operands prompts of 64 tokens or more; the query
+// tiles' bf16 operands prompts of 16 or more (those of 64 or more take the expanded form instead
+// where both are emulated, as in cuda_default); the head tiles' TF32 operands prompts of 4 to 8.
+// With the products' roundings too (CpuRoundings::cuda_default) the CPU runs the CUDA default
+// path's arithmetic: 144 / 143 / 136 of 144, where the CUDA path scored 143 / 141 / 138.
+TEST_P(GoldenModelTest, AttentionKernelsRoundingsMoveTheirPromptsOnly) {
   const std::string dir = std::string(DSINFER_SOURCE_DIR) + "/tests/data/" + GetParam();
-  CpuRoundings expanded_only;
-  expanded_only.bf16_expanded_attention = true;
+  struct Kernel {
+    const char* name;
+    bool CpuRoundings::*rounds;
+    int min_length, max_length, num_moved;  // of the prompts 1, 5, 17, 64, 65, 130
+  };
+  const Kernel kernels[] = {
+      {"bf16 expanded attention", &CpuRoundings::bf16_expanded_attention, 64, INT_MAX, 3},
+      {"bf16 query tiles", &CpuRoundings::bf16_query_tiles, 16, INT_MAX, 4},
+      {"TF32 head tiles", &CpuRoundings::tf32_head_tiles, 4, 8, 1},
+  };
   const auto fp32 = agreement_under(dir, CpuRoundings{});
-  const auto expanded = agreement_under(dir, expanded_only);
+  for (const Kernel& kernel : kernels) {
+    SCOPED_TRACE(kernel.name);
+    CpuRoundings roundings;
+    roundings.*kernel.rounds = true;
+    const auto rounded = agreement_under(dir, roundings);
+    std::cout << GetParam() << ": top-1 agreement, " << kernel.name << " " << rounded.describe() << "\n";
+    EXPECT_EQ(expect_moved(kernel.min_length, kernel.max_length, rounded, fp32), kernel.num_moved);
+    EXPECT_GE(rounded.num_agree, 0.95 * rounded.num_steps);
+  }
   const auto cuda_default = agreement_under(dir, CpuRoundings::cuda_default());
-  std::cout << GetParam() << ": top-1 agreement, bf16 expanded attention " << expanded.describe()
-            << "; the CUDA default path's roundings " << cuda_default.describe() << "\n";
-  EXPECT_EQ(expect_moved_from(64, expanded, fp32), 3);  // the prompts of 64, 65 and 130 tokens
-  EXPECT_GE(expanded.num_agree, 0.95 * expanded.num_steps);
+  std::cout << GetParam() << ": top-1 agreement, the CUDA default path's roundings " << cuda_default.describe()
+            << "\n";
   EXPECT_GE(cuda_default.num_agree, 0.90 * cuda_default.num_steps);
-}
-
-// Prompts of 16 tokens or more attend as the CUDA backend's query tiles round them
-// (CpuRoundings::bf16_query_tiles; with the expanded form emulated too, as in cuda_default, the
-// prompts of 64 or more take that instead): their logits move within bf16's reach, and shorter
-// prompts keep fp32's bits.
-TEST_P(GoldenModelTest, Bf16QueryTilesAsTheCudaBackendRoundsThem) {
-  const std::string dir = std::string(DSINFER_SOURCE_DIR) + "/tests/data/" + GetParam();
-  CpuRoundings tiles_only;
-  tiles_only.bf16_query_tiles = true;
-  const auto fp32 = agreement_under(dir, CpuRoundings{});
-  const auto tiles = agreement_under(dir, tiles_only);
-  std::cout << GetParam() << ": top-1 agreement, bf16 query tiles " << tiles.describe() << "\n";
-  EXPECT_EQ(expect_moved_from(16, tiles, fp32), 4);  // the prompts of 17, 64, 65 and 130 tokens
-  EXPECT_GE(tiles.num_agree, 0.95 * tiles.num_steps);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenModelTest,
