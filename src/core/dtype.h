@@ -34,6 +34,9 @@ inline uint16_t f32_to_bf16(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 
+// f rounded to the nearest bf16, as fp32.
+inline float round_to_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+
 float f16_to_f32(uint16_t bits);
 uint16_t f32_to_f16(float f);
 

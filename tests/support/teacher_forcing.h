@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -15,6 +14,7 @@
 #include <vector>
 
 #include "forward_batch_util.h"
+#include "source_dir.h"
 #include "model/deepseek_model.h"
 
 namespace dsinfer::testing {
@@ -24,12 +24,9 @@ inline constexpr const char* kShortReference = "reference.json";
 // 128 prompts of 1 to 200 tokens x 24 greedy tokens, without logits (make_long_reference.py).
 inline constexpr const char* kLongReference = "reference_long.json";
 
-// tests/data/<fixture> of the source tree: DSINFER_SOURCE_DIR from the environment where set
-// (a test binary run from another checkout, as on the GPU machine), else the build's.
+// tests/data/<fixture> of the source tree (source_dir.h).
 inline std::string fixture_dir(const std::string& fixture) {
-  const char* env = std::getenv("DSINFER_SOURCE_DIR");
-  return (env != nullptr && *env != '\0' ? std::string(env) : std::string(DSINFER_SOURCE_DIR)) + "/tests/data/" +
-         fixture;
+  return test_support::source_dir() + "/tests/data/" + fixture;
 }
 
 inline bool reference_exists(const std::string& fixture_dir, const char* reference_file) {

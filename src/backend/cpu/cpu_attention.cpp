@@ -39,8 +39,6 @@ void rotate_interleaved(float* x, int rope_dim, const float* cos, const float* s
   }
 }
 
-float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
-
 // A sequence with this many new tokens in a step attends in the CUDA backend's expanded form.
 constexpr int kExpandedMinTokens = 64;
 // A step with a sequence of this many other new tokens attends in its query tiles.
@@ -75,7 +73,7 @@ struct TileOperands {
   float (*probability)(float);  // unnormalised probabilities, for the product with the values
 };
 // Query tiles (mla_tensor_core.cu): bf16 operands, chunks of 32 positions.
-constexpr TileOperands kQueryTiles{32, round_bf16, round_bf16, round_bf16};
+constexpr TileOperands kQueryTiles{32, round_to_bf16, round_to_bf16, round_to_bf16};
 // Head tiles (mla_decode_tiles.cu): TF32 queries and probabilities, fp32 entries read by the
 // TF32 product as they are (their low bits ignored), chunks of 16 positions.
 constexpr TileOperands kHeadTiles{16, round_tf32, truncate_tf32, round_tf32};
@@ -112,7 +110,8 @@ void attend_in_tiles(const TileOperands& ops, std::vector<float>& q_lat, std::ve
     row_sum = row_sum * rescale + chunk_sum;
     row_max = m_new;
     for (int c = 0; c < lora; ++c) o_lat[c] *= rescale;
-    for (int i = 0; i < n; ++i) cpu::axpy(probs[i], entries.data() + static_cast<int64_t>(i) * (lora + rope), o_lat, lora);
+    for (int i = 0; i < n; ++i)
+      cpu::axpy(probs[i], entries.data() + static_cast<int64_t>(i) * (lora + rope), o_lat, lora);
   }
   for (int c = 0; c < lora; ++c) o_lat[c] /= row_sum;
 }
@@ -157,7 +156,7 @@ void CpuBackend::mla_attention(const MlaAttentionArgs& args) {
       if (batch.slot_mapping[t] >= 0) ++new_tokens[batch.token_seq[t]];
     for (int t = 0; t < num_tokens; ++t)
       expanded[t] = batch.slot_mapping[t] >= 0 && new_tokens[batch.token_seq[t]] >= kExpandedMinTokens;
-    expanded_bf16_attention(args, expanded);
+    if (std::find(expanded.begin(), expanded.end(), 1) != expanded.end()) expanded_bf16_attention(args, expanded);
   }
   // The other tokens attend in query tiles where a sequence has kQueryTileMinTokens of them or
   // more (an fp32 cache only), all of them then; otherwise in head tiles where the CUDA backend
@@ -254,8 +253,8 @@ void CpuBackend::expanded_bf16_attention(const MlaAttentionArgs& args, const std
   // The up-projection's weights in bf16, as the expanded form keeps them: [heads, nope | vdim, lora].
   std::vector<float> w_uk(w.w_uk.as<float>(), w.w_uk.as<float>() + static_cast<int64_t>(heads) * nope * lora);
   std::vector<float> w_uv(w.w_uv.as<float>(), w.w_uv.as<float>() + static_cast<int64_t>(heads) * vdim * lora);
-  for (float& v : w_uk) v = round_bf16(v);
-  for (float& v : w_uv) v = round_bf16(v);
+  for (float& v : w_uk) v = round_to_bf16(v);
+  for (float& v : w_uv) v = round_to_bf16(v);
 
   for (size_t seq = 0; seq < batch.block_tables.size(); ++seq) {
     std::vector<int> tokens;
@@ -271,7 +270,7 @@ void CpuBackend::expanded_bf16_attention(const MlaAttentionArgs& args, const std
       float* dst = latent.data() + static_cast<int64_t>(p) * entry;
       if (fp8) dequantize_latent_entry(e, lora, rope, dst);
       else std::copy_n(reinterpret_cast<const float*>(e), entry, dst);
-      for (int c = 0; c < entry; ++c) dst[c] = round_bf16(dst[c]);
+      for (int c = 0; c < entry; ++c) dst[c] = round_to_bf16(dst[c]);
     }
     global_thread_pool().parallel_for(heads, [&](int64_t h_begin, int64_t h_end) {
       std::vector<float> keys(static_cast<size_t>(context) * nope), values(static_cast<size_t>(context) * vdim);
@@ -282,18 +281,19 @@ void CpuBackend::expanded_bf16_attention(const MlaAttentionArgs& args, const std
         for (int p = 0; p < context; ++p) {
           const float* lat = latent.data() + static_cast<int64_t>(p) * entry;
           for (int d = 0; d < nope; ++d)
-            keys[static_cast<size_t>(p) * nope + d] = round_bf16(cpu::dot(uk + static_cast<int64_t>(d) * lora, lat, lora));
+            keys[static_cast<size_t>(p) * nope + d] =
+                round_to_bf16(cpu::dot(uk + static_cast<int64_t>(d) * lora, lat, lora));
           for (int v = 0; v < vdim; ++v)
             values[static_cast<size_t>(p) * vdim + v] =
-                round_bf16(cpu::dot(uv + static_cast<int64_t>(v) * lora, lat, lora));
+                round_to_bf16(cpu::dot(uv + static_cast<int64_t>(v) * lora, lat, lora));
         }
         for (const int t : tokens) {
           const int pos = batch.positions[t];
           const float* q = args.q->as<float>() + static_cast<int64_t>(t) * q_stride + h * (nope + rope);
-          for (int d = 0; d < nope; ++d) q_nope[d] = round_bf16(q[d]);
-          for (int r = 0; r < rope; ++r) q_rope[r] = round_bf16(q[nope + r]);
+          for (int d = 0; d < nope; ++d) q_nope[d] = round_to_bf16(q[d]);
+          for (int r = 0; r < rope; ++r) q_rope[r] = round_to_bf16(q[nope + r]);
           rotate_interleaved(q_rope.data(), rope, cos_table + pos * half, sin_table + pos * half);
-          for (float& v : q_rope) v = round_bf16(v);
+          for (float& v : q_rope) v = round_to_bf16(v);
           probs.resize(pos + 1);
           float max_score = -INFINITY;
           for (int p = 0; p <= pos; ++p) {
@@ -311,7 +311,7 @@ void CpuBackend::expanded_bf16_attention(const MlaAttentionArgs& args, const std
           float* o = out + static_cast<int64_t>(t) * heads * vdim + h * vdim;
           std::fill(o, o + vdim, 0.0f);
           for (int p = 0; p <= pos; ++p)
-            cpu::axpy(round_bf16(probs[p]), values.data() + static_cast<int64_t>(p) * vdim, o, vdim);
+            cpu::axpy(round_to_bf16(probs[p]), values.data() + static_cast<int64_t>(p) * vdim, o, vdim);
           for (int v = 0; v < vdim; ++v) o[v] /= denom;
         }
       }

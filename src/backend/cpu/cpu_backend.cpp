@@ -215,7 +215,7 @@ void CpuBackend::linear_in_step(const Tensor& x, const LinearWeight& w, Tensor& 
   if (to_bf16 || to_f16) {
     rounded.resize(static_cast<size_t>(rows * w.in_features));
     for (size_t i = 0; i < rounded.size(); ++i) {
-      rounded[i] = to_bf16 ? bf16_to_f32(f32_to_bf16(xs[i])) : round_to_f16(xs[i]);
+      rounded[i] = to_bf16 ? round_to_bf16(xs[i]) : round_to_f16(xs[i]);
     }
     xs = rounded.data();
   }

@@ -13,6 +13,7 @@
 
 #include "backend/backend.h"
 #include "engine/engine_config.h"
+#include "source_dir.h"
 
 namespace dsinfer::testing_cuda {
 
@@ -57,12 +58,7 @@ inline double relative_error(const std::vector<float>& got, const std::vector<fl
   return max_diff / std::max(max_ref, 1e-30);
 }
 
-// The source tree (for tests/data): DSINFER_SOURCE_DIR from the environment when set, since
-// the GPU machine runs this binary from another checkout than the one it was built in.
-inline std::string source_dir() {
-  const char* env = std::getenv("DSINFER_SOURCE_DIR");
-  return env != nullptr && *env != '\0' ? std::string(env) : std::string(DSINFER_SOURCE_DIR);
-}
+using dsinfer::test_support::source_dir;
 
 // An engine on the CUDA backend over the tiny_v3 fixture, with a 256 MiB KV cache.
 inline EngineConfig tiny_v3_cuda_config() {

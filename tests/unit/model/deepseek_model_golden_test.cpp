@@ -49,17 +49,21 @@ TEST_P(GoldenModelTest, MatchesReferenceLogitsAndGreedyTokens) {
   }
 }
 
+// Teacher-forced agreement of the fixture in `dir` on a CPU backend with `roundings`.
+testing::TeacherForcedAgreement agreement_under(const std::string& dir, const CpuRoundings& roundings,
+                                                double clear_margin = 0.2) {
+  CpuBackend backend(roundings);
+  auto model = load_deepseek_model(dir, backend, 0, false);
+  return testing::teacher_forced_agreement(*model, dir, clear_margin);
+}
+
 // Teacher-forced agreement of the fixture in `dir` on CPU backends with each of N product input
 // modes.
 template <size_t N>
 std::array<testing::TeacherForcedAgreement, N> agreements_with(const std::string& dir,
                                                                const std::array<CpuBackend::ProductInputs, N>& modes) {
   std::array<testing::TeacherForcedAgreement, N> result;
-  for (size_t m = 0; m < N; ++m) {
-    CpuBackend backend(modes[m]);
-    auto model = load_deepseek_model(dir, backend, 0, false);
-    result[m] = testing::teacher_forced_agreement(*model, dir, 1e-3);
-  }
+  for (size_t m = 0; m < N; ++m) result[m] = agreement_under(dir, CpuRoundings{.product_inputs = modes[m]}, 1e-3);
   return result;
 }
 
@@ -118,13 +122,6 @@ TEST_P(GoldenModelTest, F16ProductInputsAgreeOnNinetyNinePercentOfSteps) {
   EXPECT_GE(f16.num_agree, 0.99 * f16.num_steps);
   EXPECT_GE(pairs.num_agree, 0.99 * pairs.num_steps);
   EXPECT_GE(multirow.num_agree, 0.99 * multirow.num_steps);
-}
-
-// Teacher-forced agreement of the fixture in `dir` on a CPU backend with `roundings`.
-testing::TeacherForcedAgreement agreement_under(const std::string& dir, const CpuRoundings& roundings) {
-  CpuBackend backend(roundings);
-  auto model = load_deepseek_model(dir, backend, 0, false);
-  return testing::teacher_forced_agreement(*model, dir, 0.2);
 }
 
 // Prompts of min_length to max_length tokens move off fp32's prefill logits, within bf16's
