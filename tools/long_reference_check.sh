@@ -22,6 +22,8 @@ EXTRA_FILTER="${EXTRA_FILTER:-}"
 FIXTURES=(tiny_v3 tiny_v2_lite tiny_v3_fp8)
 mkdir -p "$OUT"
 export DSINFER_SOURCE_DIR="$PWD"
+# cuBLASLt is linked dynamically; CUDA's own library folder may not be on the loader's path.
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 
 pids=()
 for fx in "${FIXTURES[@]}"; do
