@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "backend/cpu/cpu_matmul.h"
@@ -28,6 +29,30 @@ CpuBackend::Fp8Activations parse_fp8_activations(const char* value) {
                 "' is not two row counts of 1 or more, D,E (dense products' and routed experts' smallest steps)");
   }
   return {dense, routed};
+}
+
+// "routed,W,..." of DSINFER_CPU_ONE_ROW_BF16: `routed` and input widths of 1 or more, comma-separated.
+CpuOneRowBf16 parse_one_row_bf16(const char* value) {
+  CpuOneRowBf16 kept;
+  const std::string text = value;
+  size_t begin = 0;
+  while (true) {
+    const size_t end = std::min(text.find(',', begin), text.size());
+    const std::string item = text.substr(begin, end - begin);
+    long long width = 0;
+    int consumed = 0;
+    if (item == "routed") {
+      kept.routed_experts = true;
+    } else if (std::sscanf(item.c_str(), "%lld%n", &width, &consumed) == 1 &&
+               consumed == static_cast<int>(item.size()) && width >= 1) {
+      kept.input_widths.push_back(width);
+    } else {
+      throw Error(std::string("DSINFER_CPU_ONE_ROW_BF16: '") + value + "': '" + item +
+                  "' is neither `routed` nor an input width of 1 or more");
+    }
+    if (end == text.size()) return kept;
+    begin = end + 1;
+  }
 }
 
 // A switch that is fp32 (the default) or `rounded` (bf16, tf32).
@@ -63,14 +88,25 @@ CpuBackend::CpuBackend() {
   roundings_.tf32_head_tiles = parse_rounding_switch("DSINFER_CPU_HEAD_TILES", "tf32");
   const char* inputs = std::getenv("DSINFER_CPU_PRODUCT_INPUTS");
   ProductInputs& mode = roundings_.product_inputs;
-  if (inputs == nullptr || std::strcmp(inputs, "fp32") == 0) return;
-  if (std::strcmp(inputs, "bf16") == 0) mode = ProductInputs::kBf16;
+  if (inputs == nullptr || std::strcmp(inputs, "fp32") == 0) mode = ProductInputs::kFp32;
+  else if (std::strcmp(inputs, "bf16") == 0) mode = ProductInputs::kBf16;
   else if (std::strcmp(inputs, "bf16-multirow") == 0) mode = ProductInputs::kBf16MultiRow;
   else if (std::strcmp(inputs, "f16") == 0) mode = ProductInputs::kF16;
   else if (std::strcmp(inputs, "f16-multirow") == 0) mode = ProductInputs::kF16MultiRow;
   else if (std::strcmp(inputs, "f16-pairs") == 0) mode = ProductInputs::kF16Pairs;
   else throw Error(std::string("DSINFER_CPU_PRODUCT_INPUTS: '") + inputs +
                    "' is not fp32, bf16, bf16-multirow, f16, f16-multirow or f16-pairs");
+  if (const char* kept = std::getenv("DSINFER_CPU_ONE_ROW_BF16")) {
+    // Elsewhere it would do nothing, silently.
+    if (mode != ProductInputs::kBf16MultiRow)
+      throw Error("DSINFER_CPU_ONE_ROW_BF16 applies with DSINFER_CPU_PRODUCT_INPUTS=bf16-multirow only");
+    roundings_.one_row_bf16 = parse_one_row_bf16(kept);
+  }
+}
+
+bool CpuOneRowBf16::takes(int64_t input_width, bool routed_expert) const {
+  if (routed_expert) return routed_experts;
+  return std::find(input_widths.begin(), input_widths.end(), input_width) != input_widths.end();
 }
 
 Tensor CpuBackend::empty(const std::vector<int64_t>& shape, DType dtype) {
@@ -207,7 +243,10 @@ void CpuBackend::linear_in_step(const Tensor& x, const LinearWeight& w, Tensor& 
     return;
   }
   const ProductInputs mode = roundings_.product_inputs;
-  const bool to_bf16 = mode == ProductInputs::kBf16 || (mode == ProductInputs::kBf16MultiRow && step_rows > 1);
+  const bool to_bf16 =
+      mode == ProductInputs::kBf16 ||
+      (mode == ProductInputs::kBf16MultiRow &&
+       (step_rows > 1 || roundings_.one_row_bf16.takes(w.in_features, routed_expert)));
   const bool to_f16 = mode == ProductInputs::kF16 || mode == ProductInputs::kF16Pairs ||
                       (mode == ProductInputs::kF16MultiRow && step_rows > 1);
   const float* xs = x.as<float>();

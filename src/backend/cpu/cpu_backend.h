@@ -24,10 +24,17 @@
 // the other tokens of steps with a sequence of 16 or more as its query tiles do (bf16 queries,
 // entries and probabilities, an fp32 cache only); DSINFER_CPU_HEAD_TILES=tf32 the steps its head
 // tiles take (TF32 queries and probabilities, the entries' low mantissa bits ignored).
+//
+// DSINFER_CPU_ONE_ROW_BF16=routed,W,... (with bf16-multirow only) keeps bf16 inputs in some of
+// the one-row steps' products: the routed experts' (`routed`) and the other products whose inputs
+// are W columns wide. It asks which of decode's products need fp32 rows for bf16-multirow's
+// agreement; the widths name the products on a given checkpoint (its hidden size: the products
+// after a norm; the heads' value width: o_proj; an intermediate size: a down product).
 #pragma once
 
 #include <memory>
 #include <unordered_map>
+#include <vector>
 
 #include "backend/backend.h"
 
@@ -42,6 +49,13 @@ struct CpuFp8Activations {
   bool any() const { return dense_min_rows > 0 || routed_min_rows > 0; }
 };
 
+// One-row steps' products that keep bf16 inputs under kBf16MultiRow (none by default).
+struct CpuOneRowBf16 {
+  bool routed_experts = false;
+  std::vector<int64_t> input_widths;  // of the products other than the routed experts'
+  bool takes(int64_t input_width, bool routed_expert) const;
+};
+
 // Where the CPU backend rounds as the CUDA backend does (nowhere by default).
 struct CpuRoundings {
   CpuProductInputs product_inputs = CpuProductInputs::kFp32;
@@ -49,6 +63,7 @@ struct CpuRoundings {
   bool bf16_expanded_attention = false;
   bool bf16_query_tiles = false;
   bool tf32_head_tiles = false;
+  CpuOneRowBf16 one_row_bf16{};
   // The CUDA backend's default path: bf16 product inputs, FP8 activations as it takes them, its
   // attention kernels' operands.
   static CpuRoundings cuda_default() { return {CpuProductInputs::kBf16, {33, 3}, true, true, true}; }
@@ -60,8 +75,8 @@ class CpuBackend : public Backend {
   using Fp8Activations = CpuFp8Activations;
 
   // Roundings from DSINFER_CPU_PRODUCT_INPUTS, DSINFER_CPU_FP8_ACTIVATIONS,
-  // DSINFER_CPU_EXPANDED_ATTENTION, DSINFER_CPU_QUERY_TILES and DSINFER_CPU_HEAD_TILES (none
-  // where they are unset).
+  // DSINFER_CPU_EXPANDED_ATTENTION, DSINFER_CPU_QUERY_TILES, DSINFER_CPU_HEAD_TILES and
+  // DSINFER_CPU_ONE_ROW_BF16 (none where they are unset).
   CpuBackend();
   explicit CpuBackend(ProductInputs inputs) { roundings_.product_inputs = inputs; }
   explicit CpuBackend(const CpuRoundings& roundings) : roundings_(roundings) {}

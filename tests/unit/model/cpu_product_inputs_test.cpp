@@ -74,6 +74,71 @@ TEST(CpuProductInputsTest, UnknownValueIsRefused) {
   unsetenv("DSINFER_CPU_PRODUCT_INPUTS");
 }
 
+// The one-row product of 1 + 2^-10 with a 1 × 1 weight (input width 1) on a CPU backend made
+// with DSINFER_CPU_PRODUCT_INPUTS=bf16-multirow and DSINFER_CPU_ONE_ROW_BF16=kept, as a routed
+// expert's where routed_expert, from a step of step_rows rows.
+float one_row_product(const char* kept, bool routed_expert, int step_rows = 1) {
+  setenv("DSINFER_CPU_PRODUCT_INPUTS", "bf16-multirow", 1);
+  setenv("DSINFER_CPU_ONE_ROW_BF16", kept, 1);
+  auto backend = make_backend("cpu");
+  unsetenv("DSINFER_CPU_PRODUCT_INPUTS");
+  unsetenv("DSINFER_CPU_ONE_ROW_BF16");
+  auto& cpu = dynamic_cast<CpuBackend&>(*backend);
+  const float weight = 1.0f, x_value = 1.0f + 1.0f / 1024.0f;
+  const LinearWeight w = cpu.make_linear(HostTensor{DType::kF32, {1, 1}, &weight});
+  Tensor x = cpu.from_host(HostTensor{DType::kF32, {1, 1}, &x_value});
+  Tensor out = cpu.empty({1, 1}, DType::kF32);
+  cpu.linear_in_step(x, w, out, step_rows, routed_expert);
+  float y = 0;
+  cpu.to_host(out, &y);
+  return y;
+}
+
+// DSINFER_CPU_ONE_ROW_BF16 keeps bf16 inputs in the one-row products it names, by input width
+// (products other than the routed experts') or `routed`; the others keep fp32's, and steps of
+// two rows round as bf16-multirow does anyway.
+TEST(CpuProductInputsTest, OneRowProductsKeptInBf16ByWidthOrRoutedExperts) {
+  const float exact = 1.0f + 1.0f / 1024.0f, rounded = 1.0f;
+  EXPECT_EQ(one_row_product("1", false), rounded);
+  EXPECT_EQ(one_row_product("1", true), exact);
+  EXPECT_EQ(one_row_product("2,3", false), exact);
+  EXPECT_EQ(one_row_product("routed", true), rounded);
+  EXPECT_EQ(one_row_product("routed", false), exact);
+  EXPECT_EQ(one_row_product("routed,7,1", false), rounded);
+  EXPECT_EQ(one_row_product("2", false, 2), rounded);
+  const CpuRoundings r = [] {
+    setenv("DSINFER_CPU_PRODUCT_INPUTS", "bf16-multirow", 1);
+    setenv("DSINFER_CPU_ONE_ROW_BF16", "64,routed,48", 1);
+    auto backend = make_backend("cpu");
+    unsetenv("DSINFER_CPU_PRODUCT_INPUTS");
+    unsetenv("DSINFER_CPU_ONE_ROW_BF16");
+    return dynamic_cast<CpuBackend&>(*backend).roundings();
+  }();
+  EXPECT_TRUE(r.one_row_bf16.routed_experts);
+  EXPECT_EQ(r.one_row_bf16.input_widths, (std::vector<int64_t>{64, 48}));
+}
+
+TEST(CpuProductInputsTest, MalformedOneRowBf16IsRefused) {
+  setenv("DSINFER_CPU_PRODUCT_INPUTS", "bf16-multirow", 1);
+  for (const char* value : {"", "routed,", "0", "-3", "64x", "1,,2", "experts"}) {
+    setenv("DSINFER_CPU_ONE_ROW_BF16", value, 1);
+    try {
+      (void)make_backend("cpu");
+      ADD_FAILURE() << "'" << value << "' was taken";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("DSINFER_CPU_ONE_ROW_BF16"), std::string::npos) << e.what();
+    }
+  }
+  // With another mode of the product inputs it would change nothing: refused too.
+  setenv("DSINFER_CPU_ONE_ROW_BF16", "64", 1);
+  for (const char* mode : {"bf16", "fp32", "f16-multirow"}) {
+    setenv("DSINFER_CPU_PRODUCT_INPUTS", mode, 1);
+    EXPECT_THROW((void)make_backend("cpu"), Error) << mode;
+  }
+  unsetenv("DSINFER_CPU_PRODUCT_INPUTS");
+  unsetenv("DSINFER_CPU_ONE_ROW_BF16");
+}
+
 // The product [1, 0.3] · [1, 1]ᵀ over an e4m3 weight (codes of 1, scale 1) for `rows` rows of a
 // step of step_rows, on a CPU backend made with DSINFER_CPU_FP8_ACTIVATIONS=value.
 std::vector<float> e4m3_product(const char* value, int rows, int step_rows, bool routed_expert) {

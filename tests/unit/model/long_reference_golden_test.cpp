@@ -9,9 +9,11 @@
 #include <algorithm>
 #include <iostream>
 #include <string>
+#include <utility>
 
 #include "backend/cpu/cpu_backend.h"
 #include "model/deepseek_model.h"
+#include "model/model_config.h"
 
 namespace dsinfer {
 namespace {
@@ -57,10 +59,10 @@ TEST_P(LongReferenceTest, Fp32FollowsTheReference) {
 // few-row walks would add them; f16 in steps of two rows or more with one-row steps in fp32)
 // against bf16's eight. HF transformers computing wholly in f16 agrees on 99.25-99.90% of these
 // steps and wholly in bf16 on 95.3-97.6% (bench/RESULTS.md, "A long teacher-forced reference").
-// Over prompts drawn alike with the CPU's own fp32 greedy paths as the oracle (RESULTS.md,
-// "Sixteen-bit product inputs over 3,072 steps on the CPU"), the f16 forms gave 99.48-100%,
-// bf16 98.1-99.4% and bf16 in steps of two rows or more 98.99-99.80%: the bars below leave
-// those figures a few tenths for the reference's own near ties.
+// Here (RESULTS.md, "The long references committed"; tiny_v3 / tiny_v2_lite / tiny_v3_fp8): f16
+// 99.67 / 100 / 99.77%, f16 pairs 99.54 / 99.87 / 99.64%, f16 in steps of two rows or more
+// 99.87 / 99.97 / 99.90%, bf16 98.08 / 99.41 / 97.95% and bf16 in steps of two rows or more
+// 99.32 / 99.84 / 99.22%.
 TEST_P(LongReferenceTest, SixteenBitProductInputs) {
   using Inputs = CpuBackend::ProductInputs;
   const testing::TeacherForcedAgreement bf16 = agreement_with(Inputs::kBf16, 1e-3);
@@ -77,15 +79,15 @@ TEST_P(LongReferenceTest, SixteenBitProductInputs) {
   EXPECT_GE(pairs.agreement(), 0.99) << GetParam();
   EXPECT_GE(f16_multirow.agreement(), 0.99) << GetParam();
   EXPECT_GE(bf16.agreement(), 0.97) << GetParam();
-  EXPECT_GE(multirow.agreement(), 0.98) << GetParam();
+  EXPECT_GE(multirow.agreement(), 0.99) << GetParam();
 }
 
 // DeepSeek's FP8 activations where the CUDA backend takes them (dense products of steps above 32
 // rows, routed experts of steps above two), with bf16 inputs elsewhere (the CUDA default path's
-// products) and with f16 in steps of two rows or more. Only tiny_v3_fp8 has e4m3 weights. Over
-// the CPU's own fp32 paths (RESULTS.md, "Sixteen-bit product inputs over 3,072 steps on the
-// CPU"): 95.83% and 97.01% on tiny_v3_fp8, short of 99% either way; with the recipe only in
-// steps of 257 rows or more, f16 reached 100.00% (the bf16 checkpoints: their bf16 and f16 figures).
+// products) and with f16 in steps of two rows or more. Only tiny_v3_fp8 has e4m3 weights: 96.06%
+// and 96.88% there, short of 99% either way; with the recipe only in steps of 257 rows or more,
+// f16 reaches 99.90% (RESULTS.md, "The long references committed"; the bf16 checkpoints: their
+// bf16 and f16 figures).
 TEST_P(LongReferenceTest, Fp8ActivationsWhereTheCudaBackendTakesThem) {
   using Inputs = CpuBackend::ProductInputs;
   const CpuFp8Activations cuda_default{33, 3}, from_257_rows{257, 257};
@@ -96,36 +98,33 @@ TEST_P(LongReferenceTest, Fp8ActivationsWhereTheCudaBackendTakesThem) {
             << GetParam() << " (f16 in steps of two rows or more, FP8 activations as on CUDA): " << f16.describe()
             << "\n"
             << GetParam() << " (the same, FP8 activations from steps of 257 rows): " << f16_later.describe() << "\n";
-  EXPECT_GE(bf16.agreement(), 0.94) << GetParam();
-  EXPECT_GE(f16.agreement(), 0.94) << GetParam();
+  EXPECT_GE(bf16.agreement(), 0.95) << GetParam();
+  EXPECT_GE(f16.agreement(), 0.96) << GetParam();
   EXPECT_GE(f16_later.agreement(), 0.99) << GetParam();
 }
 
 // The attention kernels' operands as the CUDA backend rounds them (the expanded form's and the
 // query tiles' bf16, the head tiles' TF32), alone and with the products' roundings of the default path
-// (CpuRoundings::cuda_default). Over the CPU's own fp32 paths (RESULTS.md, "Sixteen-bit product
-// inputs over 3,072 steps on the CPU"): 99.51 / 99.90 / 99.67% alone and 98.27 / 99.35 / 95.93%
-// with the products' (tiny_v3, tiny_v2_lite, tiny_v3_fp8): the products decide the default
-// path's score, not attention.
+// (CpuRoundings::cuda_default): 99.80 / 99.97 / 99.64% alone and 98.11 / 99.41 / 95.48% with the
+// products' (tiny_v3, tiny_v2_lite, tiny_v3_fp8; RESULTS.md, "The long references committed"),
+// where the CUDA default path scores 98.14 / 99.12 / 95.21%: the products decide its score, not
+// attention.
 TEST_P(LongReferenceTest, TheCudaDefaultPathsRoundings) {
   const CpuRoundings attention_only{CpuProductInputs::kFp32, {}, true, true, true};
   const testing::TeacherForcedAgreement attention = agreement_with(attention_only, 1e-3);
   const testing::TeacherForcedAgreement cuda_default = agreement_with(CpuRoundings::cuda_default(), 1e-3);
   std::cout << GetParam() << " (the attention kernels' roundings): " << attention.describe() << "\n"
             << GetParam() << " (the CUDA default path's roundings): " << cuda_default.describe() << "\n";
-  EXPECT_GE(attention.agreement(), 0.98) << GetParam();
-  EXPECT_GE(cuda_default.agreement(), 0.94) << GetParam();
+  EXPECT_GE(attention.agreement(), 0.99) << GetParam();
+  EXPECT_GE(cuda_default.agreement(), 0.95) << GetParam();
 }
 
 // The two routes to 99% the CPU's roundings point to, with attention left as the CUDA kernels
 // round it:
 // f16 inputs in steps of two rows or more, fp32 in one-row steps, DeepSeek's FP8 activations
-// only from 129 rows (every checkpoint); and bf16 with fp32 one-row steps, no FP8 activations
-// (held to 99% on the bf16 checkpoints only). Over the CPU's own fp32 paths: 99.25 / 99.90 /
-// 99.28% and 99.12 / 99.90 / 99.02% (RESULTS.md, "Sixteen-bit product inputs over 3,072 steps on
-// the CPU").
+// only from 129 rows; and bf16 with fp32 one-row steps, no FP8 activations. 99.84 / 100 / 99.06%
+// and 99.25 / 99.90 / 99.35% (RESULTS.md, "The long references committed").
 TEST_P(LongReferenceTest, RoutesToNinetyNinePercent) {
-  const bool fp8_checkpoint = GetParam() == "tiny_v3_fp8";
   const testing::TeacherForcedAgreement f16_route =
       agreement_with(CpuRoundings{CpuProductInputs::kF16MultiRow, {129, 129}, true, true, true}, 1e-3);
   const testing::TeacherForcedAgreement fp32_decode_rows =
@@ -135,10 +134,44 @@ TEST_P(LongReferenceTest, RoutesToNinetyNinePercent) {
             << GetParam() << " (bf16 in steps of two rows or more, no FP8 activations, attention as on CUDA): "
             << fp32_decode_rows.describe() << "\n";
   EXPECT_GE(f16_route.agreement(), 0.99) << GetParam();
-  if (!fp8_checkpoint) {
-    EXPECT_GE(fp32_decode_rows.agreement(), 0.99) << GetParam();
+  EXPECT_GE(fp32_decode_rows.agreement(), 0.99) << GetParam();
+}
+
+// Which of decode's one-row products need fp32 rows for the second route (bf16 in steps of two
+// rows or more, attention as on CUDA): DSINFER_CPU_ONE_ROW_BF16 keeps bf16 in some of them, named
+// by their input widths on the checkpoint. The shared experts' and the dense layer's down
+// products may keep bf16 (99.12 / 99.71 / 99.02% against HF); the products after a norm may not
+// (0.5-0.7 point lost on every fixture), nor may the routed experts on the V3 fixtures (0.4-0.5
+// point, below 99%).
+TEST_P(LongReferenceTest, DecodeProductsThatNeedFp32Rows) {
+  const ModelConfig config = ModelConfig::load(dir_);
+  const CpuRoundings all_fp32{CpuProductInputs::kBf16MultiRow, {}, true, true, true};
+  auto keeping = [&](CpuOneRowBf16 kept) {
+    CpuRoundings r = all_fp32;
+    r.one_row_bf16 = std::move(kept);
+    return agreement_with(r, 1e-3);
+  };
+  const testing::TeacherForcedAgreement none = agreement_with(all_fp32, 1e-3);
+  const testing::TeacherForcedAgreement downs = keeping(
+      {.input_widths = {config.intermediate_size, int64_t{config.moe_intermediate_size} * config.n_shared_experts}});
+  const testing::TeacherForcedAgreement after_norm = keeping({.input_widths = {config.hidden_size}});
+  const testing::TeacherForcedAgreement routed = keeping({.routed_experts = true, .input_widths = {}});
+  const testing::TeacherForcedAgreement o_proj =
+      keeping({.input_widths = {int64_t{config.num_attention_heads} * config.v_head_dim}});
+  std::cout << GetParam() << " (every one-row product on fp32 rows): " << none.describe() << "\n"
+            << GetParam() << " (the shared and dense down products on bf16): " << downs.describe() << "\n"
+            << GetParam() << " (the products after a norm on bf16): " << after_norm.describe() << "\n"
+            << GetParam() << " (the routed experts on bf16): " << routed.describe() << "\n"
+            << GetParam() << " (o_proj on bf16): " << o_proj.describe() << "\n";
+  if (config.q_lora_rank > 0) {
+    std::cout << GetParam() << " (q_b_proj on bf16): " << keeping({.input_widths = {config.q_lora_rank}}).describe()
+              << "\n";
   }
-  EXPECT_GE(fp32_decode_rows.agreement(), 0.98) << GetParam();
+  EXPECT_GE(downs.agreement(), 0.99) << GetParam();
+  EXPECT_LE(after_norm.agreement(), none.agreement() - 0.003) << GetParam();
+  if (GetParam() != "tiny_v2_lite") {
+    EXPECT_LT(routed.agreement(), 0.99) << GetParam();
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, LongReferenceTest, ::testing::Values("tiny_v3", "tiny_v2_lite", "tiny_v3_fp8"));
