@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,22 @@ std::vector<float> product_of_rows(const char* value, int rows, float x_value = 
   return y;
 }
 
+// make_backend("cpu") refuses each of `values` for the variable `name`, with an error that names
+// it; `name` is unset after.
+void expect_values_refused(const char* name, std::initializer_list<const char*> values) {
+  for (const char* value : values) {
+    setenv(name, value, 1);
+    try {
+      (void)make_backend("cpu");
+      ADD_FAILURE() << name << "='" << value << "' was taken";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(value), std::string::npos) << e.what();
+    }
+  }
+  unsetenv(name);
+}
+
 TEST(CpuProductInputsTest, EnvironmentPicksWhereAndHowInputsAreRounded) {
   const float exact = 1.0f + 1.0f / 1024.0f;
   EXPECT_EQ(product_of_rows(nullptr, 2), std::vector<float>(2, exact));
@@ -64,14 +81,7 @@ TEST(CpuProductInputsTest, EnvironmentPicksWhereAndHowInputsAreRounded) {
 }
 
 TEST(CpuProductInputsTest, UnknownValueIsRefused) {
-  setenv("DSINFER_CPU_PRODUCT_INPUTS", "bf8", 1);
-  try {
-    (void)make_backend("cpu");
-    ADD_FAILURE() << "an unknown value was taken";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("bf8"), std::string::npos) << e.what();
-  }
-  unsetenv("DSINFER_CPU_PRODUCT_INPUTS");
+  expect_values_refused("DSINFER_CPU_PRODUCT_INPUTS", {"bf8", "BF16", ""});
 }
 
 // The one-row product of 1 + 2^-10 with a 1 × 1 weight (input width 1) on a CPU backend made
@@ -120,15 +130,7 @@ TEST(CpuProductInputsTest, OneRowProductsKeptInBf16ByWidthOrRoutedExperts) {
 
 TEST(CpuProductInputsTest, MalformedOneRowBf16IsRefused) {
   setenv("DSINFER_CPU_PRODUCT_INPUTS", "bf16-multirow", 1);
-  for (const char* value : {"", "routed,", "0", "-3", "64x", "1,,2", "experts"}) {
-    setenv("DSINFER_CPU_ONE_ROW_BF16", value, 1);
-    try {
-      (void)make_backend("cpu");
-      ADD_FAILURE() << "'" << value << "' was taken";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("DSINFER_CPU_ONE_ROW_BF16"), std::string::npos) << e.what();
-    }
-  }
+  expect_values_refused("DSINFER_CPU_ONE_ROW_BF16", {"", "routed,", "0", "-3", "64x", "1,,2", "experts"});
   // With another mode of the product inputs it would change nothing: refused too.
   setenv("DSINFER_CPU_ONE_ROW_BF16", "64", 1);
   for (const char* mode : {"bf16", "fp32", "f16-multirow"}) {
@@ -186,16 +188,7 @@ TEST(CpuProductInputsTest, Fp8ActivationsFromTheirStepsOnward) {
 }
 
 TEST(CpuProductInputsTest, MalformedFp8ActivationsAreRefused) {
-  for (const char* value : {"33", "0,3", "33,3,1", "a,b", "33,-1", ""}) {
-    setenv("DSINFER_CPU_FP8_ACTIVATIONS", value, 1);
-    try {
-      (void)make_backend("cpu");
-      ADD_FAILURE() << "'" << value << "' was taken";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("DSINFER_CPU_FP8_ACTIVATIONS"), std::string::npos) << e.what();
-    }
-  }
-  unsetenv("DSINFER_CPU_FP8_ACTIVATIONS");
+  expect_values_refused("DSINFER_CPU_FP8_ACTIVATIONS", {"33", "0,3", "33,3,1", "a,b", "33,-1", ""});
 }
 
 TEST(CpuProductInputsTest, AttentionRoundingsFromTheEnvironment) {
@@ -217,14 +210,7 @@ TEST(CpuProductInputsTest, AttentionRoundingsFromTheEnvironment) {
       const int num_on = r.bf16_expanded_attention + r.bf16_query_tiles + r.tf32_head_tiles;
       EXPECT_EQ(num_on, std::string(value) == sw.rounded ? 1 : 0);
     }
-    setenv(sw.name, "f16", 1);
-    try {
-      (void)make_backend("cpu");
-      ADD_FAILURE() << "'f16' was taken";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(sw.name), std::string::npos) << e.what();
-    }
-    unsetenv(sw.name);
+    expect_values_refused(sw.name, {"f16"});
   }
 }
 
