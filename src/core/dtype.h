@@ -39,6 +39,8 @@ inline float round_to_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 
 float f16_to_f32(uint16_t bits);
 uint16_t f32_to_f16(float f);
+// f rounded to the nearest f16, as fp32.
+inline float round_to_f16(float f) { return f16_to_f32(f32_to_f16(f)); }
 
 // OCP fp8 e4m3 ("e4m3fn"): no infinities, 0x7f/0xff are NaN, max finite 448.
 float fp8e4m3_to_f32(uint8_t bits);

@@ -199,8 +199,6 @@ void CpuBackend::add(Tensor& x, const Tensor& y) {
 
 namespace {
 
-float round_to_f16(float v) { return f16_to_f32(f32_to_f16(v)); }
-
 // y = w · x for one row x (already rounded to f16), summed as a few-row walk sums f16 pairs:
 // each 8 columns in two chains (even and odd columns) of four f16 products, every step rounded
 // to f16, then the two chains' sums added in fp32. The weights are used as they are: bf16 and

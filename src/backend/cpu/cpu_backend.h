@@ -64,9 +64,18 @@ struct CpuRoundings {
   bool bf16_query_tiles = false;
   bool tf32_head_tiles = false;
   CpuOneRowBf16 one_row_bf16{};
+  // The CUDA backend's attention kernels' operands, with these products' inputs.
+  static CpuRoundings cuda_attention_with(CpuProductInputs inputs, CpuFp8Activations fp8_activations = {}) {
+    return {.product_inputs = inputs,
+            .fp8_activations = fp8_activations,
+            .bf16_expanded_attention = true,
+            .bf16_query_tiles = true,
+            .tf32_head_tiles = true,
+            .one_row_bf16 = {}};
+  }
   // The CUDA backend's default path: bf16 product inputs, FP8 activations as it takes them, its
   // attention kernels' operands.
-  static CpuRoundings cuda_default() { return {CpuProductInputs::kBf16, {33, 3}, true, true, true}; }
+  static CpuRoundings cuda_default() { return cuda_attention_with(CpuProductInputs::kBf16, {33, 3}); }
 };
 
 class CpuBackend : public Backend {

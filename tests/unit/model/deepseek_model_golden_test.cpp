@@ -27,7 +27,7 @@ nlohmann::json load_reference(const std::string& dir) {
 class GoldenModelTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GoldenModelTest, MatchesReferenceLogitsAndGreedyTokens) {
-  const std::string dir = std::string(DSINFER_SOURCE_DIR) + "/tests/data/" + GetParam();
+  const std::string dir = testing::fixture_dir(GetParam());
   auto backend = make_backend("cpu");
   auto model = load_deepseek_model(dir, *backend, 0, false);
   const auto ref = load_reference(dir);
@@ -75,7 +75,7 @@ std::array<testing::TeacherForcedAgreement, N> agreements_with(const std::string
 // rounded, 144 / 142 / 144 with a sequence's decode steps in fp32 (tiny_v3, tiny_v2_lite,
 // tiny_v3_fp8), against 144 × 3 in fp32: bf16 inputs alone move near-tied steps.
 TEST_P(GoldenModelTest, Bf16ProductInputsStayWithinBf16OfTheReference) {
-  const std::string dir = std::string(DSINFER_SOURCE_DIR) + "/tests/data/" + GetParam();
+  const std::string dir = testing::fixture_dir(GetParam());
   using Inputs = CpuBackend::ProductInputs;
   const auto [fp32, bf16, multirow] =
       agreements_with<3>(dir, {Inputs::kFp32, Inputs::kBf16, Inputs::kBf16MultiRow});
@@ -100,7 +100,7 @@ TEST_P(GoldenModelTest, Bf16ProductInputsStayWithinBf16OfTheReference) {
 // (f16-multirow). Measured: 144 / 144 / 143 of 144 the first two ways, 144 × 3 the third
 // (tiny_v3, tiny_v2_lite, tiny_v3_fp8).
 TEST_P(GoldenModelTest, F16ProductInputsAgreeOnNinetyNinePercentOfSteps) {
-  const std::string dir = std::string(DSINFER_SOURCE_DIR) + "/tests/data/" + GetParam();
+  const std::string dir = testing::fixture_dir(GetParam());
   using Inputs = CpuBackend::ProductInputs;
   const auto [fp32, f16, pairs, multirow] =
       agreements_with<4>(dir, {Inputs::kFp32, Inputs::kF16, Inputs::kF16Pairs, Inputs::kF16MultiRow});
@@ -146,7 +146,7 @@ int expect_moved(int min_length, int max_length, const testing::TeacherForcedAgr
 // above two). Checkpoints without e4m3 weights are untouched; on tiny_v3_fp8, prompts of one
 // or two tokens keep bf16's logits and the longer ones do not.
 TEST_P(GoldenModelTest, Fp8ActivationsWhereTheCudaBackendTakesThem) {
-  const std::string dir = std::string(DSINFER_SOURCE_DIR) + "/tests/data/" + GetParam();
+  const std::string dir = testing::fixture_dir(GetParam());
   using Inputs = CpuBackend::ProductInputs;
   const auto bf16 = agreement_under(dir, CpuRoundings{.product_inputs = Inputs::kBf16});
   const auto recipe = agreement_under(dir, CpuRoundings{.product_inputs = Inputs::kBf16, .fp8_activations = {33, 3}});
@@ -173,7 +173,7 @@ TEST_P(GoldenModelTest, Fp8ActivationsWhereTheCudaBackendTakesThem) {
 // With the products' roundings too (CpuRoundings::cuda_default) the CPU runs the CUDA default
 // path's arithmetic: 144 / 143 / 136 of 144, where the CUDA path scored 143 / 141 / 138.
 TEST_P(GoldenModelTest, AttentionKernelsRoundingsMoveTheirPromptsOnly) {
-  const std::string dir = std::string(DSINFER_SOURCE_DIR) + "/tests/data/" + GetParam();
+  const std::string dir = testing::fixture_dir(GetParam());
   struct Kernel {
     const char* name;
     bool CpuRoundings::*rounds;

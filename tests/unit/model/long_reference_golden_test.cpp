@@ -110,7 +110,7 @@ TEST_P(LongReferenceTest, Fp8ActivationsWhereTheCudaBackendTakesThem) {
 // where the CUDA default path scores 98.14 / 99.12 / 95.21%: the products decide its score, not
 // attention.
 TEST_P(LongReferenceTest, TheCudaDefaultPathsRoundings) {
-  const CpuRoundings attention_only{CpuProductInputs::kFp32, {}, true, true, true};
+  const CpuRoundings attention_only = CpuRoundings::cuda_attention_with(CpuProductInputs::kFp32);
   const testing::TeacherForcedAgreement attention = agreement_with(attention_only, 1e-3);
   const testing::TeacherForcedAgreement cuda_default = agreement_with(CpuRoundings::cuda_default(), 1e-3);
   std::cout << GetParam() << " (the attention kernels' roundings): " << attention.describe() << "\n"
@@ -126,9 +126,9 @@ TEST_P(LongReferenceTest, TheCudaDefaultPathsRoundings) {
 // and 99.25 / 99.90 / 99.35% (RESULTS.md, "The long references committed").
 TEST_P(LongReferenceTest, RoutesToNinetyNinePercent) {
   const testing::TeacherForcedAgreement f16_route =
-      agreement_with(CpuRoundings{CpuProductInputs::kF16MultiRow, {129, 129}, true, true, true}, 1e-3);
+      agreement_with(CpuRoundings::cuda_attention_with(CpuProductInputs::kF16MultiRow, {129, 129}), 1e-3);
   const testing::TeacherForcedAgreement fp32_decode_rows =
-      agreement_with(CpuRoundings{CpuProductInputs::kBf16MultiRow, {}, true, true, true}, 1e-3);
+      agreement_with(CpuRoundings::cuda_attention_with(CpuProductInputs::kBf16MultiRow), 1e-3);
   std::cout << GetParam() << " (f16 in steps of two rows or more, FP8 activations from 129 rows, attention as on "
             << "CUDA): " << f16_route.describe() << "\n"
             << GetParam() << " (bf16 in steps of two rows or more, no FP8 activations, attention as on CUDA): "
@@ -145,7 +145,7 @@ TEST_P(LongReferenceTest, RoutesToNinetyNinePercent) {
 // point, below 99%).
 TEST_P(LongReferenceTest, DecodeProductsThatNeedFp32Rows) {
   const ModelConfig config = ModelConfig::load(dir_);
-  const CpuRoundings all_fp32{CpuProductInputs::kBf16MultiRow, {}, true, true, true};
+  const CpuRoundings all_fp32 = CpuRoundings::cuda_attention_with(CpuProductInputs::kBf16MultiRow);
   auto keeping = [&](CpuOneRowBf16 kept) {
     CpuRoundings r = all_fp32;
     r.one_row_bf16 = std::move(kept);
