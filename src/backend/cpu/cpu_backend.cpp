@@ -31,7 +31,8 @@ CpuBackend::Fp8Activations parse_fp8_activations(const char* value) {
   return {dense, routed};
 }
 
-// "routed,W,..." of DSINFER_CPU_ONE_ROW_BF16: `routed` and input widths of 1 or more, comma-separated.
+// "routed,e4m3,W,..." of DSINFER_CPU_ONE_ROW_BF16: `routed`, `e4m3` and input widths of 1 or more,
+// comma-separated.
 CpuOneRowBf16 parse_one_row_bf16(const char* value) {
   CpuOneRowBf16 kept;
   const std::string text = value;
@@ -43,12 +44,14 @@ CpuOneRowBf16 parse_one_row_bf16(const char* value) {
     int consumed = 0;
     if (item == "routed") {
       kept.routed_experts = true;
+    } else if (item == "e4m3") {
+      kept.e4m3_weights = true;
     } else if (std::sscanf(item.c_str(), "%lld%n", &width, &consumed) == 1 &&
                consumed == static_cast<int>(item.size()) && width >= 1) {
       kept.input_widths.push_back(width);
     } else {
       throw Error(std::string("DSINFER_CPU_ONE_ROW_BF16: '") + value + "': '" + item +
-                  "' is neither `routed` nor an input width of 1 or more");
+                  "' is not `routed`, `e4m3` or an input width of 1 or more");
     }
     if (end == text.size()) return kept;
     begin = end + 1;
@@ -104,7 +107,8 @@ CpuBackend::CpuBackend() {
   }
 }
 
-bool CpuOneRowBf16::takes(int64_t input_width, bool routed_expert) const {
+bool CpuOneRowBf16::takes(int64_t input_width, bool routed_expert, bool e4m3_weight) const {
+  if (e4m3_weight && e4m3_weights) return true;
   if (routed_expert) return routed_experts;
   return std::find(input_widths.begin(), input_widths.end(), input_width) != input_widths.end();
 }
@@ -244,7 +248,7 @@ void CpuBackend::linear_in_step(const Tensor& x, const LinearWeight& w, Tensor& 
   const bool to_bf16 =
       mode == ProductInputs::kBf16 ||
       (mode == ProductInputs::kBf16MultiRow &&
-       (step_rows > 1 || roundings_.one_row_bf16.takes(w.in_features, routed_expert)));
+       (step_rows > 1 || roundings_.one_row_bf16.takes(w.in_features, routed_expert, is_e4m3(w))));
   const bool to_f16 = mode == ProductInputs::kF16 || mode == ProductInputs::kF16Pairs ||
                       (mode == ProductInputs::kF16MultiRow && step_rows > 1);
   const float* xs = x.as<float>();

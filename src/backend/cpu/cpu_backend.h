@@ -25,11 +25,13 @@
 // entries and probabilities, an fp32 cache only); DSINFER_CPU_HEAD_TILES=tf32 the steps its head
 // tiles take (TF32 queries and probabilities, the entries' low mantissa bits ignored).
 //
-// DSINFER_CPU_ONE_ROW_BF16=routed,W,... (with bf16-multirow only) keeps bf16 inputs in some of
-// the one-row steps' products: the routed experts' (`routed`) and the other products whose inputs
-// are W columns wide. It asks which of decode's products need fp32 rows for bf16-multirow's
-// agreement; the widths name the products on a given checkpoint (its hidden size: the products
-// after a norm; the heads' value width: o_proj; an intermediate size: a down product).
+// DSINFER_CPU_ONE_ROW_BF16=routed,e4m3,W,... (with bf16-multirow only) keeps bf16 inputs in some
+// of the one-row steps' products: the routed experts' (`routed`), those over e4m3 weights
+// (`e4m3`: the CUDA backend's default, whose few-row forms of e4m3 weights read bf16 rows) and
+// the other products whose inputs are W columns wide. It asks which of decode's products need
+// fp32 rows for bf16-multirow's agreement; the widths name the products on a given checkpoint
+// (its hidden size: the products after a norm; the heads' value width: o_proj; an intermediate
+// size: a down product).
 #pragma once
 
 #include <memory>
@@ -53,7 +55,8 @@ struct CpuFp8Activations {
 struct CpuOneRowBf16 {
   bool routed_experts = false;
   std::vector<int64_t> input_widths;  // of the products other than the routed experts'
-  bool takes(int64_t input_width, bool routed_expert) const;
+  bool e4m3_weights = false;          // every product over e4m3 weights
+  bool takes(int64_t input_width, bool routed_expert, bool e4m3_weight) const;
 };
 
 // Where the CPU backend rounds as the CUDA backend does (nowhere by default).
@@ -73,9 +76,14 @@ struct CpuRoundings {
             .tf32_head_tiles = true,
             .one_row_bf16 = {}};
   }
-  // The CUDA backend's default path: bf16 product inputs, FP8 activations as it takes them, its
+  // The CUDA backend's default path: bf16 product inputs, but fp32 ones in one-row steps'
+  // products over bf16 weights (GroupedGemmArgs::x_f32), FP8 activations as it takes them, its
   // attention kernels' operands.
-  static CpuRoundings cuda_default() { return cuda_attention_with(CpuProductInputs::kBf16, {33, 3}); }
+  static CpuRoundings cuda_default() {
+    CpuRoundings r = cuda_attention_with(CpuProductInputs::kBf16MultiRow, {33, 3});
+    r.one_row_bf16.e4m3_weights = true;
+    return r;
+  }
 };
 
 class CpuBackend : public Backend {
@@ -93,7 +101,9 @@ class CpuBackend : public Backend {
 
   std::string name() const override { return "cpu"; }
   // e4m3 weights come as stored where FP8 activations are asked for, so that their products are known.
-  bool wants_raw_fp8() const override { return roundings_.fp8_activations.any(); }
+  bool wants_raw_fp8() const override {
+    return roundings_.fp8_activations.any() || roundings_.one_row_bf16.e4m3_weights;
+  }
 
   Tensor empty(const std::vector<int64_t>& shape, DType dtype) override;
   Tensor from_host(const HostTensor& host) override;

@@ -156,6 +156,7 @@ CudaBackend::CudaBackend(Precision precision) {
   few_row_mma_one_token_ = env_is("DSINFER_FEW_ROW_MMA", "experts") || env_is("DSINFER_FEW_ROW_MMA", "all");
   few_row_mma_dense_ = env_is("DSINFER_FEW_ROW_MMA", "all");
   few_row_fixed_phases_ = !env_is("DSINFER_FEW_ROW_FIXED_PHASES", "0");
+  few_row_f32_rows_ = !env_is("DSINFER_FEW_ROW_F32_ROWS", "0");
   if (const char* rows = std::getenv("DSINFER_CUDA_GEMM_MAX_ROWS"))
     own_gemm_max_rows_ = own_gemm_max_rows_fp8_ = std::max(1, std::atoi(rows));
   if (const char* rows = std::getenv("DSINFER_CUDA_FP8_GEMM_MAX_ROWS"))
@@ -653,8 +654,17 @@ GroupedGemmArgs CudaBackend::dense_product(const Tensor& x_bf16, int64_t rows, c
   return a;
 }
 
+void CudaBackend::read_f32_rows(GroupedGemmArgs& a, const Tensor* x, int64_t step_rows) const {
+  if (x == nullptr || !few_row_f32_rows(step_rows, a.weights_fp8) || x->dtype != DType::kF32 ||
+      x->shape.size() != 2 || x->dim(1) % 8 != 0 || x->dim(1) > a.ldx ||
+      reinterpret_cast<uintptr_t>(x->data) % 16 != 0)
+    return;
+  a.x_f32 = x->as<float>();
+  a.ldx_f32 = a.x_f32_cols = static_cast<int>(x->dim(1));
+}
+
 void CudaBackend::gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, int epilogue, void* y,
-                       int64_t ldy, int64_t n_out, bool library_gemm) {
+                       int64_t ldy, int64_t n_out, bool library_gemm, const Tensor* x_f32) {
   if (rows == 0) return;
   const auto kind = static_cast<GemmEpilogue>(epilogue);
   GroupedGemmArgs a = dense_product(x_bf16, rows, w, kind, y, ldy, n_out);
@@ -662,9 +672,13 @@ void CudaBackend::gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w
   const RowRmsScale left = left_norm_scale(x_bf16.data);
   if (!library_gemm && few_row_gemm_takes(rows)) {
     a.rms_scale = left;
+    read_f32_rows(a, x_f32, rows);
+    // fp32 rows in place of bf16 ones (gated_mlp_bf16's SiLU·up) must be read as such.
+    DS_CHECK_MSG(x_bf16.dtype == DType::kBF16 || a.x_f32 == x_bf16.data, "gemm: fp32 rows the product cannot read");
     launch_few_row_gemm(a, g.n_padded, 1, static_cast<int>(rows), stream_);
     return;
   }
+  DS_CHECK_MSG(kind != GemmEpilogue::kSiluMulF32, "gemm: fp32 SiLU·up rows come from the few-row kernel");
   if (left.partials != nullptr) settle_norm();  // cuBLASLt and the own kernel apply no factor
   if (library_gemm || library_gemm_takes(g, rows)) {
     // Many rows: compute-bound, cuBLASLt. Its fp32 output lands in y directly when the layouts
@@ -843,7 +857,7 @@ void CudaBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   if (!few_row_gemm_takes(m)) reconcile_norm({&x}, {});
   reconcile_norm({}, {&out});
   if (f32_products_) product_f32(x.as<float>(), m, x.dim(1), w, out.as<float>(), out.dim(1));
-  else if (!linear_f32_e4m3(x, w, out)) linear_bf16(to_bf16_padded(x, w.weight.dim(1)), m, w, out);
+  else if (!linear_f32_e4m3(x, w, out)) linear_bf16(to_bf16_padded(x, w.weight.dim(1)), m, w, out, &x);
   forget_normed_copy_if_written(out);
 }
 
@@ -867,8 +881,10 @@ bool CudaBackend::linear_f32_e4m3(const Tensor& x, const LinearWeight& w, Tensor
   return true;
 }
 
-void CudaBackend::linear_bf16(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, Tensor& out) {
-  gemm(x_bf16, rows, w, static_cast<int>(GemmEpilogue::kStoreF32), out.data, w.out_features, w.out_features);
+void CudaBackend::linear_bf16(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, Tensor& out,
+                              const Tensor* x_f32) {
+  gemm(x_bf16, rows, w, static_cast<int>(GemmEpilogue::kStoreF32), out.data, w.out_features, w.out_features,
+       /*library_gemm=*/false, x_f32);
 }
 
 void CudaBackend::linear_pair(const Tensor& x, const LinearWeight& w1, Tensor& out1, const LinearWeight& w2,
@@ -892,6 +908,8 @@ void CudaBackend::linear_pair(const Tensor& x, const LinearWeight& w1, Tensor& o
     GroupedGemmArgs a = dense_product(xb, m, w1, GemmEpilogue::kStoreF32, out1.data, w1.out_features, w1.out_features);
     GroupedGemmArgs b = dense_product(xb, m, w2, GemmEpilogue::kStoreF32, out2.data, w2.out_features, w2.out_features);
     a.rms_scale = b.rms_scale = left_norm_scale(xb.data);
+    read_f32_rows(a, &x, m);
+    read_f32_rows(b, &x, m);
     // A MoE layer's router logits from the residual it starts from, in the same launch
     // (will_route, RouterIdentity): the layer's first pair of products.
     RouterLogitsRow pre;
@@ -905,15 +923,15 @@ void CudaBackend::linear_pair(const Tensor& x, const LinearWeight& w1, Tensor& o
     }
     launch_few_row_gemm_pair(a, b, static_cast<int>(m), stream_, router_part ? &pre : nullptr);
   } else {
-    linear_bf16(xb, m, w1, out1);
-    linear_bf16(xb, m, w2, out2);
+    linear_bf16(xb, m, w1, out1, &x);
+    linear_bf16(xb, m, w2, out2, &x);
   }
   forget_normed_copy_if_written(out1);
   forget_normed_copy_if_written(out2);
 }
 
 void CudaBackend::gated_mlp_bf16(const Tensor& x_bf16, int64_t rows, const LinearWeight& gate_up,
-                                 const LinearWeight& down, float* out, int64_t ldo) {
+                                 const LinearWeight& down, float* out, int64_t ldo, const Tensor* x_f32) {
   const int64_t inter_p = gate_up.weight.dim(0) / 2;
   DS_CHECK_MSG(down.weight.dim(1) == inter_p && down.in_features == gate_up.out_features / 2,
                "gated MLP: down projection takes " << down.in_features << " inputs, gate/up gives "
@@ -921,9 +939,15 @@ void CudaBackend::gated_mlp_bf16(const Tensor& x_bf16, int64_t rows, const Linea
   // cuBLASLt's products apply no pending norm's factor.
   if (!few_row_gemm_takes(rows) && left_norm_scale(x_bf16.data).partials != nullptr) settle_norm();
   if (silu_e4m3_ && gated_mlp_e4m3(x_bf16, rows, gate_up, down, out, ldo)) return;
-  Tensor act = alloc_->cached({rows, inter_p}, DType::kBF16);
-  gemm(x_bf16, rows, gate_up, static_cast<int>(GemmEpilogue::kSiluMulBf16), act.data, inter_p, inter_p);
-  gemm(act, rows, down, static_cast<int>(GemmEpilogue::kStoreF32), out, ldo, down.out_features);
+  // SiLU·up in fp32 where the down product reads fp32 rows (few_row_f32_rows); its bf16 rows
+  // are then unused.
+  const bool act_f32 = few_row_f32_rows(rows, down.weight.dtype == DType::kF8E4M3) && inter_p % 8 == 0;
+  Tensor act = alloc_->cached({rows, inter_p}, act_f32 ? DType::kF32 : DType::kBF16);
+  gemm(x_bf16, rows, gate_up,
+       static_cast<int>(act_f32 ? GemmEpilogue::kSiluMulF32 : GemmEpilogue::kSiluMulBf16), act.data, inter_p,
+       inter_p, /*library_gemm=*/false, x_f32);
+  gemm(act, rows, down, static_cast<int>(GemmEpilogue::kStoreF32), out, ldo, down.out_features,
+       /*library_gemm=*/false, act_f32 ? &act : nullptr);
 }
 
 bool CudaBackend::gated_mlp_e4m3(const Tensor& x_bf16, int64_t rows, const LinearWeight& gate_up,
@@ -952,7 +976,7 @@ void CudaBackend::gated_mlp(const Tensor& x, const LinearWeight& gate_up, const 
   if (m == 0) return;
   reconcile_norm({}, {&out});
   if (f32_products_) gated_mlp_f32(x, gate_up, down, out.as<float>(), out.dim(1));
-  else gated_mlp_bf16(to_bf16_padded(x, gate_up.weight.dim(1)), m, gate_up, down, out.as<float>(), out.dim(1));
+  else gated_mlp_bf16(to_bf16_padded(x, gate_up.weight.dim(1)), m, gate_up, down, out.as<float>(), out.dim(1), &x);
   forget_normed_copy_if_written(out);
 }
 

@@ -139,10 +139,21 @@ class CudaBackend final : public Backend {
   // The own kernels' arguments for the product of rows of x_bf16 by w, epilogue into y [rows, ldy].
   GroupedGemmArgs dense_product(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, GemmEpilogue epilogue,
                                 void* y, int64_t ldy, int64_t n_out) const;
+  // Whether the few-row products of a step of step_rows rows over weights of this type read
+  // fp32 rows (GroupedGemmArgs::x_f32): a single sequence's decode steps (step_rows 1) over bf16
+  // weights, unless batch invariance or DSINFER_FEW_ROW_F32_ROWS=0 says otherwise. Their gate/up
+  // products then write fp32 SiLU·up rows for the down product (kSiluMulF32).
+  bool few_row_f32_rows(int64_t step_rows, bool weights_fp8) const {
+    return few_row_f32_rows_ && !batch_invariant_ && step_rows == 1 && !weights_fp8 && few_row_gemm_takes(1);
+  }
+  // a reads x's fp32 rows [*, x.dim(1)] where few_row_f32_rows allows it and x's rows can be
+  // read 8 columns at a time; else a is unchanged (bf16 rows).
+  void read_f32_rows(GroupedGemmArgs& a, const Tensor* x, int64_t step_rows) const;
   // y (epilogue's layout) = x · Wᵀ for bf16 x [rows, w's k_padded]; own kernel or cuBLASLt.
   // library_gemm: use cuBLASLt whatever the row count (unless batch invariance is asked for).
+  // x_f32: the same rows in fp32 (read_f32_rows), or null.
   void gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, int epilogue, void* y, int64_t ldy,
-            int64_t n_out, bool library_gemm = false);
+            int64_t n_out, bool library_gemm = false, const Tensor* x_f32 = nullptr);
   // cuBLASLt's product of many rows into fp32 out [rows rounded up to 4, n_padded].
   void library_product(const Tensor& x_bf16, int64_t rows, const GemmWeight& w, float* out);
   // The block-scaled FP8 product when cuBLASLt has one for the shape, into fp32 out (or bf16
@@ -191,8 +202,9 @@ class CudaBackend final : public Backend {
   void forget_normed_copy() { normed_copy_ = {}; }
   // Forgets the copy when `written` overlaps the tensor it was made from.
   void forget_normed_copy_if_written(const Tensor& written);
-  // out fp32 [rows, w.out_features] = x · wᵀ for bf16 x [rows, w's k_padded].
-  void linear_bf16(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, Tensor& out);
+  // out fp32 [rows, w.out_features] = x · wᵀ for bf16 x [rows, w's k_padded] (x_f32: gemm's).
+  void linear_bf16(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, Tensor& out,
+                   const Tensor* x_f32 = nullptr);
   // The routed experts in the own grouped kernels; the layout's row-blocks hold rows_per_block
   // rows (kExpertBlockWideRows only where fp8_expert_activations_for holds). Gives their rows
   // [num_entries, hidden]: bf16 from the prefill expert blocks (prefill_expert_outputs_bf16_),
@@ -200,11 +212,11 @@ class CudaBackend final : public Backend {
   // x_scale: xb's rows are a pending norm's output (the few-row kernel only; see PendingNorm).
   // shared_down: the shared experts' down product of a one-token step, run in the launch of the
   // routed down product where both take the few-row kernel (shared_down_with_routed_), else
-  // after it.
+  // after it. x: xb's rows in fp32, for products that read them so (read_f32_rows), or null.
   Tensor moe_experts_grouped(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
                              const int32_t* block_offsets, const int32_t* src_rows, int64_t num_entries,
                              int rows_per_block, const RowRmsScale& x_scale = {},
-                             const GroupedGemmArgs* shared_down = nullptr);
+                             const GroupedGemmArgs* shared_down = nullptr, const Tensor* x = nullptr);
   // Whether the layer's experts, where they take the 128-row expert blocks, run DeepSeek's FP8
   // activations there (e4m3 weights, both switches on, k and the intermediate size whole
   // 128-column scale blocks).
@@ -262,9 +274,9 @@ class CudaBackend final : public Backend {
   // Runs `launches` with stream_ and matmul_ swapped for side_stream_ and side_matmul_ (within
   // a fork, see ForkedStreams), so that what they queue goes to the side stream.
   void queue_on_side(const std::function<void()>& launches);
-  // x · gate_up → SiLU·mul → down for bf16 x [rows, gate_up's k_padded].
+  // x · gate_up → SiLU·mul → down for bf16 x [rows, gate_up's k_padded] (x_f32: gemm's).
   void gated_mlp_bf16(const Tensor& x_bf16, int64_t rows, const LinearWeight& gate_up, const LinearWeight& down,
-                      float* out, int64_t ldo);
+                      float* out, int64_t ldo, const Tensor* x_f32 = nullptr);
   // linear() of fp32 rows straight to their e4m3 form where cuBLASLt's block-scaled product takes
   // them; false: nothing was run.
   bool linear_f32_e4m3(const Tensor& x, const LinearWeight& w, Tensor& out);
@@ -512,6 +524,7 @@ class CudaBackend final : public Backend {
   bool few_row_mma_one_token_ = false;
   bool few_row_mma_dense_ = false;
   bool few_row_fixed_phases_ = true;  // DSINFER_FEW_ROW_FIXED_PHASES=0: phases read at run time
+  bool few_row_f32_rows_ = true;      // DSINFER_FEW_ROW_F32_ROWS=0: one-row steps read bf16 rows too
   const ForwardBatch* step_batch_ = nullptr;
   Tensor tile_counters_;  // [kGemmMaxTileCounters] split-K arrival counts, zero between GEMMs
   Tensor argmax_scratch_;  // launch_argmax_rows' arrival counts and slice keys, zero between launches

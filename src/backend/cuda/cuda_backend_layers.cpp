@@ -304,7 +304,12 @@ CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const Mo
                                 return num_tokens <= shared_beside_library_max_tokens_ &&
                                        library_gemm_takes(gu, num_tokens) && library_gemm_takes(down, num_tokens);
                               }();
-  if (shared_in_routing) shared_act = alloc_->cached({num_tokens, shared_inter_p}, DType::kBF16);
+  // SiLU·up in fp32 where the shared down product reads fp32 rows (few_row_f32_rows).
+  const bool shared_act_f32 =
+      shared_in_routing && few_row_f32_rows(num_tokens, w.shared_down.weight.dtype == DType::kF8E4M3) &&
+      shared_inter_p % 8 == 0;
+  if (shared_in_routing)
+    shared_act = alloc_->cached({num_tokens, shared_inter_p}, shared_act_f32 ? DType::kF32 : DType::kBF16);
   // The logits made beside o_proj (RouterIdentity), before the norm's factor, which the routing
   // applies: the shared experts' gate/up goes beside the routing, their down product with the
   // routed experts (moe_experts_grouped).
@@ -316,16 +321,24 @@ CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const Mo
   // product, with the routed experts').
   GroupedGemmArgs shared_gate_up, shared_down;
   if (shared_in_routing) {
-    shared_gate_up = scaled(dense_product(xb, num_tokens, w.shared_gate_up, GemmEpilogue::kSiluMulBf16,
-                                          shared_act.data, shared_inter_p, shared_inter_p),
-                            x_scale);
+    shared_gate_up = scaled(
+        dense_product(xb, num_tokens, w.shared_gate_up,
+                      shared_act_f32 ? GemmEpilogue::kSiluMulF32 : GemmEpilogue::kSiluMulBf16, shared_act.data,
+                      shared_inter_p, shared_inter_p),
+        x_scale);
+    read_f32_rows(shared_gate_up, &x, num_tokens);
     shared_down = dense_product(shared_act, num_tokens, w.shared_down, GemmEpilogue::kStoreF32, shared.data, hidden,
                                 w.shared_down.out_features);
+    if (shared_act_f32) {
+      read_f32_rows(shared_down, &shared_act, num_tokens);
+      DS_CHECK(shared_down.x_f32 != nullptr);
+    }
   }
   std::optional<ForkedStreams> forked;
   if (shared_on_side) {
     forked.emplace(stream_, side_stream_, fork_event_, join_event_, *alloc_);
-    queue_on_side([&] { gated_mlp_bf16(xb, num_tokens, w.shared_gate_up, w.shared_down, shared.as<float>(), hidden); });
+    queue_on_side(
+        [&] { gated_mlp_bf16(xb, num_tokens, w.shared_gate_up, w.shared_down, shared.as<float>(), hidden, &x); });
   }
 
   Tensor d_ids = alloc_->cached({num_entries}, DType::kI32);
@@ -379,14 +392,14 @@ CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const Mo
     expert_out = moe_experts_f32(w, x, row_offsets, block_offsets, src_rows, num_entries);
   } else {
     expert_out = moe_experts_grouped(w, xb, row_offsets, block_offsets, src_rows, num_entries,
-                                     grouped_rows_per_block, x_scale, identity_logits ? &shared_down : nullptr);
+                                     grouped_rows_per_block, x_scale, identity_logits ? &shared_down : nullptr, &x);
   }
 
   if (forked) forked->join();
   else if (w.has_shared && f32_products_)
     gated_mlp_f32(x, w.shared_gate_up, w.shared_down, shared.as<float>(), hidden);
   else if (w.has_shared && !shared_in_routing)
-    gated_mlp_bf16(xb, num_tokens, w.shared_gate_up, w.shared_down, shared.as<float>(), hidden);
+    gated_mlp_bf16(xb, num_tokens, w.shared_gate_up, w.shared_down, shared.as<float>(), hidden, &x);
   MoeOutputs m;
   m.combine = MoeCombineRows{expert_out.data,
                              expert_out.dtype == DType::kBF16,
@@ -431,7 +444,7 @@ bool CudaBackend::fp8_expert_activations_for(const MoeWeights& w) const {
 Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
                                         const int32_t* block_offsets, const int32_t* src_rows, int64_t num_entries,
                                         int rows_per_block, const RowRmsScale& x_scale,
-                                        const GroupedGemmArgs* shared_down) {
+                                        const GroupedGemmArgs* shared_down, const Tensor* x) {
   const int num_experts = w.num_experts;
   const GemmWeight* gate_up_table = static_cast<const GemmWeight*>(w.derived.data);
   const LinearWeight& gu0 = w.expert_gate_up[0];
@@ -484,6 +497,10 @@ Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, c
   // them (DSINFER_MOE_PREFILL_SILU_E4M3=0 keeps those).
   const bool act_e4m3 = fp8_activations && rows_per_block == kExpertBlockWideRows &&
                         up.prefill_weight_rows == 256 && prefill_expert_silu_e4m3_;
+  // SiLU·up in fp32 where the few-row down product reads fp32 rows (few_row_f32_rows).
+  const bool act_f32 =
+      few_rows && few_row_f32_rows(num_tokens, down0.weight.dtype == DType::kF8E4M3) && inter_p % 8 == 0;
+  if (act_f32) up.epilogue = GemmEpilogue::kSiluMulF32;
   Tensor act;
   // Their weight rows by TMA where the layer has tensor maps (DSINFER_MOE_PREFILL_TMA_WEIGHTS=0:
   // cp.async).
@@ -497,12 +514,13 @@ Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, c
     up.y_scales = act_q.scales.as<float>();
     up.y_scale_rows = act_q.scales.dim(1);
   } else {
-    act = alloc_->cached({num_entries, inter_p}, DType::kBF16);
+    act = alloc_->cached({num_entries, inter_p}, act_f32 ? DType::kF32 : DType::kBF16);
     up.y = act.data;
   }
   const int max_rows_per_block = static_cast<int>(num_tokens);
   DS_CHECK_MSG(x_scale.partials == nullptr || few_rows, "moe: only the few-row kernel applies a pending norm's factor");
   up.rms_scale = x_scale;
+  if (few_rows) read_f32_rows(up, x, num_tokens);
   if (few_rows)
     launch_few_row_gemm(up, static_cast<int>(gu0.weight.dim(0)), max_blocks, max_rows_per_block, stream_);
   else
@@ -510,7 +528,12 @@ Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, c
 
   GroupedGemmArgs down = up;
   down.rms_scale = {};
-  down.x = act_e4m3 ? nullptr : act.as<uint16_t>();
+  down.x = act_e4m3 || act_f32 ? nullptr : act.as<uint16_t>();
+  down.x_f32 = nullptr;
+  if (act_f32) {
+    read_f32_rows(down, &act, num_tokens);
+    DS_CHECK(down.x_f32 != nullptr);
+  }
   down.y_scales = nullptr;
   down.y_scale_rows = 0;
   down.weight_maps = up.tma_weights ? weight_maps + num_experts : nullptr;

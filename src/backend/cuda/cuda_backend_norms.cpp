@@ -95,6 +95,7 @@ void CudaBackend::linear_add_rms_norm(const Tensor& x, const LinearWeight& w, Te
   const GemmWeight g = gemm_weight_of(w);
   const Tensor xb = to_bf16_padded(x, g.k_padded);
   GroupedGemmArgs a = dense_product(xb, rows, w, GemmEpilogue::kStoreF32, nullptr, n, n);
+  read_f32_rows(a, &x, rows);
   a.residual_norm = leave_norm(residual, norm_w, eps, normed);
   // The next MoE layer's router logits before the norm's factor, from this product's input, in
   // the same launch (will_route, RouterIdentity), where its residual part was made.

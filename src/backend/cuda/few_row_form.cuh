@@ -20,12 +20,14 @@ namespace dsinfer::cuda::few_row {
 constexpr size_t kMmaMaxSharedBytes = 40 * 1024;
 
 // A block form: kTokens rows a pass, e4m3 or bf16 weights, tensor cores or CUDA cores, and for
-// the CUDA-core forms a phase count fixed at compile time (gemm_block; 0: read at run time). A
-// block takes up to kMaxUnitsPerBlock consecutive units of kUnitRows weight rows.
-template <int kTokens, bool kFp8, bool kMma, int kFixedPhases = 0>
+// the CUDA-core forms a phase count fixed at compile time (gemm_block; 0: read at run time) and,
+// for one row over bf16 weights, whether x's row is read in fp32 (kXF32: GroupedGemmArgs::x_f32).
+// A block takes up to kMaxUnitsPerBlock consecutive units of kUnitRows weight rows.
+template <int kTokens, bool kFp8, bool kMma, int kFixedPhases = 0, bool kXF32 = false>
 struct Form {
   static_assert(!kMma || kFp8, "the tensor-core form takes e4m3 weights");
   static_assert(!kMma || kFixedPhases == 0, "the tensor-core form walks chunks, not phases");
+  static_assert(!kXF32 || (kTokens == 1 && !kFp8), "fp32 rows: one row over bf16 weights");
   static constexpr int kUnitRows = kMma ? kGemmTileRows : kQuadRows;
   static constexpr int kMaxUnitsPerBlock = kMma ? kMmaMaxTilesPerBlock : kMaxQuadsPerBlock;
   // Blocks an SM that the kernels running it are compiled for (__launch_bounds__; 0: no bound).
@@ -36,7 +38,7 @@ struct Form {
   static size_t shared_bytes(const GroupedGemmArgs& a) { return kMma ? mma_shared_bytes<kTokens>(a.ldx) : 0; }
   __device__ static void run(const GroupedGemmArgs& a, int units_per_block, int block_x, int row_block) {
     if constexpr (kMma) gemm_block_mma<kTokens>(a, units_per_block, block_x, row_block);
-    else gemm_block<kTokens, kFp8, kFixedPhases>(a, units_per_block, block_x, row_block);
+    else gemm_block<kTokens, kFp8, kFixedPhases, kXF32>(a, units_per_block, block_x, row_block);
   }
   // A Kernel running the tensor-core form may take up to kMmaMaxSharedBytes of x rows beside its
   // own static shared memory (the routing's, in moe_routing_beside.cu), past the 48 KB a launch
@@ -73,19 +75,38 @@ inline int units_per_block(int num_units, int num_row_blocks, int64_t capacity, 
 
 static_assert(kPiecesPerPhase == kThreads, "a phase is one piece a thread (few_row_phases.h)");
 
-// with_block_form's CUDA-core forms (a function, not a lambda: the compiler instantiated the
-// discarded branches of a generic lambda's `if constexpr`).
-template <int kTokens, bool kFp8, int kMaxFixedPhases, int kMaxFp8FixedPhases, typename F>
-void with_cuda_core_form(const GroupedGemmArgs& a, F& f) {
+// with_block_form's CUDA-core forms of x's rows in bf16, or in fp32 (kXF32) (a function, not a
+// lambda: the compiler instantiated the discarded branches of a generic lambda's `if constexpr`).
+template <int kTokens, bool kFp8, bool kXF32, int kMaxFixedPhases, int kMaxFp8FixedPhases, typename F>
+void with_cuda_core_form_of_rows(const GroupedGemmArgs& a, F& f) {
   if constexpr (kTokens <= 2) {
     const int phases =
         a.few_row_fixed_phases ? fixed_phases(a.ldx, kFp8, kMaxFixedPhases, kMaxFp8FixedPhases) : 0;
-    if (phases == 1) return f(Form<kTokens, kFp8, false, 1>{});
-    if (phases == 2) return f(Form<kTokens, kFp8, false, 2>{});
+    if (phases == 1) return f(Form<kTokens, kFp8, false, 1, kXF32>{});
+    if (phases == 2) return f(Form<kTokens, kFp8, false, 2, kXF32>{});
     if constexpr ((kFp8 ? kMaxFp8FixedPhases : kMaxFixedPhases) >= 4)
-      if (phases == 4) return f(Form<kTokens, kFp8, false, 4>{});
+      if (phases == 4) return f(Form<kTokens, kFp8, false, 4, kXF32>{});
   }
-  f(Form<kTokens, kFp8, false>{});
+  f(Form<kTokens, kFp8, false, 0, kXF32>{});
+}
+
+template <int kTokens, bool kFp8, int kMaxFixedPhases, int kMaxFp8FixedPhases, typename F>
+void with_cuda_core_form(const GroupedGemmArgs& a, F& f) {
+  if constexpr (kTokens == 1 && !kFp8) {
+    if (a.x_f32 != nullptr)
+      return with_cuda_core_form_of_rows<kTokens, kFp8, true, kMaxFixedPhases, kMaxFp8FixedPhases>(a, f);
+  }
+  with_cuda_core_form_of_rows<kTokens, kFp8, false, kMaxFixedPhases, kMaxFp8FixedPhases>(a, f);
+}
+
+// Where a product may read x's rows in fp32 (GroupedGemmArgs::x_f32) and write fp32 SiLU·up rows.
+inline void check_f32_rows(const GroupedGemmArgs& a, int max_rows_per_block) {
+  DS_CHECK_MSG(a.x_f32 == nullptr || (max_rows_per_block <= 1 && !a.weights_fp8 && a.x_f32_cols % 8 == 0 &&
+                                      a.ldx_f32 % 4 == 0 && a.x_f32_cols <= a.ldx &&
+                                      reinterpret_cast<uintptr_t>(a.x_f32) % 16 == 0),
+               "few-row GEMM: fp32 rows are read by passes of one row over bf16 weights, 8 columns at a time");
+  DS_CHECK_MSG(a.epilogue != GemmEpilogue::kSiluMulF32 || !(a.weights_fp8 && a.few_row_mma),
+               "few-row GEMM: fp32 SiLU·up rows come from the CUDA-core forms");
 }
 
 // Calls f(Form<kTokens, kFp8, kMma, kFixedPhases>{}) with the rows a block handles together for
@@ -98,6 +119,7 @@ template <int kMaxFixedPhases = 4, int kMaxFp8FixedPhases = 4, typename F>
 void with_block_form(const GroupedGemmArgs& a, int max_rows_per_block, F&& f) {
   // StepDivisor's quotients are exact for K below kStepDivisorMaxK (K is at most x's row stride).
   DS_CHECK_MSG(a.ldx < kStepDivisorMaxK, "few-row GEMM: rows of " << a.ldx << " columns are beyond its step counts");
+  check_f32_rows(a, max_rows_per_block);
   const auto with_type = [&](auto tokens) {
     constexpr int kTokens = decltype(tokens)::value;
     if (a.weights_fp8 && a.few_row_mma && mma_shared_bytes<kTokens>(a.ldx) <= kMmaMaxSharedBytes)

@@ -66,8 +66,11 @@ void launch_few_row_gemm_pair(const GroupedGemmArgs& a, const GroupedGemmArgs& b
   DS_CHECK(a.groups == nullptr && b.groups == nullptr && a.k_splits == 1 && b.k_splits == 1 && a.ldx % 8 == 0 &&
            b.ldx % 8 == 0 && a.dense_rows == rows && b.dense_rows == rows && a.weights_fp8 == b.weights_fp8 &&
            a.few_row_mma == b.few_row_mma && a.few_row_fixed_phases == b.few_row_fixed_phases &&
+           (a.x_f32 == nullptr) == (b.x_f32 == nullptr) &&
            a.dense.n_padded % kGemmTileRows == 0 &&
            b.dense.n_padded % kGemmTileRows == 0 && rows >= 1 && rows <= kFewRowGemmMaxRows);
+  few_row::check_f32_rows(a, rows);
+  few_row::check_f32_rows(b, rows);
   // One form for both: the one that rows of the wider K take. Fixed walks of up to two phases:
   // the pair's one-row bf16 form of four spills.
   const GroupedGemmArgs& wider = a.ldx >= b.ldx ? a : b;

@@ -141,11 +141,15 @@ __device__ __forceinline__ int quad_row(bool gate_up, int q, int r) {
 // adds nothing, so the sums keep their order and bits). Step s's quad and phase are then known
 // at compile time from s's place in its group of kDepth, and each thread's x pieces are read once
 // a pass into registers (e4m3 rows of four phases: shared memory) instead of again at every quad.
-template <int kTokens, bool kFp8, int kFixedPhases = 0>
+//
+// kXF32 (one row, bf16 weights): x's row is read in fp32 from a.x_f32 at every step (from L1: a
+// row is 4 bytes a column for the whole block), not held, since it takes twice the registers.
+template <int kTokens, bool kFp8, int kFixedPhases = 0, bool kXF32 = false>
 __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_per_block, int block_x,
                                            int row_block) {
   static_assert(kFixedPhases >= 0 && kDepth % (kFixedPhases > 0 ? kFixedPhases : 1) == 0,
                 "a fixed phase count divides the steps in flight");
+  static_assert(!kXF32 || (kTokens == 1 && !kFp8), "fp32 rows: passes of one row over bf16 weights");
   constexpr bool kFixed = kFixedPhases > 0;
   constexpr int kPieceElems = kFp8 ? 16 : 8;  // weights per 16-byte piece
   constexpr int kXPieces = kPieceElems / 8;   // 16-byte pieces of bf16 x a weight piece takes
@@ -156,7 +160,7 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
   // memory, each thread's own, rather than in registers, where they would spill.
   constexpr bool kXShared = kHalfProducts && kFixedPhases > 2;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const bool gate_up = a.epilogue == GemmEpilogue::kSiluMulBf16;
+  const bool gate_up = a.epilogue == GemmEpilogue::kSiluMulBf16 || a.epilogue == GemmEpilogue::kSiluMulF32;
   const int first_quad = block_x * quads_per_block;
   struct Walk {
     int num_pieces = 0, num_phases = 0, num_quads = 0, num_steps = 0;
@@ -226,7 +230,7 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
     for (int t = 0; t < kTokens; ++t) {
       x_rows[t] = 0;
       if (t < pass_rows) x_rows[t] = a.src_rows != nullptr ? a.src_rows[pass_begin + t] : pass_begin + t;
-      x_offset[t] = x_rows[t] * a.ldx;
+      x_offset[t] = x_rows[t] * (kXF32 ? a.ldx_f32 : a.ldx);
     }
     // Where a norm left each row's 1 / rms to this product: the thread's share of its partial
     // sums, requested now and added at the end, and the residual and norm weight of the first quad
@@ -256,7 +260,7 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
       if constexpr (kXShared) return x_shared[t * kHeldPieces + i][tid];
       else return x_held[t][i];
     };
-    if constexpr (kFixed) {
+    if constexpr (kFixed && !kXF32) {
 #pragma unroll
       for (int t = 0; t < kTokens; ++t)
 #pragma unroll
@@ -315,19 +319,30 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
           float xf[kTokens][kPieceElems];
 #pragma unroll
           for (int t = 0; t < kTokens; ++t) {
+            if constexpr (kXF32) {
+              // x_f32_cols is a multiple of 8: a piece's columns are all read or all zeros.
+              const bool read = t < pass_rows && p * kPieceElems < a.x_f32_cols;
+              const auto* x = reinterpret_cast<const float4*>(a.x_f32 + x_offset[t] + p * kPieceElems);
+              const float4 lo = read ? __ldg(x) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+              const float4 hi = read ? __ldg(x + 1) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+              const float part[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
 #pragma unroll
-            for (int h = 0; h < kXPieces; ++h) {
-              float part[8];
-              uint4 v;
-              if constexpr (kFixed) {
-                v = x_piece(t, phase * kXPieces + h);
-              } else {
-                const auto* x = reinterpret_cast<const uint4*>(a.x + x_offset[t] + p * kPieceElems);
-                v = t < pass_rows ? __ldg(x + h) : make_uint4(0, 0, 0, 0);
+              for (int e = 0; e < 8; ++e) xf[t][e] = part[e];
+            } else {
+#pragma unroll
+              for (int h = 0; h < kXPieces; ++h) {
+                float part[8];
+                uint4 v;
+                if constexpr (kFixed) {
+                  v = x_piece(t, phase * kXPieces + h);
+                } else {
+                  const auto* x = reinterpret_cast<const uint4*>(a.x + x_offset[t] + p * kPieceElems);
+                  v = t < pass_rows ? __ldg(x + h) : make_uint4(0, 0, 0, 0);
+                }
+                widen_bf16x8(v, part);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) xf[t][8 * h + e] = part[e];
               }
-              widen_bf16x8(v, part);
-#pragma unroll
-              for (int e = 0; e < 8; ++e) xf[t][8 * h + e] = part[e];
             }
           }
 #pragma unroll
@@ -437,7 +452,9 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
           g *= row_scale;
           u *= row_scale;
         }
-        static_cast<__nv_bfloat16*>(a.y)[y_row + out] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * u);
+        const float silu_up = g / (1.0f + expf(-g)) * u;
+        if (a.epilogue == GemmEpilogue::kSiluMulF32) static_cast<float*>(a.y)[y_row + out] = silu_up;
+        else static_cast<__nv_bfloat16*>(a.y)[y_row + out] = __float2bfloat16_rn(silu_up);
       } else {
         const int out = (first_quad + i) * kQuadRows + o;
         if (out >= a.n_out) continue;

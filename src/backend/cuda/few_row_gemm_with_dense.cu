@@ -65,27 +65,28 @@ int one_row_fixed_phases(const GroupedGemmArgs& a) {
 }
 
 // Launches the pair where the two products take the forms of kGroupedPhases and kDensePhases.
-template <bool kFp8, int kGroupedPhases, int kDensePhases>
+template <bool kFp8, bool kXF32, int kGroupedPhases, int kDensePhases>
 bool launch_if_phases(int grouped_phases, int dense_phases, const GroupedGemmArgs& grouped, int max_n_padded,
                       int max_row_blocks, const GroupedGemmArgs& dense, Stream stream) {
   if (grouped_phases != kGroupedPhases || dense_phases != kDensePhases) return false;
-  launch_pair<few_row::Form<1, kFp8, false, kGroupedPhases>, few_row::Form<1, kFp8, false, kDensePhases>>(
-      grouped, max_n_padded, max_row_blocks, dense, stream);
+  launch_pair<few_row::Form<1, kFp8, false, kGroupedPhases, kXF32>,
+              few_row::Form<1, kFp8, false, kDensePhases, kXF32>>(grouped, max_n_padded, max_row_blocks, dense,
+                                                                    stream);
   return true;
 }
 
 // The pairs compiled together: both products of fixed walks, the dense one of as many phases as
 // the grouped one or twice as many (V2's and V2-Lite's routed and shared down products, K 1,408
-// and 2,816, and V3's, K 2,048 both, in either weight type). Returns false where the pair is not
-// among them.
-template <bool kFp8>
+// and 2,816, and V3's, K 2,048 both, in either weight type), both of bf16 rows or both of fp32
+// rows (kXF32). Returns false where the pair is not among them.
+template <bool kFp8, bool kXF32>
 bool launch_paired_forms(const GroupedGemmArgs& grouped, int max_n_padded, int max_row_blocks,
                          const GroupedGemmArgs& dense, Stream stream) {
   const int g = one_row_fixed_phases(grouped), d = one_row_fixed_phases(dense);
-  return launch_if_phases<kFp8, 1, 1>(g, d, grouped, max_n_padded, max_row_blocks, dense, stream) ||
-         launch_if_phases<kFp8, 1, 2>(g, d, grouped, max_n_padded, max_row_blocks, dense, stream) ||
-         launch_if_phases<kFp8, 2, 2>(g, d, grouped, max_n_padded, max_row_blocks, dense, stream) ||
-         launch_if_phases<kFp8, 2, 4>(g, d, grouped, max_n_padded, max_row_blocks, dense, stream);
+  return launch_if_phases<kFp8, kXF32, 1, 1>(g, d, grouped, max_n_padded, max_row_blocks, dense, stream) ||
+         launch_if_phases<kFp8, kXF32, 1, 2>(g, d, grouped, max_n_padded, max_row_blocks, dense, stream) ||
+         launch_if_phases<kFp8, kXF32, 2, 2>(g, d, grouped, max_n_padded, max_row_blocks, dense, stream) ||
+         launch_if_phases<kFp8, kXF32, 2, 4>(g, d, grouped, max_n_padded, max_row_blocks, dense, stream);
 }
 
 }  // namespace
@@ -100,10 +101,14 @@ void launch_few_row_gemm_with_dense(const GroupedGemmArgs& grouped, int max_n_pa
     return;
   }
   DS_CHECK(max_n_padded % kGemmTileRows == 0 && grouped.ldx % 8 == 0 && grouped.k_splits == 1);
-  const bool paired = grouped.weights_fp8 == dense.weights_fp8 &&
-                      (grouped.weights_fp8
-                           ? launch_paired_forms<true>(grouped, max_n_padded, max_row_blocks, dense, stream)
-                           : launch_paired_forms<false>(grouped, max_n_padded, max_row_blocks, dense, stream));
+  few_row::check_f32_rows(grouped, 1);
+  few_row::check_f32_rows(dense, 1);
+  const bool f32_rows = grouped.x_f32 != nullptr;
+  const bool paired =
+      grouped.weights_fp8 == dense.weights_fp8 && f32_rows == (dense.x_f32 != nullptr) &&
+      (grouped.weights_fp8 ? launch_paired_forms<true, false>(grouped, max_n_padded, max_row_blocks, dense, stream)
+       : f32_rows          ? launch_paired_forms<false, true>(grouped, max_n_padded, max_row_blocks, dense, stream)
+                           : launch_paired_forms<false, false>(grouped, max_n_padded, max_row_blocks, dense, stream));
   if (paired) return;
   launch_few_row_gemm(grouped, max_n_padded, max_row_blocks, 1, stream);
   launch_few_row_gemm(dense, dense.dense.n_padded, 1, 1, stream);

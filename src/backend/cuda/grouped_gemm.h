@@ -59,12 +59,22 @@ enum class GemmEpilogue : int32_t {
   // y e4m3 [rows, ldy] and y_scales: the kSiluMulBf16 rows as launch_quantize_rows_e4m3 makes
   // them (the prefill expert blocks' 256-row tiles only, n_out a multiple of 128).
   kSiluMulE4m3 = 3,
+  // y fp32 [rows, ldy]: the kSiluMulBf16 outputs unrounded (the few-row kernel's CUDA-core forms
+  // only), for a down product that reads fp32 rows (x_f32).
+  kSiluMulF32 = 4,
 };
 
 struct GroupedGemmArgs {
   const uint16_t* x = nullptr;  // bf16 [*, ldx], zero beyond each row's k
   int64_t ldx = 0;              // multiple of 8, >= every weight's k_padded
   const int32_t* src_rows = nullptr;  // [num_rows] x row of each output row; null: the same row
+  // Few-row kernel, passes of one row over bf16 weights: x's rows in fp32 instead (x unread),
+  // x_f32 [*, ldx_f32] of which columns [0, x_f32_cols) are read and the rest taken as zeros
+  // (x_f32 16-byte aligned, ldx_f32 a multiple of 4, x_f32_cols of 8). The products of a
+  // single sequence's decode steps keep the bits that bf16 rows would round away.
+  const float* x_f32 = nullptr;
+  int64_t ldx_f32 = 0;
+  int x_f32_cols = 0;
   // Grouped form: device arrays of num_groups weights, the first output row of each group
   // ([num_groups + 1]) and the first row-block of each group ([num_groups + 1], blocks of
   // rows_per_block rows). Dense form (groups == nullptr): `dense` over rows [0, dense_rows).
@@ -129,7 +139,7 @@ struct GroupedGemmArgs {
   float* partials = nullptr;
   int* tile_counters = nullptr;
   // Few-row kernel only. x's rows (by src_rows where given) hold a norm's output before each
-  // row's 1 / rms: the sums are multiplied by it (kStoreF32; both halves of kSiluMulBf16).
+  // row's 1 / rms: the sums are multiplied by it (kStoreF32; both halves of kSiluMul*).
   RowRmsScale rms_scale;
   // Few-row kernel, dense kStoreF32 only: the outputs go to the residual rows (ldy apart) and the
   // next norm's output instead of y (y unused).

@@ -1,7 +1,8 @@
 // A grouped few-row product and a dense one of one row in one launch
 // (launch_few_row_gemm_with_dense): the bits of their own launches, and the host's sums, for
 // bf16 and e4m3 weights, at every pair of phase counts compiled together and at one that is not
-// (two launches then), with either epilogue of the routed products.
+// (two launches then), with either epilogue of the routed products, and over bf16 weights from
+// x's fp32 rows (GroupedGemmArgs::x_f32) with SiLU·up written in fp32.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -88,17 +89,35 @@ struct PackedWeight {
   std::vector<float> scales;
 };
 
-// bf16 rows [rows, k] and their values.
-struct Bf16Rows {
-  Bf16Rows(int rows, int k, uint32_t seed) : halves(rows * k), values(rows * k) {
-    const auto real = random_values(values.size(), seed);
+// Rows [rows, k] in bf16 and their values, or (f32) in fp32 [rows, k + 8], each row's last
+// eight columns NaN, past the columns a product reads.
+struct XRows {
+  XRows(int rows, int k_cols, uint32_t seed, bool f32)
+      : k(k_cols), halves(rows * k_cols), values(random_values(rows * k_cols, seed)) {
+    if (f32) {
+      floats.assign(static_cast<size_t>(rows) * (k + 8), std::nanf(""));
+      for (int r = 0; r < rows; ++r) std::copy_n(values.begin() + r * k, k, floats.begin() + r * (k + 8));
+      return;
+    }
     for (size_t i = 0; i < values.size(); ++i) {
-      halves[i] = f32_to_bf16(real[i]);
+      halves[i] = f32_to_bf16(values[i]);
       values[i] = bf16_to_f32(halves[i]);
     }
   }
+  // a reads these rows.
+  void read_by(cuda::GroupedGemmArgs& a, DeviceMemory& d) const {
+    a.ldx = k;
+    if (floats.empty()) {
+      a.x = d.copy_of(halves);
+      return;
+    }
+    a.x_f32 = d.copy_of(floats);
+    a.ldx_f32 = k + 8;
+    a.x_f32_cols = k;
+  }
+  int k;
   std::vector<uint16_t> halves;
-  std::vector<float> values;
+  std::vector<float> values, floats;
 };
 
 std::vector<float> download_floats(const void* p, size_t count) {
@@ -121,11 +140,12 @@ struct PairCase {
   bool fp8;
   int routed_k, shared_k;
   bool gate_up;  // the routed product is a gate/up one (SiLU·up, bf16 out), else a down one (fp32 out)
+  bool f32_rows = false;  // both read fp32 rows (bf16 weights), SiLU·up out in fp32
 };
 
 std::string name_of(const PairCase& c) {
   return std::string(c.fp8 ? "e4m3" : "bf16") + ", routed K " + std::to_string(c.routed_k) + ", shared K " +
-         std::to_string(c.shared_k) + (c.gate_up ? ", gate/up" : ", down");
+         std::to_string(c.shared_k) + (c.gate_up ? ", gate/up" : ", down") + (c.f32_rows ? ", fp32 rows" : "");
 }
 
 class CudaFewRowWithDenseTest : public ::testing::TestWithParam<PairCase> {
@@ -149,11 +169,11 @@ TEST_P(CudaFewRowWithDenseTest, OneLaunchGivesEachProductsOwnBits) {
     table.push_back(experts.back().on(d));
   }
   const PackedWeight shared(kSharedRows, c.shared_k, c.fp8, 50);
-  const Bf16Rows routed_x(kRouted, c.routed_k, 51), shared_x(1, c.shared_k, 52);
+  const XRows routed_x(kRouted, c.routed_k, 51, c.f32_rows), shared_x(1, c.shared_k, 52, c.f32_rows);
+  const bool out_bf16 = c.gate_up && !c.f32_rows;
 
   cuda::GroupedGemmArgs routed;
-  routed.x = d.copy_of(routed_x.halves);
-  routed.ldx = c.routed_k;
+  routed_x.read_by(routed, d);
   std::vector<char> table_bytes(sizeof(cuda::GemmWeight) * table.size());
   std::memcpy(table_bytes.data(), table.data(), table_bytes.size());
   routed.groups = reinterpret_cast<const cuda::GemmWeight*>(d.copy_of(table_bytes));
@@ -162,15 +182,16 @@ TEST_P(CudaFewRowWithDenseTest, OneLaunchGivesEachProductsOwnBits) {
   routed.num_groups = kExperts;
   routed.layout_before_wait = !c.gate_up;
   routed.weights_fp8 = c.fp8;
-  routed.epilogue = c.gate_up ? cuda::GemmEpilogue::kSiluMulBf16 : cuda::GemmEpilogue::kStoreF32;
+  routed.epilogue = !c.gate_up   ? cuda::GemmEpilogue::kStoreF32
+                    : c.f32_rows ? cuda::GemmEpilogue::kSiluMulF32
+                                 : cuda::GemmEpilogue::kSiluMulBf16;
   routed.ldy = c.gate_up ? kRoutedRows / 2 : kRoutedRows;
   routed.n_out = static_cast<int>(routed.ldy);
   const size_t routed_outputs = static_cast<size_t>(kRouted) * routed.ldy;
-  const size_t routed_bytes = routed_outputs * (c.gate_up ? sizeof(uint16_t) : sizeof(float));
+  const size_t routed_bytes = routed_outputs * (out_bf16 ? sizeof(uint16_t) : sizeof(float));
 
   cuda::GroupedGemmArgs dense;
-  dense.x = d.copy_of(shared_x.halves);
-  dense.ldx = c.shared_k;
+  shared_x.read_by(dense, d);
   dense.dense = shared.on(d);
   dense.dense_rows = 1;
   dense.weights_fp8 = c.fp8;
@@ -190,14 +211,14 @@ TEST_P(CudaFewRowWithDenseTest, OneLaunchGivesEachProductsOwnBits) {
       cuda::launch_few_row_gemm(dense, kSharedRows, 1, 1, nullptr);
     }
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    got[one_launch][0] = download_outputs(routed.y, routed_outputs, c.gate_up);
+    got[one_launch][0] = download_outputs(routed.y, routed_outputs, out_bf16);
     got[one_launch][1] = download_floats(dense.y, kSharedRows);
   }
   EXPECT_EQ(got[1][0], got[0][0]) << "routed product";
   EXPECT_EQ(got[1][1], got[0][1]) << "shared product";
 
   // The host's sums: fp32 ones within 2e-5 of the scale, the e4m3 fixed walks' f16 pairs within
-  // 2e-3 (few_row_gemm.cuh), SiLU·up's bf16 rounding within 1e-2.
+  // 2e-3 (few_row_gemm.cuh), SiLU·up's bf16 rounding within 1e-2 (fp32 SiLU·up: 2e-5).
   auto dot = [](const float* w, const float* x, int k) {
     double s = 0;
     for (int i = 0; i < k; ++i) s += static_cast<double>(w[i]) * x[i];
@@ -221,20 +242,25 @@ TEST_P(CudaFewRowWithDenseTest, OneLaunchGivesEachProductsOwnBits) {
   }
   for (int o = 0; o < kSharedRows; ++o)
     want_shared[o] = static_cast<float>(dot(shared.values.data() + o * c.shared_k, shared_x.values.data(), c.shared_k));
-  const double routed_tolerance = c.gate_up ? 1e-2 : c.fp8 ? 2e-3 : 2e-5;
+  const double routed_tolerance = out_bf16 ? 1e-2 : c.fp8 ? 2e-3 : 2e-5;
   EXPECT_LT(testing_cuda::relative_error(got[1][0], want_routed), routed_tolerance);
   EXPECT_LT(testing_cuda::relative_error(got[1][1], want_shared), c.fp8 ? 2e-3 : 2e-5);
 }
 
 // Phase counts (few_row_phases.h; a phase is 1,024 bf16 or 2,048 e4m3 columns, three walked as
 // four): bf16 (2, 4) as V2-Lite's down products, (1, 1), (1, 2), (2, 2); e4m3 (1, 2) as V2-Lite's,
-// (1, 1), (2, 4) with the shared x in shared memory; bf16 (4, 2), which is not compiled together.
+// (1, 1), (2, 4) with the shared x in shared memory; bf16 (4, 2), which is not compiled together;
+// bf16 from fp32 rows at (2, 4) and (1, 2), a gate/up pair, and (4, 2) in two launches.
 INSTANTIATE_TEST_SUITE_P(Pairs, CudaFewRowWithDenseTest,
                          ::testing::Values(PairCase{false, 1408, 2816, false}, PairCase{false, 512, 1024, false},
                                            PairCase{false, 1024, 2048, false}, PairCase{false, 2048, 1408, false},
                                            PairCase{false, 2048, 2816, true}, PairCase{true, 1408, 2816, false},
                                            PairCase{true, 2048, 2048, false}, PairCase{true, 4096, 7168, false},
-                                           PairCase{true, 2048, 2816, true}, PairCase{false, 2816, 1408, false}));
+                                           PairCase{true, 2048, 2816, true}, PairCase{false, 2816, 1408, false},
+                                           PairCase{false, 1408, 2816, false, true},
+                                           PairCase{false, 512, 1024, false, true},
+                                           PairCase{false, 2048, 2816, true, true},
+                                           PairCase{false, 2816, 1408, false, true}));
 
 }  // namespace
 }  // namespace dsinfer

@@ -353,7 +353,10 @@ TEST_F(CudaOpsTest, LinearPairGivesWhatTwoLinearsGive) {
 
 // Products of one to four rows take the few-row kernel (sums of whole rows on CUDA cores):
 // against the CPU and against the tensor-core kernel, with K over several of the kernel's
-// phases, ragged K, gate/up pairs, and e4m3 weights with scales that vary per 16 rows.
+// phases, ragged K, gate/up pairs, and e4m3 weights with scales that vary per 16 rows. One-row
+// products over bf16 weights read x's fp32 rows (GroupedGemmArgs::x_f32), and a gated MLP's
+// SiLU·up stays fp32 between them: the CPU's fp32 sums to a few parts in 10^6, where bf16 rows
+// would be a few parts in 10^3 off.
 TEST_F(CudaOpsTest, FewRowProductsMatchCpuAndTheTensorCoreKernel) {
   setenv("DSINFER_CUDA_FEW_ROW_GEMM_MAX_ROWS", "0", 1);
   auto tensor_cores = make_backend("cuda");
@@ -362,12 +365,27 @@ TEST_F(CudaOpsTest, FewRowProductsMatchCpuAndTheTensorCoreKernel) {
   unsetenv("DSINFER_CUDA_FEW_ROW_GEMM_MAX_ROWS");
   Backend* bes[3] = {cpu_.get(), few_rows.get(), tensor_cores.get()};
   struct Shape { int64_t n, k; };
+  // Weights exact in bf16, so that the CPU's products are those of the GPU's operands.
+  const auto bf16_weights = [](int64_t count, uint32_t seed, float stddev) {
+    auto w = random_values(count, seed, stddev);
+    for (float& v : w) v = bf16_to_f32(f32_to_bf16(v));
+    return w;
+  };
   for (Shape s : {Shape{96, 200}, Shape{40, 90}, Shape{576, 2048}, Shape{64, 9000}}) {
-    const auto w = random_values(s.n * s.k, 51, 1.0f / std::sqrt(static_cast<float>(s.k)));
+    const auto w = bf16_weights(s.n * s.k, 51, 1.0f / std::sqrt(static_cast<float>(s.k)));
     for (int64_t m : {1, 2, 3, 4}) {
       const auto x = random_values(m * s.k, 52 + static_cast<uint32_t>(m));
       std::vector<float> y[3];
       for (int i = 0; i < 3; ++i) y[i] = linear_on(*bes[i], HostTensor{DType::kF32, {s.n, s.k}, w.data()}, x, m);
+      if (m == 1) {
+        // fp32 rows (K 90 is no whole number of 8-column pieces: bf16 rows, the tensor-core
+        // kernel's operands).
+        const bool f32_rows = s.k % 8 == 0;
+        EXPECT_LT(relative_error(y[1], y[0]), f32_rows ? 2e-5 : 2e-2) << s.n << "x" << s.k;
+        if (f32_rows) EXPECT_GT(relative_error(y[2], y[0]), 1e-4) << s.n << "x" << s.k << ": bf16 rows";
+        else EXPECT_LT(relative_error(y[1], y[2]), 1e-5) << s.n << "x" << s.k;
+        continue;
+      }
       EXPECT_LT(relative_error(y[1], y[0]), 2e-2) << m << "x" << s.n << "x" << s.k;
       // Both kernels see the same bf16 operands: they differ only in the order of fp32 sums.
       EXPECT_LT(relative_error(y[1], y[2]), 1e-5) << m << "x" << s.n << "x" << s.k;
@@ -375,8 +393,8 @@ TEST_F(CudaOpsTest, FewRowProductsMatchCpuAndTheTensorCoreKernel) {
   }
   for (int64_t m : {1, 3}) {
     const int64_t hidden = 320, inter = 700;
-    const auto gu = random_values(2 * inter * hidden, 61, 1.0f / std::sqrt(static_cast<float>(hidden)));
-    const auto down = random_values(hidden * inter, 62, 1.0f / std::sqrt(static_cast<float>(inter)));
+    const auto gu = bf16_weights(2 * inter * hidden, 61, 1.0f / std::sqrt(static_cast<float>(hidden)));
+    const auto down = bf16_weights(hidden * inter, 62, 1.0f / std::sqrt(static_cast<float>(inter)));
     const auto x = random_values(m * hidden, 63);
     std::vector<float> y[3];
     for (int i = 0; i < 3; ++i) {
@@ -385,6 +403,11 @@ TEST_F(CudaOpsTest, FewRowProductsMatchCpuAndTheTensorCoreKernel) {
       Tensor tx = upload(*bes[i], {m, hidden}, x), ty = bes[i]->empty({m, hidden}, DType::kF32);
       bes[i]->gated_mlp(tx, w_gu, w_down, ty);
       y[i] = download(*bes[i], ty);
+    }
+    if (m == 1) {
+      EXPECT_LT(relative_error(y[1], y[0]), 2e-5) << "one row, gated MLP: fp32 rows and SiLU·up";
+      EXPECT_GT(relative_error(y[2], y[0]), 1e-4) << "one row, gated MLP: bf16 rows and SiLU·up";
+      continue;
     }
     EXPECT_LT(relative_error(y[1], y[0]), 2e-2) << m << " rows, gated MLP";
     // SiLU·up is rounded to bf16 between the two products, so an order of sums may move it by

@@ -105,8 +105,8 @@ float one_row_product(const char* kept, bool routed_expert, int step_rows = 1) {
 }
 
 // DSINFER_CPU_ONE_ROW_BF16 keeps bf16 inputs in the one-row products it names, by input width
-// (products other than the routed experts') or `routed`; the others keep fp32's, and steps of
-// two rows round as bf16-multirow does anyway.
+// (products other than the routed experts'), `routed` or `e4m3` (products over e4m3 weights); the
+// others keep fp32's, and steps of two rows round as bf16-multirow does anyway.
 TEST(CpuProductInputsTest, OneRowProductsKeptInBf16ByWidthOrRoutedExperts) {
   const float exact = 1.0f + 1.0f / 1024.0f, rounded = 1.0f;
   EXPECT_EQ(one_row_product("1", false), rounded);
@@ -116,21 +116,43 @@ TEST(CpuProductInputsTest, OneRowProductsKeptInBf16ByWidthOrRoutedExperts) {
   EXPECT_EQ(one_row_product("routed", false), exact);
   EXPECT_EQ(one_row_product("routed,7,1", false), rounded);
   EXPECT_EQ(one_row_product("2", false, 2), rounded);
+  EXPECT_EQ(one_row_product("e4m3", false), exact);  // the weight is fp32
   const CpuRoundings r = [] {
     setenv("DSINFER_CPU_PRODUCT_INPUTS", "bf16-multirow", 1);
-    setenv("DSINFER_CPU_ONE_ROW_BF16", "64,routed,48", 1);
+    setenv("DSINFER_CPU_ONE_ROW_BF16", "64,routed,e4m3,48", 1);
     auto backend = make_backend("cpu");
     unsetenv("DSINFER_CPU_PRODUCT_INPUTS");
     unsetenv("DSINFER_CPU_ONE_ROW_BF16");
     return dynamic_cast<CpuBackend&>(*backend).roundings();
   }();
   EXPECT_TRUE(r.one_row_bf16.routed_experts);
+  EXPECT_TRUE(r.one_row_bf16.e4m3_weights);
   EXPECT_EQ(r.one_row_bf16.input_widths, (std::vector<int64_t>{64, 48}));
+  // e4m3 weights' products are kept whatever their width or kind; others by those.
+  const CpuOneRowBf16 e4m3_only{.routed_experts = false, .input_widths = {}, .e4m3_weights = true};
+  EXPECT_TRUE(e4m3_only.takes(7, /*routed_expert=*/false, /*e4m3_weight=*/true));
+  EXPECT_TRUE(e4m3_only.takes(7, /*routed_expert=*/true, /*e4m3_weight=*/true));
+  EXPECT_FALSE(e4m3_only.takes(7, /*routed_expert=*/true, /*e4m3_weight=*/false));
+  EXPECT_FALSE(e4m3_only.takes(7, /*routed_expert=*/false, /*e4m3_weight=*/false));
+}
+
+// The CUDA default path's roundings: bf16-multirow with the one-row products over e4m3 weights
+// kept in bf16 (the few-row kernel reads fp32 rows for bf16 weights only), FP8 activations where
+// the CUDA backend takes them.
+TEST(CpuProductInputsTest, CudaDefaultKeepsBf16RowsForE4m3WeightsOnly) {
+  const CpuRoundings r = CpuRoundings::cuda_default();
+  EXPECT_EQ(r.product_inputs, CpuProductInputs::kBf16MultiRow);
+  EXPECT_TRUE(r.one_row_bf16.e4m3_weights);
+  EXPECT_FALSE(r.one_row_bf16.routed_experts);
+  EXPECT_TRUE(r.one_row_bf16.input_widths.empty());
+  EXPECT_EQ(r.fp8_activations.dense_min_rows, 33);
+  EXPECT_EQ(r.fp8_activations.routed_min_rows, 3);
+  EXPECT_TRUE(CpuBackend(r).wants_raw_fp8());
 }
 
 TEST(CpuProductInputsTest, MalformedOneRowBf16IsRefused) {
   setenv("DSINFER_CPU_PRODUCT_INPUTS", "bf16-multirow", 1);
-  expect_values_refused("DSINFER_CPU_ONE_ROW_BF16", {"", "routed,", "0", "-3", "64x", "1,,2", "experts"});
+  expect_values_refused("DSINFER_CPU_ONE_ROW_BF16", {"", "routed,", "0", "-3", "64x", "1,,2", "experts", "fp8"});
   // With another mode of the product inputs it would change nothing: refused too.
   setenv("DSINFER_CPU_ONE_ROW_BF16", "64", 1);
   for (const char* mode : {"bf16", "fp32", "f16-multirow"}) {
