@@ -142,8 +142,10 @@ __device__ __forceinline__ int quad_row(bool gate_up, int q, int r) {
 // at compile time from s's place in its group of kDepth, and each thread's x pieces are read once
 // a pass into registers (e4m3 rows of four phases: shared memory) instead of again at every quad.
 //
-// kXF32 (one row, bf16 weights): x's row is read in fp32 from a.x_f32 at every step (from L1: a
-// row is 4 bytes a column for the whole block), not held, since it takes twice the registers.
+// kXF32 (one row, bf16 weights): x's row is read in fp32 from a.x_f32. A fixed walk of one or
+// two phases holds the thread's pieces in registers (two 16-byte pieces a phase, the registers
+// of a bf16 walk of four); longer walks read them at every step (from L1), where held they
+// would take 32 registers more.
 template <int kTokens, bool kFp8, int kFixedPhases = 0, bool kXF32 = false>
 __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_per_block, int block_x,
                                            int row_block) {
@@ -151,6 +153,7 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
                 "a fixed phase count divides the steps in flight");
   static_assert(!kXF32 || (kTokens == 1 && !kFp8), "fp32 rows: passes of one row over bf16 weights");
   constexpr bool kFixed = kFixedPhases > 0;
+  constexpr bool kXF32Held = kXF32 && kFixed && kFixedPhases <= 2;
   constexpr int kPieceElems = kFp8 ? 16 : 8;  // weights per 16-byte piece
   constexpr int kXPieces = kPieceElems / 8;   // 16-byte pieces of bf16 x a weight piece takes
   // e4m3 weights in the fixed walk multiply in f16 pairs (dot_e4m3x16_halves): half the
@@ -251,7 +254,7 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
     cp_async_commit();
     // The fixed walk's x pieces of this thread, phase by phase (zeros past the row's pieces); for
     // e4m3 weights as scaled f16 pairs, with the inverse of each phase's scale.
-    constexpr int kHeldPieces = kFixed ? kFixedPhases * kXPieces : 1;
+    constexpr int kHeldPieces = kFixed ? kFixedPhases * (kXF32 ? 2 : kXPieces) : 1;
     uint4 x_held[kTokens][kXShared ? 1 : kHeldPieces];
     __shared__ uint4 x_shared[kXShared ? kTokens * kHeldPieces : 1][kThreads];
     float x_unscale[kTokens][kHalfProducts ? kFixedPhases : 1];
@@ -260,7 +263,16 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
       if constexpr (kXShared) return x_shared[t * kHeldPieces + i][tid];
       else return x_held[t][i];
     };
-    if constexpr (kFixed && !kXF32) {
+    if constexpr (kXF32Held) {
+#pragma unroll
+      for (int ph = 0; ph < kFixedPhases; ++ph) {
+        const int p = ph * kThreads + tid;
+        const bool read = pass_rows > 0 && p * kPieceElems < a.x_f32_cols;
+        const auto* x = reinterpret_cast<const uint4*>(a.x_f32 + x_offset[0] + p * kPieceElems);
+        x_held[0][2 * ph] = read ? __ldg(x) : make_uint4(0, 0, 0, 0);
+        x_held[0][2 * ph + 1] = read ? __ldg(x + 1) : make_uint4(0, 0, 0, 0);
+      }
+    } else if constexpr (kFixed && !kXF32) {
 #pragma unroll
       for (int t = 0; t < kTokens; ++t)
 #pragma unroll
@@ -321,13 +333,19 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
           for (int t = 0; t < kTokens; ++t) {
             if constexpr (kXF32) {
               // x_f32_cols is a multiple of 8: a piece's columns are all read or all zeros.
-              const bool read = t < pass_rows && p * kPieceElems < a.x_f32_cols;
-              const auto* x = reinterpret_cast<const float4*>(a.x_f32 + x_offset[t] + p * kPieceElems);
-              const float4 lo = read ? __ldg(x) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-              const float4 hi = read ? __ldg(x + 1) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-              const float part[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+              uint4 lo, hi;
+              if constexpr (kXF32Held) {
+                lo = x_held[t][2 * phase];
+                hi = x_held[t][2 * phase + 1];
+              } else {
+                const bool read = t < pass_rows && p * kPieceElems < a.x_f32_cols;
+                const auto* x = reinterpret_cast<const uint4*>(a.x_f32 + x_offset[t] + p * kPieceElems);
+                lo = read ? __ldg(x) : make_uint4(0, 0, 0, 0);
+                hi = read ? __ldg(x + 1) : make_uint4(0, 0, 0, 0);
+              }
+              const uint32_t words[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
 #pragma unroll
-              for (int e = 0; e < 8; ++e) xf[t][e] = part[e];
+              for (int e = 0; e < 8; ++e) xf[t][e] = __uint_as_float(words[e]);
             } else {
 #pragma unroll
               for (int h = 0; h < kXPieces; ++h) {
