@@ -33,10 +33,11 @@ class CudaGoldenModelTest : public ::testing::TestWithParam<std::string> {
 // activations in every GEMM). A reference step whose top-2 margin exceeds twice that (about 0.2
 // on these fixtures, logit scale ~3.5) should not flip; the one thing that can still flip it is
 // a near-tie between experts in some layer's router, which bf16 noise may decide the other way.
-// Measured on an H200: tiny_v3 74/75, tiny_v2_lite 84/84 over such steps; 143/144 and 141/144
-// over all (bench/RESULTS.md, "Dense few-row products on their fp32 rows", has what moves
-// them). tiny_v3_fp8's prompts of more than 32 tokens run DeepSeek's FP8 activations (below):
-// 83/85 and 136/144 (85/85 and 140/144 when prompts of up to 128 tokens took bf16 activations).
+// Measured with fp32 rows in one-row steps over bf16 weights: tiny_v3 75/75, tiny_v2_lite 84/84
+// over such steps; 144/144 and 141/144 over all (bench/RESULTS.md, "One-row steps on fp32
+// rows"; "Dense few-row products on their fp32 rows" has what moves them). tiny_v3_fp8's
+// prompts of more than 32 tokens run DeepSeek's FP8 activations (below): 83/85 and 137/144
+// (85/85 and 140/144 when prompts of up to 128 tokens took bf16 activations).
 // The recipe itself, run for every product of two rows or more, keeps 82/85 (cuda_fp8_gemm_test.cpp),
 // so that fixture's bar is the recipe's.
 constexpr double kLogitTolerance = 3e-2;
@@ -97,8 +98,9 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGoldenModelTest, ::testing::Values("tiny_
 // One-token steps make each MoE layer's router logits beside o_proj, from its input
 // (CudaBackend::RouterIdentity), instead of in a launch of their own
 // (DSINFER_ROUTER_BESIDE_O_PROJ=0): greedy decode picks the same tokens with logits within bf16
-// rounding of that form's, and not its bits, so the form ran: M · a reads o_proj's input in fp32
-// where o_proj reads it in bf16 (measured on an H200: 0.33% and 0.28% at most over 24 steps).
+// rounding of that form's, and not its bits, so the form ran: M · a is another product than the
+// router's of o_proj's output (and o_proj reads its input in bf16 over e4m3 weights; measured on
+// an H200 when it read bf16 over both: 0.33% and 0.28% at most over 24 steps).
 // tiny_v2_lite's shapes with a hidden size of 256 (norms are left to the products after them for
 // rows of whole 128-column tiles), bf16 and e4m3 projections. The shared experts' down product,
 // which runs in the routed down product's launch there, gives the bits of its own launch

@@ -105,10 +105,11 @@ TEST_P(LongReferenceTest, Fp8ActivationsWhereTheCudaBackendTakesThem) {
 
 // The attention kernels' operands as the CUDA backend rounds them (the expanded form's and the
 // query tiles' bf16, the head tiles' TF32), alone and with the products' roundings of the default path
-// (CpuRoundings::cuda_default): 99.80 / 99.97 / 99.64% alone and 98.11 / 99.41 / 95.48% with the
-// products' (tiny_v3, tiny_v2_lite, tiny_v3_fp8; RESULTS.md, "The long references committed"),
-// where the CUDA default path scores 98.14 / 99.12 / 95.21%: the products decide its score, not
-// attention.
+// (CpuRoundings::cuda_default): 99.80 / 99.97 / 99.64% alone and 99.25 / 99.90 / 95.87% with the
+// products' (tiny_v3, tiny_v2_lite, tiny_v3_fp8; RESULTS.md, "One-row steps on fp32 rows"),
+// where the CUDA default path scores 99.15 / 99.41 / 95.61%: the products decide its score, not
+// attention. Before one-row steps took fp32 rows over bf16 weights the products' roundings gave
+// 98.11 / 99.41 / 95.48% ("The long references committed").
 TEST_P(LongReferenceTest, TheCudaDefaultPathsRoundings) {
   const CpuRoundings attention_only = CpuRoundings::cuda_attention_with(CpuProductInputs::kFp32);
   const testing::TeacherForcedAgreement attention = agreement_with(attention_only, 1e-3);
@@ -116,7 +117,7 @@ TEST_P(LongReferenceTest, TheCudaDefaultPathsRoundings) {
   std::cout << GetParam() << " (the attention kernels' roundings): " << attention.describe() << "\n"
             << GetParam() << " (the CUDA default path's roundings): " << cuda_default.describe() << "\n";
   EXPECT_GE(attention.agreement(), 0.99) << GetParam();
-  EXPECT_GE(cuda_default.agreement(), 0.95) << GetParam();
+  EXPECT_GE(cuda_default.agreement(), GetParam() == "tiny_v3_fp8" ? 0.95 : 0.99) << GetParam();
 }
 
 // The two routes to 99% the CPU's roundings point to, with attention left as the CUDA kernels
