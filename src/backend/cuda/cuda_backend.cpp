@@ -941,7 +941,7 @@ void CudaBackend::gated_mlp_bf16(const Tensor& x_bf16, int64_t rows, const Linea
   if (silu_e4m3_ && gated_mlp_e4m3(x_bf16, rows, gate_up, down, out, ldo)) return;
   // SiLU·up in fp32 where the down product reads fp32 rows (few_row_f32_rows); its bf16 rows
   // are then unused.
-  const bool act_f32 = few_row_f32_rows(rows, down.weight.dtype == DType::kF8E4M3) && inter_p % 8 == 0;
+  const bool act_f32 = silu_up_f32(rows, gate_up, down);
   Tensor act = alloc_->cached({rows, inter_p}, act_f32 ? DType::kF32 : DType::kBF16);
   gemm(x_bf16, rows, gate_up,
        static_cast<int>(act_f32 ? GemmEpilogue::kSiluMulF32 : GemmEpilogue::kSiluMulBf16), act.data, inter_p,

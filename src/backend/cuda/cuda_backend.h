@@ -149,6 +149,14 @@ class CudaBackend final : public Backend {
   // a reads x's fp32 rows [*, x.dim(1)] where few_row_f32_rows allows it and x's rows can be
   // read 8 columns at a time; else a is unchanged (bf16 rows).
   void read_f32_rows(GroupedGemmArgs& a, const Tensor* x, int64_t step_rows) const;
+  // Whether a gated MLP's (or experts') gate/up product writes fp32 SiLU·up rows for its down
+  // product to read (kSiluMulF32): both weights bf16 where few_row_f32_rows holds, down's input
+  // width (its k_padded: the SiLU·up rows' width) a multiple of 8.
+  bool silu_up_f32(int64_t step_rows, const LinearWeight& gate_up, const LinearWeight& down) const {
+    return few_row_f32_rows(step_rows, gate_up.weight.dtype == DType::kF8E4M3 ||
+                                           down.weight.dtype == DType::kF8E4M3) &&
+           down.weight.dim(1) % 8 == 0;
+  }
   // y (epilogue's layout) = x · Wᵀ for bf16 x [rows, w's k_padded]; own kernel or cuBLASLt.
   // library_gemm: use cuBLASLt whatever the row count (unless batch invariance is asked for).
   // x_f32: the same rows in fp32 (read_f32_rows), or null.

@@ -305,9 +305,7 @@ CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const Mo
                                        library_gemm_takes(gu, num_tokens) && library_gemm_takes(down, num_tokens);
                               }();
   // SiLU·up in fp32 where the shared down product reads fp32 rows (few_row_f32_rows).
-  const bool shared_act_f32 =
-      shared_in_routing && few_row_f32_rows(num_tokens, w.shared_down.weight.dtype == DType::kF8E4M3) &&
-      shared_inter_p % 8 == 0;
+  const bool shared_act_f32 = shared_in_routing && silu_up_f32(num_tokens, w.shared_gate_up, w.shared_down);
   if (shared_in_routing)
     shared_act = alloc_->cached({num_tokens, shared_inter_p}, shared_act_f32 ? DType::kF32 : DType::kBF16);
   // The logits made beside o_proj (RouterIdentity), before the norm's factor, which the routing
@@ -498,8 +496,7 @@ Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, c
   const bool act_e4m3 = fp8_activations && rows_per_block == kExpertBlockWideRows &&
                         up.prefill_weight_rows == 256 && prefill_expert_silu_e4m3_;
   // SiLU·up in fp32 where the few-row down product reads fp32 rows (few_row_f32_rows).
-  const bool act_f32 =
-      few_rows && few_row_f32_rows(num_tokens, down0.weight.dtype == DType::kF8E4M3) && inter_p % 8 == 0;
+  const bool act_f32 = few_rows && silu_up_f32(num_tokens, gu0, down0);
   if (act_f32) up.epilogue = GemmEpilogue::kSiluMulF32;
   Tensor act;
   // Their weight rows by TMA where the layer has tensor maps (DSINFER_MOE_PREFILL_TMA_WEIGHTS=0:
