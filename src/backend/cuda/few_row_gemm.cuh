@@ -119,6 +119,14 @@ __device__ __forceinline__ float dot_e4m3x16_halves(const __half2 (&w_halves)[8]
   return f.x + f.y;
 }
 
+// The 8 fp32 columns of x's piece p (16-byte aligned) as two 16-byte pieces, or zeros where not
+// `read` (x then need not point anywhere).
+__device__ __forceinline__ void load_f32_piece(bool read, const float* x, uint4& lo, uint4& hi) {
+  const auto* v = reinterpret_cast<const uint4*>(x);
+  lo = read ? __ldg(v) : make_uint4(0, 0, 0, 0);
+  hi = read ? __ldg(v + 1) : make_uint4(0, 0, 0, 0);
+}
+
 // Weight row r of quad q: outputs 4q .. 4q + 3, or the gate and up rows of outputs 2q and
 // 2q + 1 (interleaved 16 rows at a time within each 32-row tile).
 __device__ __forceinline__ int quad_row(bool gate_up, int q, int r) {
@@ -267,10 +275,8 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
 #pragma unroll
       for (int ph = 0; ph < kFixedPhases; ++ph) {
         const int p = ph * kThreads + tid;
-        const bool read = pass_rows > 0 && p * kPieceElems < a.x_f32_cols;
-        const auto* x = reinterpret_cast<const uint4*>(a.x_f32 + x_offset[0] + p * kPieceElems);
-        x_held[0][2 * ph] = read ? __ldg(x) : make_uint4(0, 0, 0, 0);
-        x_held[0][2 * ph + 1] = read ? __ldg(x + 1) : make_uint4(0, 0, 0, 0);
+        load_f32_piece(pass_rows > 0 && p * kPieceElems < a.x_f32_cols, a.x_f32 + x_offset[0] + p * kPieceElems,
+                       x_held[0][2 * ph], x_held[0][2 * ph + 1]);
       }
     } else if constexpr (kFixed && !kXF32) {
 #pragma unroll
@@ -338,10 +344,8 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
                 lo = x_held[t][2 * phase];
                 hi = x_held[t][2 * phase + 1];
               } else {
-                const bool read = t < pass_rows && p * kPieceElems < a.x_f32_cols;
-                const auto* x = reinterpret_cast<const uint4*>(a.x_f32 + x_offset[t] + p * kPieceElems);
-                lo = read ? __ldg(x) : make_uint4(0, 0, 0, 0);
-                hi = read ? __ldg(x + 1) : make_uint4(0, 0, 0, 0);
+                load_f32_piece(t < pass_rows && p * kPieceElems < a.x_f32_cols,
+                               a.x_f32 + x_offset[t] + p * kPieceElems, lo, hi);
               }
               const uint32_t words[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
 #pragma unroll
