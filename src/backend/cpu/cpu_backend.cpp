@@ -19,16 +19,25 @@ namespace dsinfer {
 
 namespace {
 
-// "D,E" of DSINFER_CPU_FP8_ACTIVATIONS: two counts of rows, each 1 or more.
+// "D,E" or "D,E,T,M" of DSINFER_CPU_FP8_ACTIVATIONS: row counts of 1 or more, T from 1 to 3, M at
+// least D.
 CpuBackend::Fp8Activations parse_fp8_activations(const char* value) {
-  long long dense = 0, routed = 0;
+  long long dense = 0, routed = 0, terms = 1, terms_max_rows = 0;
   int consumed = 0;
-  if (std::sscanf(value, "%lld,%lld%n", &dense, &routed, &consumed) != 2 || value[consumed] != '\0' || dense < 1 ||
-      routed < 1) {
-    throw Error(std::string("DSINFER_CPU_FP8_ACTIVATIONS: '") + value +
-                "' is not two row counts of 1 or more, D,E (dense products' and routed experts' smallest steps)");
+  const int two = std::sscanf(value, "%lld,%lld%n", &dense, &routed, &consumed);
+  bool ok = two == 2 && dense >= 1 && routed >= 1;
+  if (ok && value[consumed] == ',') {
+    int more = 0;
+    ok = std::sscanf(value + consumed, ",%lld,%lld%n", &terms, &terms_max_rows, &more) == 2 && terms >= 1 &&
+         terms <= 3 && terms_max_rows >= dense;
+    consumed += more;
   }
-  return {dense, routed};
+  if (!ok || value[consumed] != '\0') {
+    throw Error(std::string("DSINFER_CPU_FP8_ACTIVATIONS: '") + value +
+                "' is not D,E or D,E,T,M (the dense products' and routed experts' smallest steps, each 1 or more; "
+                "the dense products' e4m3 terms, 1 to 3, up to steps of M rows, at least D)");
+  }
+  return {dense, routed, static_cast<int>(terms), terms_max_rows};
 }
 
 // "routed,e4m3,W,..." of DSINFER_CPU_ONE_ROW_BF16: `routed`, `e4m3` and input widths of 1 or more,
@@ -77,6 +86,24 @@ void quantize_rows_e4m3(const float* x, int64_t rows, int64_t cols, float* out) 
       const float scale = e4m3_block_scale(amax);
       for (int64_t c = c0; c < c1; ++c)
         out[r * cols + c] = fp8e4m3_to_f32(f32_to_fp8e4m3(x[r * cols + c] / scale)) * scale;
+    }
+  }
+}
+
+// x rounded to bf16 in `terms` e4m3 terms, added: the recipe's rows, then the recipe's rows of
+// what the terms before leave (some four significant bits a term).
+void quantize_rows_e4m3_terms(const float* x, int64_t rows, int64_t cols, int terms, float* out) {
+  const size_t n = static_cast<size_t>(rows * cols);
+  std::vector<float> left(n), term(n);
+  for (size_t i = 0; i < n; ++i) {
+    left[i] = round_to_bf16(x[i]);
+    out[i] = 0.0f;
+  }
+  for (int t = 0; t < terms; ++t) {
+    quantize_rows_e4m3(left.data(), rows, cols, term.data());
+    for (size_t i = 0; i < n; ++i) {
+      out[i] += term[i];
+      left[i] -= term[i];
     }
   }
 }
@@ -240,17 +267,22 @@ void CpuBackend::linear_in_step(const Tensor& x, const LinearWeight& w, Tensor& 
   const int64_t fp8_min_rows = routed_expert ? fp8.routed_min_rows : fp8.dense_min_rows;
   if (fp8_min_rows > 0 && step_rows >= fp8_min_rows && is_e4m3(w)) {
     std::vector<float> quantized(static_cast<size_t>(rows * w.in_features));
-    quantize_rows_e4m3(x.as<float>(), rows, w.in_features, quantized.data());
+    if (!routed_expert && fp8.dense_terms > 1 && step_rows <= fp8.dense_terms_max_rows)
+      quantize_rows_e4m3_terms(x.as<float>(), rows, w.in_features, fp8.dense_terms, quantized.data());
+    else
+      quantize_rows_e4m3(x.as<float>(), rows, w.in_features, quantized.data());
     cpu::matmul_xwt(quantized.data(), rows, w.in_features, w.weight.as<float>(), w.out_features, out.as<float>());
     return;
   }
   const ProductInputs mode = roundings_.product_inputs;
+  const bool e4m3_pairs = roundings_.one_row_e4m3_f16_pairs && step_rows == 1 && is_e4m3(w);
   const bool to_bf16 =
-      mode == ProductInputs::kBf16 ||
-      (mode == ProductInputs::kBf16MultiRow &&
-       (step_rows > 1 || roundings_.one_row_bf16.takes(w.in_features, routed_expert, is_e4m3(w))));
+      !e4m3_pairs &&
+      (mode == ProductInputs::kBf16 ||
+       (mode == ProductInputs::kBf16MultiRow &&
+        (step_rows > 1 || roundings_.one_row_bf16.takes(w.in_features, routed_expert, is_e4m3(w)))));
   const bool to_f16 = mode == ProductInputs::kF16 || mode == ProductInputs::kF16Pairs ||
-                      (mode == ProductInputs::kF16MultiRow && step_rows > 1);
+                      (mode == ProductInputs::kF16MultiRow && step_rows > 1) || e4m3_pairs;
   const float* xs = x.as<float>();
   std::vector<float> rounded;
   if (to_bf16 || to_f16) {
@@ -260,7 +292,7 @@ void CpuBackend::linear_in_step(const Tensor& x, const LinearWeight& w, Tensor& 
     }
     xs = rounded.data();
   }
-  if (mode == ProductInputs::kF16Pairs && rows == 1) {
+  if ((mode == ProductInputs::kF16Pairs || e4m3_pairs) && rows == 1) {
     matvec_f16_pairs(xs, w.in_features, w.weight.as<float>(), w.out_features, out.as<float>());
   } else {
     cpu::matmul_xwt(xs, rows, w.in_features, w.weight.as<float>(), w.out_features, out.as<float>());

@@ -18,6 +18,8 @@
 // e4m3 under the tile's scale (its largest magnitude / 448) in steps of D rows or more (dense
 // products and shared experts) and E rows or more (routed experts); "33,3" is the CUDA backend's
 // default (cuBLASLt above 32 rows, the expert blocks past the few-row kernel's two tokens).
+// D,E,T,M also reads the dense products' inputs of steps of D to M rows in T e4m3 terms, the
+// CUDA backend's default "33,3,3,256" (CpuFp8Activations::dense_terms).
 // DSINFER_CPU_EXPANDED_ATTENTION=bf16 runs prefill chunks of 64 tokens or more as the CUDA
 // backend's expanded form does (cpu_attention.cpp): the gathered latent, the up-projected keys
 // and values, the queries and the unnormalised probabilities in bf16; DSINFER_CPU_QUERY_TILES=bf16
@@ -27,7 +29,9 @@
 //
 // DSINFER_CPU_ONE_ROW_BF16=routed,e4m3,W,... (with bf16-multirow only) keeps bf16 inputs in some
 // of the one-row steps' products: the routed experts' (`routed`), those over e4m3 weights
-// (`e4m3`: the CUDA backend's default, whose few-row forms of e4m3 weights read bf16 rows) and
+// (`e4m3`: as the CUDA backend's few-row forms of e4m3 weights read them under
+// DSINFER_FEW_ROW_F32_ROWS=bf16-weights; by default they read f16 pairs,
+// CpuRoundings::one_row_e4m3_f16_pairs) and
 // the other products whose inputs are W columns wide. It asks which of decode's products need
 // fp32 rows for bf16-multirow's agreement; the widths name the products on a given checkpoint
 // (its hidden size: the products after a norm; the heads' value width: o_proj; an intermediate
@@ -48,6 +52,12 @@ enum class CpuProductInputs { kFp32, kBf16, kBf16MultiRow, kF16, kF16MultiRow, k
 struct CpuFp8Activations {
   int64_t dense_min_rows = 0;
   int64_t routed_min_rows = 0;
+  // Dense products of steps of dense_min_rows to dense_terms_max_rows rows read their inputs,
+  // rounded to bf16, in dense_terms e4m3 terms: the recipe's rows, then the recipe's rows of
+  // what the terms before leave (the CUDA backend's launch_quantize_rows_e4m3_terms, which it
+  // runs in steps that carry a prompt: every such step of a teacher-forced reference).
+  int dense_terms = 1;
+  int64_t dense_terms_max_rows = 0;
   bool any() const { return dense_min_rows > 0 || routed_min_rows > 0; }
 };
 
@@ -67,6 +77,9 @@ struct CpuRoundings {
   bool bf16_query_tiles = false;
   bool tf32_head_tiles = false;
   CpuOneRowBf16 one_row_bf16{};
+  // One-row steps' products over e4m3 weights read f16 inputs, summed in f16 pairs (the few-row
+  // e4m3 walks on fp32 rows, scaled_halves_of_f32x16).
+  bool one_row_e4m3_f16_pairs = false;
   // The CUDA backend's attention kernels' operands, with these products' inputs.
   static CpuRoundings cuda_attention_with(CpuProductInputs inputs, CpuFp8Activations fp8_activations = {}) {
     return {.product_inputs = inputs,
@@ -74,14 +87,16 @@ struct CpuRoundings {
             .bf16_expanded_attention = true,
             .bf16_query_tiles = true,
             .tf32_head_tiles = true,
-            .one_row_bf16 = {}};
+            .one_row_bf16 = {},
+            .one_row_e4m3_f16_pairs = false};
   }
   // The CUDA backend's default path: bf16 product inputs, but fp32 ones in one-row steps'
-  // products over bf16 weights (GroupedGemmArgs::x_f32), FP8 activations as it takes them, its
-  // attention kernels' operands.
+  // products over bf16 weights and f16 pairs over e4m3 ones (GroupedGemmArgs::x_f32), FP8
+  // activations as it takes them (three terms in dense steps of up to 256 rows), its attention
+  // kernels' operands.
   static CpuRoundings cuda_default() {
-    CpuRoundings r = cuda_attention_with(CpuProductInputs::kBf16MultiRow, {33, 3});
-    r.one_row_bf16.e4m3_weights = true;
+    CpuRoundings r = cuda_attention_with(CpuProductInputs::kBf16MultiRow, {33, 3, 3, 256});
+    r.one_row_e4m3_f16_pairs = true;
     return r;
   }
 };
@@ -102,7 +117,7 @@ class CpuBackend : public Backend {
   std::string name() const override { return "cpu"; }
   // e4m3 weights come as stored where FP8 activations are asked for, so that their products are known.
   bool wants_raw_fp8() const override {
-    return roundings_.fp8_activations.any() || roundings_.one_row_bf16.e4m3_weights;
+    return roundings_.fp8_activations.any() || roundings_.one_row_bf16.e4m3_weights || roundings_.one_row_e4m3_f16_pairs;
   }
 
   Tensor empty(const std::vector<int64_t>& shape, DType dtype) override;

@@ -157,10 +157,16 @@ CudaBackend::CudaBackend(Precision precision) {
   few_row_mma_dense_ = env_is("DSINFER_FEW_ROW_MMA", "all");
   few_row_fixed_phases_ = !env_is("DSINFER_FEW_ROW_FIXED_PHASES", "0");
   few_row_f32_rows_ = !env_is("DSINFER_FEW_ROW_F32_ROWS", "0");
+  few_row_f32_rows_e4m3_ = !env_is("DSINFER_FEW_ROW_F32_ROWS", "bf16-weights");
   if (const char* rows = std::getenv("DSINFER_CUDA_GEMM_MAX_ROWS"))
     own_gemm_max_rows_ = own_gemm_max_rows_fp8_ = std::max(1, std::atoi(rows));
   if (const char* rows = std::getenv("DSINFER_CUDA_FP8_GEMM_MAX_ROWS"))
     own_gemm_max_rows_fp8_ = std::max(1, std::atoi(rows));
+  if (const char* terms = std::getenv("DSINFER_FP8_ACTIVATION_TERMS"))
+    fp8_activation_terms_ = std::clamp(std::atoi(terms), 1, kMaxFp8ActivationTerms);
+  if (const char* rows = std::getenv("DSINFER_FP8_TERMS_MAX_ROWS"))
+    fp8_terms_max_rows_ = std::max(0, std::atoi(rows));
+  fp8_terms_in_decode_ = env_is("DSINFER_FP8_TERMS_IN_DECODE", "1");
   if (const char* rows = std::getenv("DSINFER_CUDA_FEW_ROW_GEMM_MAX_ROWS"))
     few_row_gemm_max_rows_ = std::clamp(std::atoi(rows), 0, kFewRowGemmMaxRows);
   if (const char* tokens = std::getenv("DSINFER_MOE_FEW_ROW_MAX_TOKENS"))
@@ -235,7 +241,8 @@ void CudaBackend::begin_step(const ForwardBatch& batch) {
                 batch.block_tables[i].size() * sizeof(int32_t));
     next += static_cast<int32_t>(batch.block_tables[i].size());
   }
-  step_gaps_->mark_head(stream_, num_seqs == batch.num_tokens);
+  step_decode_only_ = num_seqs == batch.num_tokens;
+  step_gaps_->mark_head(stream_, step_decode_only_);
   int32_t* d = st.device.as<int32_t>();
   for (int f = 0; f < F::kNumFields; ++f) {
     if (need[f] == 0) continue;
@@ -609,7 +616,7 @@ CudaBackend::Bf16Rows CudaBackend::start_normed_copy(const Tensor& out) {
 E4m3Rows CudaBackend::normed_e4m3_rows(int64_t rows) {
   NormedCopy& copy = normed_copy_;
   const bool wanted = norm_writes_e4m3_ && library_fp8_ && !fp8_library_scales_.empty() && !batch_invariant_ &&
-                      copy.of != nullptr && rows > own_gemm_max_rows_fp8_ &&
+                      copy.of != nullptr && rows > own_gemm_max_rows_fp8_ && fp8_activation_terms(rows) == 1 &&
                       copy.shape[1] % kLibraryFp8TileColumns == 0;
   if (!wanted) return {};
   const int64_t rows_padded = round_up(rows, kLibraryFp8RowMultiple);
@@ -831,10 +838,26 @@ const CudaBackend::LibraryScales* CudaBackend::library_fp8_scales(const GemmWeig
 
 bool CudaBackend::library_product_fp8(const Tensor& x_bf16, int64_t rows, const GemmWeight& w, void* out,
                                       bool out_bf16) {
+  if (fp8_activation_terms(rows) > 1 && library_product_fp8_terms(x_bf16, rows, w, out, out_bf16)) return true;
   const LibraryScales* lib = library_fp8_scales(w, rows, out_bf16);
   if (lib == nullptr) return false;
   const int64_t rows_p = round_up(rows, kLibraryFp8RowMultiple);
   library_product_fp8_rows(quantise_rows(x_bf16, rows, rows_p, w.k_padded), w, *lib, out, out_bf16);
+  return true;
+}
+
+bool CudaBackend::library_product_fp8_terms(const Tensor& x_bf16, int64_t rows, const GemmWeight& w, void* out,
+                                            bool out_bf16) {
+  const int terms = fp8_activation_terms(rows);
+  const int64_t rows_p = round_up(rows, kLibraryFp8RowMultiple), all_rows = terms * rows_p;
+  const LibraryScales* lib = library_fp8_scales(w, all_rows, /*out_bf16=*/false);
+  if (lib == nullptr) return false;
+  QuantisedRows q = new_quantised_rows(all_rows, w.k_padded);
+  launch_quantize_rows_e4m3_terms(x_bf16.as<uint16_t>(), rows, w.k_padded, rows_p, terms, q.q.as<uint8_t>(),
+                                  q.scales.as<float>(), stream_);
+  Tensor products = alloc_->cached({all_rows, w.n_padded}, DType::kF32);
+  library_product_fp8_rows(q, w, *lib, products.data, /*out_bf16=*/false);
+  launch_add_row_terms(products.as<float>(), terms, rows_p, w.n_padded, out, out_bf16, stream_);
   return true;
 }
 
@@ -868,7 +891,7 @@ bool CudaBackend::linear_f32_e4m3(const Tensor& x, const LinearWeight& w, Tensor
   const int64_t m = x.dim(0);
   const GemmWeight g = gemm_weight_of(w);
   const bool has_copy = normed_copy_.of != nullptr && normed_copy_.of == x.data;
-  if (!f32_e4m3_ || has_copy || x.dim(1) != g.k_padded || reinterpret_cast<uintptr_t>(x.data) % 16 != 0 ||
+  if (!f32_e4m3_ || has_copy || fp8_activation_terms(m) > 1 || x.dim(1) != g.k_padded || reinterpret_cast<uintptr_t>(x.data) % 16 != 0 ||
       !library_gemm_takes(g, m))
     return false;
   const LibraryScales* lib = library_fp8_scales(g, m, /*out_bf16=*/false);
@@ -955,7 +978,7 @@ bool CudaBackend::gated_mlp_e4m3(const Tensor& x_bf16, int64_t rows, const Linea
   // Only where gemm() would take cuBLASLt for both products and the block-scaled FP8 one for
   // down: the same products as the two-pass form, so the same bits.
   const GemmWeight g = gemm_weight_of(gate_up), d = gemm_weight_of(down);
-  if (!library_gemm_takes(g, rows) || !library_gemm_takes(d, rows)) return false;
+  if (!library_gemm_takes(g, rows) || !library_gemm_takes(d, rows) || fp8_activation_terms(rows) > 1) return false;
   const LibraryScales* down_scales = library_fp8_scales(d, rows, /*out_bf16=*/false);
   if (down_scales == nullptr) return false;
   const int64_t inter_p = g.n_padded / 2;

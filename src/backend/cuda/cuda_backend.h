@@ -140,18 +140,21 @@ class CudaBackend final : public Backend {
   GroupedGemmArgs dense_product(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, GemmEpilogue epilogue,
                                 void* y, int64_t ldy, int64_t n_out) const;
   // Whether the few-row products of a step of step_rows rows over weights of this type read
-  // fp32 rows (GroupedGemmArgs::x_f32): a single sequence's decode steps (step_rows 1) over bf16
-  // weights, unless batch invariance or DSINFER_FEW_ROW_F32_ROWS=0 says otherwise. Their gate/up
-  // products then write fp32 SiLU·up rows for the down product (kSiluMulF32).
+  // fp32 rows (GroupedGemmArgs::x_f32): a single sequence's decode steps (step_rows 1), over e4m3
+  // weights where their one-row products stay on CUDA cores (DSINFER_FEW_ROW_MMA), unless batch
+  // invariance or DSINFER_FEW_ROW_F32_ROWS (0: none; bf16-weights: over bf16 weights only) says
+  // otherwise. Their gate/up products then write fp32 SiLU·up rows for the down product
+  // (kSiluMulF32).
   bool few_row_f32_rows(int64_t step_rows, bool weights_fp8) const {
-    return few_row_f32_rows_ && !batch_invariant_ && step_rows == 1 && !weights_fp8 && few_row_gemm_takes(1);
+    return few_row_f32_rows_ && !batch_invariant_ && step_rows == 1 && few_row_gemm_takes(1) &&
+           (!weights_fp8 || (few_row_f32_rows_e4m3_ && !few_row_mma_one_token_ && !few_row_mma_dense_));
   }
   // a reads x's fp32 rows [*, x.dim(1)] where few_row_f32_rows allows it and x's rows can be
   // read 8 columns at a time; else a is unchanged (bf16 rows).
   void read_f32_rows(GroupedGemmArgs& a, const Tensor* x, int64_t step_rows) const;
   // Whether a gated MLP's (or experts') gate/up product writes fp32 SiLU·up rows for its down
-  // product to read (kSiluMulF32): both weights bf16 where few_row_f32_rows holds, down's input
-  // width (its k_padded: the SiLU·up rows' width) a multiple of 8.
+  // product to read (kSiluMulF32): where few_row_f32_rows holds for both weights' types, down's
+  // input width (its k_padded: the SiLU·up rows' width) a multiple of 8.
   bool silu_up_f32(int64_t step_rows, const LinearWeight& gate_up, const LinearWeight& down) const {
     return few_row_f32_rows(step_rows, gate_up.weight.dtype == DType::kF8E4M3 ||
                                            down.weight.dtype == DType::kF8E4M3) &&
@@ -168,6 +171,22 @@ class CudaBackend final : public Backend {
   // with out_bf16) [rows rounded up to 4, n_padded]; false: nothing was run.
   bool library_product_fp8(const Tensor& x_bf16, int64_t rows, const GemmWeight& w, void* out,
                            bool out_bf16 = false);
+  // The e4m3 terms that the FP8 activations of a cuBLASLt product of `rows` rows take
+  // (launch_quantize_rows_e4m3_terms): in steps that carry a prompt, DSINFER_FP8_ACTIVATION_TERMS
+  // (default 3) up to DSINFER_FP8_TERMS_MAX_ROWS rows (default 256); one elsewhere. Where the
+  // recipe starts (33 rows) its single term costs agreement with the reference that bf16 rows
+  // would keep, and a prompt's rows are written once into the latent cache that every later token
+  // reads; such prefill steps wait on latency, not on the product's rate. Decode-only steps of 33
+  // to 256 rows are where throughput is made, and there three terms cost 7-10% (FP8 decode at
+  // batch 64-256, H200), so they keep DeepSeek's single term unless DSINFER_FP8_TERMS_IN_DECODE=1.
+  // From a few hundred rows up a product is compute-bound and the terms would cost their multiple.
+  int fp8_activation_terms(int64_t rows) const {
+    const bool wanted = !step_decode_only_ || fp8_terms_in_decode_;
+    return wanted && rows <= fp8_terms_max_rows_ ? fp8_activation_terms_ : 1;
+  }
+  // library_product_fp8 in fp8_activation_terms(rows) terms: one product over all their rows,
+  // added after; false where cuBLASLt has no product for that many rows.
+  bool library_product_fp8_terms(const Tensor& x_bf16, int64_t rows, const GemmWeight& w, void* out, bool out_bf16);
   // Whether a library gate/up product of `rows` rows writes bf16: bf16 weights always; e4m3 ones
   // where cuBLASLt has a block-scaled product writing bf16 (fp8_gate_up_bf16_).
   bool library_gate_up_bf16(const GemmWeight& w, int64_t rows);
@@ -532,7 +551,14 @@ class CudaBackend final : public Backend {
   bool few_row_mma_one_token_ = false;
   bool few_row_mma_dense_ = false;
   bool few_row_fixed_phases_ = true;  // DSINFER_FEW_ROW_FIXED_PHASES=0: phases read at run time
-  bool few_row_f32_rows_ = true;      // DSINFER_FEW_ROW_F32_ROWS=0: one-row steps read bf16 rows too
+  int fp8_activation_terms_ = 3;       // DSINFER_FP8_ACTIVATION_TERMS (1 to kMaxFp8ActivationTerms)
+  int64_t fp8_terms_max_rows_ = 256;   // DSINFER_FP8_TERMS_MAX_ROWS
+  bool fp8_terms_in_decode_ = false;   // DSINFER_FP8_TERMS_IN_DECODE=1
+  // Whether the step begun last brings one new token per sequence (products outside a step, as
+  // the op tests run them, count as a prompt's).
+  bool step_decode_only_ = false;
+  bool few_row_f32_rows_ = true;       // DSINFER_FEW_ROW_F32_ROWS=0: one-row steps read bf16 rows too
+  bool few_row_f32_rows_e4m3_ = true;  // DSINFER_FEW_ROW_F32_ROWS=bf16-weights: but over e4m3 weights
   const ForwardBatch* step_batch_ = nullptr;
   Tensor tile_counters_;  // [kGemmMaxTileCounters] split-K arrival counts, zero between GEMMs
   Tensor argmax_scratch_;  // launch_argmax_rows' arrival counts and slice keys, zero between launches

@@ -114,6 +114,15 @@ void launch_silu_mul_interleaved_e4m3(const void* gate_up, bool gate_up_bf16, in
 // `rows` to rows_padded are zeros with scale 1.
 void launch_quantize_rows_e4m3(const uint16_t* x, int64_t rows, int64_t k, int64_t rows_padded, uint8_t* q,
                                float* scales, Stream stream);
+// The same in `terms` e4m3 terms (fp8_split.cu): term 0 the rows above, each next term those of
+// what the terms before leave; q [terms * rows_padded, k] and scales [k / 128][terms *
+// rows_padded], term t's rows from t * rows_padded.
+constexpr int kMaxFp8ActivationTerms = 3;
+void launch_quantize_rows_e4m3_terms(const uint16_t* x, int64_t rows, int64_t k, int64_t rows_padded, int terms,
+                                     uint8_t* q, float* scales, Stream stream);
+// out [rows, n] (fp32, or bf16 with out_bf16) = the sum over t of y's rows t * rows onward.
+void launch_add_row_terms(const float* y, int terms, int64_t rows, int64_t n, void* out, bool out_bf16,
+                          Stream stream);
 // The same from fp32 rows (16-byte aligned), each value rounded to bf16 first: the bits of
 // launch_f32_to_bf16_padded's rows through launch_quantize_rows_e4m3, in one pass.
 void launch_quantize_rows_f32_e4m3(const float* x, int64_t rows, int64_t k, int64_t rows_padded, uint8_t* q,

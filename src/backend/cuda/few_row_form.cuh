@@ -21,13 +21,13 @@ constexpr size_t kMmaMaxSharedBytes = 40 * 1024;
 
 // A block form: kTokens rows a pass, e4m3 or bf16 weights, tensor cores or CUDA cores, and for
 // the CUDA-core forms a phase count fixed at compile time (gemm_block; 0: read at run time) and,
-// for one row over bf16 weights, whether x's row is read in fp32 (kXF32: GroupedGemmArgs::x_f32).
+// for one row, whether x's row is read in fp32 (kXF32: GroupedGemmArgs::x_f32).
 // A block takes up to kMaxUnitsPerBlock consecutive units of kUnitRows weight rows.
 template <int kTokens, bool kFp8, bool kMma, int kFixedPhases = 0, bool kXF32 = false>
 struct Form {
   static_assert(!kMma || kFp8, "the tensor-core form takes e4m3 weights");
   static_assert(!kMma || kFixedPhases == 0, "the tensor-core form walks chunks, not phases");
-  static_assert(!kXF32 || (kTokens == 1 && !kFp8), "fp32 rows: one row over bf16 weights");
+  static_assert(!kXF32 || (kTokens == 1 && !kMma), "fp32 rows: one row on CUDA cores");
   static constexpr int kUnitRows = kMma ? kGemmTileRows : kQuadRows;
   static constexpr int kMaxUnitsPerBlock = kMma ? kMmaMaxTilesPerBlock : kMaxQuadsPerBlock;
   // Blocks an SM that the kernels running it are compiled for (__launch_bounds__; 0: no bound).
@@ -92,7 +92,7 @@ void with_cuda_core_form_of_rows(const GroupedGemmArgs& a, F& f) {
 
 template <int kTokens, bool kFp8, int kMaxFixedPhases, int kMaxFp8FixedPhases, typename F>
 void with_cuda_core_form(const GroupedGemmArgs& a, F& f) {
-  if constexpr (kTokens == 1 && !kFp8) {
+  if constexpr (kTokens == 1) {
     if (a.x_f32 != nullptr)
       return with_cuda_core_form_of_rows<kTokens, kFp8, true, kMaxFixedPhases, kMaxFp8FixedPhases>(a, f);
   }
@@ -101,10 +101,10 @@ void with_cuda_core_form(const GroupedGemmArgs& a, F& f) {
 
 // Where a product may read x's rows in fp32 (GroupedGemmArgs::x_f32) and write fp32 SiLU·up rows.
 inline void check_f32_rows(const GroupedGemmArgs& a, int max_rows_per_block) {
-  DS_CHECK_MSG(a.x_f32 == nullptr || (max_rows_per_block <= 1 && !a.weights_fp8 && a.x_f32_cols % 8 == 0 &&
-                                      a.ldx_f32 % 4 == 0 && a.x_f32_cols <= a.ldx &&
+  DS_CHECK_MSG(a.x_f32 == nullptr || (max_rows_per_block <= 1 && !(a.weights_fp8 && a.few_row_mma) &&
+                                      a.x_f32_cols % 8 == 0 && a.ldx_f32 % 4 == 0 && a.x_f32_cols <= a.ldx &&
                                       reinterpret_cast<uintptr_t>(a.x_f32) % 16 == 0),
-               "few-row GEMM: fp32 rows are read by passes of one row over bf16 weights, 8 columns at a time");
+               "few-row GEMM: fp32 rows are read by passes of one row on CUDA cores, 8 columns at a time");
   DS_CHECK_MSG(a.epilogue != GemmEpilogue::kSiluMulF32 || !(a.weights_fp8 && a.few_row_mma),
                "few-row GEMM: fp32 SiLU·up rows come from the CUDA-core forms");
 }

@@ -98,6 +98,28 @@ __device__ __forceinline__ float scaled_halves_of_bf16x16(const uint4& a, const 
   return __uint_as_float(exponent << 23);  // 2^(exponent - 127)
 }
 
+// Sixteen fp32 of x (four 16-byte pieces) as eight f16 pairs, scaled as scaled_halves_of_bf16x16
+// scales bf16 ones: by the power of two that puts their largest magnitude in [1, 2), each then
+// rounded to f16's 11 significant bits (bf16 keeps 8). Returns the power's inverse.
+__device__ __forceinline__ float scaled_halves_of_f32x16(const uint4 (&v)[4], uint4& half_a, uint4& half_b) {
+  const uint32_t words[16] = {v[0].x, v[0].y, v[0].z, v[0].w, v[1].x, v[1].y, v[1].z, v[1].w,
+                              v[2].x, v[2].y, v[2].z, v[2].w, v[3].x, v[3].y, v[3].z, v[3].w};
+  uint32_t top = 0;  // the largest magnitude's bits (fp32 bits order as magnitudes do)
+#pragma unroll
+  for (int i = 0; i < 16; ++i) top = max(top, words[i] & 0x7fffffffu);
+  const uint32_t exponent = min(max(top >> 23, 1u), 253u);
+  const float scale = __uint_as_float((254u - exponent) << 23);  // 2^(127 - exponent)
+  uint32_t halves[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const __half2 h = __floats2half2_rn(__uint_as_float(words[2 * i]) * scale, __uint_as_float(words[2 * i + 1]) * scale);
+    halves[i] = *reinterpret_cast<const uint32_t*>(&h);
+  }
+  half_a = make_uint4(halves[0], halves[1], halves[2], halves[3]);
+  half_b = make_uint4(halves[4], halves[5], halves[6], halves[7]);
+  return __uint_as_float(exponent << 23);  // 2^(exponent - 127)
+}
+
 // The two e4m3 of a 16-bit pair (the low byte first) as an f16 pair, exactly.
 __device__ __forceinline__ __half2 half2_of_e4m3x2(uint32_t pair) {
   return __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xffffu), __NV_E4M3));
@@ -150,18 +172,19 @@ __device__ __forceinline__ int quad_row(bool gate_up, int q, int r) {
 // at compile time from s's place in its group of kDepth, and each thread's x pieces are read once
 // a pass into registers (e4m3 rows of four phases: shared memory) instead of again at every quad.
 //
-// kXF32 (one row, bf16 weights): x's row is read in fp32 from a.x_f32. A fixed walk of one or
-// two phases holds the thread's pieces in registers (two 16-byte pieces a phase, the registers
+// kXF32 (one row): x's row is read in fp32 from a.x_f32. Over bf16 weights a fixed walk of one
+// or two phases holds the thread's pieces in registers (two 16-byte pieces a phase, the registers
 // of a bf16 walk of four); longer walks read them at every step (from L1), where held they
-// would take 32 registers more.
+// would take 32 registers more. Over e4m3 weights the fixed walk holds them as f16 pairs
+// (scaled_halves_of_f32x16: the registers of bf16 rows), other walks read them at every step.
 template <int kTokens, bool kFp8, int kFixedPhases = 0, bool kXF32 = false>
 __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_per_block, int block_x,
                                            int row_block) {
   static_assert(kFixedPhases >= 0 && kDepth % (kFixedPhases > 0 ? kFixedPhases : 1) == 0,
                 "a fixed phase count divides the steps in flight");
-  static_assert(!kXF32 || (kTokens == 1 && !kFp8), "fp32 rows: passes of one row over bf16 weights");
+  static_assert(!kXF32 || kTokens == 1, "fp32 rows: passes of one row");
   constexpr bool kFixed = kFixedPhases > 0;
-  constexpr bool kXF32Held = kXF32 && kFixed && kFixedPhases <= 2;
+  constexpr bool kXF32Held = kXF32 && !kFp8 && kFixed && kFixedPhases <= 2;
   constexpr int kPieceElems = kFp8 ? 16 : 8;  // weights per 16-byte piece
   constexpr int kXPieces = kPieceElems / 8;   // 16-byte pieces of bf16 x a weight piece takes
   // e4m3 weights in the fixed walk multiply in f16 pairs (dot_e4m3x16_halves): half the
@@ -262,7 +285,7 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
     cp_async_commit();
     // The fixed walk's x pieces of this thread, phase by phase (zeros past the row's pieces); for
     // e4m3 weights as scaled f16 pairs, with the inverse of each phase's scale.
-    constexpr int kHeldPieces = kFixed ? kFixedPhases * (kXF32 ? 2 : kXPieces) : 1;
+    constexpr int kHeldPieces = kFixed ? kFixedPhases * (kXF32Held ? 2 : kXPieces) : 1;
     uint4 x_held[kTokens][kXShared ? 1 : kHeldPieces];
     __shared__ uint4 x_shared[kXShared ? kTokens * kHeldPieces : 1][kThreads];
     float x_unscale[kTokens][kHalfProducts ? kFixedPhases : 1];
@@ -277,6 +300,20 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
         const int p = ph * kThreads + tid;
         load_f32_piece(pass_rows > 0 && p * kPieceElems < a.x_f32_cols, a.x_f32 + x_offset[0] + p * kPieceElems,
                        x_held[0][2 * ph], x_held[0][2 * ph + 1]);
+      }
+    } else if constexpr (kHalfProducts && kXF32) {
+#pragma unroll
+      for (int ph = 0; ph < kFixedPhases; ++ph) {
+        const int p = ph * kThreads + tid;
+        uint4 v[4];
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          load_f32_piece(p * kPieceElems + 8 * h < a.x_f32_cols, a.x_f32 + x_offset[0] + p * kPieceElems + 8 * h,
+                         v[2 * h], v[2 * h + 1]);
+        uint4 half_a, half_b;
+        x_unscale[0][ph] = scaled_halves_of_f32x16(v, half_a, half_b);
+        x_piece(0, 2 * ph) = half_a;
+        x_piece(0, 2 * ph + 1) = half_b;
       }
     } else if constexpr (kFixed && !kXF32) {
 #pragma unroll
@@ -338,18 +375,21 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
 #pragma unroll
           for (int t = 0; t < kTokens; ++t) {
             if constexpr (kXF32) {
-              // x_f32_cols is a multiple of 8: a piece's columns are all read or all zeros.
-              uint4 lo, hi;
-              if constexpr (kXF32Held) {
-                lo = x_held[t][2 * phase];
-                hi = x_held[t][2 * phase + 1];
-              } else {
-                load_f32_piece(t < pass_rows && p * kPieceElems < a.x_f32_cols,
-                               a.x_f32 + x_offset[t] + p * kPieceElems, lo, hi);
-              }
-              const uint32_t words[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+              // x_f32_cols is a multiple of 8: each 8 of a piece's columns are all read or all zeros.
 #pragma unroll
-              for (int e = 0; e < 8; ++e) xf[t][e] = __uint_as_float(words[e]);
+              for (int h = 0; h < kXPieces; ++h) {
+                uint4 lo, hi;
+                if constexpr (kXF32Held) {
+                  lo = x_held[t][2 * phase];
+                  hi = x_held[t][2 * phase + 1];
+                } else {
+                  const int col = p * kPieceElems + 8 * h;
+                  load_f32_piece(t < pass_rows && col < a.x_f32_cols, a.x_f32 + x_offset[t] + col, lo, hi);
+                }
+                const uint32_t words[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+                for (int e = 0; e < 8; ++e) xf[t][8 * h + e] = __uint_as_float(words[e]);
+              }
             } else {
 #pragma unroll
               for (int h = 0; h < kXPieces; ++h) {

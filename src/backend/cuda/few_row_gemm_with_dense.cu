@@ -106,9 +106,11 @@ void launch_few_row_gemm_with_dense(const GroupedGemmArgs& grouped, int max_n_pa
   const bool f32_rows = grouped.x_f32 != nullptr;
   const bool paired =
       grouped.weights_fp8 == dense.weights_fp8 && f32_rows == (dense.x_f32 != nullptr) &&
-      (grouped.weights_fp8 ? launch_paired_forms<true, false>(grouped, max_n_padded, max_row_blocks, dense, stream)
-       : f32_rows          ? launch_paired_forms<false, true>(grouped, max_n_padded, max_row_blocks, dense, stream)
-                           : launch_paired_forms<false, false>(grouped, max_n_padded, max_row_blocks, dense, stream));
+      (grouped.weights_fp8
+           ? (f32_rows ? launch_paired_forms<true, true>(grouped, max_n_padded, max_row_blocks, dense, stream)
+                       : launch_paired_forms<true, false>(grouped, max_n_padded, max_row_blocks, dense, stream))
+       : f32_rows ? launch_paired_forms<false, true>(grouped, max_n_padded, max_row_blocks, dense, stream)
+                  : launch_paired_forms<false, false>(grouped, max_n_padded, max_row_blocks, dense, stream));
   if (paired) return;
   launch_few_row_gemm(grouped, max_n_padded, max_row_blocks, 1, stream);
   launch_few_row_gemm(dense, dense.dense.n_padded, 1, 1, stream);

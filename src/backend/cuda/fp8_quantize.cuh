@@ -33,12 +33,10 @@ __device__ __forceinline__ void with_e4m3_quotient(float scale, const Body& body
   }
 }
 
-// The tile's e4m3 codes (this lane's kValuesPerLane at q_lane, aligned to their size; none
-// written where q_lane is null) under the tile's scale (its largest magnitude over 448), which is
-// returned. Every lane of the warp calls it; a group is an aligned run of 128 / kValuesPerLane
-// lanes.
+// The tile's e4m3 codes, four to a word, left in `words`, and its scale (quantize_tile_e4m3).
 template <int kValuesPerLane>
-__device__ __forceinline__ float quantize_tile_e4m3(const float (&v)[kValuesPerLane], uint8_t* q_lane) {
+__device__ __forceinline__ float quantize_tile_e4m3_words(const float (&v)[kValuesPerLane],
+                                                          uint32_t (&words)[kValuesPerLane / 4]) {
   static_assert(kValuesPerLane == 4 || kValuesPerLane == 8, "a tile is 32 lanes of 4 or 16 lanes of 8");
   constexpr int kLanesPerTile = 128 / kValuesPerLane;
   float amax = 0.0f;
@@ -47,7 +45,6 @@ __device__ __forceinline__ float quantize_tile_e4m3(const float (&v)[kValuesPerL
 #pragma unroll
   for (int step = kLanesPerTile / 2; step > 0; step /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, step));
   const float scale = e4m3_block_scale(amax);
-  uint32_t words[kValuesPerLane / 4];
   const auto encode = [&](auto divide) {
 #pragma unroll
     for (int w = 0; w < kValuesPerLane / 4; ++w) {
@@ -60,6 +57,17 @@ __device__ __forceinline__ float quantize_tile_e4m3(const float (&v)[kValuesPerL
     }
   };
   with_e4m3_quotient(scale, encode);
+  return scale;
+}
+
+// The tile's e4m3 codes (this lane's kValuesPerLane at q_lane, aligned to their size; none
+// written where q_lane is null) under the tile's scale (its largest magnitude over 448), which is
+// returned. Every lane of the warp calls it; a group is an aligned run of 128 / kValuesPerLane
+// lanes.
+template <int kValuesPerLane>
+__device__ __forceinline__ float quantize_tile_e4m3(const float (&v)[kValuesPerLane], uint8_t* q_lane) {
+  uint32_t words[kValuesPerLane / 4];
+  const float scale = quantize_tile_e4m3_words(v, words);
   if (q_lane == nullptr) return scale;
   if constexpr (kValuesPerLane == 4) {
     *reinterpret_cast<uint32_t*>(q_lane) = words[0];

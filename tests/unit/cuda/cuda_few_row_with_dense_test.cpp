@@ -1,8 +1,8 @@
 // A grouped few-row product and a dense one of one row in one launch
 // (launch_few_row_gemm_with_dense): the bits of their own launches, and the host's sums, for
 // bf16 and e4m3 weights, at every pair of phase counts compiled together and at one that is not
-// (two launches then), with either epilogue of the routed products, and over bf16 weights from
-// x's fp32 rows (GroupedGemmArgs::x_f32) with SiLU·up written in fp32.
+// (two launches then), with either epilogue of the routed products, and from x's fp32 rows
+// (GroupedGemmArgs::x_f32; over e4m3 weights as f16 pairs) with SiLU·up written in fp32.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -140,7 +140,7 @@ struct PairCase {
   bool fp8;
   int routed_k, shared_k;
   bool gate_up;  // the routed product is a gate/up one (SiLU·up, bf16 out), else a down one (fp32 out)
-  bool f32_rows = false;  // both read fp32 rows (bf16 weights), SiLU·up out in fp32
+  bool f32_rows = false;  // both read fp32 rows, SiLU·up out in fp32
 };
 
 std::string name_of(const PairCase& c) {
@@ -260,7 +260,10 @@ INSTANTIATE_TEST_SUITE_P(Pairs, CudaFewRowWithDenseTest,
                                            PairCase{false, 1408, 2816, false, true},
                                            PairCase{false, 512, 1024, false, true},
                                            PairCase{false, 2048, 2816, true, true},
-                                           PairCase{false, 2816, 1408, false, true}));
+                                           PairCase{false, 2816, 1408, false, true},
+                                           PairCase{true, 1408, 2816, false, true},
+                                           PairCase{true, 2048, 2816, true, true},
+                                           PairCase{true, 4096, 7168, false, true}));
 
 }  // namespace
 }  // namespace dsinfer

@@ -14,6 +14,7 @@
 
 #include "core/dtype.h"
 #include "cuda_test_util.h"
+#include "forward_batch_util.h"
 #include "model/deepseek_model.h"
 #include "model/deepseek_weights.h"
 #include "teacher_forcing.h"
@@ -40,7 +41,17 @@ double rms_relative_error(const std::vector<float>& got, const std::vector<float
   return std::sqrt(diff / std::max(ref, 1e-30));
 }
 
-class CudaFp8GemmTest : public CudaVsCpuTest {};
+// The recipe's own arithmetic, one e4m3 term at every row count: the backends these tests make
+// take DSINFER_FP8_ACTIVATION_TERMS=1 but where a test sets it otherwise
+// (ActivationTermsHoldBf16Rows checks the default's terms).
+class CudaFp8GemmTest : public CudaVsCpuTest {
+ protected:
+  void SetUp() override {
+    setenv("DSINFER_FP8_ACTIVATION_TERMS", "1", 1);
+    CudaVsCpuTest::SetUp();
+  }
+  void TearDown() override { unsetenv("DSINFER_FP8_ACTIVATION_TERMS"); }
+};
 
 // An e4m3 weight [n, k] with scale blocks of block_rows x 128 that differ from block to block.
 struct Fp8Weight {
@@ -136,6 +147,116 @@ TEST_F(CudaFp8GemmTest, LinearMatchesQuantisedReference) {
       }
     }
   }
+}
+
+// x [rows, k] in `terms` e4m3 terms as launch_quantize_rows_e4m3_terms makes them, added: x
+// rounded to bf16, then each term the 128-column tiles of what the terms before leave in e4m3
+// under the tile's scale (unrounded values after the first).
+std::vector<float> activation_terms(const std::vector<float>& x, int64_t rows, int64_t k, int terms) {
+  std::vector<float> left(x.size()), out(x.size(), 0.0f);
+  for (size_t i = 0; i < x.size(); ++i) left[i] = bf16_to_f32(f32_to_bf16(x[i]));
+  for (int t = 0; t < terms; ++t) {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c0 = 0; c0 < k; c0 += kTile) {
+        const int64_t c1 = std::min(k, c0 + kTile);
+        float amax = 0.0f;
+        for (int64_t c = c0; c < c1; ++c) amax = std::max(amax, std::abs(left[r * k + c]));
+        const float scale = e4m3_block_scale(amax);
+        for (int64_t c = c0; c < c1; ++c) {
+          const float v = fp8e4m3_to_f32(f32_to_fp8e4m3(left[r * k + c] / scale)) * scale;
+          out[r * k + c] += v;
+          left[r * k + c] -= v;
+        }
+      }
+  }
+  return out;
+}
+
+// The default backend's products of 33 to 256 rows read their FP8 activations in three e4m3
+// terms (DSINFER_FP8_ACTIVATION_TERMS, DSINFER_FP8_TERMS_MAX_ROWS), all terms' rows in one
+// cuBLASLt product whose rows are added after: the host's arithmetic of those terms, and about
+// as near the product of the bf16 rows as bf16 itself, where one term misses it by percents.
+// Two terms on request; 257 rows take one. Also inside steps, through a norm's rows (which then
+// writes no e4m3 rows itself) and a gated MLP (whose SiLU·up then writes none either).
+TEST_F(CudaFp8GemmTest, ActivationTermsHoldBf16Rows) {
+  unsetenv("DSINFER_FP8_ACTIVATION_TERMS");
+  auto three = make_backend("cuda");
+  auto two = make_backend_with_env("cuda", "DSINFER_FP8_ACTIVATION_TERMS", "2");
+  struct Shape { int64_t m, n, k; };
+  for (const Shape s : {Shape{37, 576, 2048}, Shape{200, 320, 512}, Shape{256, 576, 2048}, Shape{257, 576, 2048}}) {
+    const Fp8Weight w = make_fp8_weight(s.n, s.k, 128, 81);
+    const auto x = random_values(s.m * s.k, 82);
+    std::vector<float> bf16_x(x.size());
+    for (size_t i = 0; i < x.size(); ++i) bf16_x[i] = bf16_to_f32(f32_to_bf16(x[i]));
+    const auto bf16_product = product(bf16_x, s.m, w), one_term = product(quantised_activations(x, s.m, s.k), s.m, w);
+    for (const int terms : {3, 2}) {
+      SCOPED_TRACE(::testing::Message() << s.m << " rows, " << terms << " terms");
+      Backend& gpu = terms == 3 ? *three : *two;
+      LinearWeight lw = gpu.make_linear(w.host());
+      Tensor tx = upload(gpu, {s.m, s.k}, x), ty = gpu.empty({s.m, s.n}, DType::kF32);
+      gpu.linear(tx, lw, ty);
+      const auto got = download(gpu, ty);
+      const int taken = s.m <= 256 ? terms : 1;
+      EXPECT_LT(relative_error(got, product(activation_terms(x, s.m, s.k, taken), s.m, w)), 2e-3);
+      if (taken == 1) continue;
+      const double error = rms_relative_error(got, bf16_product), error_one = rms_relative_error(one_term, bf16_product);
+      EXPECT_LT(error, (terms == 3 ? 0.02 : 0.2) * error_one) << error << " against one term's " << error_one;
+    }
+  }
+  // Inside a step: one that carries a prompt takes the terms; a decode-only step (one new token
+  // for each of 40 sequences) keeps DeepSeek's single term, unless DSINFER_FP8_TERMS_IN_DECODE=1.
+  {
+    const int64_t m = 40, n = 320, k = 512;
+    const Fp8Weight w = make_fp8_weight(n, k, 128, 90);
+    const auto x = random_values(m * k, 91);
+    const auto want_terms = product(activation_terms(x, m, k, 3), m, w);
+    const auto want_one = product(quantised_activations(x, m, k), m, w);
+    ForwardBatch decode;
+    for (int seq = 0; seq < m; ++seq) testing::append_sequence(decode, {seq}, 7, 1, [](int) { return 1; });
+    const ForwardBatch prompt = testing::single_sequence_batch(std::vector<TokenId>(m, 1), 0, 1);
+    auto in_decode = make_backend_with_env("cuda", "DSINFER_FP8_TERMS_IN_DECODE", "1");
+    auto in_step = [&](Backend& gpu, const ForwardBatch& batch) {
+      LinearWeight lw = gpu.make_linear(w.host());
+      Tensor tx = upload(gpu, {m, k}, x), ty = gpu.empty({m, n}, DType::kF32);
+      gpu.begin_step(batch);
+      gpu.linear(tx, lw, ty);
+      gpu.end_step();
+      return download(gpu, ty);
+    };
+    EXPECT_LT(relative_error(in_step(*three, prompt), want_terms), 2e-3);
+    EXPECT_LT(relative_error(in_step(*three, decode), want_one), 2e-3);
+    EXPECT_LT(relative_error(in_step(*in_decode, decode), want_terms), 2e-3);
+    EXPECT_GT(relative_error(want_one, want_terms), 1e-2);  // the two arithmetics are told apart
+  }
+  // Through a norm's rows, as q_proj and kv_a take them.
+  const int64_t m = 96, k = 2048;
+  const Fp8Weight w1 = make_fp8_weight(640, k, 128, 83), w2 = make_fp8_weight(576, k, 128, 84);
+  LinearWeight g1 = three->make_linear(w1.host()), g2 = three->make_linear(w2.host());
+  const auto norm_w = random_values(k, 85, 1.0f), x = random_values(m * k, 86);
+  Tensor normed = three->empty({m, k}, DType::kF32), cnormed = cpu_->empty({m, k}, DType::kF32);
+  three->rms_norm(upload(*three, {m, k}, x), upload(*three, {k}, norm_w), 1e-6f, normed);
+  cpu_->rms_norm(upload(*cpu_, {m, k}, x), upload(*cpu_, {k}, norm_w), 1e-6f, cnormed);
+  Tensor y1 = three->empty({m, w1.n}, DType::kF32), y2 = three->empty({m, w2.n}, DType::kF32);
+  three->linear_pair(normed, g1, y1, g2, y2);
+  const auto xt = activation_terms(download(*cpu_, cnormed), m, k, 3);
+  EXPECT_LT(rms_relative_error(download(*three, y1), product(xt, m, w1)), 1e-3);
+  EXPECT_LT(rms_relative_error(download(*three, y2), product(xt, m, w2)), 1e-3);
+  // A gated MLP: gate/up from the terms, SiLU·up in bf16 and its terms for down.
+  const int64_t hidden = 256, inter = 384;
+  const Fp8Weight gate_up = make_fp8_weight(2 * inter, hidden, 128, 87), down = make_fp8_weight(hidden, inter, 128, 88);
+  const auto xm = random_values(m * hidden, 89);
+  LinearWeight w_gu = three->make_gate_up(gate_up.host()), w_down = three->make_linear(down.host());
+  Tensor tx = upload(*three, {m, hidden}, xm), ty = three->empty({m, hidden}, DType::kF32);
+  three->gated_mlp(tx, w_gu, w_down, ty);
+  const auto gu = product(activation_terms(xm, m, hidden, 3), m, gate_up);
+  std::vector<float> act(m * inter);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t j = 0; j < inter; ++j) {
+      const float g = bf16_to_f32(f32_to_bf16(gu[r * 2 * inter + j]));
+      const float u = bf16_to_f32(f32_to_bf16(gu[r * 2 * inter + inter + j]));
+      act[r * inter + j] = bf16_to_f32(f32_to_bf16(g / (1.0f + std::exp(-g)) * u));
+    }
+  EXPECT_LT(rms_relative_error(download(*three, ty), product(activation_terms(act, m, inter, 3), m, down)), 1e-2);
 }
 
 // One row count of the test below: the device's gated MLP in each form against the host.

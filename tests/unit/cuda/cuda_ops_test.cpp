@@ -762,9 +762,9 @@ TEST_F(CudaOpsTest, LinearRowsAreBatchInvariant) {
 
 // One row's output is the same alone as among others: within the few-row kernel's reach, above
 // it on the tensor-core kernel up to its bound of 32 rows, and at any row count in
-// batch-invariant mode. A one-row step over bf16 weights reads its row in fp32, not as the
-// bf16 rows of more rows (few_row_f32_rows): the same with that off (DSINFER_FEW_ROW_F32_ROWS=0),
-// within bf16's rounding with it on.
+// batch-invariant mode. A one-row step reads its row in fp32 (over e4m3 weights as f16 pairs),
+// not as the bf16 rows of more rows (few_row_f32_rows): the same with that off
+// (DSINFER_FEW_ROW_F32_ROWS=0), within bf16's rounding with it on.
 void CudaOpsTest::expect_batch_invariant_rows(const HostTensor& weight, const std::vector<float>& x) {
   const int64_t n = weight.shape[0], k = weight.shape[1];
   auto run = [&](Backend& be, int64_t rows) {
@@ -772,12 +772,8 @@ void CudaOpsTest::expect_batch_invariant_rows(const HostTensor& weight, const st
   };
   auto bf16_rows = make_backend_with_env("cuda", "DSINFER_FEW_ROW_F32_ROWS", "0");
   const auto alone = run(*bf16_rows, 1), alone_default = run(*gpu_, 1);
-  if (weight.dtype == DType::kF8E4M3) {
-    EXPECT_EQ(alone_default, alone) << "e4m3 weights: bf16 rows in one-row steps too";
-  } else {
-    EXPECT_NE(alone_default, alone) << "bf16 weights: fp32 rows in one-row steps";
-    EXPECT_LT(relative_error(alone_default, alone), 1e-2);
-  }
+  EXPECT_NE(alone_default, alone) << "fp32 rows in one-row steps";
+  EXPECT_LT(relative_error(alone_default, alone), 1e-2);
   for (int64_t rows = 2; rows <= cuda::kFewRowGemmDefaultMaxRows; ++rows) {
     const auto few = run(*gpu_, rows);
     EXPECT_TRUE(std::equal(alone.begin(), alone.end(), few.begin())) << rows << " rows";

@@ -136,18 +136,42 @@ TEST(CpuProductInputsTest, OneRowProductsKeptInBf16ByWidthOrRoutedExperts) {
   EXPECT_FALSE(e4m3_only.takes(7, /*routed_expert=*/false, /*e4m3_weight=*/false));
 }
 
-// The CUDA default path's roundings: bf16-multirow with the one-row products over e4m3 weights
-// kept in bf16 (the few-row kernel reads fp32 rows for bf16 weights only), FP8 activations where
-// the CUDA backend takes them.
-TEST(CpuProductInputsTest, CudaDefaultKeepsBf16RowsForE4m3WeightsOnly) {
+// The CUDA default path's roundings: bf16-multirow, with the one-row products over e4m3 weights
+// on f16 pairs (the few-row kernel's e4m3 walks on fp32 rows), FP8 activations where the CUDA
+// backend takes them, in three terms in dense steps of up to 256 rows.
+TEST(CpuProductInputsTest, CudaDefaultRoundings) {
   const CpuRoundings r = CpuRoundings::cuda_default();
   EXPECT_EQ(r.product_inputs, CpuProductInputs::kBf16MultiRow);
-  EXPECT_TRUE(r.one_row_bf16.e4m3_weights);
+  EXPECT_TRUE(r.one_row_e4m3_f16_pairs);
+  EXPECT_FALSE(r.one_row_bf16.e4m3_weights);
   EXPECT_FALSE(r.one_row_bf16.routed_experts);
   EXPECT_TRUE(r.one_row_bf16.input_widths.empty());
   EXPECT_EQ(r.fp8_activations.dense_min_rows, 33);
   EXPECT_EQ(r.fp8_activations.routed_min_rows, 3);
+  EXPECT_EQ(r.fp8_activations.dense_terms, 3);
+  EXPECT_EQ(r.fp8_activations.dense_terms_max_rows, 256);
   EXPECT_TRUE(CpuBackend(r).wants_raw_fp8());
+}
+
+// One-row products over e4m3 weights under one_row_e4m3_f16_pairs read f16 inputs: 1 + 2^-10 is
+// kept (bf16 would round it to 1); steps of two rows keep bf16-multirow's bf16.
+TEST(CpuProductInputsTest, OneRowE4m3ProductsOnF16Pairs) {
+  CpuRoundings roundings{.product_inputs = CpuProductInputs::kBf16MultiRow};
+  roundings.one_row_e4m3_f16_pairs = true;
+  CpuBackend cpu(roundings);
+  EXPECT_TRUE(cpu.wants_raw_fp8());
+  const uint8_t code = 0x38;  // e4m3 1.0
+  const float scale = 1.0f, x_value = 1.0f + 1.0f / 1024.0f;
+  const LinearWeight w = cpu.make_linear(HostTensor{DType::kF8E4M3, {1, 1}, &code, &scale, 128, 128});
+  for (const int rows : {1, 2}) {
+    const std::vector<float> x_host(rows, x_value);
+    Tensor x = cpu.from_host(HostTensor{DType::kF32, {rows, 1}, x_host.data()});
+    Tensor out = cpu.empty({rows, 1}, DType::kF32);
+    cpu.linear(x, w, out);
+    std::vector<float> y(rows);
+    cpu.to_host(out, y.data());
+    EXPECT_EQ(y, std::vector<float>(rows, rows == 1 ? x_value : 1.0f)) << rows;
+  }
 }
 
 TEST(CpuProductInputsTest, MalformedOneRowBf16IsRefused) {
@@ -209,8 +233,22 @@ TEST(CpuProductInputsTest, Fp8ActivationsFromTheirStepsOnward) {
   EXPECT_FALSE(dynamic_cast<CpuBackend&>(*make_backend("cpu")).wants_raw_fp8());
 }
 
+// The dense products' activations in e4m3 terms (D,E,T,M): 0.3 rounds to bf16's 0.30078125, term
+// 0 holds 128/448 of it, and term 1 the rest, which fills its own tile's scale (the 1 beside it
+// left nothing): two terms give the bf16 row. Routed experts and steps past M keep one term.
+TEST(CpuProductInputsTest, DenseActivationsInTermsUpToTheirBound) {
+  const float bf16_row = 1.0f + 0.30078125f, quantized = 1.0f + 128.0f / 448.0f;
+  EXPECT_NEAR(e4m3_product("33,3,2,64", 1, 33, false)[0], bf16_row, 1e-6f);
+  EXPECT_NEAR(e4m3_product("33,3,3,64", 1, 64, false)[0], bf16_row, 1e-6f);
+  EXPECT_EQ(e4m3_product("33,3,2,64", 1, 65, false), std::vector<float>(1, quantized));
+  EXPECT_EQ(e4m3_product("33,3,2,64", 1, 3, true), std::vector<float>(1, quantized));
+  EXPECT_EQ(e4m3_product("33,3,1,64", 1, 33, false), std::vector<float>(1, quantized));
+  EXPECT_EQ(e4m3_product("33,3,2,64", 1, 32, false), std::vector<float>(1, 1.0f + 0.3f));
+}
+
 TEST(CpuProductInputsTest, MalformedFp8ActivationsAreRefused) {
-  expect_values_refused("DSINFER_CPU_FP8_ACTIVATIONS", {"33", "0,3", "33,3,1", "a,b", "33,-1", ""});
+  expect_values_refused("DSINFER_CPU_FP8_ACTIVATIONS", {"33", "0,3", "33,3,1", "a,b", "33,-1", "", "33,3,2",
+                                                        "33,3,0,64", "33,3,4,64", "33,3,2,32", "33,3,2,64,1"});
 }
 
 TEST(CpuProductInputsTest, AttentionRoundingsFromTheEnvironment) {
