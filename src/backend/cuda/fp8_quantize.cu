@@ -30,16 +30,8 @@ __global__ void __launch_bounds__(kQuantizeThreads)
   await_previous_kernels();
   const QuantizePlace at = quantize_place(k);
   float v[kQuantizeRowsPerThread][8];
-#pragma unroll
-  for (int i = 0; i < kQuantizeRowsPerThread; ++i) {
-    const int64_t row = at.row0 + i * kQuantizeRowsAtOnce;
-    if (row < rows) {
-      load_row_values(x + row * k + at.col, v[i]);
-    } else {  // rows past `rows` (padding) quantise to zeros
-#pragma unroll
-      for (int j = 0; j < 8; ++j) v[i][j] = 0.0f;
-    }
-  }
+  load_quantize_rows(at, rows, [&](int64_t row, float(&values)[8]) { load_row_values(x + row * k + at.col, values); },
+                     v);
 #pragma unroll
   for (int i = 0; i < kQuantizeRowsPerThread; ++i) store_e4m3_row(at, i, v[i], k, rows_padded, q, scales);
 }

@@ -106,6 +106,23 @@ __device__ __forceinline__ QuantizePlace quantize_place(int64_t k) {
           col_tile * 128 + (threadIdx.x % kQuantizeLanesPerTile) * 8};
 }
 
+// The values of the thread's rows (each row's eight columns from at.col, by load(row, values)),
+// zeros for rows at or past `rows` (padding, which quantises to zeros).
+template <typename Load>
+__device__ __forceinline__ void load_quantize_rows(const QuantizePlace& at, int64_t rows, const Load& load,
+                                                   float (&v)[kQuantizeRowsPerThread][8]) {
+#pragma unroll
+  for (int i = 0; i < kQuantizeRowsPerThread; ++i) {
+    const int64_t row = at.row0 + i * kQuantizeRowsAtOnce;
+    if (row < rows) {
+      load(row, v[i]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[i][j] = 0.0f;
+    }
+  }
+}
+
 // The values of the thread's row i (0 or 1) to e4m3 codes in q [rows_padded, k] and its tile's
 // scale in scales [k / 128][rows_padded]; a row at or past rows_padded takes part in the tile's
 // shuffles and is not written.

@@ -37,17 +37,8 @@ __global__ void __launch_bounds__(kQuantizeThreads)
   await_previous_kernels();
   const QuantizePlace at = quantize_place(k);
   const int64_t all_rows = terms * rows_padded;
-  float v[kQuantizeRowsPerThread][8];
-#pragma unroll
-  for (int i = 0; i < kQuantizeRowsPerThread; ++i) {
-    const int64_t row = at.row0 + i * kQuantizeRowsAtOnce;
-    if (row < rows) {
-      load8(x + row * k + at.col, v[i]);
-    } else {  // padding rows quantise to zeros in every term
-#pragma unroll
-      for (int j = 0; j < 8; ++j) v[i][j] = 0.0f;
-    }
-  }
+  float v[kQuantizeRowsPerThread][8];  // padding rows: zeros in every term
+  load_quantize_rows(at, rows, [&](int64_t row, float(&values)[8]) { load8(x + row * k + at.col, values); }, v);
   for (int term = 0; term < terms; ++term) {
 #pragma unroll
     for (int i = 0; i < kQuantizeRowsPerThread; ++i) {
