@@ -363,6 +363,7 @@ void CudaBackend::sample_rows(const Tensor& logits, std::span<const RowSampling>
 void CudaBackend::end_step() {
   forget_normed_copy();
   step_batch_ = nullptr;
+  step_decode_only_ = false;
   step_gaps_->mark_tail(stream_);
 }
 
@@ -380,6 +381,7 @@ void CudaBackend::abandon_step() {
   pending_norm_ = {};
   if (step_batch_ != nullptr) step_gaps_->mark_tail(stream_);
   step_batch_ = nullptr;
+  step_decode_only_ = false;
   // What the step launched finishes before its blocks are freed: the next step, likely as large,
   // then starts from memory given back to the device rather than a fragmented cache.
   synchronize();

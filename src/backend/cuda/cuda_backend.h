@@ -554,7 +554,7 @@ class CudaBackend final : public Backend {
   int fp8_activation_terms_ = 3;       // DSINFER_FP8_ACTIVATION_TERMS (1 to kMaxFp8ActivationTerms)
   int64_t fp8_terms_max_rows_ = 256;   // DSINFER_FP8_TERMS_MAX_ROWS
   bool fp8_terms_in_decode_ = false;   // DSINFER_FP8_TERMS_IN_DECODE=1
-  // Whether the step begun last brings one new token per sequence (products outside a step, as
+  // Whether the step under way brings one new token per sequence (products outside a step, as
   // the op tests run them, count as a prompt's).
   bool step_decode_only_ = false;
   bool few_row_f32_rows_ = true;       // DSINFER_FEW_ROW_F32_ROWS=0: one-row steps read bf16 rows too
