@@ -117,7 +117,8 @@ class CpuBackend : public Backend {
   std::string name() const override { return "cpu"; }
   // e4m3 weights come as stored where FP8 activations are asked for, so that their products are known.
   bool wants_raw_fp8() const override {
-    return roundings_.fp8_activations.any() || roundings_.one_row_bf16.e4m3_weights || roundings_.one_row_e4m3_f16_pairs;
+    return roundings_.fp8_activations.any() || roundings_.one_row_bf16.e4m3_weights ||
+           roundings_.one_row_e4m3_f16_pairs;
   }
 
   Tensor empty(const std::vector<int64_t>& shape, DType dtype) override;

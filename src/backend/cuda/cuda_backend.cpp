@@ -893,8 +893,8 @@ bool CudaBackend::linear_f32_e4m3(const Tensor& x, const LinearWeight& w, Tensor
   const int64_t m = x.dim(0);
   const GemmWeight g = gemm_weight_of(w);
   const bool has_copy = normed_copy_.of != nullptr && normed_copy_.of == x.data;
-  if (!f32_e4m3_ || has_copy || fp8_activation_terms(m) > 1 || x.dim(1) != g.k_padded || reinterpret_cast<uintptr_t>(x.data) % 16 != 0 ||
-      !library_gemm_takes(g, m))
+  if (!f32_e4m3_ || has_copy || fp8_activation_terms(m) > 1 || x.dim(1) != g.k_padded ||
+      reinterpret_cast<uintptr_t>(x.data) % 16 != 0 || !library_gemm_takes(g, m))
     return false;
   const LibraryScales* lib = library_fp8_scales(g, m, /*out_bf16=*/false);
   if (lib == nullptr) return false;

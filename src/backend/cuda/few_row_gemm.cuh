@@ -112,7 +112,8 @@ __device__ __forceinline__ float scaled_halves_of_f32x16(const uint4 (&v)[4], ui
   uint32_t halves[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    const __half2 h = __floats2half2_rn(__uint_as_float(words[2 * i]) * scale, __uint_as_float(words[2 * i + 1]) * scale);
+    const __half2 h =
+        __floats2half2_rn(__uint_as_float(words[2 * i]) * scale, __uint_as_float(words[2 * i + 1]) * scale);
     halves[i] = *reinterpret_cast<const uint32_t*>(&h);
   }
   half_a = make_uint4(halves[0], halves[1], halves[2], halves[3]);

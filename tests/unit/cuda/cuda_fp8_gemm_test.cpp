@@ -199,7 +199,8 @@ TEST_F(CudaFp8GemmTest, ActivationTermsHoldBf16Rows) {
       const int taken = s.m <= 256 ? terms : 1;
       EXPECT_LT(relative_error(got, product(activation_terms(x, s.m, s.k, taken), s.m, w)), 2e-3);
       if (taken == 1) continue;
-      const double error = rms_relative_error(got, bf16_product), error_one = rms_relative_error(one_term, bf16_product);
+      const double error = rms_relative_error(got, bf16_product);
+      const double error_one = rms_relative_error(one_term, bf16_product);
       EXPECT_LT(error, (terms == 3 ? 0.02 : 0.2) * error_one) << error << " against one term's " << error_one;
     }
   }
