@@ -805,19 +805,24 @@ void CudaBackend::library_product_native(const Tensor& x_bf16, int64_t rows, con
 }
 
 CudaBackend::QuantisedRows CudaBackend::quantise_rows(const Tensor& x_bf16, int64_t rows, int64_t rows_padded,
-                                                      int64_t k) {
+                                                      int64_t k, int terms) {
   NormedCopy& copy = normed_copy_;
   const bool of_copy = copy.of != nullptr && x_bf16.data == copy.bf16.data;
   const Tensor& kept = copy.quantised.q;
   // Rows quantised on the main stream before a fork are ready for its side stream too (while
   // launches go to the side, side_stream_ is the main stream).
   const bool ready_here = copy.quantised_on == stream_ || (queuing_on_side_ && copy.quantised_on == side_stream_);
-  if (of_copy && ready_here && copy.quantised_rows == rows && !kept.empty() && kept.dim(0) == rows_padded &&
-      kept.dim(1) == k)
+  if (of_copy && ready_here && copy.quantised_rows == rows && copy.quantised.terms == terms && !kept.empty() &&
+      kept.dim(0) == terms * rows_padded && kept.dim(1) == k)
     return copy.quantised;
-  QuantisedRows q = new_quantised_rows(rows_padded, k);
-  launch_quantize_rows_e4m3(x_bf16.as<uint16_t>(), rows, k, rows_padded, q.q.as<uint8_t>(), q.scales.as<float>(),
-                            stream_);
+  QuantisedRows q = new_quantised_rows(terms * rows_padded, k);
+  q.terms = terms;
+  if (terms == 1)
+    launch_quantize_rows_e4m3(x_bf16.as<uint16_t>(), rows, k, rows_padded, q.q.as<uint8_t>(), q.scales.as<float>(),
+                              stream_);
+  else
+    launch_quantize_rows_e4m3_terms(x_bf16.as<uint16_t>(), rows, k, rows_padded, terms, q.q.as<uint8_t>(),
+                                    q.scales.as<float>(), stream_);
   // The main stream's launches would not wait for rows the side stream makes.
   if (of_copy && !queuing_on_side_) keep_quantised(q, rows);
   return q;
@@ -854,11 +859,9 @@ bool CudaBackend::library_product_fp8_terms(const Tensor& x_bf16, int64_t rows, 
   const int64_t rows_p = round_up(rows, kLibraryFp8RowMultiple), all_rows = terms * rows_p;
   const LibraryScales* lib = library_fp8_scales(w, all_rows, /*out_bf16=*/false);
   if (lib == nullptr) return false;
-  QuantisedRows q = new_quantised_rows(all_rows, w.k_padded);
-  launch_quantize_rows_e4m3_terms(x_bf16.as<uint16_t>(), rows, w.k_padded, rows_p, terms, q.q.as<uint8_t>(),
-                                  q.scales.as<float>(), stream_);
   Tensor products = alloc_->cached({all_rows, w.n_padded}, DType::kF32);
-  library_product_fp8_rows(q, w, *lib, products.data, /*out_bf16=*/false);
+  library_product_fp8_rows(quantise_rows(x_bf16, rows, rows_p, w.k_padded, terms), w, *lib, products.data,
+                           /*out_bf16=*/false);
   launch_add_row_terms(products.as<float>(), terms, rows_p, w.n_padded, out, out_bf16, stream_);
   return true;
 }

@@ -249,13 +249,14 @@ class CudaBackend final : public Backend {
   // 128-column scale blocks).
   bool fp8_expert_activations_for(const MoeWeights& w) const;
   struct QuantisedRows {
-    Tensor q, scales;  // e4m3 [rows_padded, k], fp32 [k / 128, rows_padded]
+    Tensor q, scales;  // e4m3 [terms * rows_padded, k], fp32 [k / 128, terms * rows_padded]
+    int terms = 1;     // launch_quantize_rows_e4m3_terms's, term t's rows from t * rows_padded
   };
   // Rows [0, rows) of x_bf16 [rows, k] in DeepSeek's FP8 activations (launch_quantize_rows_e4m3),
-  // rows past them zeros. Rows of the normed copy are quantised once per stream: the products
-  // that read them next (kv_a after q_proj; the shared experts after the routed ones) take the
-  // same e4m3 rows.
-  QuantisedRows quantise_rows(const Tensor& x_bf16, int64_t rows, int64_t rows_padded, int64_t k);
+  // in `terms` e4m3 terms (launch_quantize_rows_e4m3_terms) where more than one, rows past them
+  // zeros. Rows of the normed copy are quantised once per stream: the products that read them
+  // next (kv_a after q_proj; the shared experts after the routed ones) take the same e4m3 rows.
+  QuantisedRows quantise_rows(const Tensor& x_bf16, int64_t rows, int64_t rows_padded, int64_t k, int terms = 1);
   // Buffers for rows_padded quantised rows of k columns.
   QuantisedRows new_quantised_rows(int64_t rows_padded, int64_t k);
   // Keeps q as the normed copy's first `rows` rows in e4m3, made on this stream.

@@ -7,6 +7,7 @@
 // idle for a few µs, for 2,048 × 2,816 weights (V2-Lite). Here its blocks run beside the routed
 // product's. Each block is one of few_row_gemm.cu's, so each output has the bits of its own launch.
 #include <algorithm>
+#include <type_traits>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/few_row_form.cuh"
@@ -104,13 +105,13 @@ void launch_few_row_gemm_with_dense(const GroupedGemmArgs& grouped, int max_n_pa
   few_row::check_f32_rows(grouped, 1);
   few_row::check_f32_rows(dense, 1);
   const bool f32_rows = grouped.x_f32 != nullptr;
-  const bool paired =
-      grouped.weights_fp8 == dense.weights_fp8 && f32_rows == (dense.x_f32 != nullptr) &&
-      (grouped.weights_fp8
-           ? (f32_rows ? launch_paired_forms<true, true>(grouped, max_n_padded, max_row_blocks, dense, stream)
-                       : launch_paired_forms<true, false>(grouped, max_n_padded, max_row_blocks, dense, stream))
-       : f32_rows ? launch_paired_forms<false, true>(grouped, max_n_padded, max_row_blocks, dense, stream)
-                  : launch_paired_forms<false, false>(grouped, max_n_padded, max_row_blocks, dense, stream));
+  const auto paired_forms_of = [&](auto fp8) {
+    constexpr bool kFp8 = decltype(fp8)::value;
+    return f32_rows ? launch_paired_forms<kFp8, true>(grouped, max_n_padded, max_row_blocks, dense, stream)
+                    : launch_paired_forms<kFp8, false>(grouped, max_n_padded, max_row_blocks, dense, stream);
+  };
+  const bool paired = grouped.weights_fp8 == dense.weights_fp8 && f32_rows == (dense.x_f32 != nullptr) &&
+                      (grouped.weights_fp8 ? paired_forms_of(std::true_type{}) : paired_forms_of(std::false_type{}));
   if (paired) return;
   launch_few_row_gemm(grouped, max_n_padded, max_row_blocks, 1, stream);
   launch_few_row_gemm(dense, dense.dense.n_padded, 1, 1, stream);
