@@ -5,6 +5,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -115,14 +116,13 @@ class WeightBuilder {
       const std::string up_name = prefix + "up_proj.weight";
       if (auto made = backend_linear_(prefix + "gate_proj.weight", &up_name, inter, in)) return std::move(*made);
     }
-    // Raw FP8 halves stack cleanly only when the gate's rows fill whole scale blocks.
-    if (raw_fp8_ && inter % c_.fp8.block_rows == 0) {
+    if (raw_fp8_) {
       auto gate = raw_fp8_(prefix + "gate_proj.weight", {inter, in});
       auto up = gate ? raw_fp8_(prefix + "up_proj.weight", {inter, in}) : std::nullopt;
       if (gate && up) {
-        gate->bytes.insert(gate->bytes.end(), up->bytes.begin(), up->bytes.end());
-        gate->scales.insert(gate->scales.end(), up->scales.begin(), up->scales.end());
-        return fp8_linear(*gate, 2 * inter, in, /*gate_up=*/true);
+        const int block_rows = stacked_block_rows(inter);
+        const RawFp8 stacked = stack_gate_up(*gate, *up, inter, in, block_rows);
+        return fp8_linear(stacked, 2 * inter, in, /*gate_up=*/true, block_rows);
       }
     }
     HostValues gate_up(2 * inter * in);
@@ -230,10 +230,38 @@ class WeightBuilder {
   }
 
  private:
-  LinearWeight fp8_linear(const RawFp8& raw, int64_t out, int64_t in, bool gate_up = false) {
-    HostTensor h{DType::kF8E4M3, {out, in}, raw.bytes.data(), raw.scales.data(), c_.fp8.block_rows,
-                 c_.fp8.block_cols};
+  LinearWeight fp8_linear(const RawFp8& raw, int64_t out, int64_t in, bool gate_up = false, int block_rows = 0) {
+    HostTensor h{DType::kF8E4M3, {out, in}, raw.bytes.data(), raw.scales.data(),
+                 block_rows > 0 ? block_rows : c_.fp8.block_rows, c_.fp8.block_cols};
     return gate_up ? be_.make_gate_up(h) : be_.make_linear(h);
+  }
+
+  // Rows per scale block of a stacked gate/up whose halves are `inter` rows each: the checkpoint's
+  // block rows where each half fills whole blocks, else the largest count dividing both (an
+  // intermediate size of 96 under 128-row blocks: 32), so that no block spans the two halves.
+  int stacked_block_rows(int64_t inter) const {
+    return static_cast<int>(std::gcd(inter, static_cast<int64_t>(c_.fp8.block_rows)));
+  }
+
+  // gate's rows, then up's, as one e4m3 weight with scale blocks of `block_rows` rows (a divisor of
+  // the checkpoint's): each takes the scale of the checkpoint block that holds its rows. The
+  // values stay exactly the checkpoint's, where widening them to be stacked would round them to
+  // whatever the backend keeps (bf16 on the CUDA backend).
+  RawFp8 stack_gate_up(const RawFp8& gate, const RawFp8& up, int64_t inter, int64_t in, int block_rows) const {
+    const int64_t col_blocks = (in + c_.fp8.block_cols - 1) / c_.fp8.block_cols;
+    const int64_t blocks_per_half = (inter + block_rows - 1) / block_rows;
+    RawFp8 stacked;
+    stacked.bytes.reserve(gate.bytes.size() + up.bytes.size());
+    stacked.bytes.insert(stacked.bytes.end(), gate.bytes.begin(), gate.bytes.end());
+    stacked.bytes.insert(stacked.bytes.end(), up.bytes.begin(), up.bytes.end());
+    stacked.scales.reserve(2 * blocks_per_half * col_blocks);
+    for (const RawFp8* half : {&gate, &up}) {
+      for (int64_t b = 0; b < blocks_per_half; ++b) {
+        const auto source = half->scales.begin() + (b * block_rows / c_.fp8.block_rows) * col_blocks;
+        stacked.scales.insert(stacked.scales.end(), source, source + col_blocks);
+      }
+    }
+    return stacked;
   }
 
   HostValues fetch(const std::string& name, const std::vector<int64_t>& shape) {
@@ -387,9 +415,8 @@ ModelWeights make_random_weights(const ModelConfig& model_config, Backend& backe
     if (up_name != nullptr) spec.seeds[1] = seed_of(*up_name);
     spec.scale = scaled_values_scale(name, {rows, cols});
     spec.gate_up = up_name != nullptr;
-    // As the raw FP8 form above: gate and up stack in e4m3 when the gate fills whole blocks.
-    spec.fp8 = raw_fp8 != nullptr && fp8_projection(name) &&
-               (up_name == nullptr || (fp8_projection(*up_name) && rows % config.fp8.block_rows == 0));
+    // As the raw FP8 form above, gate and up each in blocks of their own.
+    spec.fp8 = raw_fp8 != nullptr && fp8_projection(name) && (up_name == nullptr || fp8_projection(*up_name));
     return backend.make_random_linear(spec);
   };
   WeightBuilder builder(config, backend, fetch, raw_fp8, backend_linear);

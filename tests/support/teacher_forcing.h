@@ -121,4 +121,56 @@ inline TeacherForcedAgreement teacher_forced_agreement(DeepseekModel& model, con
   return a;
 }
 
+// The logits of every step of the reference path (as teacher_forced_agreement walks it), with
+// whether the step was a prompt's.
+struct TeacherForcedLogits {
+  std::vector<std::vector<float>> logits;  // per step: [vocab]
+  std::vector<bool> is_prefill;
+};
+
+inline TeacherForcedLogits teacher_forced_logits(DeepseekModel& model, const std::string& fixture_dir,
+                                                 const char* reference_file = kLongReference) {
+  constexpr int kBlockSize = 64;
+  std::ifstream f(fixture_dir + "/" + reference_file);
+  const auto ref = nlohmann::json::parse(f);
+  TeacherForcedLogits out;
+  std::vector<float> logits(model.config().vocab_size);
+  for (const auto& p : ref["prompts"]) {
+    std::vector<TokenId> tokens = p["prompt_ids"].get<std::vector<TokenId>>();
+    const auto greedy = p["greedy_ids"].get<std::vector<TokenId>>();
+    const int num_blocks = static_cast<int>((tokens.size() + greedy.size() + kBlockSize - 1) / kBlockSize);
+    KvCaches caches = model.allocate_caches(num_blocks, kBlockSize, KvCacheFormat::kF32);
+    int start = 0;
+    for (size_t step = 0; step < greedy.size(); ++step) {
+      ForwardOutput o = model.forward(single_sequence_batch(tokens, start, num_blocks, kBlockSize), caches);
+      model.backend().to_host(o.logits, logits.data());
+      out.logits.push_back(logits);
+      out.is_prefill.push_back(step == 0);
+      if (step + 1 == greedy.size()) break;
+      tokens.push_back(greedy[step]);
+      start = static_cast<int>(tokens.size()) - 1;
+    }
+  }
+  return out;
+}
+
+// The median over a path's prompt steps (prefill) or other steps of the RMS distance of their
+// logits from the reference path's.
+inline double median_rms_distance(const TeacherForcedLogits& got, const TeacherForcedLogits& reference,
+                                  bool prefill) {
+  std::vector<double> d;
+  for (size_t s = 0; s < reference.logits.size(); ++s) {
+    if (reference.is_prefill[s] != prefill) continue;
+    double sum = 0;
+    for (size_t v = 0; v < reference.logits[s].size(); ++v) {
+      const double e = static_cast<double>(got.logits[s][v]) - reference.logits[s][v];
+      sum += e * e;
+    }
+    d.push_back(std::sqrt(sum / static_cast<double>(reference.logits[s].size())));
+  }
+  if (d.empty()) return 0;
+  std::nth_element(d.begin(), d.begin() + static_cast<std::ptrdiff_t>(d.size() / 2), d.end());
+  return d[d.size() / 2];
+}
+
 }  // namespace dsinfer::testing

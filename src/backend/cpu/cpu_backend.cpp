@@ -185,7 +185,12 @@ LinearWeight CpuBackend::make_linear(const HostTensor& w) {
   lw.out_features = w.shape[0];
   lw.in_features = w.shape[1];
   lw.weight = from_host(w);
-  if (w.dtype == DType::kF8E4M3) e4m3_weights_[lw.weight.data] = lw.weight.storage;
+  if (w.dtype == DType::kF8E4M3) {
+    e4m3_weights_[lw.weight.data] = lw.weight.storage;
+  } else if (roundings_.bf16_linear_weights) {
+    float* values = lw.weight.as<float>();
+    for (int64_t i = 0; i < lw.weight.num_elements(); ++i) values[i] = round_to_bf16(values[i]);
+  }
   return lw;
 }
 
@@ -265,9 +270,11 @@ void CpuBackend::linear_in_step(const Tensor& x, const LinearWeight& w, Tensor& 
   const int64_t rows = x.dim(0);
   const CpuFp8Activations& fp8 = roundings_.fp8_activations;
   const int64_t fp8_min_rows = routed_expert ? fp8.routed_min_rows : fp8.dense_min_rows;
-  if (fp8_min_rows > 0 && step_rows >= fp8_min_rows && is_e4m3(w)) {
+  const bool terms_step = fp8.dense_terms > 1 && step_rows <= fp8.dense_terms_max_rows;
+  // Routed experts read bf16 rows in the steps where the dense products take terms.
+  if (fp8_min_rows > 0 && step_rows >= fp8_min_rows && is_e4m3(w) && !(routed_expert && terms_step)) {
     std::vector<float> quantized(static_cast<size_t>(rows * w.in_features));
-    if (!routed_expert && fp8.dense_terms > 1 && step_rows <= fp8.dense_terms_max_rows)
+    if (terms_step)
       quantize_rows_e4m3_terms(x.as<float>(), rows, w.in_features, fp8.dense_terms, quantized.data());
     else
       quantize_rows_e4m3(x.as<float>(), rows, w.in_features, quantized.data());

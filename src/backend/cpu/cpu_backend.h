@@ -55,7 +55,8 @@ struct CpuFp8Activations {
   // Dense products of steps of dense_min_rows to dense_terms_max_rows rows read their inputs,
   // rounded to bf16, in dense_terms e4m3 terms: the recipe's rows, then the recipe's rows of
   // what the terms before leave (the CUDA backend's launch_quantize_rows_e4m3_terms, which it
-  // runs in steps that carry a prompt: every such step of a teacher-forced reference).
+  // runs in steps that carry a prompt: every such step of a teacher-forced reference). The routed
+  // experts of those steps read bf16 rows (CudaBackend::fp8_expert_activations_for).
   int dense_terms = 1;
   int64_t dense_terms_max_rows = 0;
   bool any() const { return dense_min_rows > 0 || routed_min_rows > 0; }
@@ -80,6 +81,9 @@ struct CpuRoundings {
   // One-row steps' products over e4m3 weights read f16 inputs, summed in f16 pairs (the few-row
   // e4m3 walks on fp32 rows, scaled_halves_of_f32x16).
   bool one_row_e4m3_f16_pairs = false;
+  // Linear weights other than e4m3 ones kept in bf16 (the CUDA backend's pack_weight): a float16
+  // checkpoint's lose three bits of each value; a bf16 checkpoint's stay as they are.
+  bool bf16_linear_weights = false;
   // The CUDA backend's attention kernels' operands, with these products' inputs.
   static CpuRoundings cuda_attention_with(CpuProductInputs inputs, CpuFp8Activations fp8_activations = {}) {
     return {.product_inputs = inputs,
@@ -88,15 +92,17 @@ struct CpuRoundings {
             .bf16_query_tiles = true,
             .tf32_head_tiles = true,
             .one_row_bf16 = {},
-            .one_row_e4m3_f16_pairs = false};
+            .one_row_e4m3_f16_pairs = false,
+            .bf16_linear_weights = false};
   }
   // The CUDA backend's default path: bf16 product inputs, but fp32 ones in one-row steps'
   // products over bf16 weights and f16 pairs over e4m3 ones (GroupedGemmArgs::x_f32), FP8
-  // activations as it takes them (three terms in dense steps of up to 256 rows), its attention
-  // kernels' operands.
+  // activations as it takes them (three terms in dense steps of up to 256 rows, whose routed
+  // experts read bf16 rows), its attention kernels' operands, its weights.
   static CpuRoundings cuda_default() {
     CpuRoundings r = cuda_attention_with(CpuProductInputs::kBf16MultiRow, {33, 3, 3, 256});
     r.one_row_e4m3_f16_pairs = true;
+    r.bf16_linear_weights = true;
     return r;
   }
 };

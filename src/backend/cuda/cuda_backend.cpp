@@ -546,6 +546,9 @@ LinearWeight CudaBackend::pack_weight(const HostTensor& w, bool gate_up) {
 
 std::optional<LinearWeight> CudaBackend::make_random_linear(const RandomLinearSpec& spec) {
   if (!device_random_weights_ || f32_products_) return std::nullopt;
+  // An e4m3 gate/up whose halves split a 16-row scale group is widened to bf16 from host values,
+  // as pack_weight does with a checkpoint's.
+  if (spec.fp8 && spec.gate_up && spec.out_features % kPackedScaleRows != 0) return std::nullopt;
   DS_CHECK_MSG(spec.out_features > 0 && spec.in_features > 0,
                "random weight [" << spec.out_features << ", " << spec.in_features << "]");
   const int64_t rows = spec.gate_up ? 2 * spec.out_features : spec.out_features;

@@ -244,10 +244,13 @@ class CudaBackend final : public Backend {
                              const int32_t* block_offsets, const int32_t* src_rows, int64_t num_entries,
                              int rows_per_block, const RowRmsScale& x_scale = {},
                              const GroupedGemmArgs* shared_down = nullptr, const Tensor* x = nullptr);
-  // Whether the layer's experts, where they take the 128-row expert blocks, run DeepSeek's FP8
-  // activations there (e4m3 weights, both switches on, k and the intermediate size whole
-  // 128-column scale blocks).
-  bool fp8_expert_activations_for(const MoeWeights& w) const;
+  // Whether the layer's experts, where they take the 128-row expert blocks in a step of
+  // num_tokens tokens, run DeepSeek's FP8 activations there (e4m3 weights, both switches on, k and
+  // the intermediate size whole 128-column scale blocks), its single term: not in the steps where
+  // the dense products take more (fp8_activation_terms), whose experts read bf16 rows instead.
+  // There the single term cost tiny_v3_fp8's long reference 20 of its 3,072 steps, and such
+  // steps of a prompt wait on latency, not on the products' rate.
+  bool fp8_expert_activations_for(const MoeWeights& w, int64_t num_tokens) const;
   struct QuantisedRows {
     Tensor q, scales;  // e4m3 [terms * rows_padded, k], fp32 [k / 128, terms * rows_padded]
     int terms = 1;     // launch_quantize_rows_e4m3_terms's, term t's rows from t * rows_padded

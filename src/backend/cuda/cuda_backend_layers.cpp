@@ -247,8 +247,14 @@ CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const Mo
   DS_CHECK(down0.weight.dim(1) == inter_p && down0.out_features == hidden && gu0.in_features == hidden);
   // fp32 products read x itself.
   const Tensor xb = f32_products_ ? Tensor{} : to_bf16_padded(x, k_p);
-  const bool prefill_sized =
-      !batch_invariant_ && !recording_ && num_entries >= kPrefillRowsPerExpert * num_experts;
+  // e4m3 experts in a step whose dense products take FP8 activation terms read bf16 rows
+  // (fp8_expert_activations_for) and their weights as stored: the grouped kernel's forms, not the
+  // prefill ones, which widen e4m3 weights to bf16 (a rounding of their scaled values). Such steps
+  // hold up to 256 tokens; a layer of V2-Lite's 64 experts is prefill-sized from 342.
+  const bool e4m3_experts_on_bf16_rows =
+      gu0.weight.dtype == DType::kF8E4M3 && !f32_products_ && fp8_activation_terms(num_tokens) > 1;
+  const bool prefill_sized = !batch_invariant_ && !recording_ && !e4m3_experts_on_bf16_rows &&
+                             num_entries >= kPrefillRowsPerExpert * num_experts;
   const int num_chunks = static_cast<int>(
       std::min<int64_t>(INT32_MAX / kChunkRows,
                         round_up((num_entries + kChunkRows - 1) / kChunkRows + num_experts, kChunkBatchStep)));
@@ -260,7 +266,7 @@ CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const Mo
       std::max(round_up(num_tokens, kLibraryFp8RowMultiple) * k_p,
                round_up(num_entries, kLibraryFp8RowMultiple) * inter_p) <= int64_t{UINT32_MAX};
   const bool prefill_blocks =
-      prefill_sized && rows_addressable && fp8_expert_activations_for(w) &&
+      prefill_sized && rows_addressable && fp8_expert_activations_for(w, num_tokens) &&
       (prefill_experts_ == PrefillExperts::kAuto || prefill_experts_ == PrefillExperts::kGrouped);
   const bool chunked = prefill_sized && !prefill_blocks &&
                        (prefill_experts_ == PrefillExperts::kAuto || prefill_experts_ == PrefillExperts::kChunked) &&
@@ -429,13 +435,13 @@ void CudaBackend::take_quantised_rows(const QuantisedRows& q, GroupedGemmArgs& a
   args.pass_rows = fp8_expert_pass_rows_;
 }
 
-bool CudaBackend::fp8_expert_activations_for(const MoeWeights& w) const {
+bool CudaBackend::fp8_expert_activations_for(const MoeWeights& w, int64_t num_tokens) const {
   const LinearWeight& gu0 = w.expert_gate_up[0];
   const LinearWeight& down0 = w.expert_down[0];
   const int64_t k_p = gu0.weight.dim(1), inter_p = gu0.weight.dim(0) / 2;
   return fp8_expert_blocks_ && fp8_expert_activations_ && gu0.weight.dtype == DType::kF8E4M3 &&
          down0.weight.dtype == DType::kF8E4M3 && k_p % kLibraryFp8TileColumns == 0 &&
-         inter_p % kLibraryFp8TileColumns == 0;
+         inter_p % kLibraryFp8TileColumns == 0 && fp8_activation_terms(num_tokens) == 1;
 }
 
 // All experts in two grouped GEMMs that read the routing from the device (no host wait).
@@ -462,7 +468,7 @@ Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, c
   // them, and beat the 32-row blocks from one row per expert (FP8 decode at batch 4 to 32 7–14%
   // faster); bf16 experts from four (below it an expert's weight is read by few 128-row blocks,
   // one per SM at batch 1, which keep too little in flight, and the 32-row blocks win).
-  const bool fp8_activation_experts = fp8_expert_activations_for(w);
+  const bool fp8_activation_experts = fp8_expert_activations_for(w, num_tokens);
   const int min_rows = fp8_activation_experts ? fp8_expert_block_min_rows_ : expert_block_min_rows_;
   const bool expert_blocks = !batch_invariant_ && !few_rows && rows_hint >= min_rows;
 

@@ -31,9 +31,14 @@ struct Source {
 // Block (source block row, block column): the block's scale, its largest magnitude / 448.
 __global__ void __launch_bounds__(kThreads) block_scales_kernel(Source src, float* block_scales) {
   __shared__ float warp_max[kThreads / 32];
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kBlockEdge;
+  const PackedWeightLayout& l = src.layout;
+  // A gate/up's blocks start again at the up's first row (random_weight_source_block).
+  const int64_t per_half = l.gate_up ? (l.inter + kBlockEdge - 1) / kBlockEdge : INT64_MAX;
+  const int64_t half = blockIdx.x >= per_half ? 1 : 0;
+  const int64_t half_first = half * l.inter, half_end = l.gate_up ? half_first + l.inter : l.rows;
+  const int64_t row0 = half_first + (static_cast<int64_t>(blockIdx.x) - half * per_half) * kBlockEdge;
   const int64_t col0 = static_cast<int64_t>(blockIdx.y) * kBlockEdge;
-  const int64_t row_end = min(row0 + kBlockEdge, src.layout.rows);
+  const int64_t row_end = min(row0 + kBlockEdge, half_end);
   const int64_t col_end = min(col0 + kBlockEdge, src.layout.cols);
   const int64_t width = col_end - col0, count = (row_end - row0) * width;
   float amax = 0.0f;
@@ -56,7 +61,7 @@ __global__ void __launch_bounds__(kThreads) packed_rows_kernel(Source src, void*
   for (int64_t c = threadIdx.x; c < l.cols; c += kThreads) {
     const float v = src.value(s, c);
     if (l.fp8) {
-      const float block_scale = block_scales[(s / kBlockEdge) * l.scale_cols + c / kBlockEdge];
+      const float block_scale = block_scales[random_weight_source_block(l, s) * l.scale_cols + c / kBlockEdge];
       static_cast<uint8_t*>(data)[r * l.k_padded + c] =
           static_cast<uint8_t>(__nv_cvt_float_to_fp8(v / block_scale, __NV_SATFINITE, __NV_E4M3));
     } else {
@@ -71,7 +76,7 @@ __global__ void __launch_bounds__(kThreads) packed_scales_kernel(PackedWeightLay
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (i >= l.n_padded * l.scale_cols) return;
   const int64_t r = i / l.scale_cols, cb = i % l.scale_cols, s = l.source_row(r);
-  const float scale = s >= 0 ? block_scales[(s / kBlockEdge) * l.scale_cols + cb] : 1.0f;
+  const float scale = s >= 0 ? block_scales[random_weight_source_block(l, s) * l.scale_cols + cb] : 1.0f;
   if (r % kPackedScaleRows == 0) scales[(r / kPackedScaleRows) * l.scale_cols + cb] = scale;
   if (!l.library_blocks) library[cb * l.n_padded + r] = scale;
   else if (r % kBlockEdge == 0) library[(r / kBlockEdge) * l.library_block_cols + cb] = scale;
@@ -82,12 +87,13 @@ __global__ void __launch_bounds__(kThreads) packed_scales_kernel(PackedWeightLay
 void launch_random_packed_weight(const PackedWeightLayout& layout, uint64_t first_seed, uint64_t second_seed,
                                  float scale, void* storage, float* block_scales, Stream stream) {
   DS_CHECK(layout.rows > 0 && layout.cols > 0 && layout.n_padded <= INT32_MAX);
-  DS_CHECK_MSG(!layout.fp8 || (block_scales != nullptr && (!layout.gate_up || layout.inter % kBlockEdge == 0)),
-               "random e4m3 weight: gate and up halves of whole 128-row blocks, and a workspace for the scales");
+  DS_CHECK_MSG(!layout.fp8 || (block_scales != nullptr && (!layout.gate_up || layout.inter % kPackedScaleRows == 0)),
+               "random e4m3 weight: gate and up halves of whole " << kPackedScaleRows
+                   << "-row scale groups, and a workspace for the scales");
   const Source src{layout, {first_seed, second_seed}, scale};
   DS_CUDA_CHECK(cudaMemsetAsync(storage, 0, layout.total_bytes(), stream));
   if (layout.fp8) {
-    const dim3 blocks((layout.rows + kBlockEdge - 1) / kBlockEdge, layout.scale_cols);
+    const dim3 blocks(random_weight_block_rows(layout), layout.scale_cols);
     block_scales_kernel<<<blocks, kThreads, 0, stream>>>(src, block_scales);
     DS_CUDA_CHECK_LAUNCH();
   }

@@ -12,9 +12,23 @@ namespace dsinfer::cuda {
 // checkpoint stores its weights).
 constexpr int kRandomWeightBlockEdge = 128;
 
+// Source block rows of an e4m3 layout: a gate/up's halves are blocked apart, each from its first
+// row (an FP8 checkpoint stores them as two tensors), so a half need not fill whole blocks.
+DS_HOST_DEVICE inline int64_t random_weight_block_rows(const PackedWeightLayout& layout) {
+  const int64_t edge = kRandomWeightBlockEdge;
+  return layout.gate_up ? 2 * ((layout.inter + edge - 1) / edge) : (layout.rows + edge - 1) / edge;
+}
+
+// The source block row of source row s (stacked: the up's rows after the gate's).
+DS_HOST_DEVICE inline int64_t random_weight_source_block(const PackedWeightLayout& layout, int64_t s) {
+  const int64_t edge = kRandomWeightBlockEdge;
+  if (!layout.gate_up || s < layout.inter) return s / edge;
+  return (layout.inter + edge - 1) / edge + (s - layout.inter) / edge;
+}
+
 // Floats of launch_random_packed_weight's block_scales for an e4m3 layout.
 inline int64_t random_weight_block_scales(const PackedWeightLayout& layout) {
-  return (layout.rows + kRandomWeightBlockEdge - 1) / kRandomWeightBlockEdge * layout.scale_cols;
+  return random_weight_block_rows(layout) * layout.scale_cols;
 }
 
 // Fills the packed weight at `storage` (layout.total_bytes(), packed_weight.h): source element
@@ -22,7 +36,7 @@ inline int64_t random_weight_block_scales(const PackedWeightLayout& layout) {
 // [rows, cols]) is scale · normal_value(seeds[t], i). e4m3 layouts quantise the values per
 // 128 × 128 source block by its largest magnitude; block_scales (fp32,
 // random_weight_block_scales floats, e4m3 only) holds those scales between the kernels; a
-// gate/up pair in e4m3 stacks halves of whole blocks.
+// gate/up pair in e4m3 stacks halves of whole 16-row scale groups (kPackedScaleRows).
 void launch_random_packed_weight(const PackedWeightLayout& layout, uint64_t first_seed, uint64_t second_seed,
                                  float scale, void* storage, float* block_scales, Stream stream);
 

@@ -35,34 +35,29 @@ class CudaLongReferenceTest : public ::testing::TestWithParam<std::string> {
 };
 
 // The default path (bf16 activations, fp32 rows in one-row steps; DeepSeek's FP8 activations in
-// tiny_v3_fp8's larger products, in three e4m3 terms in its prompts' steps of 33 to 256 rows). HF
-// transformers in bf16 agrees on 96.19% / 97.59% / 95.31% of these steps (tiny_v3, tiny_v2_lite,
-// tiny_v3_fp8; bench/RESULTS.md, "A long teacher-forced reference"). The bar on the bf16
-// checkpoints is 99%; on the FP8 one 98%; over the steps whose reference margin passes 0.2, the
-// short fixtures' bars (cuda_model_test.cpp). Measured: 99.15% / 99.41% / 98.27% (95.61% on the
-// FP8 one with one term and bf16 rows in its one-row e4m3 walks; RESULTS.md, "FP8 activations in
-// terms").
+// tiny_v3_fp8's larger products, in three e4m3 terms in its prompts' steps of up to 256 rows,
+// whose e4m3 experts read bf16 rows). HF transformers in bf16 agrees on 96.19% / 97.59% / 95.31%
+// of these steps (tiny_v3, tiny_v2_lite, tiny_v3_fp8; bench/RESULTS.md, "A long teacher-forced
+// reference"). The bar is 99%; over the steps whose reference margin passes 0.2, the short
+// fixtures' bars (cuda_model_test.cpp). Measured: 99.15% / 99.41% / 99.28% (98.27% on the FP8 one
+// while its gate/up weights were widened to bf16 and its experts took the single term there;
+// RESULTS.md, "Exact FP8 gate/up weights").
 TEST_P(CudaLongReferenceTest, DefaultPathAgreesWithTheReference) {
-  const bool fp8_recipe = GetParam() == "tiny_v3_fp8";
   const testing::TeacherForcedAgreement a = agreement_with(Precision::kDefault, 0.2);
   std::cout << GetParam() << " (default path): " << a.describe() << "\n";
   EXPECT_EQ(a.num_steps, 128 * 24);
-  EXPECT_GE(a.agreement(), fp8_recipe ? 0.98 : 0.99) << GetParam();
-  EXPECT_GE(a.num_clear_agree, (fp8_recipe ? 0.95 : 0.98) * a.num_clear) << GetParam();
+  EXPECT_GE(a.agreement(), 0.99) << GetParam();
+  EXPECT_GE(a.num_clear_agree, 0.98 * a.num_clear) << GetParam();
 }
 
 // The CPU backend with the default path's roundings (CpuRoundings::cuda_default: bf16 product
 // inputs but fp32 ones in one-row steps, f16 pairs over e4m3 weights, DeepSeek's FP8 activations
 // where the CUDA backend takes them, the attention kernels' bf16 and TF32 operands) predicts the
-// default path's agreement to within half a point on the bf16 checkpoints: 99.25 / 99.90%
-// against 99.15 / 99.41% (RESULTS.md, "One-row steps on fp32 rows"). What it leaves out (the
-// order of sums, the splits of long contexts, where a pending norm's 1 / rms is applied) moves
-// only near ties; tiny_v2_lite's 15 steps are the most (reference margins up to 0.09), and none
-// of fourteen switches of the CUDA path's forms moved them. On tiny_v3_fp8 it predicts 99.06%
-// where the CUDA path gives 98.27%: a point at most. That gap is not in the forms of the FP8
-// products: with bf16 rows for every product of up to 256 rows the CUDA path gives 98.37%, and
-// ten switches of its forms moved it by 0.4 point at most (RESULTS.md, "FP8 activations in
-// terms").
+// default path's agreement to within half a point: 99.25 / 99.90 / 99.38% against 99.15 / 99.41 /
+// 99.28% (RESULTS.md, "Exact FP8 gate/up weights"). What it leaves out (the order of sums, the
+// splits of long contexts, where a pending norm's 1 / rms is applied) moves only near ties. The
+// rest of tiny_v2_lite's gap is its float16 weights, which the CUDA backend keeps in bf16: the
+// CPU with those weights rounded so predicts 99.38% (3,053 steps against the CUDA path's 3,054).
 TEST_P(CudaLongReferenceTest, DefaultPathAsTheCpuPredicts) {
   const testing::TeacherForcedAgreement cuda = agreement_with(Precision::kDefault, 1e-3);
   CpuBackend cpu_backend(CpuRoundings::cuda_default());
@@ -71,7 +66,34 @@ TEST_P(CudaLongReferenceTest, DefaultPathAsTheCpuPredicts) {
       testing::teacher_forced_agreement(*cpu_model, dir_, 1e-3, KvCacheFormat::kF32, testing::kLongReference);
   std::cout << GetParam() << ": default path " << cuda.describe() << "; the CPU's prediction " << cpu.describe()
             << "\n";
-  EXPECT_NEAR(cuda.agreement(), cpu.agreement(), GetParam() == "tiny_v3_fp8" ? 0.01 : 0.005) << GetParam();
+  EXPECT_NEAR(cuda.agreement(), cpu.agreement(), 0.005) << GetParam();
+}
+
+// Where the agreement counts move only with near ties, the logits' distance from the fp32 CPU
+// backend's along the reference path measures the whole error: the median over the prompts'
+// steps and over the others, the default path's against the CPU's prediction. Measured (H100,
+// RESULTS.md, "Exact FP8 gate/up weights"): within 10% of the prediction on every fixture, where
+// the two roundings the prediction lacked had put the default path's decode steps at 3.4 times
+// it (tiny_v2_lite, its float16 weights kept in bf16) and 1.3 times (tiny_v3_fp8, its gate/up
+// pairs widened to bf16).
+TEST_P(CudaLongReferenceTest, DefaultPathErrorAsTheCpuPredicts) {
+  CpuBackend fp32_backend{CpuRoundings{}}, predicting_backend(CpuRoundings::cuda_default());
+  auto fp32_model = load_deepseek_model(dir_, fp32_backend, 0, false);
+  auto predicting_model = load_deepseek_model(dir_, predicting_backend, 0, false);
+  auto cuda_backend = make_backend("cuda", Precision::kDefault);
+  auto cuda_model = load_deepseek_model(dir_, *cuda_backend, 0, false);
+  const testing::TeacherForcedLogits reference = testing::teacher_forced_logits(*fp32_model, dir_);
+  const testing::TeacherForcedLogits predicted = testing::teacher_forced_logits(*predicting_model, dir_);
+  const testing::TeacherForcedLogits cuda = testing::teacher_forced_logits(*cuda_model, dir_);
+  for (const bool prefill : {true, false}) {
+    const double want = testing::median_rms_distance(predicted, reference, prefill);
+    const double got = testing::median_rms_distance(cuda, reference, prefill);
+    std::cout << GetParam() << (prefill ? " prompt" : " decode") << " steps: median RMS logit distance from fp32 "
+              << got << ", the CPU's prediction " << want << "\n";
+    EXPECT_GT(want, 1e-4) << GetParam();  // the prediction rounds
+    EXPECT_LT(got, 1.2 * want) << GetParam() << (prefill ? " prompt steps" : " decode steps");
+    EXPECT_GT(got, 0.8 * want) << GetParam() << (prefill ? " prompt steps" : " decode steps");
+  }
 }
 
 // The fp32 precision mode holds the CPU backend's bar (long_reference_golden_test.cpp): every

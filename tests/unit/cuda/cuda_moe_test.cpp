@@ -33,8 +33,51 @@ struct GateSpec {
 // subnormal codes and the smallest normal ones (a kernel that flushed subnormals would lose them).
 enum class Fp8Codes { kRandom, kEveryCode, kSubnormal };
 
+// e4m3 experts in DeepSeek's FP8 activations wherever their forms take them: the backends these
+// tests make take DSINFER_FP8_ACTIVATION_TERMS=1, so that steps of up to 256 rows keep the
+// recipe's single term rather than bf16 rows (PromptStepsReadBf16RowsIntoE4m3Experts checks the
+// default).
 class CudaMoeTest : public CudaVsCpuTest {
  protected:
+  void SetUp() override {
+    setenv("DSINFER_FP8_ACTIVATION_TERMS", "1", 1);
+    CudaVsCpuTest::SetUp();
+  }
+  void TearDown() override { unsetenv("DSINFER_FP8_ACTIVATION_TERMS"); }
+
+  // A step of num_seqs sequences with tokens_per_seq new tokens each (from position 0, each
+  // sequence in blocks of its own), each sampled at its last.
+  static ForwardBatch step_of(int num_seqs, int64_t tokens_per_seq) {
+    ForwardBatch b;
+    const int num_blocks = static_cast<int>((tokens_per_seq + 63) / 64);
+    for (int seq = 0; seq < num_seqs; ++seq) {
+      std::vector<int32_t> table;
+      for (int i = 0; i < num_blocks; ++i) table.push_back(seq * num_blocks + i);
+      for (int64_t p = 0; p < tokens_per_seq; ++p) {
+        b.token_ids.push_back(1);
+        b.positions.push_back(static_cast<int32_t>(p));
+        b.slot_mapping.push_back(static_cast<int32_t>(table[p / 64] * 64 + p % 64));
+        b.token_seq.push_back(seq);
+      }
+      b.block_tables.push_back(table);
+      b.context_lens.push_back(static_cast<int32_t>(tokens_per_seq));
+      b.logits_indices.push_back(static_cast<int32_t>(b.token_ids.size() - 1));
+    }
+    b.num_tokens = static_cast<int>(b.token_ids.size());
+    return b;
+  }
+
+  // The layer's output on `be` for x [num_tokens, hidden], inside `step` where one is given.
+  std::vector<float> moe_output(Backend& be, const GateSpec& g, const std::vector<float>& x, int64_t num_tokens,
+                                int64_t hidden, int64_t inter, uint32_t seed, const ForwardBatch* step = nullptr) {
+    MoeWeights w = build(be, g, hidden, inter, seed, /*fp8=*/true);
+    Tensor tx = upload(be, {num_tokens, hidden}, x), tout = be.empty({num_tokens, hidden}, DType::kF32);
+    if (step != nullptr) be.begin_step(*step);
+    be.moe(tx, w, tout, nullptr);
+    if (step != nullptr) be.end_step();
+    return download(be, tout);
+  }
+
   // An e4m3 weight [rows, cols] with 128x128 block scales that vary across blocks.
   LinearWeight fp8_weight(Backend& be, int64_t rows, int64_t cols, uint32_t seed, bool gate_up,
                           std::vector<std::vector<uint8_t>>& keep_bytes, std::vector<std::vector<float>>& keep_scales) {
@@ -474,6 +517,37 @@ TEST_F(CudaMoeTest, Fp8ExpertsMatchDequantisedCpu) {
   run_case(shared, 301, 17, 256, 96, /*fp8=*/true, /*tolerance=*/8e-2);
   gpu_ = make_backend_with_env("cuda", "DSINFER_GATE_UP_HALVES", "0");
   run_case(shared, 301, 16, 256, 128, /*fp8=*/true, /*tolerance=*/8e-2);
+}
+
+// The default backend's e4m3 experts read bf16 rows in the steps whose dense products take FP8
+// activation terms (a prompt's steps of up to 256 rows; CudaBackend::fp8_expert_activations_for):
+// the bits of DSINFER_MOE_FP8_ACTIVATIONS=0, nearer the CPU's dequantised layer than DeepSeek's
+// single term. A decode-only step (one new token for each of 90 sequences) and a step of 301
+// rows keep the single term, and DSINFER_FP8_ACTIVATION_TERMS=1 keeps it everywhere.
+TEST_F(CudaMoeTest, PromptStepsReadBf16RowsIntoE4m3Experts) {
+  const GateSpec g{8, 2, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, true, 1.0f, false};
+  const int64_t hidden = 256, inter = 128;
+  auto one_term = std::move(gpu_);
+  auto no_fp8 = make_backend_with_env("cuda", "DSINFER_MOE_FP8_ACTIVATIONS", "0");
+  unsetenv("DSINFER_FP8_ACTIVATION_TERMS");
+  auto default_backend = make_backend("cuda");
+  for (const int64_t num_tokens : {int64_t{90}, int64_t{301}}) {
+    SCOPED_TRACE(num_tokens);
+    const auto x = random_values(num_tokens * hidden, 51);
+    const ForwardBatch prompt = step_of(1, num_tokens);
+    const auto cpu = moe_output(*cpu_, g, x, num_tokens, hidden, inter, 52);
+    const auto single = moe_output(*one_term, g, x, num_tokens, hidden, inter, 52, &prompt);
+    const auto got = moe_output(*default_backend, g, x, num_tokens, hidden, inter, 52, &prompt);
+    if (num_tokens <= 256) {
+      EXPECT_EQ(got, moe_output(*no_fp8, g, x, num_tokens, hidden, inter, 52, &prompt));
+      EXPECT_LT(relative_error(got, cpu), 0.5 * relative_error(single, cpu));
+      const ForwardBatch decode = step_of(num_tokens, 1);
+      EXPECT_EQ(moe_output(*default_backend, g, x, num_tokens, hidden, inter, 52, &decode),
+                moe_output(*one_term, g, x, num_tokens, hidden, inter, 52, &decode));
+    } else {
+      EXPECT_EQ(got, single);
+    }
+  }
 }
 
 TEST_F(CudaMoeTest, Fp8ExpertsInBothBlockKindsMatchDequantisedCpu) {

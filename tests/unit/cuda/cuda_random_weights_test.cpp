@@ -1,14 +1,16 @@
 // Random weights made on the device (make_random_linear, --dummy-weights) against the same
 // values drawn on the host and packed by make_linear / make_gate_up: the device's logarithm,
 // sine and cosine may differ in their last bits, so a few codes may sit one step apart, and
-// nothing more. Plain and gate/up weights, bf16 and e4m3 (blocks cut short at the edges,
-// padding rows and columns), through the few-row kernel and cuBLASLt, and a whole random model.
+// nothing more. Plain and gate/up weights, bf16 and e4m3 (blocks cut short at the edges and,
+// in a gate/up of 96-row halves, at the up's first row; padding rows and columns), through the
+// few-row kernel and cuBLASLt, and a whole random model.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -80,7 +82,8 @@ TEST_F(CudaRandomWeightsTest, DeviceFilledWeightsHoldTheHostDrawnValues) {
     bool gate_up, fp8;
   };
   for (const Case c : {Case{96, 200, false, false}, Case{576, 2048, false, false}, Case{40, 90, true, false},
-                       Case{576, 300, false, true}, Case{512, 2048, false, true}, Case{256, 200, true, true}}) {
+                       Case{576, 300, false, true}, Case{512, 2048, false, true}, Case{256, 200, true, true},
+                       Case{96, 200, true, true}}) {
     SCOPED_TRACE(std::to_string(c.rows) + "x" + std::to_string(c.cols) + (c.gate_up ? " gate/up" : "") +
                  (c.fp8 ? " e4m3" : " bf16"));
     RandomLinearSpec spec;
@@ -98,7 +101,20 @@ TEST_F(CudaRandomWeightsTest, DeviceFilledWeightsHoldTheHostDrawnValues) {
     const int64_t source_rows = c.gate_up ? 2 * c.rows : c.rows;
     HostFp8 q;
     HostTensor h{DType::kF32, {source_rows, c.cols}, values.data()};
-    if (c.fp8) {
+    if (c.fp8 && c.gate_up) {
+      // Each half quantised as a checkpoint's tensor, stacked as the loader stacks them: in scale
+      // blocks of gcd(inter, 128) rows, none spanning both halves.
+      const int64_t half = c.rows * c.cols, block_rows = std::gcd(c.rows, int64_t{128}), cb = (c.cols + 127) / 128;
+      for (int t = 0; t < 2; ++t) {
+        const HostFp8 qt = quantise({values.begin() + t * half, values.begin() + (t + 1) * half}, c.rows, c.cols);
+        q.codes.insert(q.codes.end(), qt.codes.begin(), qt.codes.end());
+        for (int64_t b = 0; b < (c.rows + block_rows - 1) / block_rows; ++b) {
+          const auto source = qt.scales.begin() + (b * block_rows / 128) * cb;
+          q.scales.insert(q.scales.end(), source, source + cb);
+        }
+      }
+      h = HostTensor{DType::kF8E4M3, {source_rows, c.cols}, q.codes.data(), q.scales.data(), block_rows, 128};
+    } else if (c.fp8) {
       q = quantise(values, source_rows, c.cols);
       h = HostTensor{DType::kF8E4M3, {source_rows, c.cols}, q.codes.data(), q.scales.data(), 128, 128};
     }

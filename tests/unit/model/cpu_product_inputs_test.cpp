@@ -150,7 +150,34 @@ TEST(CpuProductInputsTest, CudaDefaultRoundings) {
   EXPECT_EQ(r.fp8_activations.routed_min_rows, 3);
   EXPECT_EQ(r.fp8_activations.dense_terms, 3);
   EXPECT_EQ(r.fp8_activations.dense_terms_max_rows, 256);
+  EXPECT_TRUE(r.bf16_linear_weights);
   EXPECT_TRUE(CpuBackend(r).wants_raw_fp8());
+}
+
+// bf16_linear_weights keeps a linear weight's values in bf16, as the CUDA backend packs them: a
+// float16 checkpoint's 1 + 2^-10 becomes 1; e4m3 weights and the tensors that are no linear
+// weight (norms, embeddings) keep their values.
+TEST(CpuProductInputsTest, Bf16LinearWeights) {
+  CpuRoundings roundings;
+  roundings.bf16_linear_weights = true;
+  CpuBackend cpu(roundings);
+  const float w_value = 1.0f + 1.0f / 1024.0f, x_value = 1.0f;
+  auto product = [&](const LinearWeight& w) {
+    Tensor x = cpu.from_host(HostTensor{DType::kF32, {1, 1}, &x_value});
+    Tensor out = cpu.empty({1, 1}, DType::kF32);
+    cpu.linear(x, w, out);
+    float y = 0;
+    cpu.to_host(out, &y);
+    return y;
+  };
+  EXPECT_EQ(product(cpu.make_linear(HostTensor{DType::kF32, {1, 1}, &w_value})), 1.0f);
+  EXPECT_EQ(product(CpuBackend().make_linear(HostTensor{DType::kF32, {1, 1}, &w_value})), w_value);
+  const uint8_t code = 0x38;  // e4m3 1.0, under a scale bf16 cannot hold
+  const float scale = w_value;
+  EXPECT_EQ(product(cpu.make_linear(HostTensor{DType::kF8E4M3, {1, 1}, &code, &scale, 128, 128})), w_value);
+  float kept = 0;
+  cpu.to_host(cpu.from_host(HostTensor{DType::kF32, {1}, &w_value}), &kept);
+  EXPECT_EQ(kept, w_value);
 }
 
 // One-row products over e4m3 weights under one_row_e4m3_f16_pairs read f16 inputs: 1 + 2^-10 is
@@ -235,13 +262,16 @@ TEST(CpuProductInputsTest, Fp8ActivationsFromTheirStepsOnward) {
 
 // The dense products' activations in e4m3 terms (D,E,T,M): 0.3 rounds to bf16's 0.30078125, term
 // 0 holds 128/448 of it, and term 1 the rest, which fills its own tile's scale (the 1 beside it
-// left nothing): two terms give the bf16 row. Routed experts and steps past M keep one term.
+// left nothing): two terms give the bf16 row. Routed experts take no FP8 activations in those
+// steps (up to M rows; their rows as the product inputs ask, fp32 here); past M both keep one term.
 TEST(CpuProductInputsTest, DenseActivationsInTermsUpToTheirBound) {
   const float bf16_row = 1.0f + 0.30078125f, quantized = 1.0f + 128.0f / 448.0f;
   EXPECT_NEAR(e4m3_product("33,3,2,64", 1, 33, false)[0], bf16_row, 1e-6f);
   EXPECT_NEAR(e4m3_product("33,3,3,64", 1, 64, false)[0], bf16_row, 1e-6f);
   EXPECT_EQ(e4m3_product("33,3,2,64", 1, 65, false), std::vector<float>(1, quantized));
-  EXPECT_EQ(e4m3_product("33,3,2,64", 1, 3, true), std::vector<float>(1, quantized));
+  EXPECT_EQ(e4m3_product("33,3,2,64", 1, 3, true), std::vector<float>(1, 1.0f + 0.3f));
+  EXPECT_EQ(e4m3_product("33,3,2,64", 1, 65, true), std::vector<float>(1, quantized));
+  EXPECT_EQ(e4m3_product("33,3,1,64", 1, 3, true), std::vector<float>(1, quantized));
   EXPECT_EQ(e4m3_product("33,3,1,64", 1, 33, false), std::vector<float>(1, quantized));
   EXPECT_EQ(e4m3_product("33,3,2,64", 1, 32, false), std::vector<float>(1, 1.0f + 0.3f));
 }

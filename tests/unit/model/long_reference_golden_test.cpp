@@ -82,12 +82,12 @@ TEST_P(LongReferenceTest, SixteenBitProductInputs) {
   EXPECT_GE(multirow.agreement(), 0.99) << GetParam();
 }
 
-// DeepSeek's FP8 activations where the CUDA backend takes them (dense products of steps above 32
-// rows, routed experts of steps above two), with bf16 inputs elsewhere (the CUDA default path's
-// products) and with f16 in steps of two rows or more. Only tiny_v3_fp8 has e4m3 weights: 96.06%
-// and 96.88% there, short of 99% either way; with the recipe only in steps of 257 rows or more,
-// f16 reaches 99.90% (RESULTS.md, "The long references committed"; the bf16 checkpoints: their
-// bf16 and f16 figures).
+// DeepSeek's FP8 activations, one term, where the CUDA backend's forms start to take them (dense
+// products of steps above 32 rows, routed experts of steps above two), with bf16 inputs elsewhere
+// and with f16 in steps of two rows or more. Only tiny_v3_fp8 has e4m3 weights: 94.95% and 96.03%
+// there (its gate/up pairs in e4m3 as stored; 96.06% and 96.88% while they were widened), short
+// of 99% either way; with the recipe only in steps of 257 rows or more, f16 reaches 99.90%
+// (RESULTS.md, "Exact FP8 gate/up weights"; the bf16 checkpoints: their bf16 and f16 figures).
 TEST_P(LongReferenceTest, Fp8ActivationsWhereTheCudaBackendTakesThem) {
   using Inputs = CpuBackend::ProductInputs;
   const CpuFp8Activations cuda_default{33, 3}, from_257_rows{257, 257};
@@ -98,18 +98,18 @@ TEST_P(LongReferenceTest, Fp8ActivationsWhereTheCudaBackendTakesThem) {
             << GetParam() << " (f16 in steps of two rows or more, FP8 activations as on CUDA): " << f16.describe()
             << "\n"
             << GetParam() << " (the same, FP8 activations from steps of 257 rows): " << f16_later.describe() << "\n";
-  EXPECT_GE(bf16.agreement(), 0.95) << GetParam();
+  EXPECT_GE(bf16.agreement(), 0.94) << GetParam();
   EXPECT_GE(f16.agreement(), 0.96) << GetParam();
   EXPECT_GE(f16_later.agreement(), 0.99) << GetParam();
 }
 
 // The attention kernels' operands as the CUDA backend rounds them (the expanded form's and the
 // query tiles' bf16, the head tiles' TF32), alone and with the products' roundings of the default path
-// (CpuRoundings::cuda_default): 99.80 / 99.97 / 99.64% alone and 99.25 / 99.90 / 95.87% with the
-// products' (tiny_v3, tiny_v2_lite, tiny_v3_fp8; RESULTS.md, "One-row steps on fp32 rows"),
-// where the CUDA default path scores 99.15 / 99.41 / 95.61%: the products decide its score, not
-// attention. Before one-row steps took fp32 rows over bf16 weights the products' roundings gave
-// 98.11 / 99.41 / 95.48% ("The long references committed").
+// (CpuRoundings::cuda_default): 99.80 / 99.97 / 99.64% alone and 99.25 / 99.38 / 99.38% with the
+// products' and the weights' (tiny_v3, tiny_v2_lite, tiny_v3_fp8; RESULTS.md, "Exact FP8 gate/up
+// weights"), where the CUDA default path scores 99.15 / 99.41 / 99.28%: the products decide its
+// score, not attention. Before one-row steps took fp32 rows over bf16 weights the products'
+// roundings gave 98.11 / 99.41 / 95.48% ("The long references committed").
 TEST_P(LongReferenceTest, TheCudaDefaultPathsRoundings) {
   const CpuRoundings attention_only = CpuRoundings::cuda_attention_with(CpuProductInputs::kFp32);
   const testing::TeacherForcedAgreement attention = agreement_with(attention_only, 1e-3);
@@ -123,8 +123,9 @@ TEST_P(LongReferenceTest, TheCudaDefaultPathsRoundings) {
 // The two routes to 99% the CPU's roundings point to, with attention left as the CUDA kernels
 // round it:
 // f16 inputs in steps of two rows or more, fp32 in one-row steps, DeepSeek's FP8 activations
-// only from 129 rows; and bf16 with fp32 one-row steps, no FP8 activations. 99.84 / 100 / 99.06%
-// and 99.25 / 99.90 / 99.35% (RESULTS.md, "The long references committed").
+// only from 129 rows; and bf16 with fp32 one-row steps, no FP8 activations. 99.84 / 100 / 98.93%
+// and 99.25 / 99.90 / 99.35% (RESULTS.md, "Exact FP8 gate/up weights"): the first route leaves
+// tiny_v3_fp8 short once its gate/up pairs take the recipe too (99.06% while they were widened).
 TEST_P(LongReferenceTest, RoutesToNinetyNinePercent) {
   const testing::TeacherForcedAgreement f16_route =
       agreement_with(CpuRoundings::cuda_attention_with(CpuProductInputs::kF16MultiRow, {129, 129}), 1e-3);
@@ -134,7 +135,7 @@ TEST_P(LongReferenceTest, RoutesToNinetyNinePercent) {
             << "CUDA): " << f16_route.describe() << "\n"
             << GetParam() << " (bf16 in steps of two rows or more, no FP8 activations, attention as on CUDA): "
             << fp32_decode_rows.describe() << "\n";
-  EXPECT_GE(f16_route.agreement(), 0.99) << GetParam();
+  EXPECT_GE(f16_route.agreement(), GetParam() == "tiny_v3_fp8" ? 0.985 : 0.99) << GetParam();
   EXPECT_GE(fp32_decode_rows.agreement(), 0.99) << GetParam();
 }
 
@@ -175,17 +176,13 @@ TEST_P(LongReferenceTest, DecodeProductsThatNeedFp32Rows) {
   }
 }
 
-// The FP8 checkpoint under the CUDA default path's roundings (CpuRoundings::cuda_default: its
-// one-row products over e4m3 weights on bf16 rows, DeepSeek's FP8 activations from 33 rows in
-// dense products and 3 in routed ones) changed in two places: fp32 rows in those one-row
-// products alone give 96.42%, FP8 activations only from 257 rows alone 98.44%, and both 99.35%
-// (RESULTS.md, "One-row steps on fp32 rows"). Neither suffices alone.
+// The FP8 checkpoint under variations of the CUDA default path's roundings.
 class LongReferenceFp8Test : public LongReferenceTest {};
 
 // The FP8 checkpoint's default path (CpuRoundings::cuda_default) needs both of its changes to
-// DeepSeek's recipe: f16 rows in the one-row e4m3 walks (bf16 ones before), and the dense
-// products' FP8 activations in three e4m3 terms in steps of 33 to 256 rows (one before). Either
-// alone stays below 99%, as do two terms (RESULTS.md, "FP8 activations in terms").
+// DeepSeek's recipe: f16 rows in the one-row e4m3 walks (bf16 ones: 98.27%), and the dense
+// products' FP8 activations in terms in steps of up to 256 rows (one term: 96.13%; two 99.12%,
+// three 99.38%; RESULTS.md, "Exact FP8 gate/up weights").
 TEST_P(LongReferenceFp8Test, NeedsF16RowsAndActivationTerms) {
   CpuRoundings bf16_rows = CpuRoundings::cuda_default();
   bf16_rows.one_row_e4m3_f16_pairs = false;
@@ -203,7 +200,7 @@ TEST_P(LongReferenceFp8Test, NeedsF16RowsAndActivationTerms) {
             << GetParam() << " (the default: f16 rows, three terms): " << d.describe() << "\n";
   EXPECT_LT(a.agreement(), 0.99);
   EXPECT_LT(b.agreement(), 0.97);
-  EXPECT_LT(c.agreement(), 0.99);
+  EXPECT_LE(c.num_agree, d.num_agree);
   EXPECT_GE(d.agreement(), 0.99);
 }
 

@@ -1,8 +1,10 @@
 // The loader's raw-FP8 path (Backend::wants_raw_fp8): a CPU backend that asks for FP8 weights
-// as stored must receive them with their block scales, and, dequantising them itself, compute
-// exactly what the default (widening) path computes.
+// as stored must receive them with their block scales (gate/up pairs too, whatever their
+// intermediate size), and, dequantising them itself, compute exactly what the default (widening)
+// path computes.
 #include <gtest/gtest.h>
 
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -28,6 +30,17 @@ class RawFp8CpuBackend final : public Backend {
     }
     return cpu_.make_linear(w);
   }
+  // gate and up stacked as stored, in scale blocks that span no two halves (an intermediate size
+  // of 320 or 96 under 128-row blocks: 64 or 32 rows, each its checkpoint block's scale).
+  LinearWeight make_gate_up(const HostTensor& w) override {
+    if (w.dtype == DType::kF8E4M3) {
+      ++num_fp8_gate_ups;
+      EXPECT_NE(w.scale_inv, nullptr);
+      EXPECT_EQ(w.block_rows, std::gcd(w.shape[0] / 2, int64_t{128}));
+      EXPECT_EQ(w.block_cols, 128);
+    }
+    return cpu_.make_gate_up(w);
+  }
   void embedding(const Tensor& table, std::span<const TokenId> ids, Tensor& out) override {
     cpu_.embedding(table, ids, out);
   }
@@ -50,7 +63,7 @@ class RawFp8CpuBackend final : public Backend {
     cpu_.write_cache_block(cache, block, src);
   }
 
-  int num_fp8_linears = 0;
+  int num_fp8_linears = 0, num_fp8_gate_ups = 0;
 
  private:
   CpuBackend cpu_;
@@ -84,6 +97,7 @@ TEST(RawFp8Loading, BackendGetsFp8WeightsWithScalesAndComputesTheSame) {
   const std::vector<float> want = prefill_logits(widened, dir);
   const std::vector<float> got = prefill_logits(raw, dir);
   EXPECT_GT(raw.num_fp8_linears, 0);
+  EXPECT_EQ(raw.num_fp8_gate_ups, 1 + 2 * (8 + 1));  // the dense layer's; 8 experts and a shared one in 2 layers
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "logit " << i;
 }
