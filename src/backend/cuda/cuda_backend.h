@@ -248,8 +248,9 @@ class CudaBackend final : public Backend {
   // num_tokens tokens, run DeepSeek's FP8 activations there (e4m3 weights, both switches on, k and
   // the intermediate size whole 128-column scale blocks), its single term: not in the steps where
   // the dense products take more (fp8_activation_terms), whose experts read bf16 rows instead.
-  // There the single term cost tiny_v3_fp8's long reference 20 of its 3,072 steps, and such
-  // steps of a prompt wait on latency, not on the products' rate.
+  // There the single term cost tiny_v3_fp8's long reference 20 of its 3,072 steps; the bf16
+  // rows cost a 128-token prompt 25% of its prefill rate (H100; RESULTS.md, "Exact FP8 gate/up
+  // weights"): the 128-row expert blocks stream e4m3 weights more slowly on bf16 rows.
   bool fp8_expert_activations_for(const MoeWeights& w, int64_t num_tokens) const;
   struct QuantisedRows {
     Tensor q, scales;  // e4m3 [terms * rows_padded, k], fp32 [k / 128, terms * rows_padded]
