@@ -270,9 +270,9 @@ void CpuBackend::linear_in_step(const Tensor& x, const LinearWeight& w, Tensor& 
   const int64_t rows = x.dim(0);
   const CpuFp8Activations& fp8 = roundings_.fp8_activations;
   const int64_t fp8_min_rows = routed_expert ? fp8.routed_min_rows : fp8.dense_min_rows;
+  // Routed experts take the terms in the steps where the dense products take them.
   const bool terms_step = fp8.dense_terms > 1 && step_rows <= fp8.dense_terms_max_rows;
-  // Routed experts read bf16 rows in the steps where the dense products take terms.
-  if (fp8_min_rows > 0 && step_rows >= fp8_min_rows && is_e4m3(w) && !(routed_expert && terms_step)) {
+  if (fp8_min_rows > 0 && step_rows >= fp8_min_rows && is_e4m3(w)) {
     std::vector<float> quantized(static_cast<size_t>(rows * w.in_features));
     if (terms_step)
       quantize_rows_e4m3_terms(x.as<float>(), rows, w.in_features, fp8.dense_terms, quantized.data());

@@ -56,7 +56,7 @@ struct CpuFp8Activations {
   // rounded to bf16, in dense_terms e4m3 terms: the recipe's rows, then the recipe's rows of
   // what the terms before leave (the CUDA backend's launch_quantize_rows_e4m3_terms, which it
   // runs in steps that carry a prompt: every such step of a teacher-forced reference). The routed
-  // experts of those steps read bf16 rows (CudaBackend::fp8_expert_activations_for).
+  // experts of those steps (of routed_min_rows rows or more) take as many terms.
   int dense_terms = 1;
   int64_t dense_terms_max_rows = 0;
   bool any() const { return dense_min_rows > 0 || routed_min_rows > 0; }
@@ -97,8 +97,8 @@ struct CpuRoundings {
   }
   // The CUDA backend's default path: bf16 product inputs, but fp32 ones in one-row steps'
   // products over bf16 weights and f16 pairs over e4m3 ones (GroupedGemmArgs::x_f32), FP8
-  // activations as it takes them (three terms in dense steps of up to 256 rows, whose routed
-  // experts read bf16 rows), its attention kernels' operands, its weights.
+  // activations as it takes them (three terms in steps of up to 256 rows), its attention kernels'
+  // operands, its weights.
   static CpuRoundings cuda_default() {
     CpuRoundings r = cuda_attention_with(CpuProductInputs::kBf16MultiRow, {33, 3, 3, 256});
     r.one_row_e4m3_f16_pairs = true;

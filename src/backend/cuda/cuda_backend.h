@@ -244,14 +244,13 @@ class CudaBackend final : public Backend {
                              const int32_t* block_offsets, const int32_t* src_rows, int64_t num_entries,
                              int rows_per_block, const RowRmsScale& x_scale = {},
                              const GroupedGemmArgs* shared_down = nullptr, const Tensor* x = nullptr);
-  // Whether the layer's experts, where they take the 128-row expert blocks in a step of
-  // num_tokens tokens, run DeepSeek's FP8 activations there (e4m3 weights, both switches on, k and
-  // the intermediate size whole 128-column scale blocks), its single term: not in the steps where
-  // the dense products take more (fp8_activation_terms), whose experts read bf16 rows instead.
-  // There the single term cost tiny_v3_fp8's long reference 20 of its 3,072 steps; the bf16
-  // rows cost a 128-token prompt 25% of its prefill rate (H100; RESULTS.md, "Exact FP8 gate/up
-  // weights"): the 128-row expert blocks stream e4m3 weights more slowly on bf16 rows.
-  bool fp8_expert_activations_for(const MoeWeights& w, int64_t num_tokens) const;
+  // Whether the layer's experts, where they take the 128-row expert blocks, run DeepSeek's FP8
+  // activations there (e4m3 weights, both switches on, k and the intermediate size whole
+  // 128-column scale blocks): in the steps where the dense products take e4m3 terms
+  // (fp8_activation_terms), in as many terms, in the decode-sized blocks. There the single term
+  // cost tiny_v3_fp8's long reference 19 of its 3,072 steps (RESULTS.md, "Exact FP8 gate/up
+  // weights").
+  bool fp8_expert_activations_for(const MoeWeights& w) const;
   struct QuantisedRows {
     Tensor q, scales;  // e4m3 [terms * rows_padded, k], fp32 [k / 128, terms * rows_padded]
     int terms = 1;     // launch_quantize_rows_e4m3_terms's, term t's rows from t * rows_padded
@@ -266,7 +265,8 @@ class CudaBackend final : public Backend {
   // Keeps q as the normed copy's first `rows` rows in e4m3, made on this stream.
   void keep_quantised(const QuantisedRows& q, int64_t rows);
   // The same for the wgmma blocks' `args` to read (the buffers must outlive their launch).
-  QuantisedRows quantise_rows_for(const Tensor& x_bf16, int64_t rows, int64_t k, GroupedGemmArgs& args);
+  QuantisedRows quantise_rows_for(const Tensor& x_bf16, int64_t rows, int64_t k, GroupedGemmArgs& args,
+                                  int terms = 1);
   // args reads q as its e4m3 activations.
   void take_quantised_rows(const QuantisedRows& q, GroupedGemmArgs& args) const;
   // The layer's tensor maps of its e4m3 expert weights ([gate_up | down], made by prepare), or

@@ -247,13 +247,14 @@ CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const Mo
   DS_CHECK(down0.weight.dim(1) == inter_p && down0.out_features == hidden && gu0.in_features == hidden);
   // fp32 products read x itself.
   const Tensor xb = f32_products_ ? Tensor{} : to_bf16_padded(x, k_p);
-  // e4m3 experts in a step whose dense products take FP8 activation terms read bf16 rows
-  // (fp8_expert_activations_for) and their weights as stored: the grouped kernel's forms, not the
-  // prefill ones, which widen e4m3 weights to bf16 (a rounding of their scaled values). Such steps
-  // hold up to 256 tokens; a layer of V2-Lite's 64 experts is prefill-sized from 342.
-  const bool e4m3_experts_on_bf16_rows =
+  // e4m3 experts in a step whose dense products take FP8 activation terms take the grouped
+  // kernel's forms: its decode-sized expert blocks take the terms, and its others bf16 rows with
+  // the weights as stored, where the prefill forms take one term or widen e4m3 weights to bf16 (a
+  // rounding of their scaled values). Such steps hold up to 256 tokens; a layer of V2-Lite's 64
+  // experts is prefill-sized from 342.
+  const bool e4m3_experts_in_terms =
       gu0.weight.dtype == DType::kF8E4M3 && !f32_products_ && fp8_activation_terms(num_tokens) > 1;
-  const bool prefill_sized = !batch_invariant_ && !recording_ && !e4m3_experts_on_bf16_rows &&
+  const bool prefill_sized = !batch_invariant_ && !recording_ && !e4m3_experts_in_terms &&
                              num_entries >= kPrefillRowsPerExpert * num_experts;
   const int num_chunks = static_cast<int>(
       std::min<int64_t>(INT32_MAX / kChunkRows,
@@ -266,7 +267,7 @@ CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const Mo
       std::max(round_up(num_tokens, kLibraryFp8RowMultiple) * k_p,
                round_up(num_entries, kLibraryFp8RowMultiple) * inter_p) <= int64_t{UINT32_MAX};
   const bool prefill_blocks =
-      prefill_sized && rows_addressable && fp8_expert_activations_for(w, num_tokens) &&
+      prefill_sized && rows_addressable && fp8_expert_activations_for(w) &&
       (prefill_experts_ == PrefillExperts::kAuto || prefill_experts_ == PrefillExperts::kGrouped);
   const bool chunked = prefill_sized && !prefill_blocks &&
                        (prefill_experts_ == PrefillExperts::kAuto || prefill_experts_ == PrefillExperts::kChunked) &&
@@ -419,11 +420,11 @@ CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const Mo
 }
 
 CudaBackend::QuantisedRows CudaBackend::quantise_rows_for(const Tensor& x_bf16, int64_t rows, int64_t k,
-                                                          GroupedGemmArgs& args) {
+                                                          GroupedGemmArgs& args, int terms) {
   // Padded as the library products pad theirs, so that the shared experts' product can take
   // the routed experts' quantised rows.
   const int64_t rows_padded = round_up(rows, kLibraryFp8RowMultiple);
-  QuantisedRows q = quantise_rows(x_bf16, rows, rows_padded, k);
+  QuantisedRows q = quantise_rows(x_bf16, rows, rows_padded, k, terms);
   take_quantised_rows(q, args);
   return q;
 }
@@ -431,17 +432,19 @@ CudaBackend::QuantisedRows CudaBackend::quantise_rows_for(const Tensor& x_bf16, 
 void CudaBackend::take_quantised_rows(const QuantisedRows& q, GroupedGemmArgs& args) const {
   args.xq = q.q.as<uint8_t>();
   args.x_scales = q.scales.as<float>();
-  args.x_scale_rows = q.scales.dim(1);  // scales [k / 128, rows_padded]
+  args.x_scale_rows = q.scales.dim(1);  // scales [k / 128, terms * rows_padded]
+  args.x_terms = q.terms;
+  args.x_term_rows = q.scales.dim(1) / q.terms;
   args.pass_rows = fp8_expert_pass_rows_;
 }
 
-bool CudaBackend::fp8_expert_activations_for(const MoeWeights& w, int64_t num_tokens) const {
+bool CudaBackend::fp8_expert_activations_for(const MoeWeights& w) const {
   const LinearWeight& gu0 = w.expert_gate_up[0];
   const LinearWeight& down0 = w.expert_down[0];
   const int64_t k_p = gu0.weight.dim(1), inter_p = gu0.weight.dim(0) / 2;
   return fp8_expert_blocks_ && fp8_expert_activations_ && gu0.weight.dtype == DType::kF8E4M3 &&
          down0.weight.dtype == DType::kF8E4M3 && k_p % kLibraryFp8TileColumns == 0 &&
-         inter_p % kLibraryFp8TileColumns == 0 && fp8_activation_terms(num_tokens) == 1;
+         inter_p % kLibraryFp8TileColumns == 0;
 }
 
 // All experts in two grouped GEMMs that read the routing from the device (no host wait).
@@ -468,7 +471,7 @@ Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, c
   // them, and beat the 32-row blocks from one row per expert (FP8 decode at batch 4 to 32 7–14%
   // faster); bf16 experts from four (below it an expert's weight is read by few 128-row blocks,
   // one per SM at batch 1, which keep too little in flight, and the 32-row blocks win).
-  const bool fp8_activation_experts = fp8_expert_activations_for(w, num_tokens);
+  const bool fp8_activation_experts = fp8_expert_activations_for(w);
   const int min_rows = fp8_activation_experts ? fp8_expert_block_min_rows_ : expert_block_min_rows_;
   const bool expert_blocks = !batch_invariant_ && !few_rows && rows_hint >= min_rows;
 
@@ -495,7 +498,9 @@ Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, c
   DS_CHECK_MSG(rows_per_block == kGemmRowsPerBlock || fp8_activations,
                "moe: row-blocks of " << rows_per_block << " rows need the e4m3 expert blocks");
   QuantisedRows x_q, act_q;
-  if (fp8_activations) x_q = quantise_rows_for(xb, num_tokens, k_p, up);
+  // In the steps whose dense products take e4m3 terms, these blocks take as many.
+  const int terms = rows_per_block == kGemmRowsPerBlock ? fp8_activation_terms(num_tokens) : 1;
+  if (fp8_activations) x_q = quantise_rows_for(xb, num_tokens, k_p, up, terms);
   // The prefill expert blocks' 256-row tiles write the down product's e4m3 rows themselves (a
   // tile's 128 outputs are one scale tile), without the bf16 rows and the pass that quantised
   // them (DSINFER_MOE_PREFILL_SILU_E4M3=0 keeps those).
@@ -550,7 +555,7 @@ Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, c
   down.expert_blocks = expert_blocks && (!down.weights_fp8 || fp8_expert_blocks_);
   down.epilogue = GemmEpilogue::kStoreF32;
   if (act_e4m3) take_quantised_rows(act_q, down);
-  else if (fp8_activations) act_q = quantise_rows_for(act, num_entries, inter_p, down);
+  else if (fp8_activations) act_q = quantise_rows_for(act, num_entries, inter_p, down, terms);
   // Row-blocks of kExpertBlockWideRows rows are the prefill expert blocks' (e4m3 activations).
   const bool out_bf16 = rows_per_block == kExpertBlockWideRows && prefill_expert_outputs_bf16_;
   if (out_bf16) down.epilogue = GemmEpilogue::kStoreBf16;

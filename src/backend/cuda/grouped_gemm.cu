@@ -351,6 +351,8 @@ void launch_grouped_gemm(const GroupedGemmArgs& args, int max_n_padded, int max_
                "grouped GEMM: e4m3 SiLU·up rows come from the prefill expert blocks only");
   DS_CHECK_MSG(args.epilogue != GemmEpilogue::kSiluMulF32 && args.x_f32 == nullptr,
                "grouped GEMM: fp32 rows in or SiLU·up rows out are the few-row kernel's");
+  DS_CHECK_MSG(args.x_terms == 1 || (args.xq != nullptr && args.rows_per_block != kExpertBlockWideRows),
+               "grouped GEMM: e4m3 activations in terms go to the decode-sized expert blocks only");
   if (args.xq != nullptr) {  // e4m3 activations: the wgmma expert blocks (prefill's, or decode's)
     if (args.rows_per_block == kExpertBlockWideRows)
       launch_expert_gemm_prefill(args, max_n_padded, max_row_blocks, stream);

@@ -110,6 +110,11 @@ struct GroupedGemmArgs {
   const uint8_t* xq = nullptr;
   const float* x_scales = nullptr;
   int64_t x_scale_rows = 0;
+  // xq in x_terms e4m3 terms (launch_quantize_rows_e4m3_terms), which the decode-sized expert
+  // blocks add (up to kMaxFp8ActivationTerms, in passes of 32 rows): term t's row r is row
+  // t * x_term_rows + r of xq and of x_scales' columns.
+  int x_terms = 1;
+  int64_t x_term_rows = 0;
   int pass_rows = 0;  // routed rows per pass there: 32 or 64, or 0 to choose by the rows per expert
   int prefill_weight_rows = 256;  // weight rows per tile in the prefill expert blocks: 256, 192 or 128
   // kStoreBf16 from the prefill expert blocks' 256-row tiles through shared memory in 16-byte

@@ -16,6 +16,11 @@
 //   totals in registers.
 // Rows per pass are 32 or 64 (a row-block holds up to 64 routed rows): with 64 an expert's weight
 // is read once per row-block whatever its rows.
+//
+// Activations in e4m3 terms (a.x_terms, launch_quantize_rows_e4m3_terms): a stage holds every
+// term's x rows and scales, and each term's products are scaled and added to the same totals, so
+// the weight is read once for all of them. Such passes are of 32 rows, whose three-term stages
+// (29 KB) still fit three in flight for two blocks per SM.
 #include <cuda_bf16.h>
 
 #include "backend/cuda/cuda_check.h"
@@ -38,26 +43,29 @@ constexpr int kHalfRows = 64;        // weight rows of one m64 product
 constexpr int kPassRows32MaxHint = 24;
 constexpr int kPiecesPerRow = kStageK / 16;
 
-template <int kRows>
+template <int kRows, int kTerms>
 struct Layout {
-  // Stages in flight: as many as two blocks per SM fit (5 for passes of 32 rows, 4 for 64).
-  static constexpr int kStages = kRows <= 32 ? 5 : 4;
   static constexpr int kWeightBytes = kExpertBlockWeightRows * kStageK;
-  static constexpr int kXOffset = kWeightBytes;  // a multiple of 1024, as the products need
-  static constexpr int kScaleOffset = kXOffset + kRows * kStageK;
-  static constexpr int kStageBytes = (kScaleOffset + kRows * 4 + 1023) / 1024 * 1024;
+  static constexpr int kXOffset = kWeightBytes;   // a multiple of 1024, as the products need
+  static constexpr int kXTermBytes = kRows * kStageK;  // a term's rows: multiples of 1024 too
+  static constexpr int kScaleOffset = kXOffset + kTerms * kXTermBytes;
+  static constexpr int kStageBytes = (kScaleOffset + kTerms * kRows * 4 + 1023) / 1024 * 1024;
+  // Stages in flight: as many as two blocks per SM fit (one term: 5 for passes of 32 rows, 4 for
+  // 64; three terms of 32 rows: 3).
+  static constexpr int kStages = (113 * 1024 - 2048) / kStageBytes < 5 ? (113 * 1024 - 2048) / kStageBytes : 5;
   static constexpr int kPipelineBytes = kStages * kStageBytes;
   static constexpr int kBytes = kPipelineBytes + 1024;  // and the slack to align the start to 1024
   // The finished tiles, [warp][kRows][32] fp32, reuse the stages.
   static_assert(kWarps * kRows * kGemmTileRows * 4 <= kPipelineBytes, "the epilogue reuses the pipeline's memory");
   static_assert(2 * (kBytes + 1024) <= 227 * 1024, "two blocks fit on an SM");
   static_assert(kRows * kPiecesPerRow % kThreads == 0 && kRows <= kThreads, "whole x pieces per thread");
+  static_assert(kStages >= 3, "three stages in flight at least");
 };
 
-template <int kRows>
+template <int kRows, int kTerms>
 __global__ void __launch_bounds__(kThreads, 2) expert_gemm_wgmma_kernel(GroupedGemmArgs a) {
   await_previous_kernels();
-  using L = Layout<kRows>;
+  using L = Layout<kRows, kTerms>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
   const uint32_t smem_addr = shared_address(smem);
@@ -92,6 +100,8 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_wgmma_kernel(GroupedG
     const int64_t scale_row =
         !scale_valid ? 0 : a.src_rows != nullptr ? a.src_rows[pass_begin + threadIdx.x] : pass_begin + threadIdx.x;
     const float* scale_src = a.x_scales + scale_row;
+    // Term t's rows and scales lie x_term_rows rows further on.
+    const int64_t term_bytes = a.x_term_rows * a.ldx;
 
     auto issue = [&](int s) {
       unsigned char* stage = smem + (s % L::kStages) * L::kStageBytes;
@@ -104,11 +114,15 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_wgmma_kernel(GroupedG
         cp_async16(stage + swizzled_piece_offset(r, piece), src, valid);
       }
 #pragma unroll
-      for (int j = 0; j < XPieces::kPerThread; ++j)
-        cp_async16(stage + L::kXOffset + swizzled_piece_offset(row0 + kRowStep * j, piece), x.src[j] + k0,
-                   x.valid[j]);
-      if (static_cast<int>(threadIdx.x) < kRows)
-        cp_async4(stage + L::kScaleOffset + 4 * threadIdx.x, scale_src + s * a.x_scale_rows, scale_valid);
+      for (int term = 0; term < kTerms; ++term) {
+#pragma unroll
+        for (int j = 0; j < XPieces::kPerThread; ++j)
+          cp_async16(stage + L::kXOffset + term * L::kXTermBytes + swizzled_piece_offset(row0 + kRowStep * j, piece),
+                     x.src[j] + term * term_bytes + k0, x.valid[j]);
+        if (static_cast<int>(threadIdx.x) < kRows)
+          cp_async4(stage + L::kScaleOffset + 4 * (term * kRows + threadIdx.x),
+                    scale_src + term * a.x_term_rows + s * a.x_scale_rows, scale_valid);
+      }
     };
 
     // acc[h][4 j + e]: weight row 64 h + 16 warp + g (+ 8 for e >= 2) × x row 8 j + 2 t + e % 2.
@@ -122,37 +136,42 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_wgmma_kernel(GroupedG
       cp_async_commit();
 
       const uint32_t stage_addr = smem_addr + (s % L::kStages) * L::kStageBytes;
-      float part[2][kRows / 2];
-      wgmma_fence();
-      const uint64_t desc_x = wgmma_descriptor_sw128(stage_addr + L::kXOffset);
       const uint64_t desc_w[2] = {wgmma_descriptor_sw128(stage_addr),
                                   wgmma_descriptor_sw128(stage_addr + kHalfRows * kStageK)};
-      // A 32-byte k-step advances a descriptor's address field (bytes / 16) by 2.
-      wgmma_m64k32_e4m3<kRows, false>(part[0], desc_w[0], desc_x);
-      wgmma_m64k32_e4m3<kRows, false>(part[1], desc_w[1], desc_x);
+      float w_scale[2];
 #pragma unroll
-      for (int kk = 1; kk < kStageK / 32; ++kk) {
-        wgmma_m64k32_e4m3<kRows, true>(part[0], desc_w[0] + 2 * kk, desc_x + 2 * kk);
-        wgmma_m64k32_e4m3<kRows, true>(part[1], desc_w[1] + 2 * kk, desc_x + 2 * kk);
-      }
-      wgmma_commit();
-      wgmma_wait_all();
-      wgmma_fence_registers(part[0]);
-      wgmma_fence_registers(part[1]);
+      for (int h = 0; h < 2; ++h) w_scale[h] = w_scale_valid[h] ? __ldg(w_scales[h] + s) : 0.0f;
+#pragma unroll
+      for (int term = 0; term < kTerms; ++term) {
+        float part[2][kRows / 2];
+        wgmma_fence();
+        const uint64_t desc_x = wgmma_descriptor_sw128(stage_addr + L::kXOffset + term * L::kXTermBytes);
+        // A 32-byte k-step advances a descriptor's address field (bytes / 16) by 2.
+        wgmma_m64k32_e4m3<kRows, false>(part[0], desc_w[0], desc_x);
+        wgmma_m64k32_e4m3<kRows, false>(part[1], desc_w[1], desc_x);
+#pragma unroll
+        for (int kk = 1; kk < kStageK / 32; ++kk) {
+          wgmma_m64k32_e4m3<kRows, true>(part[0], desc_w[0] + 2 * kk, desc_x + 2 * kk);
+          wgmma_m64k32_e4m3<kRows, true>(part[1], desc_w[1] + 2 * kk, desc_x + 2 * kk);
+        }
+        wgmma_commit();
+        wgmma_wait_all();
+        wgmma_fence_registers(part[0]);
+        wgmma_fence_registers(part[1]);
 
-      const float* x_scales =
-          reinterpret_cast<const float*>(smem + (s % L::kStages) * L::kStageBytes + L::kScaleOffset);
+        const float* x_scales = reinterpret_cast<const float*>(smem + (s % L::kStages) * L::kStageBytes +
+                                                               L::kScaleOffset) + term * kRows;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float w_scale = w_scale_valid[h] ? __ldg(w_scales[h] + s) : 0.0f;
+        for (int h = 0; h < 2; ++h) {
 #pragma unroll
-        for (int j = 0; j < kRows / 8; ++j) {
-          const float2 xs = *reinterpret_cast<const float2*>(x_scales + 8 * j + 2 * t);
-          const float s0 = w_scale * xs.x, s1 = w_scale * xs.y;
-          acc[h][4 * j + 0] += part[h][4 * j + 0] * s0;
-          acc[h][4 * j + 1] += part[h][4 * j + 1] * s1;
-          acc[h][4 * j + 2] += part[h][4 * j + 2] * s0;
-          acc[h][4 * j + 3] += part[h][4 * j + 3] * s1;
+          for (int j = 0; j < kRows / 8; ++j) {
+            const float2 xs = *reinterpret_cast<const float2*>(x_scales + 8 * j + 2 * t);
+            const float s0 = w_scale[h] * xs.x, s1 = w_scale[h] * xs.y;
+            acc[h][4 * j + 0] += part[h][4 * j + 0] * s0;
+            acc[h][4 * j + 1] += part[h][4 * j + 1] * s1;
+            acc[h][4 * j + 2] += part[h][4 * j + 2] * s0;
+            acc[h][4 * j + 3] += part[h][4 * j + 3] * s1;
+          }
         }
       }
     }
@@ -176,10 +195,10 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_wgmma_kernel(GroupedG
   }
 }
 
-template <int kRows>
+template <int kRows, int kTerms = 1>
 void launch_with(const GroupedGemmArgs& args, int max_n_padded, int max_row_blocks, Stream stream) {
-  launch_expert_blocks<expert_gemm_wgmma_kernel<kRows>>(args, max_n_padded, max_row_blocks, kThreads,
-                                                        Layout<kRows>::kBytes, stream);
+  launch_expert_blocks<expert_gemm_wgmma_kernel<kRows, kTerms>>(args, max_n_padded, max_row_blocks, kThreads,
+                                                                Layout<kRows, kTerms>::kBytes, stream);
 }
 
 }  // namespace
@@ -191,6 +210,11 @@ void launch_expert_gemm_fp8_activations(const GroupedGemmArgs& args, int max_n_p
   // Rows per pass from the typical rows per expert (never the result), unless the caller sets
   // them: 64 takes a whole row-block in one pass, 32 halves the products and the x copies.
   DS_CHECK(args.pass_rows == 0 || args.pass_rows == 32 || args.pass_rows == 64);
+  DS_CHECK_MSG(args.x_terms >= 1 && args.x_terms <= kMaxFp8ActivationTerms &&
+                   (args.x_terms == 1 || args.x_term_rows > 0),
+               "expert blocks: " << args.x_terms << " e4m3 terms of " << args.x_term_rows << " rows");
+  if (args.x_terms == 2) return launch_with<32, 2>(args, max_n_padded, max_row_blocks, stream);
+  if (args.x_terms == 3) return launch_with<32, 3>(args, max_n_padded, max_row_blocks, stream);
   const int pass_rows = args.pass_rows != 0 ? args.pass_rows : rows_hint <= kPassRows32MaxHint ? 32 : 64;
   if (pass_rows == 32) launch_with<32>(args, max_n_padded, max_row_blocks, stream);
   else launch_with<64>(args, max_n_padded, max_row_blocks, stream);

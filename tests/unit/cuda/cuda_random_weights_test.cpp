@@ -113,7 +113,8 @@ TEST_F(CudaRandomWeightsTest, DeviceFilledWeightsHoldTheHostDrawnValues) {
           q.scales.insert(q.scales.end(), source, source + cb);
         }
       }
-      h = HostTensor{DType::kF8E4M3, {source_rows, c.cols}, q.codes.data(), q.scales.data(), block_rows, 128};
+      h = HostTensor{DType::kF8E4M3, {source_rows, c.cols}, q.codes.data(), q.scales.data(),
+                     static_cast<int>(block_rows), 128};
     } else if (c.fp8) {
       q = quantise(values, source_rows, c.cols);
       h = HostTensor{DType::kF8E4M3, {source_rows, c.cols}, q.codes.data(), q.scales.data(), 128, 128};

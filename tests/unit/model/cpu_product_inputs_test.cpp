@@ -262,14 +262,14 @@ TEST(CpuProductInputsTest, Fp8ActivationsFromTheirStepsOnward) {
 
 // The dense products' activations in e4m3 terms (D,E,T,M): 0.3 rounds to bf16's 0.30078125, term
 // 0 holds 128/448 of it, and term 1 the rest, which fills its own tile's scale (the 1 beside it
-// left nothing): two terms give the bf16 row. Routed experts take no FP8 activations in those
-// steps (up to M rows; their rows as the product inputs ask, fp32 here); past M both keep one term.
+// left nothing): two terms give the bf16 row. Routed experts take the terms in those steps too
+// (from E rows up to M); past M both keep one term.
 TEST(CpuProductInputsTest, DenseActivationsInTermsUpToTheirBound) {
   const float bf16_row = 1.0f + 0.30078125f, quantized = 1.0f + 128.0f / 448.0f;
   EXPECT_NEAR(e4m3_product("33,3,2,64", 1, 33, false)[0], bf16_row, 1e-6f);
   EXPECT_NEAR(e4m3_product("33,3,3,64", 1, 64, false)[0], bf16_row, 1e-6f);
   EXPECT_EQ(e4m3_product("33,3,2,64", 1, 65, false), std::vector<float>(1, quantized));
-  EXPECT_EQ(e4m3_product("33,3,2,64", 1, 3, true), std::vector<float>(1, 1.0f + 0.3f));
+  EXPECT_NEAR(e4m3_product("33,3,2,64", 1, 3, true)[0], bf16_row, 1e-6f);
   EXPECT_EQ(e4m3_product("33,3,2,64", 1, 65, true), std::vector<float>(1, quantized));
   EXPECT_EQ(e4m3_product("33,3,1,64", 1, 3, true), std::vector<float>(1, quantized));
   EXPECT_EQ(e4m3_product("33,3,1,64", 1, 33, false), std::vector<float>(1, quantized));
