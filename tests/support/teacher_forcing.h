@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -66,63 +67,78 @@ struct TeacherForcedAgreement {
   }
 };
 
-inline TeacherForcedAgreement teacher_forced_agreement(DeepseekModel& model, const std::string& fixture_dir,
-                                                       double clear_margin,
-                                                       KvCacheFormat cache_format = KvCacheFormat::kF32,
-                                                       const char* reference_file = kShortReference) {
+// One step of a reference's path: its prompt's entry in the reference file, the step (0 reads
+// the prefill's logits) and the model's logits there.
+using ReferenceStepVisit =
+    std::function<void(const nlohmann::json& prompt, size_t step, const std::vector<float>& logits)>;
+
+// Walks a reference's path: each prompt prefilled, then every reference token but the last fed
+// back one step at a time (the last token's own logits are not compared).
+inline void walk_reference_path(DeepseekModel& model, const std::string& fixture_dir, const char* reference_file,
+                                KvCacheFormat cache_format, const ReferenceStepVisit& visit) {
   constexpr int kBlockSize = 64;
   std::ifstream f(fixture_dir + "/" + reference_file);
   const auto ref = nlohmann::json::parse(f);
-  Backend& backend = model.backend();
-  TeacherForcedAgreement a;
   std::vector<float> logits(model.config().vocab_size);
   for (const auto& p : ref["prompts"]) {
     std::vector<TokenId> tokens = p["prompt_ids"].get<std::vector<TokenId>>();
     const auto greedy = p["greedy_ids"].get<std::vector<TokenId>>();
-    const auto margins = p["greedy_margins"].get<std::vector<double>>();
-    const int prompt_length = static_cast<int>(tokens.size());
-    const int total = static_cast<int>(tokens.size() + greedy.size());
-    const int num_blocks = (total + kBlockSize - 1) / kBlockSize;
+    const int num_blocks = static_cast<int>((tokens.size() + greedy.size() + kBlockSize - 1) / kBlockSize);
     KvCaches caches = model.allocate_caches(num_blocks, kBlockSize, cache_format);
-    ForwardOutput out = model.forward(single_sequence_batch(tokens, 0, num_blocks, kBlockSize), caches);
-    backend.to_host(out.logits, logits.data());
-    if (p.contains("last_logits")) {
-      const auto full = p["last_logits"].get<std::vector<double>>();
-      double max_err = 0, scale = 0;
-      for (size_t v = 0; v < full.size(); ++v) {
-        max_err = std::max(max_err, std::abs(logits[v] - full[v]));
-        scale = std::max(scale, std::abs(full[v]));
-      }
-      a.prefill_errors.push_back(max_err);
-      a.prefill_scales.push_back(scale);
-    }
-    a.prefill_logits.push_back(logits);
-    a.prompt_lengths.push_back(prompt_length);
+    int start = 0;
     for (size_t step = 0; step < greedy.size(); ++step) {
-      const int next = static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-      ++a.num_steps;
-      a.num_agree += next == greedy[step];
-      if (next != greedy[step]) {
-        a.largest_missed_margin = std::max(a.largest_missed_margin, margins[step]);
-        a.misses.push_back({static_cast<int>(a.prompt_lengths.size()) - 1, static_cast<int>(step), prompt_length,
-                            margins[step]});
-      }
-      if (margins[step] > clear_margin) {
-        ++a.num_clear;
-        a.num_clear_agree += next == greedy[step];
-      }
-      if (step + 1 == greedy.size()) break;  // the last token's own logits are not compared
-      tokens.push_back(greedy[step]);        // follow the reference path
-      out = model.forward(single_sequence_batch(tokens, static_cast<int>(tokens.size()) - 1, num_blocks, kBlockSize),
-                          caches);
-      backend.to_host(out.logits, logits.data());
+      ForwardOutput out = model.forward(single_sequence_batch(tokens, start, num_blocks, kBlockSize), caches);
+      model.backend().to_host(out.logits, logits.data());
+      visit(p, step, logits);
+      if (step + 1 == greedy.size()) break;
+      tokens.push_back(greedy[step]);  // follow the reference path
+      start = static_cast<int>(tokens.size()) - 1;
     }
   }
+}
+
+inline TeacherForcedAgreement teacher_forced_agreement(DeepseekModel& model, const std::string& fixture_dir,
+                                                       double clear_margin,
+                                                       KvCacheFormat cache_format = KvCacheFormat::kF32,
+                                                       const char* reference_file = kShortReference) {
+  TeacherForcedAgreement a;
+  walk_reference_path(model, fixture_dir, reference_file, cache_format,
+                      [&](const nlohmann::json& p, size_t step, const std::vector<float>& logits) {
+    const int prompt_length = static_cast<int>(p["prompt_ids"].size());
+    if (step == 0) {
+      if (p.contains("last_logits")) {
+        const auto full = p["last_logits"].get<std::vector<double>>();
+        double max_err = 0, scale = 0;
+        for (size_t v = 0; v < full.size(); ++v) {
+          max_err = std::max(max_err, std::abs(logits[v] - full[v]));
+          scale = std::max(scale, std::abs(full[v]));
+        }
+        a.prefill_errors.push_back(max_err);
+        a.prefill_scales.push_back(scale);
+      }
+      a.prefill_logits.push_back(logits);
+      a.prompt_lengths.push_back(prompt_length);
+    }
+    const TokenId want = p["greedy_ids"][step].get<TokenId>();
+    const double margin = p["greedy_margins"][step].get<double>();
+    const int next = static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    ++a.num_steps;
+    a.num_agree += next == want;
+    if (next != want) {
+      a.largest_missed_margin = std::max(a.largest_missed_margin, margin);
+      const int prompt = static_cast<int>(a.prompt_lengths.size()) - 1;
+      a.misses.push_back({prompt, static_cast<int>(step), prompt_length, margin});
+    }
+    if (margin > clear_margin) {
+      ++a.num_clear;
+      a.num_clear_agree += next == want;
+    }
+  });
   return a;
 }
 
-// The logits of every step of the reference path (as teacher_forced_agreement walks it), with
-// whether the step was a prompt's.
+// The logits of every step of the reference path (walk_reference_path), with whether the step
+// was a prompt's.
 struct TeacherForcedLogits {
   std::vector<std::vector<float>> logits;  // per step: [vocab]
   std::vector<bool> is_prefill;
@@ -130,27 +146,12 @@ struct TeacherForcedLogits {
 
 inline TeacherForcedLogits teacher_forced_logits(DeepseekModel& model, const std::string& fixture_dir,
                                                  const char* reference_file = kLongReference) {
-  constexpr int kBlockSize = 64;
-  std::ifstream f(fixture_dir + "/" + reference_file);
-  const auto ref = nlohmann::json::parse(f);
   TeacherForcedLogits out;
-  std::vector<float> logits(model.config().vocab_size);
-  for (const auto& p : ref["prompts"]) {
-    std::vector<TokenId> tokens = p["prompt_ids"].get<std::vector<TokenId>>();
-    const auto greedy = p["greedy_ids"].get<std::vector<TokenId>>();
-    const int num_blocks = static_cast<int>((tokens.size() + greedy.size() + kBlockSize - 1) / kBlockSize);
-    KvCaches caches = model.allocate_caches(num_blocks, kBlockSize, KvCacheFormat::kF32);
-    int start = 0;
-    for (size_t step = 0; step < greedy.size(); ++step) {
-      ForwardOutput o = model.forward(single_sequence_batch(tokens, start, num_blocks, kBlockSize), caches);
-      model.backend().to_host(o.logits, logits.data());
-      out.logits.push_back(logits);
-      out.is_prefill.push_back(step == 0);
-      if (step + 1 == greedy.size()) break;
-      tokens.push_back(greedy[step]);
-      start = static_cast<int>(tokens.size()) - 1;
-    }
-  }
+  walk_reference_path(model, fixture_dir, reference_file, KvCacheFormat::kF32,
+                      [&](const nlohmann::json&, size_t step, const std::vector<float>& logits) {
+    out.logits.push_back(logits);
+    out.is_prefill.push_back(step == 0);
+  });
   return out;
 }
 

@@ -50,9 +50,10 @@ struct Layout {
   static constexpr int kXTermBytes = kRows * kStageK;  // a term's rows: multiples of 1024 too
   static constexpr int kScaleOffset = kXOffset + kTerms * kXTermBytes;
   static constexpr int kStageBytes = (kScaleOffset + kTerms * kRows * 4 + 1023) / 1024 * 1024;
-  // Stages in flight: as many as two blocks per SM fit (one term: 5 for passes of 32 rows, 4 for
-  // 64; three terms of 32 rows: 3).
-  static constexpr int kStages = (113 * 1024 - 2048) / kStageBytes < 5 ? (113 * 1024 - 2048) / kStageBytes : 5;
+  // Stages in flight: as many as two blocks per SM fit, five at most (one term: 5 for passes of 32
+  // rows, 4 for 64; three terms of 32 rows: 3).
+  static constexpr int kStagesThatFit = (113 * 1024 - 2048) / kStageBytes;
+  static constexpr int kStages = kStagesThatFit < 5 ? kStagesThatFit : 5;
   static constexpr int kPipelineBytes = kStages * kStageBytes;
   static constexpr int kBytes = kPipelineBytes + 1024;  // and the slack to align the start to 1024
   // The finished tiles, [warp][kRows][32] fp32, reuse the stages.

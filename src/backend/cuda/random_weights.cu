@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(kThreads) block_scales_kernel(Source src, floa
   __shared__ float warp_max[kThreads / 32];
   const PackedWeightLayout& l = src.layout;
   // A gate/up's blocks start again at the up's first row (random_weight_source_block).
-  const int64_t per_half = l.gate_up ? (l.inter + kBlockEdge - 1) / kBlockEdge : INT64_MAX;
+  const int64_t per_half = l.gate_up ? random_weight_blocks_per_half(l) : INT64_MAX;
   const int64_t half = blockIdx.x >= per_half ? 1 : 0;
   const int64_t half_first = half * l.inter, half_end = l.gate_up ? half_first + l.inter : l.rows;
   const int64_t row0 = half_first + (static_cast<int64_t>(blockIdx.x) - half * per_half) * kBlockEdge;

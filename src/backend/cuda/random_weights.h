@@ -12,18 +12,22 @@ namespace dsinfer::cuda {
 // checkpoint stores its weights).
 constexpr int kRandomWeightBlockEdge = 128;
 
-// Source block rows of an e4m3 layout: a gate/up's halves are blocked apart, each from its first
-// row (an FP8 checkpoint stores them as two tensors), so a half need not fill whole blocks.
+// Source block rows of each half of a gate/up layout: its halves are blocked apart, each from its
+// first row (an FP8 checkpoint stores them as two tensors), so a half need not fill whole blocks.
+DS_HOST_DEVICE inline int64_t random_weight_blocks_per_half(const PackedWeightLayout& layout) {
+  return (layout.inter + kRandomWeightBlockEdge - 1) / kRandomWeightBlockEdge;
+}
+
+// Source block rows of an e4m3 layout.
 DS_HOST_DEVICE inline int64_t random_weight_block_rows(const PackedWeightLayout& layout) {
-  const int64_t edge = kRandomWeightBlockEdge;
-  return layout.gate_up ? 2 * ((layout.inter + edge - 1) / edge) : (layout.rows + edge - 1) / edge;
+  return layout.gate_up ? 2 * random_weight_blocks_per_half(layout)
+                        : (layout.rows + kRandomWeightBlockEdge - 1) / kRandomWeightBlockEdge;
 }
 
 // The source block row of source row s (stacked: the up's rows after the gate's).
 DS_HOST_DEVICE inline int64_t random_weight_source_block(const PackedWeightLayout& layout, int64_t s) {
-  const int64_t edge = kRandomWeightBlockEdge;
-  if (!layout.gate_up || s < layout.inter) return s / edge;
-  return (layout.inter + edge - 1) / edge + (s - layout.inter) / edge;
+  if (!layout.gate_up || s < layout.inter) return s / kRandomWeightBlockEdge;
+  return random_weight_blocks_per_half(layout) + (s - layout.inter) / kRandomWeightBlockEdge;
 }
 
 // Floats of launch_random_packed_weight's block_scales for an e4m3 layout.

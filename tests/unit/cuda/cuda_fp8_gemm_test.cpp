@@ -22,7 +22,7 @@
 namespace dsinfer {
 namespace {
 
-using testing_cuda::CudaVsCpuTest;
+using testing_cuda::CudaVsCpuOneTermTest;
 using testing_cuda::download;
 using testing_cuda::make_backend_with_env;
 using testing_cuda::random_values;
@@ -41,17 +41,9 @@ double rms_relative_error(const std::vector<float>& got, const std::vector<float
   return std::sqrt(diff / std::max(ref, 1e-30));
 }
 
-// The recipe's own arithmetic, one e4m3 term at every row count: the backends these tests make
-// take DSINFER_FP8_ACTIVATION_TERMS=1 but where a test sets it otherwise
-// (ActivationTermsHoldBf16Rows checks the default's terms).
-class CudaFp8GemmTest : public CudaVsCpuTest {
- protected:
-  void SetUp() override {
-    setenv("DSINFER_FP8_ACTIVATION_TERMS", "1", 1);
-    CudaVsCpuTest::SetUp();
-  }
-  void TearDown() override { unsetenv("DSINFER_FP8_ACTIVATION_TERMS"); }
-};
+// The recipe's own arithmetic, one e4m3 term at every row count (ActivationTermsHoldBf16Rows
+// checks the default's terms).
+class CudaFp8GemmTest : public CudaVsCpuOneTermTest {};
 
 // An e4m3 weight [n, k] with scale blocks of block_rows x 128 that differ from block to block.
 struct Fp8Weight {

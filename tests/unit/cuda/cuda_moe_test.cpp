@@ -7,11 +7,12 @@
 
 #include "core/dtype.h"
 #include "cuda_test_util.h"
+#include "forward_batch_util.h"
 
 namespace dsinfer {
 namespace {
 
-using testing_cuda::CudaVsCpuTest;
+using testing_cuda::CudaVsCpuOneTermTest;
 using testing_cuda::download;
 using testing_cuda::make_backend_with_env;
 using testing_cuda::random_values;
@@ -33,40 +34,11 @@ struct GateSpec {
 // subnormal codes and the smallest normal ones (a kernel that flushed subnormals would lose them).
 enum class Fp8Codes { kRandom, kEveryCode, kSubnormal };
 
-// e4m3 experts in DeepSeek's FP8 activations wherever their forms take them: the backends these
-// tests make take DSINFER_FP8_ACTIVATION_TERMS=1, so that steps of up to 256 rows keep the
-// recipe's single term rather than three e4m3 terms (PromptStepsTakeE4m3TermsIntoExperts checks
-// the default).
-class CudaMoeTest : public CudaVsCpuTest {
+// e4m3 experts in DeepSeek's FP8 activations wherever their forms take them: steps of up to 256
+// rows keep the recipe's single term rather than three e4m3 terms
+// (PromptStepsTakeE4m3TermsIntoExperts checks the default).
+class CudaMoeTest : public CudaVsCpuOneTermTest {
  protected:
-  void SetUp() override {
-    setenv("DSINFER_FP8_ACTIVATION_TERMS", "1", 1);
-    CudaVsCpuTest::SetUp();
-  }
-  void TearDown() override { unsetenv("DSINFER_FP8_ACTIVATION_TERMS"); }
-
-  // A step of num_seqs sequences with tokens_per_seq new tokens each (from position 0, each
-  // sequence in blocks of its own), each sampled at its last.
-  static ForwardBatch step_of(int num_seqs, int64_t tokens_per_seq) {
-    ForwardBatch b;
-    const int num_blocks = static_cast<int>((tokens_per_seq + 63) / 64);
-    for (int seq = 0; seq < num_seqs; ++seq) {
-      std::vector<int32_t> table;
-      for (int i = 0; i < num_blocks; ++i) table.push_back(seq * num_blocks + i);
-      for (int64_t p = 0; p < tokens_per_seq; ++p) {
-        b.token_ids.push_back(1);
-        b.positions.push_back(static_cast<int32_t>(p));
-        b.slot_mapping.push_back(static_cast<int32_t>(table[p / 64] * 64 + p % 64));
-        b.token_seq.push_back(seq);
-      }
-      b.block_tables.push_back(table);
-      b.context_lens.push_back(static_cast<int32_t>(tokens_per_seq));
-      b.logits_indices.push_back(static_cast<int32_t>(b.token_ids.size() - 1));
-    }
-    b.num_tokens = static_cast<int>(b.token_ids.size());
-    return b;
-  }
-
   // The layer's output on `be` for x [num_tokens, hidden], inside `step` where one is given.
   std::vector<float> moe_output(Backend& be, const GateSpec& g, const std::vector<float>& x, int64_t num_tokens,
                                 int64_t hidden, int64_t inter, uint32_t seed, const ForwardBatch* step = nullptr) {
@@ -317,7 +289,7 @@ TEST_F(CudaMoeTest, LibrarySharedExpertsBesideTheRoutedOnesGiveTheSameBits) {
   };
   for (const Case& c : {Case{1100, 128, 64, false}, Case{40, 256, 96, false}, Case{301, 256, 128, true},
                         Case{1100, 256, 128, true}, Case{48, 256, 128, true}}) {
-    SCOPED_TRACE(testing::Message() << c.num_tokens << " tokens, fp8 " << c.fp8);
+    SCOPED_TRACE(::testing::Message() << c.num_tokens << " tokens, fp8 " << c.fp8);
     const auto x = random_values(c.num_tokens * c.hidden, 150 + static_cast<uint32_t>(c.num_tokens));
     const auto residual = random_values(c.num_tokens * c.hidden, 151, 3.0f);
     const auto norm_w = random_values(c.hidden, 152, 1.0f);
@@ -375,7 +347,7 @@ TEST_F(CudaMoeTest, CombineMadeInTheNormGivesTheSameBits) {
   };
   constexpr float kUnwritten = 7.0f;
   for (const Case& c : cases) {
-    SCOPED_TRACE(testing::Message() << c.num_tokens << " tokens, hidden " << c.hidden << ", top-" << c.g.top_k
+    SCOPED_TRACE(::testing::Message() << c.num_tokens << " tokens, hidden " << c.hidden << ", top-" << c.g.top_k
                                     << ", fp8 " << c.fp8);
     const auto x = random_values(c.num_tokens * c.hidden, 60 + static_cast<uint32_t>(c.num_tokens));
     const auto residual = random_values(c.num_tokens * c.hidden, 61 + static_cast<uint32_t>(c.num_tokens), 3.0f);
@@ -428,7 +400,7 @@ TEST_F(CudaMoeTest, NormLeftToTheNextLayerFollowsTheNormInItsOwnLaunch) {
   const auto norm_w = random_values(kHidden, 72, 0.5f, 1.0f);
   for (const bool fp8 : {false, true}) {
     for (const int64_t tokens : {int64_t{1}, int64_t{2}}) {
-      SCOPED_TRACE(testing::Message() << tokens << " tokens, fp8 " << fp8);
+      SCOPED_TRACE(::testing::Message() << tokens << " tokens, fp8 " << fp8);
       const auto x = random_values(tokens * kHidden, 73 + static_cast<uint32_t>(tokens));
       const auto residual = random_values(tokens * kHidden, 75 + static_cast<uint32_t>(tokens), 3.0f);
       const auto later = random_values(tokens * kHidden, 77 + static_cast<uint32_t>(tokens));
@@ -537,7 +509,8 @@ TEST_F(CudaMoeTest, PromptStepsTakeE4m3TermsIntoExperts) {
   for (const int64_t num_tokens : {int64_t{90}, int64_t{301}}) {
     SCOPED_TRACE(num_tokens);
     const auto x = random_values(num_tokens * hidden, 51);
-    const ForwardBatch prompt = step_of(1, num_tokens);
+    const ForwardBatch prompt = testing::single_sequence_batch(std::vector<TokenId>(num_tokens, 1), 0,
+                                                               static_cast<int>((num_tokens + 63) / 64));
     const auto single = moe_output(*one_term, g, x, num_tokens, hidden, inter, 52, &prompt);
     const auto got = moe_output(*default_backend, g, x, num_tokens, hidden, inter, 52, &prompt);
     if (num_tokens <= 256) {
@@ -547,7 +520,8 @@ TEST_F(CudaMoeTest, PromptStepsTakeE4m3TermsIntoExperts) {
       EXPECT_GT(relative_error(single, want), 1e-2);
       EXPECT_LT(relative_error(two, want), 0.5 * relative_error(single, want));
       EXPECT_GT(relative_error(two, want), relative_error(got, want));
-      const ForwardBatch decode = step_of(static_cast<int>(num_tokens), 1);
+      ForwardBatch decode;
+      for (int seq = 0; seq < num_tokens; ++seq) testing::append_sequence(decode, {seq}, 7, 1, [](int) { return 1; });
       EXPECT_EQ(moe_output(*default_backend, g, x, num_tokens, hidden, inter, 52, &decode),
                 moe_output(*one_term, g, x, num_tokens, hidden, inter, 52, &decode));
     } else {

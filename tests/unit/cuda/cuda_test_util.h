@@ -80,4 +80,16 @@ class CudaVsCpuTest : public ::testing::Test {
   std::unique_ptr<Backend> cpu_, gpu_;
 };
 
+// CudaVsCpuTest whose backends take DeepSeek's FP8 activations in one e4m3 term at every row
+// count (DSINFER_FP8_ACTIVATION_TERMS=1), the recipe's own arithmetic, but where a test sets it
+// otherwise: the default's terms in steps that carry a prompt are checked on their own.
+class CudaVsCpuOneTermTest : public CudaVsCpuTest {
+ protected:
+  void SetUp() override {
+    setenv("DSINFER_FP8_ACTIVATION_TERMS", "1", 1);
+    CudaVsCpuTest::SetUp();
+  }
+  void TearDown() override { unsetenv("DSINFER_FP8_ACTIVATION_TERMS"); }
+};
+
 }  // namespace dsinfer::testing_cuda
