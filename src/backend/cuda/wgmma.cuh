@@ -190,11 +190,43 @@ __device__ __forceinline__ void wgmma_m64n192k32_e4m3(float (&d)[96], uint64_t d
         : "l"(desc_a), "l"(desc_b));
 }
 
+// The same with n = 96 (three e4m3 terms of 32 rows side by side: grouped_gemm_experts_wgmma.cu).
+template <bool kAccumulate>
+__device__ __forceinline__ void wgmma_m64n96k32_e4m3(float (&d)[48], uint64_t desc_a, uint64_t desc_b) {
+  if constexpr (kAccumulate)
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n96k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+        "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, "
+        "%40, %41, %42, %43, %44, %45, %46, %47}, %48, %49, 1, 1, 1;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+        : "l"(desc_a), "l"(desc_b));
+  else
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n96k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+        "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, "
+        "%40, %41, %42, %43, %44, %45, %46, %47}, %48, %49, 0, 1, 1;\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]),
+          "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]),
+          "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]),
+          "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]),
+          "=f"(d[32]), "=f"(d[33]), "=f"(d[34]), "=f"(d[35]), "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]),
+          "=f"(d[40]), "=f"(d[41]), "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47])
+        : "l"(desc_a), "l"(desc_b));
+}
+
 template <int N, bool kAccumulate>
 __device__ __forceinline__ void wgmma_m64k32_e4m3(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b) {
-  static_assert(N == 32 || N == 64, "the instantiated shapes");
+  static_assert(N == 32 || N == 64 || N == 96, "the instantiated shapes");
   if constexpr (N == 32) wgmma_m64n32k32_e4m3<kAccumulate>(d, desc_a, desc_b);
-  else wgmma_m64n64k32_e4m3<kAccumulate>(d, desc_a, desc_b);
+  else if constexpr (N == 64) wgmma_m64n64k32_e4m3<kAccumulate>(d, desc_a, desc_b);
+  else wgmma_m64n96k32_e4m3<kAccumulate>(d, desc_a, desc_b);
 }
 
 // d (+)= A · Bᵀ over one k16 step of bf16, A and B K-major in shared memory.

@@ -494,19 +494,20 @@ TEST_F(CudaMoeTest, Fp8ExpertsMatchDequantisedCpu) {
 // The default backend's e4m3 experts take FP8 activations in three e4m3 terms in the steps whose
 // dense products take them (a prompt's steps of up to 256 rows; the wgmma expert blocks add the
 // terms' products, the weight read once): within 3·10^-3 of bf16 rows (DSINFER_MOE_FP8_ACTIVATIONS=0,
-// 1.0·10^-3 measured) where DeepSeek's single term is off by percents, and two terms (DSINFER_FP8_ACTIVATION_TERMS=2)
-// in between. 90 tokens over 8 experts: about 22 rows each, some past a 32-row pass. A
-// decode-only step (one new token for each of 90 sequences) and a step of 301 rows keep the
-// single term, and DSINFER_FP8_ACTIVATION_TERMS=1 keeps it everywhere.
+// 1.0·10^-3 measured) where DeepSeek's single term is off by percents, and two terms
+// (DSINFER_FP8_ACTIVATION_TERMS=2) in between; an x row of the wrong term or pass would be off
+// by its whole size. 40 tokens over 8 experts: about 10 rows each; 90 tokens: about 22 rows
+// each, some experts past one 32-row pass. A decode-only step (one new token for each sequence)
+// and a step of 301 rows keep the single term, and DSINFER_FP8_ACTIVATION_TERMS=1 keeps it
+// everywhere.
 TEST_F(CudaMoeTest, PromptStepsTakeE4m3TermsIntoExperts) {
   const GateSpec g{8, 2, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, true, 1.0f, false};
   const int64_t hidden = 256, inter = 128;
   auto one_term = std::move(gpu_);
   auto bf16_rows = make_backend_with_env("cuda", "DSINFER_MOE_FP8_ACTIVATIONS", "0");
   auto two_terms = make_backend_with_env("cuda", "DSINFER_FP8_ACTIVATION_TERMS", "2");
-  unsetenv("DSINFER_FP8_ACTIVATION_TERMS");
   auto default_backend = make_backend("cuda");
-  for (const int64_t num_tokens : {int64_t{90}, int64_t{301}}) {
+  for (const int64_t num_tokens : {int64_t{40}, int64_t{90}, int64_t{301}}) {
     SCOPED_TRACE(num_tokens);
     const auto x = random_values(num_tokens * hidden, 51);
     const ForwardBatch prompt = testing::single_sequence_batch(std::vector<TokenId>(num_tokens, 1), 0,
