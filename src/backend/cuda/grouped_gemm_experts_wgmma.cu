@@ -25,7 +25,8 @@
 // totals. Such passes are of 32 rows (n = 96 for three terms; 181 registers, where separate
 // products per term, each awaited before its scaling, took 252 and streamed the weights at two
 // thirds of the one-term form's rate). Passes of 16 rows (n = 48) prefilled a 128-token prompt
-// 5% slower, its experts' 12 rows or so on average notwithstanding.
+// about 5% slower on an H200, its experts' 12 rows or so on average notwithstanding (most likely
+// since those past 16 rows read their weights twice).
 #include <cuda_bf16.h>
 
 #include "backend/cuda/cuda_check.h"
