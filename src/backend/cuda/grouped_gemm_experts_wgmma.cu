@@ -22,11 +22,13 @@
 // by side in one operand of terms × rows (stacked_row: each 8 rows of a term next to the same 8
 // rows of the others), so one product per half and k-step takes them all, and a thread holds
 // every term's sum of the same x rows: it scales each by its term's x scale and adds them to the
-// totals. Such passes are of 32 rows (n = 96 for three terms; 181 registers, where separate
-// products per term, each awaited before its scaling, took 252 and streamed the weights at two
-// thirds of the one-term form's rate). Passes of 16 rows (n = 48) prefilled a 128-token prompt
-// about 5% slower on an H200, its experts' 12 rows or so on average notwithstanding (most likely
-// since those past 16 rows read their weights twice).
+// totals. Such passes are of 32 rows (n = 96 for three terms; 181 registers). Separate products
+// per term, each awaited before its scaling, took 252 registers and streamed a prompt step's
+// weights at 67% of the copy rate, side by side 76%, one term 90% (H100). Waiting on the products
+// and on issuing the scaling's instructions is what holds them there (RESULTS.md, "Expert terms
+// side by side"). Passes of 16 rows (n = 48) prefilled a 128-token prompt about 5% slower on an
+// H200, its experts' 12 rows or so on average notwithstanding (most likely since those past 16
+// rows read their weights twice).
 #include <cuda_bf16.h>
 
 #include "backend/cuda/cuda_check.h"
