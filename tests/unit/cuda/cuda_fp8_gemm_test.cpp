@@ -402,10 +402,14 @@ std::vector<float> run_fp8_moe(Backend& be, const Fp8MoeCase& c, const std::vect
 
 // The layer in DeepSeek's FP8 arithmetic on the host, with the device's routing: e4m3
 // activations per row and 128 columns into each product, SiLU·up rounded to bf16 between them.
+// With terms > 1 each product's rows are that many e4m3 terms (activation_terms) instead.
 std::vector<float> fp8_moe_reference(const Fp8MoeCase& c, const std::vector<Fp8Weight>& gate_up,
                                      const std::vector<Fp8Weight>& down, const std::vector<float>& x,
-                                     const MoeRouting& routing) {
-  const auto xq = quantised_activations(x, c.num_tokens, c.hidden);
+                                     const MoeRouting& routing, int terms = 1) {
+  auto fp8_rows = [terms](const std::vector<float>& v, int64_t rows, int64_t k) {
+    return terms == 1 ? quantised_activations(v, rows, k) : activation_terms(v, rows, k, terms);
+  };
+  const auto xq = fp8_rows(x, c.num_tokens, c.hidden);
   std::vector<float> want(c.num_tokens * c.hidden, 0.0f);
   for (int64_t t = 0; t < c.num_tokens; ++t) {
     const std::vector<float> row(xq.begin() + t * c.hidden, xq.begin() + (t + 1) * c.hidden);
@@ -418,7 +422,7 @@ std::vector<float> fp8_moe_reference(const Fp8MoeCase& c, const std::vector<Fp8W
         const float g = gu[j], u = gu[c.inter + j];
         act[j] = bf16_to_f32(f32_to_bf16(g / (1.0f + std::exp(-g)) * u));
       }
-      const auto y = product(quantised_activations(act, 1, c.inter), 1, down[e]);
+      const auto y = product(fp8_rows(act, 1, c.inter), 1, down[e]);
       for (int64_t j = 0; j < c.hidden; ++j) want[t * c.hidden + j] += routing.weights[entry] * y[j];
     }
   }
@@ -450,6 +454,42 @@ TEST_F(CudaFp8GemmTest, ExpertBlocksQuantiseActivationsPerTile) {
     EXPECT_LT(rms_relative_error(got_64, want), 1e-2);
     EXPECT_EQ(routing_weight_only.expert_ids, routing.expert_ids);
     EXPECT_GT(rms_relative_error(got_weight_only, want), 2 * error);
+  }
+}
+
+// With the default number of FP8 activation terms (three; two with DSINFER_FP8_ACTIVATION_TERMS=2)
+// the same layers' expert blocks take each product's rows in terms: every term's rows side by
+// side in one product, each term's sums scaled by its own scales. Checked against the terms'
+// arithmetic on the host (fp8_moe_reference with terms), for row-blocks of about 22 and 10 rows,
+// hidden 320 with its partial stage, and row-blocks of 64 and 36 rows that take two passes of
+// 32 (measured 7.6–9.2·10^-4 RMS, two and three terms alike: what moves is mostly a SiLU·up
+// value rounding to the other bf16 neighbour now and then). A term's rows in another term's
+// place, or scaled by another term's scales, would miss by about the size of the second term (a
+// few percent); the single term's arithmetic misses by about that much (4.3–4.5%), which the
+// test also checks.
+TEST_F(CudaFp8GemmTest, ExpertBlocksTakeActivationTerms) {
+  unsetenv("DSINFER_FP8_ACTIVATION_TERMS");
+  auto three = make_backend("cuda");
+  auto two = make_backend_with_env("cuda", "DSINFER_FP8_ACTIVATION_TERMS", "2");
+  for (const Fp8MoeCase& c : {Fp8MoeCase{8, 2, 90, 256, 128, false}, Fp8MoeCase{8, 2, 40, 320, 192, false},
+                              Fp8MoeCase{64, 4, 100, 256, 128, true}}) {
+    SCOPED_TRACE(c.num_tokens);
+    std::vector<Fp8Weight> gate_up, down;
+    make_fp8_experts(c, 100, gate_up, down);
+    const auto x = random_values(c.num_tokens * c.hidden, 72);
+    for (const int terms : {3, 2}) {
+      SCOPED_TRACE(terms);
+      MoeRouting routing;
+      const auto got = run_fp8_moe(terms == 3 ? *three : *two, c, gate_up, down, x, routing);
+      ASSERT_EQ(routing.expert_ids.size(), static_cast<size_t>(c.num_tokens * c.top_k));
+      const auto want = fp8_moe_reference(c, gate_up, down, x, routing, terms);
+      const double error = rms_relative_error(got, want);
+      const double error_one = rms_relative_error(got, fp8_moe_reference(c, gate_up, down, x, routing));
+      std::cout << c.num_tokens << " tokens over " << c.num_experts << " experts, " << terms
+                << " terms: RMS error " << error << " from their arithmetic, " << error_one << " from one term's\n";
+      EXPECT_LT(error, 2e-3);
+      EXPECT_GT(error_one, 5 * error);
+    }
   }
 }
 
