@@ -374,6 +374,17 @@ void make_fp8_experts(const Fp8MoeCase& c, uint32_t seed, std::vector<Fp8Weight>
   }
 }
 
+// The decode-sized cases of the expert block tests below, and each case's experts and input.
+constexpr Fp8MoeCase kDecodeSizedFp8MoeCases[] = {
+    {8, 2, 90, 256, 128, false}, {8, 2, 40, 320, 192, false}, {64, 4, 100, 256, 128, true}};
+struct Fp8MoeLayer {
+  std::vector<Fp8Weight> gate_up, down;
+  std::vector<float> x;  // [num_tokens, hidden]
+  explicit Fp8MoeLayer(const Fp8MoeCase& c) : x(random_values(c.num_tokens * c.hidden, 72)) {
+    make_fp8_experts(c, 100, gate_up, down);
+  }
+};
+
 std::vector<float> run_fp8_moe(Backend& be, const Fp8MoeCase& c, const std::vector<Fp8Weight>& gate_up,
                                const std::vector<Fp8Weight>& down, const std::vector<float>& x, MoeRouting& routing) {
   MoeWeights w;
@@ -432,12 +443,10 @@ std::vector<float> fp8_moe_reference(const Fp8MoeCase& c, const std::vector<Fp8W
 TEST_F(CudaFp8GemmTest, ExpertBlocksQuantiseActivationsPerTile) {
   auto weight_only = make_backend_with_env("cuda", "DSINFER_MOE_FP8_ACTIVATIONS", "0");
   auto passes_of_64 = make_backend_with_env("cuda", "DSINFER_MOE_FP8_PASS_ROWS", "64");
-  for (const Fp8MoeCase& c : {Fp8MoeCase{8, 2, 90, 256, 128, false}, Fp8MoeCase{8, 2, 40, 320, 192, false},
-                              Fp8MoeCase{64, 4, 100, 256, 128, true}}) {
+  for (const Fp8MoeCase& c : kDecodeSizedFp8MoeCases) {
     SCOPED_TRACE(c.num_tokens);
-    std::vector<Fp8Weight> gate_up, down;
-    make_fp8_experts(c, 100, gate_up, down);
-    const auto x = random_values(c.num_tokens * c.hidden, 72);
+    const Fp8MoeLayer layer(c);
+    const auto& [gate_up, down, x] = layer;
     MoeRouting routing, routing_64, routing_weight_only;
     const auto got = run_fp8_moe(*gpu_, c, gate_up, down, x, routing);
     const auto got_64 = run_fp8_moe(*passes_of_64, c, gate_up, down, x, routing_64);
@@ -471,12 +480,10 @@ TEST_F(CudaFp8GemmTest, ExpertBlocksTakeActivationTerms) {
   unsetenv("DSINFER_FP8_ACTIVATION_TERMS");
   auto three = make_backend("cuda");
   auto two = make_backend_with_env("cuda", "DSINFER_FP8_ACTIVATION_TERMS", "2");
-  for (const Fp8MoeCase& c : {Fp8MoeCase{8, 2, 90, 256, 128, false}, Fp8MoeCase{8, 2, 40, 320, 192, false},
-                              Fp8MoeCase{64, 4, 100, 256, 128, true}}) {
+  for (const Fp8MoeCase& c : kDecodeSizedFp8MoeCases) {
     SCOPED_TRACE(c.num_tokens);
-    std::vector<Fp8Weight> gate_up, down;
-    make_fp8_experts(c, 100, gate_up, down);
-    const auto x = random_values(c.num_tokens * c.hidden, 72);
+    const Fp8MoeLayer layer(c);
+    const auto& [gate_up, down, x] = layer;
     for (const int terms : {3, 2}) {
       SCOPED_TRACE(terms);
       MoeRouting routing;
