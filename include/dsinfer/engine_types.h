@@ -23,7 +23,12 @@ struct SamplingParams {
   int max_tokens = 16;
   bool ignore_eos = false;
   std::vector<TokenId> stop_token_ids;  // in addition to the model's eos unless ignore_eos
-  int num_logprobs = 0;                 // top-k logprobs per generated token (0 = none)
+  // Each generated token's log-probability under the model's distribution (the logits before
+  // temperature and truncation), with its num_logprobs most likely alternatives. num_logprobs
+  // above 0 implies logprobs.
+  bool logprobs = false;
+  int num_logprobs = 0;
+  bool wants_logprobs() const { return logprobs || num_logprobs > 0; }
 };
 
 struct GenerationRequest {

@@ -13,6 +13,8 @@ using nlohmann::json;
 namespace {
 
 constexpr int kMaxChoices = 16;
+// Alternatives per token (OpenAI's top_logprobs limit, and the engine's).
+constexpr int kMaxTopLogprobs = 20;
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
@@ -157,6 +159,17 @@ void parse_response_format(const json& body, ApiRequest& request) {
   else if (*type != "text") reject("response_format.type", "Invalid value for 'response_format.type': '" + *type + "'. Supported values are: 'text', 'json_object' and 'json_schema'.");
 }
 
+// Chat Completions: `logprobs` (bool) and `top_logprobs` (0..20, with logprobs only).
+void parse_chat_logprobs(const json& body, ApiRequest& request) {
+  const bool logprobs = get_bool(body, "logprobs", "logprobs").value_or(false);
+  const auto top = get_integer(body, "top_logprobs", "top_logprobs", 0, kMaxTopLogprobs);
+  if (top && !logprobs) {
+    reject("top_logprobs", "Invalid value for 'top_logprobs': 'logprobs' must be true when 'top_logprobs' is given.");
+  }
+  request.sampling.logprobs = logprobs;
+  request.sampling.num_logprobs = static_cast<int>(top.value_or(0));
+}
+
 void parse_common(const json& body, ApiRequest& request) {
   auto model = get_string(body, "model", "model");
   if (!model) reject("model", "Missing required parameter: 'model'.");
@@ -184,6 +197,7 @@ Result<ApiRequest> parse_chat_completions_request(std::string_view body_text, st
         ApiRequest request;
         request.protocol = ApiProtocol::kChatCompletions;
         parse_common(body, request);
+        parse_chat_logprobs(body, request);
         parse_messages(body, request.conversation);
         parse_tools(body, request.conversation);
         request.tool_choice = parse_tool_choice(body);
@@ -235,6 +249,15 @@ Result<ApiRequest> parse_completions_request(std::string_view body_text, std::st
         }
         if (find_field(body, "suffix")) reject("suffix", "Unsupported parameter: 'suffix' is not supported by this server.");
         request.echo = get_bool(body, "echo", "echo").value_or(false);
+        // Completions: `logprobs` is the number of alternatives per token (0: the token's own).
+        if (auto top = get_integer(body, "logprobs", "logprobs", 0, kMaxTopLogprobs)) {
+          if (request.echo) {
+            reject("logprobs", "Unsupported: 'logprobs' with 'echo' asks for the prompt's log-probabilities, "
+                               "which this server does not compute.");
+          }
+          request.sampling.logprobs = true;
+          request.sampling.num_logprobs = static_cast<int>(*top);
+        }
         // OpenAI's Completions default is 16 tokens.
         request.sampling.max_tokens = 16;
         if (auto max_tokens = read_max_tokens(body, "max_tokens")) request.sampling.max_tokens = *max_tokens;
@@ -267,6 +290,68 @@ struct ChoiceState {
   std::vector<ToolCall> tool_calls;
   std::string finish_reason;
   bool ended = false;
+  // Chat Completions with logprobs: the content tokens' entries (streaming: those not sent yet).
+  json logprobs = json::array();
+};
+
+json bytes_json(const std::string& bytes) {
+  json list = json::array();
+  for (unsigned char b : bytes) list.push_back(static_cast<int>(b));
+  return list;
+}
+
+// One entry of Chat Completions' logprobs.content.
+json chat_logprob_json(const TokenLogprobs& token) {
+  json top = json::array();
+  for (const LogprobToken& alt : token.top) {
+    top.push_back({{"token", alt.text}, {"logprob", reported_logprob(alt.logprob)}, {"bytes", bytes_json(alt.bytes)}});
+  }
+  return {{"token", token.chosen.text},
+          {"logprob", reported_logprob(token.chosen.logprob)},
+          {"bytes", bytes_json(token.chosen.bytes)},
+          {"top_logprobs", std::move(top)}};
+}
+
+json chat_logprobs_json(json content) { return {{"content", std::move(content)}, {"refusal", nullptr}}; }
+
+// Characters (code points) in valid UTF-8 text: Completions' text_offset counts them.
+int64_t num_code_points(const std::string& text) {
+  int64_t n = 0;
+  for (unsigned char b : text) n += (b & 0xC0) != 0x80;
+  return n;
+}
+
+// Completions' logprobs object, its four lists one entry per token.
+struct TextLogprobs {
+  json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(),
+       text_offset = json::array();
+  int64_t next_offset = 0;  // characters of the choice's text before the next token (no echo
+                            // with logprobs: the parser refuses it)
+
+  bool empty() const { return tokens.empty(); }
+  void add(const TokenLogprobs& token) {
+    tokens.push_back(token.chosen.text);
+    token_logprobs.push_back(reported_logprob(token.chosen.logprob));
+    json top = json::object();
+    // Tokens of the same text (parts of characters) share a key; the likeliest keeps it.
+    for (const LogprobToken& alt : token.top)
+      if (!top.contains(alt.text)) top[alt.text] = reported_logprob(alt.logprob);
+    top_logprobs.push_back(std::move(top));
+    text_offset.push_back(next_offset);
+    next_offset += num_code_points(token.chosen.text);
+  }
+  // The object, leaving the lists empty for the tokens after.
+  json take() {
+    json out = {{"tokens", std::move(tokens)},
+                {"token_logprobs", std::move(token_logprobs)},
+                {"top_logprobs", std::move(top_logprobs)},
+                {"text_offset", std::move(text_offset)}};
+    tokens = json::array();
+    token_logprobs = json::array();
+    top_logprobs = json::array();
+    text_offset = json::array();
+    return out;
+  }
 };
 
 const char* finish_name(ChoiceEnd end, bool has_tool_calls) {
@@ -297,7 +382,9 @@ class ChatCompletionsEncoder : public ProtocolEncoder {
     switch (event.kind) {
       case OutputEventKind::kContent:
         c.content += event.text;
-        if (options_.stream && !event.text.empty()) emit_text_chunk(choice, "content", event.text, out);
+        if (!options_.stream || event.text.empty()) break;
+        if (c.logprobs.empty()) emit_text_chunk(choice, "content", event.text, out);
+        else emit_chunk(choice, {{"content", event.text}}, nullptr, out, take_logprobs(c));
         break;
       case OutputEventKind::kReasoning:
         c.reasoning += event.text;
@@ -331,11 +418,21 @@ class ChatCompletionsEncoder : public ProtocolEncoder {
     }
   }
 
+  void on_logprobs(int choice, std::vector<TokenLogprobs> tokens) override {
+    if (!options_.logprobs) return;
+    ChoiceState& c = choices_.at(static_cast<size_t>(choice));
+    for (const TokenLogprobs& t : tokens) c.logprobs.push_back(chat_logprob_json(t));
+  }
+
   void end_choice(int choice, ChoiceEnd end, const std::string&, std::string& out) override {
     ChoiceState& c = choices_.at(static_cast<size_t>(choice));
     c.finish_reason = finish_name(end, !c.tool_calls.empty());
     c.ended = true;
-    if (options_.stream) emit_chunk(choice, json::object(), c.finish_reason.c_str(), out);
+    // Entries whose text never reached a content chunk (none in practice) go with the last one.
+    if (options_.stream) {
+      emit_chunk(choice, json::object(), c.finish_reason.c_str(), out,
+                 c.logprobs.empty() ? json(nullptr) : take_logprobs(c));
+    }
   }
 
   void end(const UsageCounts& usage, std::string& out) override {
@@ -367,7 +464,8 @@ class ChatCompletionsEncoder : public ProtocolEncoder {
         }
         message["tool_calls"] = calls;
       }
-      choices.push_back({{"index", i}, {"message", message}, {"logprobs", nullptr},
+      choices.push_back({{"index", i}, {"message", message},
+                         {"logprobs", options_.logprobs ? chat_logprobs_json(c.logprobs) : json(nullptr)},
                          {"finish_reason", c.ended ? json(c.finish_reason) : json(nullptr)}});
     }
     body["choices"] = choices;
@@ -405,13 +503,19 @@ class ChatCompletionsEncoder : public ProtocolEncoder {
     append_sse(out, nullptr, data);
   }
 
-  void emit_chunk(int choice, json delta, const char* finish_reason, std::string& out) {
+  void emit_chunk(int choice, json delta, const char* finish_reason, std::string& out, json logprobs = nullptr) {
     json chunk = chunk_base();
     chunk["choices"] = json::array({{{"index", choice},
                                      {"delta", std::move(delta)},
-                                     {"logprobs", nullptr},
+                                     {"logprobs", std::move(logprobs)},
                                      {"finish_reason", finish_reason ? json(finish_reason) : json(nullptr)}}});
     append_sse(out, nullptr, dump(chunk));
+  }
+
+  static json take_logprobs(ChoiceState& c) {
+    json entries = std::move(c.logprobs);
+    c.logprobs = json::array();
+    return chat_logprobs_json(std::move(entries));
   }
 
   std::string tool_call_id(int choice, int tool_index) const {
@@ -428,7 +532,9 @@ class ChatCompletionsEncoder : public ProtocolEncoder {
 class CompletionsEncoder : public ProtocolEncoder {
  public:
   explicit CompletionsEncoder(EncoderOptions options)
-      : options_(std::move(options)), choices_(static_cast<size_t>(options_.num_choices)) {}
+      : options_(std::move(options)),
+        choices_(static_cast<size_t>(options_.num_choices)),
+        logprobs_(static_cast<size_t>(options_.num_choices)) {}
 
   void begin(std::string& out) override {
     if (!options_.stream || options_.echo_prompt.empty()) return;
@@ -440,6 +546,11 @@ class CompletionsEncoder : public ProtocolEncoder {
     if (event.kind != OutputEventKind::kContent && event.kind != OutputEventKind::kReasoning) return;
     choices_.at(static_cast<size_t>(choice)).content += event.text;
     if (options_.stream && !event.text.empty()) emit(choice, event.text, nullptr, out);
+  }
+
+  void on_logprobs(int choice, std::vector<TokenLogprobs> tokens) override {
+    if (!options_.logprobs) return;
+    for (const TokenLogprobs& t : tokens) logprobs_.at(static_cast<size_t>(choice)).add(t);
   }
 
   void end_choice(int choice, ChoiceEnd end, const std::string&, std::string& out) override {
@@ -465,7 +576,7 @@ class CompletionsEncoder : public ProtocolEncoder {
     for (size_t i = 0; i < choices_.size(); ++i) {
       choices.push_back({{"index", i},
                          {"text", options_.echo_prompt + choices_[i].content},
-                         {"logprobs", nullptr},
+                         {"logprobs", options_.logprobs ? logprobs_[i].take() : json(nullptr)},
                          {"finish_reason", choices_[i].ended ? json(choices_[i].finish_reason) : json(nullptr)}});
     }
     body["choices"] = choices;
@@ -482,6 +593,15 @@ class CompletionsEncoder : public ProtocolEncoder {
     return {{"id", options_.response_id}, {"object", "text_completion"}, {"created", options_.created_s}, {"model", options_.model}};
   }
   void emit(int choice, const std::string& text, const char* finish_reason, std::string& out) {
+    // The tokens' entries go with the text they make (or, left over, with the finish chunk).
+    TextLogprobs& logprobs = logprobs_.at(static_cast<size_t>(choice));
+    if (!logprobs.empty()) {
+      json chunk = base();
+      chunk["choices"] = json::array({{{"index", choice}, {"text", text}, {"logprobs", logprobs.take()},
+                                       {"finish_reason", finish_reason ? json(finish_reason) : json(nullptr)}}});
+      append_sse(out, nullptr, dump(chunk));
+      return;
+    }
     if (!finish_reason) {
       // The per-token hot path, from a cached prefix.
       if (text_prefix_.empty()) {
@@ -501,6 +621,7 @@ class CompletionsEncoder : public ProtocolEncoder {
 
   EncoderOptions options_;
   std::vector<ChoiceState> choices_;
+  std::vector<TextLogprobs> logprobs_;  // per choice: all (non-streaming) or those not sent yet
   std::string text_prefix_;
 };
 

@@ -36,6 +36,8 @@ class OutputParser {
   std::vector<OutputEvent> finish();
 
   bool stopped() const { return state_ == State::kStopped; }
+  // Whether bytes fed so far wait for more to decide whether they begin a delimiter.
+  bool holds_text() const { return !held_.empty(); }
 
  private:
   enum class State {

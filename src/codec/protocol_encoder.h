@@ -2,10 +2,10 @@
 // Server-Sent Events frames while streaming, or one JSON body at the end. One implementation
 // per protocol (openai_chat_protocol, openai_responses_protocol, anthropic_messages_protocol).
 //
-// Call order: begin, then any interleaving of on_event/end_choice for choices 0..n-1 (each
-// choice's events end with one end_choice), then end. Every call appends what must be written
-// to the client to `out` (streaming: whole SSE frames; non-streaming: nothing until end, which
-// appends the JSON body). An encoder is used from one thread at a time.
+// Call order: begin, then any interleaving of on_event/on_logprobs/end_choice for choices
+// 0..n-1 (each choice's events end with one end_choice), then end. Every call appends what must
+// be written to the client to `out` (streaming: whole SSE frames; non-streaming: nothing until
+// end, which appends the JSON body). An encoder is used from one thread at a time.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +14,7 @@
 
 #include "codec/api_request.h"
 #include "codec/output_event.h"
+#include "codec/token_logprobs.h"
 
 namespace dsinfer::codec {
 
@@ -42,6 +43,7 @@ struct EncoderOptions {
   int num_prompt_tokens = 0;  // known before generation (Messages reports it in message_start)
   int num_cached_prompt_tokens = 0;
   std::string echo_prompt;  // Completions with echo: the prompt text prefixed to choice text
+  bool logprobs = false;    // Chat Completions / Completions: the request asked for logprobs
 };
 
 class ProtocolEncoder {
@@ -49,6 +51,10 @@ class ProtocolEncoder {
   virtual ~ProtocolEncoder() = default;
   virtual void begin(std::string& out) = 0;
   virtual void on_event(int choice, const OutputEvent& event, std::string& out) = 0;
+  // The log-probabilities of the tokens whose text the choice's next content event carries
+  // (called just before it), when the request asked for them. Only the OpenAI Chat Completions
+  // and Completions encoders report them.
+  virtual void on_logprobs(int choice, std::vector<TokenLogprobs> tokens) {}
   virtual void end_choice(int choice, ChoiceEnd end, const std::string& stop_string, std::string& out) = 0;
   virtual void end(const UsageCounts& usage, std::string& out) = 0;
   // A streaming failure after the first bytes went out (the HTTP status is already sent).

@@ -285,7 +285,7 @@ std::vector<RequestOutput> EngineCore::finish_step(LaunchedStep& step) {
     req.pending.pop_front();
     if (req.finish_reason != FinishReason::kNone) continue;  // stopped or cancelled while the step ran
     req.tokens.push_back(st.token);
-    if (req.sampling.num_logprobs > 0) req.pending_logprobs.push_back(std::move(st.logprob));
+    if (req.sampling.wants_logprobs()) req.pending_logprobs.push_back(std::move(st.logprob));
     check_stop(req, st.token);
     outputs.push_back(make_output(req));
     if (req.finish_reason != FinishReason::kNone) retire(req.id);

@@ -63,7 +63,7 @@ LaunchedStep ModelRunner::submit(SchedulerOutput sched) {
     SamplerState state = sr.request->sampler_state;
     row_sampling_.push_back(row_sampling(sr.request->sampling, state));
     drawn_states.push_back(state);
-    want_logprobs = want_logprobs || sr.request->sampling.num_logprobs > 0;
+    want_logprobs = want_logprobs || sr.request->sampling.wants_logprobs();
   }
   if (want_logprobs) step.logits_host.resize(row_sampling_.size() * static_cast<size_t>(model_.config().vocab_size));
   if (!row_sampling_.empty()) step.choice = model_.backend().choose_async(fwd.logits, row_sampling_);
@@ -89,8 +89,9 @@ std::vector<SampledToken> ModelRunner::collect(LaunchedStep& step) {
   for (const ScheduledRequest& sr : step.sched.scheduled) {
     if (!sr.samples) continue;
     SampledToken st{sr.request, ids[row], {}};
-    const int num_top = sr.request->sampling.num_logprobs;
-    if (num_top > 0) token_logprobs(step.logits_host.data() + row * vocab, vocab, st.token, num_top, &st.logprob);
+    const SamplingParams& sampling = sr.request->sampling;
+    if (sampling.wants_logprobs())
+      token_logprobs(step.logits_host.data() + row * vocab, vocab, st.token, sampling.num_logprobs, &st.logprob);
     sampled.push_back(std::move(st));
     ++row;
   }

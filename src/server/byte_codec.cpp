@@ -84,6 +84,8 @@ class MarkupParser : public OutputEventParser {
     if (state_ == State::kToolArgs) events.push_back({OutputEventKind::kToolCallEnd, "", tool_index_++});
   }
 
+  bool holds_text() const override { return !pending_.empty(); }
+
  private:
   enum class State { kContent, kReasoning, kToolName, kToolArgs };
 
@@ -202,6 +204,10 @@ std::string ByteCodec::decode(const std::vector<TokenId>& ids) const {
     if (id >= 0 && id < 256) text += static_cast<char>(id);
   }
   return text;
+}
+
+std::string ByteCodec::token_bytes(TokenId id) const {
+  return id >= 0 && id < 256 ? std::string(1, static_cast<char>(id)) : std::string();
 }
 
 std::unique_ptr<TokenTextStream> ByteCodec::make_text_stream() const { return std::make_unique<Utf8ByteStream>(); }

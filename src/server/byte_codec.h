@@ -23,6 +23,7 @@ class ByteCodec : public ModelCodec {
                                             const codec::RenderOptions& options) const override;
   Result<std::vector<TokenId>> encode_text(const std::string& text) const override;
   std::string decode(const std::vector<TokenId>& ids) const override;
+  std::string token_bytes(TokenId id) const override;
   int vocab_size() const override { return kVocabSize; }
   bool has_thinking_switch() const override { return true; }
   bool thinking_by_default() const override { return false; }

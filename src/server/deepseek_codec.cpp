@@ -32,6 +32,7 @@ class ParserAdapter : public OutputEventParser {
     auto out = parser_.finish();
     events.insert(events.end(), out.begin(), out.end());
   }
+  bool holds_text() const override { return parser_.holds_text(); }
 
  private:
   codec::OutputParser parser_;
@@ -95,6 +96,8 @@ Result<std::vector<TokenId>> DeepseekCodec::encode_text(const std::string& text)
 }
 
 std::string DeepseekCodec::decode(const std::vector<TokenId>& ids) const { return tokenizer_->decode(ids, /*skip_special=*/false); }
+
+std::string DeepseekCodec::token_bytes(TokenId id) const { return std::string(tokenizer_->token_bytes(id)); }
 
 std::unique_ptr<TokenTextStream> DeepseekCodec::make_text_stream() const { return std::make_unique<DecoderStream>(*tokenizer_); }
 

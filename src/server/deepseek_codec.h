@@ -31,6 +31,7 @@ class DeepseekCodec : public ModelCodec {
                                             const codec::RenderOptions& options) const override;
   Result<std::vector<TokenId>> encode_text(const std::string& text) const override;
   std::string decode(const std::vector<TokenId>& ids) const override;
+  std::string token_bytes(TokenId id) const override;
   int vocab_size() const override { return vocab_size_; }
   bool has_thinking_switch() const override { return family_ == codec::TemplateFamily::kV31; }
   bool thinking_by_default() const override { return false; }

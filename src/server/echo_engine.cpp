@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 
 namespace dsinfer::server {
 
@@ -22,6 +23,22 @@ void EchoEngine::shutdown() {
   wake_.notify_all();
   if (thread_.joinable()) thread_.join();
 }
+
+namespace {
+
+// The scripted token is certain (log-probability 0); the alternatives after it are the lowest
+// ids, impossible (-infinity).
+TokenLogprob scripted_logprob(TokenId token, int num_top) {
+  TokenLogprob lp;
+  lp.token_id = token;
+  lp.logprob = 0.0f;
+  if (num_top > 0) lp.top.emplace_back(token, 0.0f);
+  for (TokenId id = 0; static_cast<int>(lp.top.size()) < num_top; ++id)
+    if (id != token) lp.top.emplace_back(id, -std::numeric_limits<float>::infinity());
+  return lp;
+}
+
+}  // namespace
 
 int EchoEngine::blocks_for(int num_tokens) const {
   return (num_tokens + options_.block_size_tokens - 1) / options_.block_size_tokens;
@@ -46,6 +63,8 @@ Result<RequestId> EchoEngine::submit(GenerationRequest request, OutputCallback o
   active->max_tokens = request.sampling.max_tokens;
   active->num_prompt_tokens = static_cast<int>(p.size());
   active->ignore_eos = request.sampling.ignore_eos;
+  active->logprobs = request.sampling.wants_logprobs();
+  active->num_logprobs = request.sampling.num_logprobs;
   active->on_output = std::move(on_output);
   {
     std::lock_guard lock(mutex_);
@@ -133,6 +152,7 @@ void EchoEngine::loop() {
           TokenId token = a->next < a->script.size() ? a->script[a->next] : (a->ignore_eos ? TokenId{' '} : options_.eos_id);
           ++a->next;
           out.new_token_ids.push_back(token);
+          if (a->logprobs) out.logprobs.push_back(scripted_logprob(token, a->num_logprobs));
           out.num_generated_tokens = static_cast<int>(a->next);
           if (token == options_.eos_id && !a->ignore_eos) out.finish_reason = FinishReason::kStop;
           else if (static_cast<int>(a->next) >= a->max_tokens) out.finish_reason = FinishReason::kLength;

@@ -50,6 +50,8 @@ class EchoEngine : public EngineClient {
     int num_blocks = 0;
     bool cancelled = false;
     bool ignore_eos = false;
+    bool logprobs = false;
+    int num_logprobs = 0;
     OutputCallback on_output;
   };
 

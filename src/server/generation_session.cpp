@@ -2,6 +2,7 @@
 #include "server/generation_session.h"
 
 #include "core/logging.h"
+#include "tokenizer/utf8.h"
 
 namespace dsinfer::server {
 
@@ -70,6 +71,7 @@ std::optional<codec::ApiError> GenerationSession::start() {
   options.num_choices = static_cast<int>(choices_.size());
   options.num_prompt_tokens = static_cast<int>(setup_.prompt_ids.size());
   options.echo_prompt = setup_.echo_prompt;
+  options.logprobs = request_.sampling.wants_logprobs();
   encoder_ = codec::make_protocol_encoder(request_.protocol, options);
   exchange_->set_on_close([self] { self->client_gone(); });
   if (request_.stream) {
@@ -124,11 +126,15 @@ void GenerationSession::process_output(int index, const RequestOutput& output) {
       events.clear();
     }
   }
-  for (TokenId id : output.new_token_ids) {
+  for (size_t i = 0; i < output.new_token_ids.size(); ++i) {
     if (c.ended) break;
     ++c.num_tokens;
     setup_.metrics->add_generated_tokens(1);
-    std::string text = c.text->push(id);
+    std::string text = c.text->push(output.new_token_ids[i]);
+    // The end-of-turn token that finished the request is not part of the answer.
+    const bool ends_turn = output.finish_reason == FinishReason::kStop && i + 1 == output.new_token_ids.size();
+    if (i < output.logprobs.size() && !(ends_turn && text.empty()))
+      c.pending_logprobs.push_back(reported_logprobs(output.logprobs[i]));
     if (text.empty()) continue;
     events.clear();
     c.parser->push(text, events);
@@ -162,7 +168,37 @@ void GenerationSession::process_output(int index, const RequestOutput& output) {
   maybe_finish();
 }
 
+void GenerationSession::settle_logprobs(int index, const std::vector<OutputEvent>& events) {
+  Choice& c = choices_[static_cast<size_t>(index)];
+  if (c.pending_logprobs.empty()) return;
+  for (const OutputEvent& e : events) {
+    if (e.kind == OutputEventKind::kContent && !e.text.empty()) {
+      encoder_->on_logprobs(index, std::move(c.pending_logprobs));
+      c.pending_logprobs.clear();
+      return;
+    }
+  }
+  // Reasoning, a tool call, a stop string, or markup the parser consumed (nothing held, no
+  // event): not content. Only text still held may yet turn out to be.
+  if (!events.empty() || !c.parser->holds_text()) c.pending_logprobs.clear();
+}
+
+codec::TokenLogprobs GenerationSession::reported_logprobs(const TokenLogprob& logprob) const {
+  auto token = [&](TokenId id, float value) {
+    codec::LogprobToken t;
+    t.bytes = setup_.codec->token_bytes(id);
+    t.text = tok::utf8_lossy(t.bytes);
+    t.logprob = value;
+    return t;
+  };
+  codec::TokenLogprobs out;
+  out.chosen = token(logprob.token_id, logprob.logprob);
+  for (const auto& [id, value] : logprob.top) out.top.push_back(token(id, value));
+  return out;
+}
+
 void GenerationSession::handle_events(int index, std::vector<OutputEvent>& events) {
+  settle_logprobs(index, events);
   for (const auto& e : events) {
     if (choices_[static_cast<size_t>(index)].ended) return;
     if (e.kind == OutputEventKind::kStop) {

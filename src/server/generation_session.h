@@ -68,12 +68,19 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
     std::unique_ptr<TokenTextStream> text;
     std::unique_ptr<OutputEventParser> parser;
     std::chrono::steady_clock::time_point last_token_time;
+    // With logprobs: the entries of tokens whose text has not yet shown whether it is content
+    // (held back as a possible delimiter or part of a character).
+    std::vector<codec::TokenLogprobs> pending_logprobs;
   };
 
   void on_output(int choice, const RequestOutput& output);
   void process_output(int choice, const RequestOutput& output);
   void end_choice(int choice, codec::ChoiceEnd end, const std::string& stop_string);
   void handle_events(int choice, std::vector<codec::OutputEvent>& events);
+  // Hands the pending entries to the encoder when `events` carry content, or drops them when
+  // the tokens' text turned out to be reasoning, a tool call or a stop string.
+  void settle_logprobs(int choice, const std::vector<codec::OutputEvent>& events);
+  codec::TokenLogprobs reported_logprobs(const TokenLogprob& logprob) const;
   void maybe_finish();
   // The error a request that failed in the engine answers with (engine_error_).
   codec::ApiError generation_error() const;

@@ -32,6 +32,9 @@ class OutputEventParser {
   virtual ~OutputEventParser() = default;
   virtual void push(std::string_view text, std::vector<codec::OutputEvent>& events) = 0;
   virtual void finish(std::vector<codec::OutputEvent>& events) = 0;
+  // Whether some of the text pushed so far is held back undecided (the start of a possible
+  // delimiter or stop string); text that is neither held nor in an event was markup.
+  virtual bool holds_text() const = 0;
 };
 
 struct ParserOptions {
@@ -62,6 +65,9 @@ class ModelCodec {
   // Plain text without template or BOS (for /v1/completions).
   virtual Result<std::vector<TokenId>> encode_text(const std::string& text) const = 0;
   virtual std::string decode(const std::vector<TokenId>& ids) const = 0;
+  // The raw bytes of one token, as logprobs report it (a byte-level token may hold part of a
+  // character); empty for an id without text.
+  virtual std::string token_bytes(TokenId id) const = 0;
   virtual int vocab_size() const = 0;  // ids at or past this are rejected in prompts
   // Whether the family has a thinking switch, and its default when the request says nothing.
   virtual bool has_thinking_switch() const = 0;

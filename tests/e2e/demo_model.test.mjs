@@ -109,3 +109,39 @@ test('tool_choice named and required force a call, whatever the question', { ski
     tool_choice: { type: 'any' }, messages: [{ role: 'user', content: 'What is the capital of France?' }] });
   assert.equal(any.stop_reason, 'tool_use');
 });
+
+test('logprobs: each answer token with its log-probability and the likeliest alternatives', { skip: !haveDemo }, async () => {
+  const client = new OpenAI({ baseURL: `${server.base}/v1`, apiKey: 'x', maxRetries: 0 });
+  const body = { model: 'demo', temperature: 0, max_tokens: 12, logprobs: true, top_logprobs: 3,
+    messages: [{ role: 'user', content: 'Hello' }] };
+  const whole = await client.chat.completions.create(body);
+  const streamed = await client.chat.completions.stream(body).finalChatCompletion();
+  const byte = (entries) => Buffer.concat(entries.map((e) => Buffer.from(e.bytes))).toString('utf8');
+  for (const r of [whole, streamed]) {
+    const entries = r.choices[0].logprobs.content;
+    assert.equal(byte(entries), r.choices[0].message.content);
+    for (const e of entries) {
+      assert.ok(e.logprob <= 0 && e.logprob > -50, JSON.stringify(e));
+      assert.equal(e.top_logprobs.length, 3);
+      // Greedy: the chosen token is the likeliest, and the alternatives come best first.
+      assert.equal(e.top_logprobs[0].token, e.token);
+      assert.equal(e.top_logprobs[0].logprob, e.logprob);
+      assert.ok(e.top_logprobs[1].logprob <= e.top_logprobs[0].logprob);
+      assert.ok(e.top_logprobs[2].logprob <= e.top_logprobs[1].logprob);
+    }
+  }
+  assert.deepEqual(streamed.choices[0].logprobs.content, whole.choices[0].logprobs.content);
+
+  const completion = await client.completions.create({ model: 'demo', prompt: 'The weather in Paris', max_tokens: 6,
+    temperature: 0, logprobs: 2 });
+  const lp = completion.choices[0].logprobs;
+  assert.equal(lp.tokens.join(''), completion.choices[0].text);
+  assert.equal(lp.tokens.length, completion.usage.completion_tokens);
+  assert.equal(lp.text_offset[0], 0);
+  for (let i = 0; i < lp.tokens.length; ++i) {
+    assert.equal(Object.keys(lp.top_logprobs[i]).length, 2);
+    assert.equal(lp.top_logprobs[i][lp.tokens[i]], lp.token_logprobs[i]);
+  }
+
+  await assert.rejects(client.chat.completions.create({ ...body, logprobs: false }), (e) => e.status === 400 && e.param === 'top_logprobs');
+});

@@ -154,5 +154,37 @@ TEST(EngineCore, LogprobsDoNotChangeSampledTokens) {
   }
 }
 
+// logprobs without alternatives: each token's own log-probability, the same as with them.
+TEST(EngineCore, LogprobsWithoutAlternativesMatchThoseWithThem) {
+  const auto ref = testing::fixture_reference("tiny_v3");
+  const auto prompt = ref["prompts"][0]["prompt_ids"].get<std::vector<TokenId>>();
+  EngineCore core(testing::fixture_engine_config("tiny_v3"));
+  GenerationRequest alone;
+  alone.prompt_ids = prompt;
+  alone.sampling.temperature = 0.0f;
+  alone.sampling.max_tokens = 6;
+  alone.sampling.ignore_eos = true;
+  alone.sampling.logprobs = true;
+  GenerationRequest with_top = alone;
+  with_top.sampling.logprobs = false;
+  with_top.sampling.num_logprobs = 2;
+  ASSERT_TRUE(core.add_request(1, alone).ok());
+  ASSERT_TRUE(core.add_request(2, with_top).ok());
+  std::vector<TokenLogprob> logprobs[2];
+  while (core.has_unfinished_requests())
+    for (auto& o : core.step())
+      logprobs[o.request_id - 1].insert(logprobs[o.request_id - 1].end(), o.logprobs.begin(), o.logprobs.end());
+  ASSERT_EQ(logprobs[0].size(), 6u);
+  ASSERT_EQ(logprobs[1].size(), 6u);
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_TRUE(logprobs[0][i].top.empty());
+    EXPECT_EQ(logprobs[0][i].token_id, logprobs[1][i].token_id);
+    EXPECT_FLOAT_EQ(logprobs[0][i].logprob, logprobs[1][i].logprob);
+    EXPECT_LT(logprobs[0][i].logprob, 0.0f);
+    // Greedy: the chosen token is the most likely one.
+    EXPECT_EQ(logprobs[1][i].top[0].first, logprobs[1][i].token_id);
+  }
+}
+
 }  // namespace
 }  // namespace dsinfer

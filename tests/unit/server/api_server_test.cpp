@@ -223,6 +223,76 @@ TEST_F(ApiServerTest, CompletionsWithTokenIdsAndEcho) {
   EXPECT_EQ(bad->status(), 400);
 }
 
+// The bytes of a logprobs.content list's tokens, joined.
+std::string joined_bytes(const json& entries) {
+  std::string bytes;
+  for (const json& e : entries)
+    for (const json& b : e["bytes"]) bytes += static_cast<char>(b.get<int>());
+  return bytes;
+}
+
+TEST_F(ApiServerTest, ChatLogprobsCoverTheContentTokensOnly) {
+  // The echo engine's tokens are bytes, each certain: é is two tokens, neither a whole character.
+  const std::string logprobs = R"("logprobs":true,"top_logprobs":2,)";
+  auto ex = complete("/v1/chat/completions", chat("<think>r</think>h\xc3\xa9!", logprobs));
+  ASSERT_EQ(ex->status(), 200) << ex->body();
+  const json choice = json::parse(ex->body())["choices"][0];
+  EXPECT_EQ(choice["message"]["content"], "h\xc3\xa9!");
+  const json& entries = choice["logprobs"]["content"];
+  ASSERT_EQ(entries.size(), 4u) << entries;  // no reasoning, markup or end-of-turn token
+  EXPECT_EQ(joined_bytes(entries), "h\xc3\xa9!");
+  EXPECT_EQ(entries[1]["token"], "\xef\xbf\xbd");
+  EXPECT_EQ(entries[1]["bytes"], json::array({0xc3}));
+  for (const json& e : entries) {
+    EXPECT_EQ(e["logprob"], 0.0);
+    ASSERT_EQ(e["top_logprobs"].size(), 2u);
+    EXPECT_EQ(e["top_logprobs"][0]["token"], e["token"]);
+    EXPECT_EQ(e["top_logprobs"][1]["logprob"], -9999.0);
+  }
+
+  auto stopped = complete("/v1/chat/completions", chat("one two three", logprobs + R"("stop":["three"],)"));
+  EXPECT_EQ(joined_bytes(json::parse(stopped->body())["choices"][0]["logprobs"]["content"]), "one two ");
+
+  const std::string tools = R"("tools":[{"type":"function","function":{"name":"get"}}],)";
+  auto call = complete("/v1/chat/completions", chat("ok<tool_call>get\n{}</tool_call>", logprobs + tools));
+  const json called = json::parse(call->body())["choices"][0];
+  EXPECT_EQ(called["finish_reason"], "tool_calls");
+  EXPECT_EQ(joined_bytes(called["logprobs"]["content"]), "ok");
+
+  auto none = complete("/v1/chat/completions", chat("ab"));
+  EXPECT_TRUE(json::parse(none->body())["choices"][0]["logprobs"].is_null());
+}
+
+TEST_F(ApiServerTest, StreamedChatLogprobsComeWithTheirText) {
+  auto ex = send("POST", "/v1/chat/completions", chat("x<y \xc3\xa9<think>", R"("stream":true,"logprobs":true,)"));
+  ASSERT_TRUE(loop_.run_until([&] { return ex->complete(); }));
+  std::string content;
+  size_t num_chunks_with_text = 0;
+  for (size_t pos = 0; (pos = ex->body().find("data: {", pos)) != std::string::npos;) {
+    const size_t end = ex->body().find('\n', pos);
+    const json chunk = json::parse(ex->body().substr(pos + 6, end - pos - 6));
+    pos = end;
+    const json& c = chunk["choices"][0];
+    const std::string text = c["delta"].value("content", "");
+    if (text.empty()) continue;
+    ++num_chunks_with_text;
+    content += text;
+    EXPECT_EQ(joined_bytes(c["logprobs"]["content"]), text);
+  }
+  EXPECT_EQ(content, "x<y \xc3\xa9");
+  EXPECT_GE(num_chunks_with_text, 3u);
+}
+
+TEST_F(ApiServerTest, CompletionsLogprobsListTheTokens) {
+  auto ex = complete("/v1/completions", R"({"model":"echo","prompt":"abc","max_tokens":3,"logprobs":1})");
+  ASSERT_EQ(ex->status(), 200) << ex->body();
+  const json logprobs = json::parse(ex->body())["choices"][0]["logprobs"];
+  EXPECT_EQ(logprobs["tokens"], json::array({"a", "b", "c"}));
+  EXPECT_EQ(logprobs["text_offset"], json::array({0, 1, 2}));
+  EXPECT_EQ(logprobs["token_logprobs"], json::array({0.0, 0.0, 0.0}));
+  EXPECT_EQ(logprobs["top_logprobs"][2], json({{"c", 0.0}}));
+}
+
 TEST_F(ApiServerTest, AbortAllEndsStreamsInFlight) {
   auto ex = send("POST", "/v1/chat/completions", chat(std::string(200, 'z'), R"("stream":true,)"));
   ASSERT_TRUE(loop_.run_until([&] { return ex->body().size() > 300; }));

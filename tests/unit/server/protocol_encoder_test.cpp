@@ -89,6 +89,98 @@ TEST(ChatEncoder, NonStreamingBodyHasMessageAndUsage) {
   EXPECT_EQ(body["usage"]["completion_tokens_details"]["reasoning_tokens"], 1);
 }
 
+TokenLogprobs token_logprobs(const std::string& bytes, float logprob, std::vector<LogprobToken> top = {}) {
+  return {{bytes, bytes, logprob}, std::move(top)};
+}
+
+TEST(ChatEncoder, LogprobsGoWithTheContentTheirTokensMade) {
+  auto e = make_protocol_encoder(ApiProtocol::kChatCompletions, [] {
+    EncoderOptions o = options(true, "chatcmpl-abc");
+    o.logprobs = true;
+    return o;
+  }());
+  std::string out;
+  e->begin(out);
+  e->on_event(0, {OutputEventKind::kReasoning, "r", 0}, out);
+  e->on_logprobs(0, {token_logprobs("H", -0.5f, {{"H", "H", -0.5f}, {"\xef\xbf\xbd", "\xe2", -1e30f}}),
+                     token_logprobs("i", -0.25f)});
+  e->on_event(0, {OutputEventKind::kContent, "Hi", 0}, out);
+  e->on_event(0, {OutputEventKind::kContent, "!", 0}, out);
+  e->end_choice(0, ChoiceEnd::kLength, "", out);
+  e->end({10, 0, 3, 0}, out);
+  auto f = frames(out);
+  ASSERT_GE(f.size(), 5u);
+  EXPECT_TRUE(f[1].data["choices"][0]["logprobs"].is_null());  // reasoning
+  const json& lp = f[2].data["choices"][0]["logprobs"];
+  EXPECT_EQ(f[2].data["choices"][0]["delta"]["content"], "Hi");
+  ASSERT_EQ(lp["content"].size(), 2u);
+  EXPECT_EQ(lp["content"][0]["token"], "H");
+  EXPECT_EQ(lp["content"][0]["bytes"], json::array({72}));
+  EXPECT_EQ(lp["content"][0]["logprob"], -0.5);
+  EXPECT_EQ(lp["content"][0]["top_logprobs"][1]["logprob"], -9999.0);  // probability 0
+  EXPECT_EQ(lp["content"][1]["top_logprobs"], json::array());
+  EXPECT_TRUE(lp["refusal"].is_null());
+  EXPECT_TRUE(f[3].data["choices"][0]["logprobs"].is_null());  // no token of its own
+}
+
+TEST(ChatEncoder, NonStreamingLogprobsListTheContentTokens) {
+  for (bool asked : {false, true}) {
+    EncoderOptions o = options(false, "chatcmpl-abc");
+    o.logprobs = asked;
+    auto e = make_protocol_encoder(ApiProtocol::kChatCompletions, o);
+    std::string out;
+    e->begin(out);
+    e->on_logprobs(0, {token_logprobs("a", -1.0f), token_logprobs("b", -2.0f)});
+    e->on_event(0, {OutputEventKind::kContent, "ab", 0}, out);
+    e->end_choice(0, ChoiceEnd::kEndOfTurn, "", out);
+    e->end({10, 0, 2, 0}, out);
+    const json logprobs = json::parse(out)["choices"][0]["logprobs"];
+    if (!asked) {
+      EXPECT_TRUE(logprobs.is_null());
+      continue;
+    }
+    ASSERT_EQ(logprobs["content"].size(), 2u);
+    EXPECT_EQ(logprobs["content"][1]["token"], "b");
+    EXPECT_EQ(logprobs["content"][1]["logprob"], -2.0);
+  }
+}
+
+TEST(CompletionsEncoder, LogprobsListTokensOffsetsAndAlternatives) {
+  for (bool stream : {false, true}) {
+    EncoderOptions o = options(stream, "cmpl-abc");
+    o.logprobs = true;
+    auto e = make_protocol_encoder(ApiProtocol::kCompletions, o);
+    std::string out;
+    e->begin(out);
+    e->on_logprobs(0, {token_logprobs("h\xc3\xa9", -1.0f, {{"h\xc3\xa9", "h\xc3\xa9", -1.0f}, {"x", "x", -2.0f}})});
+    e->on_event(0, {OutputEventKind::kContent, "h\xc3\xa9", 0}, out);
+    e->on_logprobs(0, {token_logprobs("!", -0.5f, {{"!", "!", -0.5f}, {"?", "?", -3.0f}})});
+    e->on_event(0, {OutputEventKind::kContent, "!", 0}, out);
+    e->end_choice(0, ChoiceEnd::kLength, "", out);
+    e->end({10, 0, 2, 0}, out);
+    json tokens = json::array(), offsets = json::array(), values = json::array(), top = json::array();
+    auto gather = [&](const json& logprobs) {
+      for (size_t i = 0; i < logprobs["tokens"].size(); ++i) {
+        tokens.push_back(logprobs["tokens"][i]);
+        offsets.push_back(logprobs["text_offset"][i]);
+        values.push_back(logprobs["token_logprobs"][i]);
+        top.push_back(logprobs["top_logprobs"][i]);
+      }
+    };
+    if (stream) {
+      for (const Frame& f : frames(out))
+        if (f.data.is_object() && !f.data["choices"].empty() && !f.data["choices"][0]["logprobs"].is_null())
+          gather(f.data["choices"][0]["logprobs"]);
+    } else {
+      gather(json::parse(out)["choices"][0]["logprobs"]);
+    }
+    EXPECT_EQ(tokens, json::array({"h\xc3\xa9", "!"})) << stream;
+    EXPECT_EQ(offsets, json::array({0, 2})) << stream;  // characters, not bytes
+    EXPECT_EQ(values, json::array({-1.0, -0.5})) << stream;
+    EXPECT_EQ(top[1], json({{"!", -0.5}, {"?", -3.0}})) << stream;
+  }
+}
+
 TEST(ResponsesEncoder, EmitsItemLifecycleWithIncreasingSequenceNumbers) {
   auto e = make_protocol_encoder(ApiProtocol::kResponses, options(true, "resp_abc"));
   std::string out;

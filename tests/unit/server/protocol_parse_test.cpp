@@ -66,6 +66,9 @@ TEST(ChatCompletionsParse, RejectsBadInputNamingTheParameter) {
       {R"({"model":"m","messages":[{"role":"tool","content":"x"}]})", "messages[0].tool_call_id"},
       {R"({"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{}}]}]})", "messages[0].content[0].type"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"stream":"yes"})", "stream"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"top_logprobs":2})", "top_logprobs"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21})", "top_logprobs"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":1})", "logprobs"},
   };
   for (const auto& c : cases) {
     std::string param = "unset";
@@ -95,6 +98,40 @@ TEST(CompletionsParse, AcceptsTextOrTokenIdsAndDefaultsTo16Tokens) {
   EXPECT_EQ(ids->prompt_ids, (std::vector<TokenId>{1, 2, 3}));
   EXPECT_FALSE(parse_completions_request(R"({"model":"m","prompt":[1,-2]})").ok());
   EXPECT_FALSE(parse_completions_request(R"({"model":"m","prompt":["a","b"]})").ok());
+}
+
+TEST(ChatCompletionsParse, LogprobsAskForEachTokensOwnAndTheTopOnes) {
+  auto off = parse_chat_completions_request(R"({"model":"m","messages":[{"role":"user","content":"x"}]})");
+  ASSERT_TRUE(off.ok());
+  EXPECT_FALSE(off->sampling.wants_logprobs());
+  auto own = parse_chat_completions_request(R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":true})");
+  ASSERT_TRUE(own.ok());
+  EXPECT_TRUE(own->sampling.logprobs);
+  EXPECT_EQ(own->sampling.num_logprobs, 0);
+  auto top = parse_chat_completions_request(
+      R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":20})");
+  ASSERT_TRUE(top.ok());
+  EXPECT_EQ(top->sampling.num_logprobs, 20);
+}
+
+TEST(CompletionsParse, LogprobsCountTheAlternativesAndRefuseEcho) {
+  auto zero = parse_completions_request(R"({"model":"m","prompt":"a","logprobs":0})");
+  ASSERT_TRUE(zero.ok());
+  EXPECT_TRUE(zero->sampling.logprobs);
+  EXPECT_EQ(zero->sampling.num_logprobs, 0);
+  auto five = parse_completions_request(R"({"model":"m","prompt":"a","logprobs":5})");
+  ASSERT_TRUE(five.ok());
+  EXPECT_EQ(five->sampling.num_logprobs, 5);
+  auto null = parse_completions_request(R"({"model":"m","prompt":"a","logprobs":null})");
+  ASSERT_TRUE(null.ok());
+  EXPECT_FALSE(null->sampling.wants_logprobs());
+  for (const char* body : {R"({"model":"m","prompt":"a","logprobs":true})", R"({"model":"m","prompt":"a","logprobs":21})",
+                           R"({"model":"m","prompt":"a","logprobs":1,"echo":true})"}) {
+    std::string param;
+    auto r = parse_completions_request(body, &param);
+    EXPECT_FALSE(r.ok()) << body;
+    EXPECT_EQ(param, "logprobs") << body;
+  }
 }
 
 TEST(ResponsesParse, ReadsItemsInstructionsAndFunctionCalls) {
