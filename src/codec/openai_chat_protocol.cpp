@@ -4,6 +4,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "codec/logprobs_json.h"
 #include "codec/request_fields.h"
 
 namespace dsinfer::codec {
@@ -294,24 +295,6 @@ struct ChoiceState {
   json logprobs = json::array();
 };
 
-json bytes_json(const std::string& bytes) {
-  json list = json::array();
-  for (unsigned char b : bytes) list.push_back(static_cast<int>(b));
-  return list;
-}
-
-// One entry of Chat Completions' logprobs.content.
-json chat_logprob_json(const TokenLogprobs& token) {
-  json top = json::array();
-  for (const LogprobToken& alt : token.top) {
-    top.push_back({{"token", alt.text}, {"logprob", reported_logprob(alt.logprob)}, {"bytes", bytes_json(alt.bytes)}});
-  }
-  return {{"token", token.chosen.text},
-          {"logprob", reported_logprob(token.chosen.logprob)},
-          {"bytes", bytes_json(token.chosen.bytes)},
-          {"top_logprobs", std::move(top)}};
-}
-
 json chat_logprobs_json(json content) { return {{"content", std::move(content)}, {"refusal", nullptr}}; }
 
 // Characters (code points) in valid UTF-8 text: Completions' text_offset counts them.
@@ -421,7 +404,7 @@ class ChatCompletionsEncoder : public ProtocolEncoder {
   void on_logprobs(int choice, std::vector<TokenLogprobs> tokens) override {
     if (!options_.logprobs) return;
     ChoiceState& c = choices_.at(static_cast<size_t>(choice));
-    for (const TokenLogprobs& t : tokens) c.logprobs.push_back(chat_logprob_json(t));
+    for (const TokenLogprobs& t : tokens) c.logprobs.push_back(openai_logprob_json(t));
   }
 
   void end_choice(int choice, ChoiceEnd end, const std::string&, std::string& out) override {

@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "codec/logprobs_json.h"
 #include "codec/request_fields.h"
 
 namespace dsinfer::codec {
@@ -144,6 +145,24 @@ void parse_tools(const json& body, ApiRequest& request) {
   check_tool_choice(request.tool_choice, request.conversation, "tool_choice");
 }
 
+// `include: ["message.output_text.logprobs"]` asks for the output text's logprobs, `top_logprobs`
+// (0..20) for that many alternatives per token. Other include values name outputs this server
+// does not make (file search results, encrypted reasoning): accepted, nothing to add.
+void parse_logprobs(const json& body, ApiRequest& request) {
+  if (const json* include = find_field(body, "include")) {
+    if (!include->is_array()) reject("include", std::string("Invalid type for 'include': expected an array, but got ") + json_type_name(*include) + " instead.");
+    for (size_t i = 0; i < include->size(); ++i) {
+      const json& value = (*include)[i];
+      const std::string path = "include[" + std::to_string(i) + "]";
+      if (!value.is_string()) reject(path, "Invalid type for '" + path + "': expected a string, but got " + json_type_name(value) + " instead.");
+      if (value.get<std::string>() == "message.output_text.logprobs") request.sampling.logprobs = true;
+    }
+  }
+  if (auto top = get_integer(body, "top_logprobs", "top_logprobs", 0, 20)) {
+    request.sampling.num_logprobs = static_cast<int>(*top);
+  }
+}
+
 }  // namespace
 
 Result<ApiRequest> parse_responses_request(std::string_view body_text, std::string* error_param) {
@@ -161,6 +180,7 @@ Result<ApiRequest> parse_responses_request(std::string_view body_text, std::stri
         parse_input(body, request);
         parse_tools(body, request);
         read_sampling_fields(body, request.sampling);
+        parse_logprobs(body, request);
         request.stream = get_bool(body, "stream", "stream").value_or(false);
         get_bool(body, "store", "store");
         if (auto max_tokens = read_max_tokens(body, "max_output_tokens")) {
@@ -205,6 +225,7 @@ struct OutputItem {
   std::string call_id;
   std::string name;
   bool done = false;
+  json logprobs = json::array();  // a message's tokens' entries, when the request asked for them
 };
 
 class ResponsesEncoder : public ProtocolEncoder {
@@ -233,11 +254,13 @@ class ResponsesEncoder : public ProtocolEncoder {
         if (event.text.empty()) return;
         open_item(ItemKind::kMessage, out);
         items_.back().text += event.text;
+        for (const json& entry : pending_logprobs_) items_.back().logprobs.push_back(entry);
         if (options_.stream) {
           emit("response.output_text.delta",
                {{"item_id", items_.back().id}, {"output_index", items_.size() - 1}, {"content_index", 0},
-                {"delta", event.text}, {"logprobs", json::array()}}, out);
+                {"delta", event.text}, {"logprobs", std::move(pending_logprobs_)}}, out);
         }
+        pending_logprobs_ = json::array();
         break;
       case OutputEventKind::kToolCallBegin: {
         close_open_item(out);
@@ -261,6 +284,11 @@ class ResponsesEncoder : public ProtocolEncoder {
       case OutputEventKind::kStop:
         break;
     }
+  }
+
+  void on_logprobs(int, std::vector<TokenLogprobs> tokens) override {
+    if (!options_.logprobs) return;
+    for (const TokenLogprobs& t : tokens) pending_logprobs_.push_back(openai_logprob_json(t));
   }
 
   void end_choice(int, ChoiceEnd end, const std::string&, std::string& out) override {
@@ -309,7 +337,7 @@ class ResponsesEncoder : public ProtocolEncoder {
                 {"content", item.done ? json::array({{{"type", "reasoning_text"}, {"text", item.text}}}) : json::array()}};
       case ItemKind::kMessage:
         return {{"id", item.id}, {"type", "message"}, {"status", status}, {"role", "assistant"},
-                {"content", item.done ? json::array({text_part(item.text)}) : json::array()}};
+                {"content", item.done ? json::array({text_part(item.text, item.logprobs)}) : json::array()}};
       case ItemKind::kFunctionCall:
         return {{"id", item.id}, {"type", "function_call"}, {"status", status}, {"call_id", item.call_id},
                 {"name", item.name}, {"arguments", item.text}};
@@ -317,8 +345,8 @@ class ResponsesEncoder : public ProtocolEncoder {
     return json::object();
   }
 
-  static json text_part(const std::string& text) {
-    return {{"type", "output_text"}, {"text", text}, {"annotations", json::array()}, {"logprobs", json::array()}};
+  static json text_part(const std::string& text, json logprobs = json::array()) {
+    return {{"type", "output_text"}, {"text", text}, {"annotations", json::array()}, {"logprobs", std::move(logprobs)}};
   }
 
   void open_item(ItemKind kind, std::string& out) {
@@ -351,11 +379,11 @@ class ResponsesEncoder : public ProtocolEncoder {
       json e = ids;
       e["content_index"] = 0;
       e["text"] = item.text;
-      e["logprobs"] = json::array();
+      e["logprobs"] = item.logprobs;
       emit("response.output_text.done", e, out);
       e.erase("text");
       e.erase("logprobs");
-      e["part"] = text_part(item.text);
+      e["part"] = text_part(item.text, item.logprobs);
       emit("response.content_part.done", e, out);
     } else {
       json e = ids;
@@ -391,6 +419,7 @@ class ResponsesEncoder : public ProtocolEncoder {
 
   EncoderOptions options_;
   std::vector<OutputItem> items_;
+  json pending_logprobs_ = json::array();  // entries of the tokens the next content event brings
   ChoiceEnd end_ = ChoiceEnd::kEndOfTurn;
   int64_t sequence_number_ = 0;
 };

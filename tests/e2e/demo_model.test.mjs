@@ -143,5 +143,11 @@ test('logprobs: each answer token with its log-probability and the likeliest alt
     assert.equal(lp.top_logprobs[i][lp.tokens[i]], lp.token_logprobs[i]);
   }
 
+  const response = await client.responses.create({ model: 'demo', temperature: 0, max_output_tokens: 12, input: 'Hello',
+    include: ['message.output_text.logprobs'], top_logprobs: 2 });
+  const part = response.output.find((o) => o.type === 'message').content[0];
+  assert.equal(byte(part.logprobs), part.text);
+  assert.deepEqual(part.logprobs.map((e) => e.logprob), whole.choices[0].logprobs.content.slice(0, part.logprobs.length).map((e) => e.logprob));
+
   await assert.rejects(client.chat.completions.create({ ...body, logprobs: false }), (e) => e.status === 400 && e.param === 'top_logprobs');
 });

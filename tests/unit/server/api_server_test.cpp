@@ -293,6 +293,16 @@ TEST_F(ApiServerTest, CompletionsLogprobsListTheTokens) {
   EXPECT_EQ(logprobs["top_logprobs"][2], json({{"c", 0.0}}));
 }
 
+TEST_F(ApiServerTest, ResponsesLogprobsCoverTheMessageText) {
+  auto ex = complete("/v1/responses", R"({"model":"echo","input":"<think>r</think>ok","top_logprobs":1,)"
+                                      R"("include":["message.output_text.logprobs"]})");
+  ASSERT_EQ(ex->status(), 200) << ex->body();
+  const json part = json::parse(ex->body())["output"][1]["content"][0];
+  EXPECT_EQ(part["text"], "ok");
+  EXPECT_EQ(joined_bytes(part["logprobs"]), "ok");
+  EXPECT_EQ(part["logprobs"][1]["top_logprobs"].size(), 1u);
+}
+
 TEST_F(ApiServerTest, AbortAllEndsStreamsInFlight) {
   auto ex = send("POST", "/v1/chat/completions", chat(std::string(200, 'z'), R"("stream":true,)"));
   ASSERT_TRUE(loop_.run_until([&] { return ex->body().size() > 300; }));

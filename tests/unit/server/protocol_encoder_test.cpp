@@ -181,6 +181,34 @@ TEST(CompletionsEncoder, LogprobsListTokensOffsetsAndAlternatives) {
   }
 }
 
+TEST(ResponsesEncoder, OutputTextCarriesItsTokensLogprobs) {
+  for (bool stream : {false, true}) {
+    EncoderOptions o = options(stream, "resp_abc");
+    o.logprobs = true;
+    auto e = make_protocol_encoder(ApiProtocol::kResponses, o);
+    std::string out;
+    e->begin(out);
+    e->on_event(0, {OutputEventKind::kReasoning, "r", 0}, out);
+    e->on_logprobs(0, {token_logprobs("H", -0.5f, {{"H", "H", -0.5f}}), token_logprobs("i", -0.25f, {{"i", "i", -0.25f}})});
+    e->on_event(0, {OutputEventKind::kContent, "Hi", 0}, out);
+    e->on_logprobs(0, {token_logprobs("!", -1.0f, {{"!", "!", -1.0f}})});
+    e->on_event(0, {OutputEventKind::kContent, "!", 0}, out);
+    e->end_choice(0, ChoiceEnd::kEndOfTurn, "", out);
+    e->end({10, 0, 3, 0}, out);
+    const json response = stream ? frames(out).back().data["response"] : json::parse(out);
+    const json& part = response["output"][1]["content"][0];
+    EXPECT_EQ(part["text"], "Hi!");
+    ASSERT_EQ(part["logprobs"].size(), 3u) << stream;
+    EXPECT_EQ(part["logprobs"][2]["token"], "!");
+    EXPECT_EQ(part["logprobs"][2]["top_logprobs"][0]["logprob"], -1.0);
+    if (!stream) continue;
+    std::vector<size_t> delta_sizes;
+    for (const Frame& f : frames(out))
+      if (f.event == "response.output_text.delta") delta_sizes.push_back(f.data["logprobs"].size());
+    EXPECT_EQ(delta_sizes, (std::vector<size_t>{2, 1}));
+  }
+}
+
 TEST(ResponsesEncoder, EmitsItemLifecycleWithIncreasingSequenceNumbers) {
   auto e = make_protocol_encoder(ApiProtocol::kResponses, options(true, "resp_abc"));
   std::string out;

@@ -134,6 +134,24 @@ TEST(CompletionsParse, LogprobsCountTheAlternativesAndRefuseEcho) {
   }
 }
 
+TEST(ResponsesParse, IncludeAsksForOutputTextLogprobs) {
+  auto r = parse_responses_request(
+      R"({"model":"m","input":"x","include":["reasoning.encrypted_content","message.output_text.logprobs"],"top_logprobs":3})");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_TRUE(r->sampling.logprobs);
+  EXPECT_EQ(r->sampling.num_logprobs, 3);
+  auto other = parse_responses_request(R"({"model":"m","input":"x","include":["reasoning.encrypted_content"]})");
+  ASSERT_TRUE(other.ok());
+  EXPECT_FALSE(other->sampling.wants_logprobs());
+  for (auto [body, param] : {std::pair{R"({"model":"m","input":"x","include":"message.output_text.logprobs"})", "include"},
+                             std::pair{R"({"model":"m","input":"x","include":[1]})", "include[0]"},
+                             std::pair{R"({"model":"m","input":"x","top_logprobs":21})", "top_logprobs"}}) {
+    std::string got;
+    EXPECT_FALSE(parse_responses_request(body, &got).ok()) << body;
+    EXPECT_EQ(got, param) << body;
+  }
+}
+
 TEST(ResponsesParse, ReadsItemsInstructionsAndFunctionCalls) {
   auto r = parse_responses_request(R"({"model":"m","instructions":"sys","max_output_tokens":9,
     "input":[{"role":"user","content":[{"type":"input_text","text":"q"}]},
