@@ -28,7 +28,15 @@ struct SamplingParams {
   // above 0 implies logprobs.
   bool logprobs = false;
   int num_logprobs = 0;
+  // Penalties on tokens already seen, applied to the logits before the choice (greedy too):
+  // OpenAI's presence (once per token the output holds) and frequency (per occurrence in the
+  // output), each subtracted; vLLM's repetition over the prompt and the output (a positive
+  // logit divided by it, a negative one multiplied; 1 disables).
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
   bool wants_logprobs() const { return logprobs || num_logprobs > 0; }
+  bool penalised() const { return presence_penalty != 0.0f || frequency_penalty != 0.0f || repetition_penalty != 1.0f; }
 };
 
 struct GenerationRequest {

@@ -255,6 +255,9 @@ class Backend {
   // One token per row of logits [rows, vocab] as choose_token picks it with that row's
   // parameters and draw; the CPU form (choose_token on copied logits) is the reference.
   virtual void sample_rows(const Tensor& logits, std::span<const RowSampling> rows, std::vector<int32_t>& out);
+  // Changes the named logits of logits [rows, vocab] in place (penalised_logit), ahead of the
+  // rows' choice: a request's penalties on the tokens it has seen.
+  virtual void penalise_logits(Tensor& logits, std::span<const LogitPenalty> penalties) = 0;
   // Asynchronous token choice, for an engine that schedules one step ahead: choose_async
   // enqueues the choice of every row (the argmax when every row is greedy) and returns a
   // ticket at once; wait_choice returns a ticket's ids (tickets are waited in order, at most

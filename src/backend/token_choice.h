@@ -3,6 +3,7 @@
 // engine's host sampler.
 #pragma once
 
+#include "core/host_device.h"
 #include "dsinfer/engine_types.h"
 
 namespace dsinfer {
@@ -17,6 +18,21 @@ struct RowSampling {
 };
 
 inline bool is_greedy(const RowSampling& row) { return row.temperature <= 0.0f || row.top_k == 1; }
+
+// A change to one logit of one row before its token is chosen (SamplingParams' penalties, as
+// the engine works them out for a token the request has seen): `repetition` first (a positive
+// logit divided by it, a negative one multiplied), then `subtract`. A batch of them names each
+// (row, token) once.
+struct LogitPenalty {
+  int32_t row = 0;
+  TokenId token = 0;
+  float repetition = 1.0f;
+  float subtract = 0.0f;
+};
+
+DS_HOST_DEVICE inline float penalised_logit(float logit, float repetition, float subtract) {
+  return (logit > 0.0f ? logit / repetition : logit * repetition) - subtract;
+}
 
 // Greedy rows take the largest logit (the lowest id on ties). The others: candidates sorted by
 // logit (descending, ties by id), cut to top_k, turned into probabilities at the temperature,

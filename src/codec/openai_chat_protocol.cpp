@@ -176,9 +176,7 @@ void parse_common(const json& body, ApiRequest& request) {
   if (!model) reject("model", "Missing required parameter: 'model'.");
   request.model = *model;
   read_sampling_fields(body, request.sampling);
-  // Accepted for compatibility; penalties are not implemented by the sampler.
-  get_number(body, "presence_penalty", "presence_penalty", -2.0, 2.0);
-  get_number(body, "frequency_penalty", "frequency_penalty", -2.0, 2.0);
+  read_penalties(body, request.sampling);
   if (auto n = get_integer(body, "n", "n", 1, kMaxChoices)) request.n = static_cast<int>(*n);
   request.stream = get_bool(body, "stream", "stream").value_or(false);
   if (const json* so = find_field(body, "stream_options")) {

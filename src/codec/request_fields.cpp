@@ -136,6 +136,17 @@ void read_sampling_fields(const nlohmann::json& body, SamplingParams& sampling) 
   }
 }
 
+void read_penalties(const nlohmann::json& body, SamplingParams& sampling) {
+  if (auto p = get_number(body, "presence_penalty", "presence_penalty", -2.0, 2.0))
+    sampling.presence_penalty = static_cast<float>(*p);
+  if (auto f = get_number(body, "frequency_penalty", "frequency_penalty", -2.0, 2.0))
+    sampling.frequency_penalty = static_cast<float>(*f);
+  if (auto r = get_number(body, "repetition_penalty", "repetition_penalty", 0.0, 2.0)) {
+    if (*r <= 0.0) reject("repetition_penalty", "Invalid 'repetition_penalty': must be greater than 0.");
+    sampling.repetition_penalty = static_cast<float>(*r);
+  }
+}
+
 std::vector<std::string> read_stop_strings(const nlohmann::json& body, const char* key) {
   std::vector<std::string> stops;
   const nlohmann::json* v = find_field(body, key);

@@ -107,6 +107,12 @@ Status EngineCore::add_request(RequestId id, const GenerationRequest& r) {
   if (p.top_k < 0) return invalid_argument("top_k must be >= 0");
   if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) return invalid_argument("min_p must be in [0, 1]");
   if (p.num_logprobs < 0 || p.num_logprobs > 20) return invalid_argument("logprobs must be in [0, 20]");
+  if (!(p.presence_penalty >= -2.0f && p.presence_penalty <= 2.0f))
+    return invalid_argument("presence_penalty must be in [-2, 2]");
+  if (!(p.frequency_penalty >= -2.0f && p.frequency_penalty <= 2.0f))
+    return invalid_argument("frequency_penalty must be in [-2, 2]");
+  if (!(p.repetition_penalty > 0.0f && p.repetition_penalty <= 2.0f))
+    return invalid_argument("repetition_penalty must be in (0, 2]");
   if (Status st = check_context_length(r.prompt_ids.size(), p.max_tokens, max_model_len_); !st.ok()) return st;
   if (scheduler_->num_waiting() >= config_.max_queued_requests)
     return Status(StatusCode::kResourceExhausted, "the request queue is full");
@@ -120,6 +126,12 @@ Status EngineCore::add_request(RequestId id, const GenerationRequest& r) {
   req->sampling = p;
   req->cache_salt = r.cache_salt;
   req->traffic_class = r.traffic_class;
+  if (p.repetition_penalty != 1.0f) {
+    req->distinct_prompt_tokens = r.prompt_ids;
+    std::sort(req->distinct_prompt_tokens.begin(), req->distinct_prompt_tokens.end());
+    req->distinct_prompt_tokens.erase(std::unique(req->distinct_prompt_tokens.begin(), req->distinct_prompt_tokens.end()),
+                                      req->distinct_prompt_tokens.end());
+  }
   // Each request draws from its own stream: its samples never depend on the batch.
   req->sampler_state = SamplerState(p.seed ? *p.seed : (config_.seed * 0x9e3779b97f4a7c15ull) ^ (id + 1));
   scheduler_->add(req.get());
@@ -186,9 +198,11 @@ bool EngineCore::check_stop(Request& req, TokenId token) const {
 // launches on the CUDA backend, and enqueuing them seems to wait for the device once its queue
 // of pending launches is full.) So the step in flight is finished and its outputs returned
 // first, and a step with prefill work is finished in the call that launches it; decode-only
-// steps, replayed from recordings in a few launches, still go one ahead.
+// steps, replayed from recordings in a few launches, still go one ahead, unless a request's
+// penalties need the token that the step in flight is choosing.
 std::vector<RequestOutput> EngineCore::step() {
-  const bool ahead = config_.async_scheduling && !scheduler_->has_prefill_work();
+  const bool ahead =
+      config_.async_scheduling && !scheduler_->has_prefill_work() && !scheduler_->has_penalised_requests();
   std::vector<RequestOutput> outputs;
   if (!ahead && in_flight_) {
     outputs = finish_step(*in_flight_);
@@ -285,6 +299,7 @@ std::vector<RequestOutput> EngineCore::finish_step(LaunchedStep& step) {
     req.pending.pop_front();
     if (req.finish_reason != FinishReason::kNone) continue;  // stopped or cancelled while the step ran
     req.tokens.push_back(st.token);
+    if (req.sampling.penalised()) ++req.output_token_counts[st.token];
     if (req.sampling.wants_logprobs()) req.pending_logprobs.push_back(std::move(st.logprob));
     check_stop(req, st.token);
     outputs.push_back(make_output(req));

@@ -40,6 +40,20 @@ ForwardBatch ModelRunner::build_batch(const SchedulerOutput& out, int64_t step_n
   return b;
 }
 
+namespace {
+
+// The request's penalties as changes to its row's logits: each token of its output (presence,
+// frequency and repetition) and, with a repetition penalty, each other token of its prompt.
+void add_penalties(const Request& req, int32_t row, std::vector<LogitPenalty>& out) {
+  const SamplingParams& p = req.sampling;
+  for (const auto& [token, count] : req.output_token_counts)
+    out.push_back({row, token, p.repetition_penalty, p.presence_penalty + p.frequency_penalty * static_cast<float>(count)});
+  for (TokenId token : req.distinct_prompt_tokens)
+    if (req.output_token_counts.count(token) == 0) out.push_back({row, token, p.repetition_penalty, 0.0f});
+}
+
+}  // namespace
+
 LaunchedStep ModelRunner::submit(SchedulerOutput sched) {
   LaunchedStep step;
   step.number = num_launched_ + 1;
@@ -56,18 +70,25 @@ LaunchedStep ModelRunner::submit(SchedulerOutput sched) {
   // nothing of a request changes until the launch has succeeded: a launch that throws leaves
   // its requests as they were (EngineCore::launch may run some of them again).
   row_sampling_.clear();
+  penalties_.clear();
   std::vector<SamplerState> drawn_states;
   bool want_logprobs = false;
   for (const ScheduledRequest& sr : step.sched.scheduled) {
     if (!sr.samples) continue;
     SamplerState state = sr.request->sampler_state;
+    if (sr.request->sampling.penalised())
+      add_penalties(*sr.request, static_cast<int32_t>(row_sampling_.size()), penalties_);
     row_sampling_.push_back(row_sampling(sr.request->sampling, state));
     drawn_states.push_back(state);
     want_logprobs = want_logprobs || sr.request->sampling.wants_logprobs();
   }
-  if (want_logprobs) step.logits_host.resize(row_sampling_.size() * static_cast<size_t>(model_.config().vocab_size));
+  // Logprobs are the model's: copied before the penalties change the logits.
+  if (want_logprobs) {
+    step.logits_host.resize(row_sampling_.size() * static_cast<size_t>(model_.config().vocab_size));
+    model_.backend().to_host(fwd.logits, step.logits_host.data());
+  }
+  if (!penalties_.empty()) model_.backend().penalise_logits(fwd.logits, penalties_);
   if (!row_sampling_.empty()) step.choice = model_.backend().choose_async(fwd.logits, row_sampling_);
-  if (want_logprobs) model_.backend().to_host(fwd.logits, step.logits_host.data());
   size_t row = 0;
   for (const ScheduledRequest& sr : step.sched.scheduled) {
     step.computed.push_back(sr.request->num_computed_tokens + sr.num_new_tokens);

@@ -47,6 +47,7 @@ class ModelRunner {
   kv::KvCacheManager& kv_;
   KvCaches caches_;
   std::vector<RowSampling> row_sampling_;  // per sampled row of the step
+  std::vector<LogitPenalty> penalties_;    // the step's penalised logits
   int64_t num_launched_ = 0;
 };
 

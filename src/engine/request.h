@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <deque>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "dsinfer/engine_types.h"
@@ -31,6 +32,10 @@ struct Request {
   FinishReason finish_reason = FinishReason::kNone;
   int num_emitted_tokens = 0;  // generated tokens already handed out in outputs
   std::vector<TokenLogprob> pending_logprobs;
+  // Penalised sampling (SamplingParams::penalised): how often each token occurs in the output so
+  // far, and the prompt's distinct tokens, sorted (repetition penalty only).
+  std::unordered_map<TokenId, int> output_token_counts;
+  std::vector<TokenId> distinct_prompt_tokens;
   // Asynchronous scheduling: tokens sampled by steps still in flight, oldest first, each as the
   // step's number and its row in that step's choice. They follow `tokens` and count for the
   // scheduler (a pending token is the next step's input), not for outputs or stop checks.

@@ -45,6 +45,10 @@ bool Scheduler::has_prefill_work() const {
   });
 }
 
+bool Scheduler::has_penalised_requests() const {
+  return std::any_of(running_.begin(), running_.end(), [](const Request* r) { return r->sampling.penalised(); });
+}
+
 SchedulerOutput Scheduler::schedule() {
   SchedulerOutput out;
   int budget = config_.max_num_batched_tokens;

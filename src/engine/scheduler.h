@@ -49,6 +49,8 @@ class Scheduler {
   // waiting request that may be admitted (fewer than max_num_seqs running), a prefill chunk
   // still to come, or tokens to recompute after a preemption.
   bool has_prefill_work() const;
+  // Whether a running request's sampling is penalised (its penalties need its latest token).
+  bool has_penalised_requests() const;
   int num_waiting() const { return static_cast<int>(waiting_.size()); }
   int num_running() const { return static_cast<int>(running_.size()); }
   int64_t num_preemptions() const { return num_preemptions_; }

@@ -151,3 +151,18 @@ test('logprobs: each answer token with its log-probability and the likeliest alt
 
   await assert.rejects(client.chat.completions.create({ ...body, logprobs: false }), (e) => e.status === 400 && e.param === 'top_logprobs');
 });
+
+test('penalties: presence, frequency and repetition stop a greedy loop', { skip: !haveDemo }, async () => {
+  const client = new OpenAI({ baseURL: `${server.base}/v1`, apiKey: 'x', maxRetries: 0 });
+  const body = { model: 'demo', prompt: 'the the the the', max_tokens: 30, temperature: 0 };
+  const plain = (await client.completions.create(body)).choices[0].text;
+  assert.match(plain, /(theory of ){4}/);  // the model loops on this prompt
+  for (const penalties of [{ frequency_penalty: 2, presence_penalty: 2 }, { repetition_penalty: 1.5 }]) {
+    const text = (await client.completions.create({ ...body, ...penalties })).choices[0].text;
+    assert.doesNotMatch(text, /(theory of ){2}/, JSON.stringify(penalties));
+  }
+  // A negative frequency penalty rewards repeats: the loop stays.
+  const rewarded = (await client.completions.create({ ...body, frequency_penalty: -2 })).choices[0].text;
+  assert.match(rewarded, /(theory of ){4}/);
+  await assert.rejects(client.completions.create({ ...body, presence_penalty: 3 }), (e) => e.status === 400 && e.param === 'presence_penalty');
+});

@@ -130,6 +130,7 @@ class CpuBackend : public Backend {
   Tensor empty(const std::vector<int64_t>& shape, DType dtype) override;
   Tensor from_host(const HostTensor& host) override;
   void to_host(const Tensor& t, float* dst) override;
+  void penalise_logits(Tensor& logits, std::span<const LogitPenalty> penalties) override;
   LinearWeight make_linear(const HostTensor& w) override;
 
   void embedding(const Tensor& table, std::span<const TokenId> ids, Tensor& out) override;

@@ -348,6 +348,25 @@ void CudaBackend::choose_into(const Tensor& logits, std::span<const RowSampling>
                      workspace.data, workspace_bytes, ids, stream_);
 }
 
+void CudaBackend::penalise_logits(Tensor& logits, std::span<const LogitPenalty> penalties) {
+  DS_CHECK(logits.dtype == DType::kF32 && logits.shape.size() == 2);
+  if (penalties.empty()) return;
+  // A factor still pending on the rows (a norm's) applies before the change, not after it.
+  reconcile_norm({&logits}, {});
+  forget_normed_copy();
+  const int64_t rows = logits.dim(0), vocab = logits.dim(1);
+  for (const LogitPenalty& p : penalties) {
+    DS_CHECK_MSG(p.row >= 0 && p.row < rows && p.token >= 0 && p.token < vocab,
+                 "logit penalty at row " << p.row << ", token " << p.token << " of [" << rows << ", " << vocab << "]");
+  }
+  const size_t bytes = penalties.size() * sizeof(LogitPenalty);
+  Tensor device = alloc_->cached({static_cast<int64_t>(bytes)}, DType::kU8);
+  // From pageable memory: the copy has read `penalties` when it returns.
+  DS_CUDA_CHECK(cudaMemcpyAsync(device.data, penalties.data(), bytes, cudaMemcpyHostToDevice, stream_));
+  launch_penalise_logits(logits.as<float>(), rows, vocab, static_cast<const LogitPenalty*>(device.data),
+                         static_cast<int64_t>(penalties.size()), stream_);
+}
+
 void CudaBackend::sample_rows(const Tensor& logits, std::span<const RowSampling> rows, std::vector<int32_t>& out) {
   reconcile_norm({&logits}, {});
   forget_normed_copy();

@@ -105,6 +105,7 @@ class CudaBackend final : public Backend {
   void abandon_step() override;
   std::optional<DeviceMemory> device_memory() override;
   void sample_rows(const Tensor& logits, std::span<const RowSampling> rows, std::vector<int32_t>& out) override;
+  void penalise_logits(Tensor& logits, std::span<const LogitPenalty> penalties) override;
   uint64_t choose_async(const Tensor& logits, std::span<const RowSampling> rows) override;
   std::vector<int32_t> wait_choice(uint64_t ticket) override;
   // Placeholders are resolved on the device by begin_step: the ids go to the embedding as they are.

@@ -140,6 +140,11 @@ void launch_gather_rows(const float* x, const int32_t* rows, int64_t num_rows, i
                         Stream stream);
 
 // ---- token choice (cuda_sampling.cu) ----
+// logits fp32 [rows, vocab]: each penalties[i] (device, [num_penalties], each (row, token) once)
+// changes its logit by penalised_logit, in place.
+void launch_penalise_logits(float* logits, int64_t rows, int64_t vocab, const LogitPenalty* penalties,
+                            int64_t num_penalties, Stream stream);
+
 // out[r] = choose_token(logits row r, params[r]) for logits fp32 [rows, vocab] and params on the
 // device; the workspace holds sample_rows_workspace_bytes(rows, vocab) bytes.
 size_t sample_rows_workspace_bytes(int64_t rows, int64_t vocab);

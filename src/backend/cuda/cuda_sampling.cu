@@ -146,6 +146,24 @@ size_t sample_rows_workspace_bytes(int64_t rows, int64_t vocab) {
   return layout_for(rows, vocab).fixed() + cub_bytes;
 }
 
+__global__ void penalise_logits_kernel(float* logits, int64_t rows, int64_t vocab, const LogitPenalty* penalties,
+                                       int64_t num_penalties) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= num_penalties) return;
+  const LogitPenalty p = penalties[i];
+  if (p.row < 0 || p.row >= rows || p.token < 0 || p.token >= vocab) return;  // checked on the host
+  float& logit = logits[p.row * vocab + p.token];
+  logit = penalised_logit(logit, p.repetition, p.subtract);
+}
+
+void launch_penalise_logits(float* logits, int64_t rows, int64_t vocab, const LogitPenalty* penalties,
+                            int64_t num_penalties, Stream stream) {
+  if (num_penalties == 0) return;
+  launch_kernel(penalise_logits_kernel, static_cast<unsigned>((num_penalties + 255) / 256), 256, 0, stream, logits,
+                rows, vocab, penalties, num_penalties);
+  DS_CUDA_CHECK_LAUNCH();
+}
+
 void launch_sample_rows(const float* logits, int64_t rows, int64_t vocab, const RowSampling* params, void* workspace,
                         size_t workspace_bytes, int32_t* out, Stream stream) {
   if (rows == 0) return;

@@ -131,6 +131,31 @@ TEST_F(CudaSamplingTest, GreedyChoiceOfManyRows) {
   EXPECT_EQ(got.back(), want.back());
 }
 
+// Penalties on chosen logits, V2's vocabulary: the same values as the CPU's, the rest untouched.
+TEST_F(CudaSamplingTest, PenalisedLogitsMatchTheReference) {
+  constexpr int kRows = 5, kVocab = 102400;
+  const auto logits = random_values(static_cast<size_t>(kRows) * kVocab, 9, 3.0f);
+  std::vector<LogitPenalty> penalties;
+  std::mt19937 rng(9);
+  for (int r = 0; r < kRows; ++r)
+    for (int i = 0; i < 300 * r; ++i)  // row 0 has none; distinct tokens in each row
+      penalties.push_back({r, static_cast<TokenId>((i * 337 + r) % kVocab), 1.0f + 0.1f * (rng() % 8),
+                           0.25f * static_cast<float>(rng() % 9) - 1.0f});
+  Tensor cpu_logits = upload(*cpu_, {kRows, kVocab}, logits);
+  Tensor gpu_logits = upload(*gpu_, {kRows, kVocab}, logits);
+  cpu_->penalise_logits(cpu_logits, penalties);
+  gpu_->penalise_logits(gpu_logits, penalties);
+  std::vector<float> want(logits.size()), got(logits.size());
+  cpu_->to_host(cpu_logits, want.data());
+  gpu_->to_host(gpu_logits, got.data());
+  int changed = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_EQ(got[i], want[i]) << "logit " << i;
+    changed += want[i] != logits[i];
+  }
+  EXPECT_GT(changed, 2500);
+}
+
 TEST_F(CudaSamplingTest, RowsMatchTheReferenceChoice) {
   run_case(60, 5003, 1);
   run_case(20, 102400, 2);

@@ -28,7 +28,7 @@ GenerationRequest make(std::vector<TokenId> prompt, int max_tokens, float temper
 
 // The requests of the comparison: greedy ones that stop on eos and on a stop token, seeded
 // sampled ones (top-p, top-k), one with logprobs, prompts longer than the step's token budget
-// (chunked prefill), one that ignores eos and runs to its length.
+// (chunked prefill), one that ignores eos and runs to its length, one with penalties.
 std::vector<GenerationRequest> request_mix() {
   const auto ref = testing::fixture_reference("tiny_v3");
   std::vector<GenerationRequest> mix;
@@ -51,6 +51,14 @@ std::vector<GenerationRequest> request_mix() {
   auto to_length = make(std::vector<TokenId>(40, 5), 25, 0.0f, 0);
   to_length.sampling.ignore_eos = true;
   mix.push_back(to_length);
+  // Penalties read every token before the one being chosen: such a request holds the engine to
+  // one step at a time, and must end as it does without asynchronous scheduling.
+  auto penalised = make(std::vector<TokenId>(40, 5), 25, 0.0f, 0);  // as to_length, which repeats itself
+  penalised.sampling.ignore_eos = true;
+  penalised.sampling.frequency_penalty = 1.5f;
+  penalised.sampling.presence_penalty = 0.5f;
+  penalised.sampling.repetition_penalty = 1.3f;
+  mix.push_back(penalised);
   return mix;
 }
 

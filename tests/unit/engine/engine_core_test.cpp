@@ -3,6 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
+
+#include "backend/cpu/cpu_backend.h"
 #include "test_fixtures.h"
 
 namespace dsinfer {
@@ -184,6 +188,66 @@ TEST(EngineCore, LogprobsWithoutAlternativesMatchThoseWithThem) {
     // Greedy: the chosen token is the most likely one.
     EXPECT_EQ(logprobs[1][i].top[0].first, logprobs[1][i].token_id);
   }
+}
+
+// Presence and frequency penalties, greedy: each token is the likeliest after subtracting the
+// penalties of the output so far from the model's log-probabilities (subtraction commutes with
+// the softmax's shift), and the output is not the unpenalised one.
+TEST(EngineCore, PresenceAndFrequencyPenaltiesFollowTheirDefinition) {
+  // A prompt of one token over and over, on which the model repeats itself.
+  const std::vector<TokenId> prompt(40, 5);
+  EngineCore core(testing::fixture_engine_config("tiny_v3"));
+  GenerationRequest plain;
+  plain.prompt_ids = prompt;
+  plain.sampling.temperature = 0.0f;
+  plain.sampling.max_tokens = 24;
+  plain.sampling.ignore_eos = true;
+  plain.sampling.num_logprobs = 20;
+  GenerationRequest penalised = plain;
+  penalised.sampling.presence_penalty = 0.4f;
+  penalised.sampling.frequency_penalty = 0.7f;
+  ASSERT_TRUE(core.add_request(1, plain).ok());
+  ASSERT_TRUE(core.add_request(2, penalised).ok());
+  std::vector<TokenId> tokens[2];
+  std::vector<TokenLogprob> logprobs;
+  while (core.has_unfinished_requests())
+    for (auto& o : core.step()) {
+      tokens[o.request_id - 1].insert(tokens[o.request_id - 1].end(), o.new_token_ids.begin(), o.new_token_ids.end());
+      if (o.request_id == 2) logprobs.insert(logprobs.end(), o.logprobs.begin(), o.logprobs.end());
+    }
+  ASSERT_EQ(logprobs.size(), 24u);
+  EXPECT_NE(tokens[1], tokens[0]);
+  std::map<TokenId, int> counts;
+  for (size_t i = 0; i < logprobs.size(); ++i) {
+    float best = -1e30f;
+    TokenId best_id = -1;
+    for (const auto& [id, lp] : logprobs[i].top) {
+      const int n = counts.count(id) ? counts[id] : 0;
+      const float value = lp - (n > 0 ? 0.4f : 0.0f) - 0.7f * static_cast<float>(n);
+      if (value > best || (value == best && id < best_id)) {
+        best = value;
+        best_id = id;
+      }
+    }
+    // A token outside the top 20 is at most the 20th's log-probability, unpenalised.
+    ASSERT_GT(best, logprobs[i].top.back().second) << "step " << i << ": inconclusive";
+    EXPECT_EQ(tokens[1][i], best_id) << "step " << i;
+    ++counts[tokens[1][i]];
+  }
+}
+
+// The repetition penalty divides a seen token's positive logit and multiplies a negative one,
+// prompt tokens included; the others are untouched.
+TEST(CpuBackend, PenaliseLogitsChangesOnlyTheNamedOnes) {
+  CpuBackend cpu;
+  Tensor logits = cpu.empty({2, 4}, DType::kF32);
+  const float values[8] = {2.0f, -1.0f, 0.5f, 3.0f, -2.0f, 4.0f, 1.0f, 0.0f};
+  std::copy(values, values + 8, logits.as<float>());
+  const LogitPenalty penalties[] = {{0, 0, 2.0f, 0.0f}, {0, 1, 2.0f, 0.5f}, {1, 1, 1.0f, 1.5f}, {1, 3, 1.25f, 0.0f}};
+  cpu.penalise_logits(logits, penalties);
+  const float* got = logits.as<float>();
+  const float want[8] = {1.0f, -2.5f, 0.5f, 3.0f, -2.0f, 2.5f, 1.0f, 0.0f};
+  for (int i = 0; i < 8; ++i) EXPECT_FLOAT_EQ(got[i], want[i]) << i;
 }
 
 }  // namespace

@@ -21,6 +21,9 @@ class RawFp8CpuBackend final : public Backend {
   Tensor empty(const std::vector<int64_t>& shape, DType dtype) override { return cpu_.empty(shape, dtype); }
   Tensor from_host(const HostTensor& host) override { return cpu_.from_host(host); }
   void to_host(const Tensor& t, float* dst) override { cpu_.to_host(t, dst); }
+  void penalise_logits(Tensor& logits, std::span<const LogitPenalty> penalties) override {
+    cpu_.penalise_logits(logits, penalties);
+  }
   LinearWeight make_linear(const HostTensor& w) override {
     if (w.dtype == DType::kF8E4M3) {
       ++num_fp8_linears;

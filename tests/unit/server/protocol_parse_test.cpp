@@ -69,6 +69,9 @@ TEST(ChatCompletionsParse, RejectsBadInputNamingTheParameter) {
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"top_logprobs":2})", "top_logprobs"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21})", "top_logprobs"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":1})", "logprobs"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"presence_penalty":2.5})", "presence_penalty"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"frequency_penalty":"high"})", "frequency_penalty"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"repetition_penalty":0})", "repetition_penalty"},
   };
   for (const auto& c : cases) {
     std::string param = "unset";
@@ -112,6 +115,20 @@ TEST(ChatCompletionsParse, LogprobsAskForEachTokensOwnAndTheTopOnes) {
       R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":20})");
   ASSERT_TRUE(top.ok());
   EXPECT_EQ(top->sampling.num_logprobs, 20);
+}
+
+TEST(ChatCompletionsParse, ReadsThePenalties) {
+  auto r = parse_chat_completions_request(
+      R"({"model":"m","messages":[{"role":"user","content":"x"}],"presence_penalty":0.5,"frequency_penalty":-1,)"
+      R"("repetition_penalty":1.2})");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_FLOAT_EQ(r->sampling.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(r->sampling.frequency_penalty, -1.0f);
+  EXPECT_FLOAT_EQ(r->sampling.repetition_penalty, 1.2f);
+  EXPECT_TRUE(r->sampling.penalised());
+  auto none = parse_completions_request(R"({"model":"m","prompt":"a","presence_penalty":0,"repetition_penalty":1})");
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->sampling.penalised());
 }
 
 TEST(CompletionsParse, LogprobsCountTheAlternativesAndRefuseEcho) {
