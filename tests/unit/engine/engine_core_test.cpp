@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <map>
 
 #include "backend/cpu/cpu_backend.h"
@@ -120,6 +121,26 @@ TEST(EngineCore, PrefixHitIsAccountedAndChangesNothing) {
 }
 
 
+// What a request got from the engine, all its outputs joined.
+struct Outcome {
+  std::vector<TokenId> tokens;
+  std::vector<TokenLogprob> logprobs;
+};
+
+// Runs `first` (id 1) and `second` (id 2) in the same steps until both end.
+std::array<Outcome, 2> run_pair(EngineCore& core, const GenerationRequest& first, const GenerationRequest& second) {
+  EXPECT_TRUE(core.add_request(1, first).ok());
+  EXPECT_TRUE(core.add_request(2, second).ok());
+  std::array<Outcome, 2> got;
+  while (core.has_unfinished_requests())
+    for (const RequestOutput& o : core.step()) {
+      Outcome& outcome = got.at(o.request_id - 1);
+      outcome.tokens.insert(outcome.tokens.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+      outcome.logprobs.insert(outcome.logprobs.end(), o.logprobs.begin(), o.logprobs.end());
+    }
+  return got;
+}
+
 // Logprobs ride along with the token choice: asking for them changes no token of a seeded
 // sampled request, and each generated token carries its own log-probability and the top ones.
 TEST(EngineCore, LogprobsDoNotChangeSampledTokens) {
@@ -135,15 +156,10 @@ TEST(EngineCore, LogprobsDoNotChangeSampledTokens) {
   r.sampling.ignore_eos = true;
   GenerationRequest with_logprobs = r;
   with_logprobs.sampling.num_logprobs = 3;
-  ASSERT_TRUE(core.add_request(1, r).ok());
-  ASSERT_TRUE(core.add_request(2, with_logprobs).ok());
-  std::vector<TokenId> tokens[2];
-  std::vector<TokenLogprob> logprobs;
-  while (core.has_unfinished_requests())
-    for (auto& o : core.step()) {
-      tokens[o.request_id - 1].insert(tokens[o.request_id - 1].end(), o.new_token_ids.begin(), o.new_token_ids.end());
-      if (o.request_id == 2) logprobs.insert(logprobs.end(), o.logprobs.begin(), o.logprobs.end());
-    }
+  const auto [without, with] = run_pair(core, r, with_logprobs);
+  const std::vector<TokenId> tokens[2] = {without.tokens, with.tokens};
+  const std::vector<TokenLogprob>& logprobs = with.logprobs;
+  EXPECT_TRUE(without.logprobs.empty());
   ASSERT_EQ(tokens[0].size(), 12u);
   EXPECT_EQ(tokens[1], tokens[0]);
   ASSERT_EQ(logprobs.size(), tokens[1].size());
@@ -172,12 +188,8 @@ TEST(EngineCore, LogprobsWithoutAlternativesMatchThoseWithThem) {
   GenerationRequest with_top = alone;
   with_top.sampling.logprobs = false;
   with_top.sampling.num_logprobs = 2;
-  ASSERT_TRUE(core.add_request(1, alone).ok());
-  ASSERT_TRUE(core.add_request(2, with_top).ok());
-  std::vector<TokenLogprob> logprobs[2];
-  while (core.has_unfinished_requests())
-    for (auto& o : core.step())
-      logprobs[o.request_id - 1].insert(logprobs[o.request_id - 1].end(), o.logprobs.begin(), o.logprobs.end());
+  const auto [own, top] = run_pair(core, alone, with_top);
+  const std::vector<TokenLogprob> logprobs[2] = {own.logprobs, top.logprobs};
   ASSERT_EQ(logprobs[0].size(), 6u);
   ASSERT_EQ(logprobs[1].size(), 6u);
   for (size_t i = 0; i < 6; ++i) {
@@ -206,15 +218,9 @@ TEST(EngineCore, PresenceAndFrequencyPenaltiesFollowTheirDefinition) {
   GenerationRequest penalised = plain;
   penalised.sampling.presence_penalty = 0.4f;
   penalised.sampling.frequency_penalty = 0.7f;
-  ASSERT_TRUE(core.add_request(1, plain).ok());
-  ASSERT_TRUE(core.add_request(2, penalised).ok());
-  std::vector<TokenId> tokens[2];
-  std::vector<TokenLogprob> logprobs;
-  while (core.has_unfinished_requests())
-    for (auto& o : core.step()) {
-      tokens[o.request_id - 1].insert(tokens[o.request_id - 1].end(), o.new_token_ids.begin(), o.new_token_ids.end());
-      if (o.request_id == 2) logprobs.insert(logprobs.end(), o.logprobs.begin(), o.logprobs.end());
-    }
+  const auto [unpenalised, got] = run_pair(core, plain, penalised);
+  const std::vector<TokenId> tokens[2] = {unpenalised.tokens, got.tokens};
+  const std::vector<TokenLogprob>& logprobs = got.logprobs;
   ASSERT_EQ(logprobs.size(), 24u);
   EXPECT_NE(tokens[1], tokens[0]);
   std::map<TokenId, int> counts;
