@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -35,8 +36,13 @@ struct SamplingParams {
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
   float repetition_penalty = 1.0f;
+  // Added to the named tokens' logits before the choice, after the penalties (OpenAI's
+  // logit_bias: -100 bans a token in practice); each token once.
+  std::vector<std::pair<TokenId, float>> logit_bias;
   bool wants_logprobs() const { return logprobs || num_logprobs > 0; }
+  // Penalties depend on the tokens seen so far; a bias does not.
   bool penalised() const { return presence_penalty != 0.0f || frequency_penalty != 0.0f || repetition_penalty != 1.0f; }
+  bool changes_logits() const { return penalised() || !logit_bias.empty(); }
 };
 
 struct GenerationRequest {

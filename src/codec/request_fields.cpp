@@ -3,6 +3,7 @@
 // surface them read naturally.
 #include "codec/request_fields.h"
 
+#include <charconv>
 #include <cmath>
 #include <limits>
 
@@ -144,6 +145,24 @@ void read_penalties(const nlohmann::json& body, SamplingParams& sampling) {
   if (auto r = get_number(body, "repetition_penalty", "repetition_penalty", 0.0, 2.0)) {
     if (*r <= 0.0) reject("repetition_penalty", "Invalid 'repetition_penalty': must be greater than 0.");
     sampling.repetition_penalty = static_cast<float>(*r);
+  }
+  const nlohmann::json* bias = find_field(body, "logit_bias");
+  if (!bias) return;
+  if (!bias->is_object()) type_error("logit_bias", "an object", *bias);
+  if (bias->size() > static_cast<size_t>(kMaxLogitBias))
+    reject("logit_bias", "Invalid 'logit_bias': more than " + std::to_string(kMaxLogitBias) + " tokens.");
+  for (const auto& [key, value] : bias->items()) {
+    const std::string path = "logit_bias." + key;
+    // The key is a token id written as a decimal string.
+    int64_t id = -1;
+    const auto [rest, error] = std::from_chars(key.data(), key.data() + key.size(), id);
+    if (error != std::errc() || rest != key.data() + key.size() || id < 0 || id > std::numeric_limits<int32_t>::max())
+      reject("logit_bias", "Invalid 'logit_bias': key '" + key + "' is not a token id.");
+    if (!value.is_number()) type_error(path, "a number", value);
+    const double b = value.get<double>();
+    if (!(b >= -100.0 && b <= 100.0))
+      reject(path, "Invalid '" + path + "': " + value.dump() + " is out of range; expected a number in [-100, 100].");
+    sampling.logit_bias.emplace_back(static_cast<TokenId>(id), static_cast<float>(b));
   }
 }
 

@@ -41,9 +41,11 @@ std::optional<int64_t> get_integer(const nlohmann::json& object, const char* key
 // temperature, top_p, top_k, seed, min_p into `sampling` (names as in OpenAI's API).
 void read_sampling_fields(const nlohmann::json& body, SamplingParams& sampling);
 
-// presence_penalty, frequency_penalty (OpenAI's, in [-2, 2]) and repetition_penalty (vLLM's, in
-// (0, 2]) into `sampling`.
+// presence_penalty, frequency_penalty (OpenAI's, in [-2, 2]), repetition_penalty (vLLM's, in
+// (0, 2]) and logit_bias ({"token id": bias in [-100, 100]}, at most kMaxLogitBias) into
+// `sampling`.
 void read_penalties(const nlohmann::json& body, SamplingParams& sampling);
+inline constexpr int kMaxLogitBias = 1024;
 
 // "stop" / "stop_sequences": a string or an array of strings (at most kMaxStopStrings).
 std::vector<std::string> read_stop_strings(const nlohmann::json& body, const char* key);

@@ -31,6 +31,23 @@ std::string model_identity(const EngineConfig& config, const ModelConfig& model)
   return id.str();
 }
 
+// Each biased token inside the vocabulary, once, by a finite bias in [-100, 100].
+Status check_logit_bias(const std::vector<std::pair<TokenId, float>>& bias, int vocab) {
+  std::vector<TokenId> tokens;
+  for (const auto& [token, value] : bias) {
+    if (token < 0 || token >= vocab)
+      return invalid_argument("logit_bias names token " + std::to_string(token) + ", outside the vocabulary [0, " +
+                              std::to_string(vocab) + ")");
+    if (!(value >= -100.0f && value <= 100.0f))
+      return invalid_argument("logit_bias values must be in [-100, 100]");
+    tokens.push_back(token);
+  }
+  std::sort(tokens.begin(), tokens.end());
+  if (std::adjacent_find(tokens.begin(), tokens.end()) != tokens.end())
+    return invalid_argument("logit_bias names a token twice");
+  return Status();
+}
+
 }  // namespace
 
 Status check_context_length(size_t num_prompt_tokens, int max_tokens, int max_model_len) {
@@ -113,6 +130,7 @@ Status EngineCore::add_request(RequestId id, const GenerationRequest& r) {
     return invalid_argument("frequency_penalty must be in [-2, 2]");
   if (!(p.repetition_penalty > 0.0f && p.repetition_penalty <= 2.0f))
     return invalid_argument("repetition_penalty must be in (0, 2]");
+  if (Status st = check_logit_bias(p.logit_bias, vocab); !st.ok()) return st;
   if (Status st = check_context_length(r.prompt_ids.size(), p.max_tokens, max_model_len_); !st.ok()) return st;
   if (scheduler_->num_waiting() >= config_.max_queued_requests)
     return Status(StatusCode::kResourceExhausted, "the request queue is full");

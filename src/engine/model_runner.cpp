@@ -1,5 +1,7 @@
 #include "engine/model_runner.h"
 
+#include <unordered_map>
+
 #include "core/check.h"
 
 namespace dsinfer {
@@ -42,14 +44,24 @@ ForwardBatch ModelRunner::build_batch(const SchedulerOutput& out, int64_t step_n
 
 namespace {
 
-// The request's penalties as changes to its row's logits: each token of its output (presence,
-// frequency and repetition) and, with a repetition penalty, each other token of its prompt.
+// The request's penalties and bias as changes to its row's logits: each token of its output
+// (presence, frequency and repetition), with a repetition penalty each other token of its
+// prompt, and each biased token (its bias subtracted negated, after any penalty of its own).
 void add_penalties(const Request& req, int32_t row, std::vector<LogitPenalty>& out) {
   const SamplingParams& p = req.sampling;
+  std::unordered_map<TokenId, float> bias_left(p.logit_bias.begin(), p.logit_bias.end());
+  auto add = [&](TokenId token, float repetition, float subtract) {
+    if (auto b = bias_left.find(token); b != bias_left.end()) {
+      subtract -= b->second;
+      bias_left.erase(b);
+    }
+    out.push_back({row, token, repetition, subtract});
+  };
   for (const auto& [token, count] : req.output_token_counts)
-    out.push_back({row, token, p.repetition_penalty, p.presence_penalty + p.frequency_penalty * static_cast<float>(count)});
+    add(token, p.repetition_penalty, p.presence_penalty + p.frequency_penalty * static_cast<float>(count));
   for (TokenId token : req.distinct_prompt_tokens)
-    if (req.output_token_counts.count(token) == 0) out.push_back({row, token, p.repetition_penalty, 0.0f});
+    if (req.output_token_counts.count(token) == 0) add(token, p.repetition_penalty, 0.0f);
+  for (const auto& [token, bias] : bias_left) out.push_back({row, token, 1.0f, -bias});
 }
 
 }  // namespace
@@ -76,7 +88,7 @@ LaunchedStep ModelRunner::submit(SchedulerOutput sched) {
   for (const ScheduledRequest& sr : step.sched.scheduled) {
     if (!sr.samples) continue;
     SamplerState state = sr.request->sampler_state;
-    if (sr.request->sampling.penalised())
+    if (sr.request->sampling.changes_logits())
       add_penalties(*sr.request, static_cast<int32_t>(row_sampling_.size()), penalties_);
     row_sampling_.push_back(row_sampling(sr.request->sampling, state));
     drawn_states.push_back(state);

@@ -258,6 +258,15 @@ void ApiServer::generate(const std::string& route, ApiProtocol protocol, HttpReq
     return;
   }
 
+  for (const auto& [token, bias] : request.sampling.logit_bias) {
+    if (token >= model_codec->vocab_size()) {
+      respond_error(route, protocol, *exchange, 400, "invalid_value", "logit_bias",
+                    "Invalid 'logit_bias': token id " + std::to_string(token) + " is outside the vocabulary (" +
+                        std::to_string(model_codec->vocab_size()) + " ids).");
+      return;
+    }
+  }
+
   // The prompt.
   codec::RenderOptions render;
   render.thinking = model_codec->has_thinking_switch() && request.thinking.value_or(model_codec->thinking_by_default());

@@ -260,6 +260,8 @@ codec::ApiError GenerationSession::generation_error() const {
     case StatusCode::kResourceExhausted:
     case StatusCode::kUnavailable:
       return {503, "engine_unavailable", "", engine_error_.message()};
+    // The engine refused what the server let through (a check only the engine can make).
+    case StatusCode::kInvalidArgument: return {400, "invalid_value", "", engine_error_.message()};
     case StatusCode::kOk: return {500, "internal_error", "", "the engine failed while generating"};
     default: return {500, "internal_error", "", engine_error_.message()};
   }

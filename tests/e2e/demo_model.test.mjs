@@ -166,3 +166,18 @@ test('penalties: presence, frequency and repetition stop a greedy loop', { skip:
   assert.match(rewarded, /(theory of ){4}/);
   await assert.rejects(client.completions.create({ ...body, presence_penalty: 3 }), (e) => e.status === 400 && e.param === 'presence_penalty');
 });
+
+test('logit_bias: +100 makes one token every choice, -100 keeps it out', { skip: !haveDemo }, async () => {
+  const client = new OpenAI({ baseURL: `${server.base}/v1`, apiKey: 'x', maxRetries: 0 });
+  const body = { model: 'demo', prompt: 'the the the the', max_tokens: 4, temperature: 0, logprobs: 0 };
+  const forced = await client.completions.create({ ...body, logit_bias: { 1000: 100 } });
+  const tokens = forced.choices[0].logprobs.tokens;
+  assert.equal(tokens.length, 4);
+  assert.ok(tokens.every((t) => t === tokens[0]) && tokens[0].length > 0, JSON.stringify(tokens));
+  const plain = await client.completions.create(body);
+  const first = plain.choices[0].logprobs.tokens[0];
+  const banned = await client.completions.create({ ...body, max_tokens: 1, logit_bias: { 1000: -100 } });
+  assert.equal(banned.choices[0].logprobs.tokens[0], first);  // token 1000 was not the greedy choice
+  await assert.rejects(client.completions.create({ ...body, logit_bias: { 1000: 101 } }), (e) => e.status === 400);
+  await assert.rejects(client.completions.create({ ...body, logit_bias: { 999999999: 1 } }), (e) => e.status === 400);
+});

@@ -242,6 +242,34 @@ TEST(EngineCore, PresenceAndFrequencyPenaltiesFollowTheirDefinition) {
   }
 }
 
+// logit_bias: -100 keeps a greedy request's tokens out of its output, +100 makes a token its
+// every choice; a token out of the vocabulary, out of range or named twice is refused.
+TEST(EngineCore, LogitBiasBansAndForcesTokens) {
+  const std::vector<TokenId> prompt(40, 5);
+  EngineCore core(testing::fixture_engine_config("tiny_v3"));
+  GenerationRequest plain;
+  plain.prompt_ids = prompt;
+  plain.sampling.temperature = 0.0f;
+  plain.sampling.max_tokens = 12;
+  plain.sampling.ignore_eos = true;
+  const std::vector<TokenId> unbiased = run_pair(core, plain, plain)[0].tokens;
+  GenerationRequest banned = plain, forced = plain;
+  for (TokenId t : unbiased)
+    if (std::find_if(banned.sampling.logit_bias.begin(), banned.sampling.logit_bias.end(),
+                     [t](const auto& b) { return b.first == t; }) == banned.sampling.logit_bias.end())
+      banned.sampling.logit_bias.emplace_back(t, -100.0f);
+  forced.sampling.logit_bias = {{123, 100.0f}};
+  const auto [without, with] = run_pair(core, banned, forced);
+  ASSERT_EQ(without.tokens.size(), 12u);
+  for (TokenId t : without.tokens) EXPECT_EQ(std::count(unbiased.begin(), unbiased.end(), t), 0) << t;
+  EXPECT_EQ(with.tokens, std::vector<TokenId>(12, 123));
+  for (auto bias : {std::vector<std::pair<TokenId, float>>{{512, 1.0f}}, {{3, 101.0f}}, {{3, 1.0f}, {3, 2.0f}}}) {
+    GenerationRequest bad = plain;
+    bad.sampling.logit_bias = bias;
+    EXPECT_EQ(core.add_request(9, bad).code(), StatusCode::kInvalidArgument);
+  }
+}
+
 // The repetition penalty divides a seen token's positive logit and multiplies a negative one,
 // prompt tokens included; the others are untouched.
 TEST(CpuBackend, PenaliseLogitsChangesOnlyTheNamedOnes) {

@@ -303,6 +303,14 @@ TEST_F(ApiServerTest, ResponsesLogprobsCoverTheMessageText) {
   EXPECT_EQ(part["logprobs"][1]["top_logprobs"].size(), 1u);
 }
 
+TEST_F(ApiServerTest, LogitBiasBeyondTheVocabularyIs400) {
+  auto bad = complete("/v1/chat/completions", chat("ab", R"("logit_bias":{"259":1},)"));
+  EXPECT_EQ(bad->status(), 400);
+  EXPECT_EQ(json::parse(bad->body())["error"]["param"], "logit_bias");
+  auto good = complete("/v1/chat/completions", chat("ab", R"("logit_bias":{"258":1},)"));
+  EXPECT_EQ(good->status(), 200) << good->body();
+}
+
 TEST_F(ApiServerTest, AbortAllEndsStreamsInFlight) {
   auto ex = send("POST", "/v1/chat/completions", chat(std::string(200, 'z'), R"("stream":true,)"));
   ASSERT_TRUE(loop_.run_until([&] { return ex->body().size() > 300; }));

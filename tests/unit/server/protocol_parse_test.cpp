@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "codec/anthropic_messages_protocol.h"
 #include "codec/openai_chat_protocol.h"
 #include "codec/openai_responses_protocol.h"
@@ -72,6 +74,11 @@ TEST(ChatCompletionsParse, RejectsBadInputNamingTheParameter) {
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"presence_penalty":2.5})", "presence_penalty"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"frequency_penalty":"high"})", "frequency_penalty"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"repetition_penalty":0})", "repetition_penalty"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"logit_bias":[1]})", "logit_bias"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"logit_bias":{"x7":1}})", "logit_bias"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"logit_bias":{"-7":1}})", "logit_bias"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"logit_bias":{"7":101}})", "logit_bias.7"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"logit_bias":{"7":"up"}})", "logit_bias.7"},
   };
   for (const auto& c : cases) {
     std::string param = "unset";
@@ -128,7 +135,14 @@ TEST(ChatCompletionsParse, ReadsThePenalties) {
   EXPECT_TRUE(r->sampling.penalised());
   auto none = parse_completions_request(R"({"model":"m","prompt":"a","presence_penalty":0,"repetition_penalty":1})");
   ASSERT_TRUE(none.ok());
-  EXPECT_FALSE(none->sampling.penalised());
+  EXPECT_FALSE(none->sampling.changes_logits());
+  auto bias = parse_completions_request(R"({"model":"m","prompt":"a","logit_bias":{"50256":-100,"7":2.5}})");
+  ASSERT_TRUE(bias.ok()) << bias.status().message();
+  EXPECT_FALSE(bias->sampling.penalised());  // a bias needs no history
+  EXPECT_TRUE(bias->sampling.changes_logits());
+  auto sorted = bias->sampling.logit_bias;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted, (std::vector<std::pair<TokenId, float>>{{7, 2.5f}, {50256, -100.0f}}));
 }
 
 TEST(CompletionsParse, LogprobsCountTheAlternativesAndRefuseEcho) {
