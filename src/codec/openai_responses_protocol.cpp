@@ -150,11 +150,17 @@ void parse_tools(const json& body, ApiRequest& request) {
 // does not make (file search results, encrypted reasoning): accepted, nothing to add.
 void parse_logprobs(const json& body, ApiRequest& request) {
   if (const json* include = find_field(body, "include")) {
-    if (!include->is_array()) reject("include", std::string("Invalid type for 'include': expected an array, but got ") + json_type_name(*include) + " instead.");
+    if (!include->is_array()) {
+      reject("include", std::string("Invalid type for 'include': expected an array, but got ") +
+                            json_type_name(*include) + " instead.");
+    }
     for (size_t i = 0; i < include->size(); ++i) {
       const json& value = (*include)[i];
       const std::string path = "include[" + std::to_string(i) + "]";
-      if (!value.is_string()) reject(path, "Invalid type for '" + path + "': expected a string, but got " + json_type_name(value) + " instead.");
+      if (!value.is_string()) {
+        reject(path, "Invalid type for '" + path + "': expected a string, but got " + json_type_name(value) +
+                         " instead.");
+      }
       if (value.get<std::string>() == "message.output_text.logprobs") request.sampling.logprobs = true;
     }
   }

@@ -145,10 +145,10 @@ Status EngineCore::add_request(RequestId id, const GenerationRequest& r) {
   req->cache_salt = r.cache_salt;
   req->traffic_class = r.traffic_class;
   if (p.repetition_penalty != 1.0f) {
-    req->distinct_prompt_tokens = r.prompt_ids;
-    std::sort(req->distinct_prompt_tokens.begin(), req->distinct_prompt_tokens.end());
-    req->distinct_prompt_tokens.erase(std::unique(req->distinct_prompt_tokens.begin(), req->distinct_prompt_tokens.end()),
-                                      req->distinct_prompt_tokens.end());
+    std::vector<TokenId>& distinct = req->distinct_prompt_tokens;
+    distinct = r.prompt_ids;
+    std::sort(distinct.begin(), distinct.end());
+    distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
   }
   // Each request draws from its own stream: its samples never depend on the batch.
   req->sampler_state = SamplerState(p.seed ? *p.seed : (config_.seed * 0x9e3779b97f4a7c15ull) ^ (id + 1));

@@ -46,7 +46,7 @@ namespace {
 
 // The request's penalties and bias as changes to its row's logits: each token of its output
 // (presence, frequency and repetition), with a repetition penalty each other token of its
-// prompt, and each biased token (its bias subtracted negated, after any penalty of its own).
+// prompt, and each biased token (its bias added after any penalty of its own).
 void add_penalties(const Request& req, int32_t row, std::vector<LogitPenalty>& out) {
   const SamplingParams& p = req.sampling;
   std::unordered_map<TokenId, float> bias_left(p.logit_bias.begin(), p.logit_bias.end());

@@ -110,7 +110,7 @@ test('tool_choice named and required force a call, whatever the question', { ski
   assert.equal(any.stop_reason, 'tool_use');
 });
 
-test('logprobs: each answer token with its log-probability and the likeliest alternatives', { skip: !haveDemo }, async () => {
+test('logprobs: each answer token, its log-probability and the best alternatives', { skip: !haveDemo }, async () => {
   const client = new OpenAI({ baseURL: `${server.base}/v1`, apiKey: 'x', maxRetries: 0 });
   const body = { model: 'demo', temperature: 0, max_tokens: 12, logprobs: true, top_logprobs: 3,
     messages: [{ role: 'user', content: 'Hello' }] };
@@ -147,9 +147,11 @@ test('logprobs: each answer token with its log-probability and the likeliest alt
     include: ['message.output_text.logprobs'], top_logprobs: 2 });
   const part = response.output.find((o) => o.type === 'message').content[0];
   assert.equal(byte(part.logprobs), part.text);
-  assert.deepEqual(part.logprobs.map((e) => e.logprob), whole.choices[0].logprobs.content.slice(0, part.logprobs.length).map((e) => e.logprob));
+  const chatLogprobs = whole.choices[0].logprobs.content.slice(0, part.logprobs.length);
+  assert.deepEqual(part.logprobs.map((e) => e.logprob), chatLogprobs.map((e) => e.logprob));
 
-  await assert.rejects(client.chat.completions.create({ ...body, logprobs: false }), (e) => e.status === 400 && e.param === 'top_logprobs');
+  await assert.rejects(client.chat.completions.create({ ...body, logprobs: false }),
+    (e) => e.status === 400 && e.param === 'top_logprobs');
 });
 
 test('penalties: presence, frequency and repetition stop a greedy loop', { skip: !haveDemo }, async () => {
@@ -164,7 +166,8 @@ test('penalties: presence, frequency and repetition stop a greedy loop', { skip:
   // A negative frequency penalty rewards repeats: the loop stays.
   const rewarded = (await client.completions.create({ ...body, frequency_penalty: -2 })).choices[0].text;
   assert.match(rewarded, /(theory of ){4}/);
-  await assert.rejects(client.completions.create({ ...body, presence_penalty: 3 }), (e) => e.status === 400 && e.param === 'presence_penalty');
+  await assert.rejects(client.completions.create({ ...body, presence_penalty: 3 }),
+    (e) => e.status === 400 && e.param === 'presence_penalty');
 });
 
 test('logit_bias: +100 makes one token every choice, -100 keeps it out', { skip: !haveDemo }, async () => {

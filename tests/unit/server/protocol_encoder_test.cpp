@@ -189,7 +189,8 @@ TEST(ResponsesEncoder, OutputTextCarriesItsTokensLogprobs) {
     std::string out;
     e->begin(out);
     e->on_event(0, {OutputEventKind::kReasoning, "r", 0}, out);
-    e->on_logprobs(0, {token_logprobs("H", -0.5f, {{"H", "H", -0.5f}}), token_logprobs("i", -0.25f, {{"i", "i", -0.25f}})});
+    e->on_logprobs(0, {token_logprobs("H", -0.5f, {{"H", "H", -0.5f}}),
+                       token_logprobs("i", -0.25f, {{"i", "i", -0.25f}})});
     e->on_event(0, {OutputEventKind::kContent, "Hi", 0}, out);
     e->on_logprobs(0, {token_logprobs("!", -1.0f, {{"!", "!", -1.0f}})});
     e->on_event(0, {OutputEventKind::kContent, "!", 0}, out);

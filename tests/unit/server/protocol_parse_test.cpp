@@ -114,7 +114,8 @@ TEST(ChatCompletionsParse, LogprobsAskForEachTokensOwnAndTheTopOnes) {
   auto off = parse_chat_completions_request(R"({"model":"m","messages":[{"role":"user","content":"x"}]})");
   ASSERT_TRUE(off.ok());
   EXPECT_FALSE(off->sampling.wants_logprobs());
-  auto own = parse_chat_completions_request(R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":true})");
+  auto own =
+      parse_chat_completions_request(R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":true})");
   ASSERT_TRUE(own.ok());
   EXPECT_TRUE(own->sampling.logprobs);
   EXPECT_EQ(own->sampling.num_logprobs, 0);
@@ -156,7 +157,8 @@ TEST(CompletionsParse, LogprobsCountTheAlternativesAndRefuseEcho) {
   auto null = parse_completions_request(R"({"model":"m","prompt":"a","logprobs":null})");
   ASSERT_TRUE(null.ok());
   EXPECT_FALSE(null->sampling.wants_logprobs());
-  for (const char* body : {R"({"model":"m","prompt":"a","logprobs":true})", R"({"model":"m","prompt":"a","logprobs":21})",
+  for (const char* body : {R"({"model":"m","prompt":"a","logprobs":true})",
+                           R"({"model":"m","prompt":"a","logprobs":21})",
                            R"({"model":"m","prompt":"a","logprobs":1,"echo":true})"}) {
     std::string param;
     auto r = parse_completions_request(body, &param);
@@ -167,16 +169,18 @@ TEST(CompletionsParse, LogprobsCountTheAlternativesAndRefuseEcho) {
 
 TEST(ResponsesParse, IncludeAsksForOutputTextLogprobs) {
   auto r = parse_responses_request(
-      R"({"model":"m","input":"x","include":["reasoning.encrypted_content","message.output_text.logprobs"],"top_logprobs":3})");
+      R"({"model":"m","input":"x","include":["reasoning.encrypted_content","message.output_text.logprobs"],)"
+      R"("top_logprobs":3})");
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_TRUE(r->sampling.logprobs);
   EXPECT_EQ(r->sampling.num_logprobs, 3);
   auto other = parse_responses_request(R"({"model":"m","input":"x","include":["reasoning.encrypted_content"]})");
   ASSERT_TRUE(other.ok());
   EXPECT_FALSE(other->sampling.wants_logprobs());
-  for (auto [body, param] : {std::pair{R"({"model":"m","input":"x","include":"message.output_text.logprobs"})", "include"},
-                             std::pair{R"({"model":"m","input":"x","include":[1]})", "include[0]"},
-                             std::pair{R"({"model":"m","input":"x","top_logprobs":21})", "top_logprobs"}}) {
+  for (auto [body, param] :
+       {std::pair{R"({"model":"m","input":"x","include":"message.output_text.logprobs"})", "include"},
+        std::pair{R"({"model":"m","input":"x","include":[1]})", "include[0]"},
+        std::pair{R"({"model":"m","input":"x","top_logprobs":21})", "top_logprobs"}}) {
     std::string got;
     EXPECT_FALSE(parse_responses_request(body, &got).ok()) << body;
     EXPECT_EQ(got, param) << body;
