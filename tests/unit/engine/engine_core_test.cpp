@@ -127,6 +127,16 @@ struct Outcome {
   std::vector<TokenLogprob> logprobs;
 };
 
+// A greedy request that runs to its length.
+GenerationRequest greedy_request(std::vector<TokenId> prompt, int max_tokens) {
+  GenerationRequest r;
+  r.prompt_ids = std::move(prompt);
+  r.sampling.temperature = 0.0f;
+  r.sampling.max_tokens = max_tokens;
+  r.sampling.ignore_eos = true;
+  return r;
+}
+
 // Runs `first` (id 1) and `second` (id 2) in the same steps until both end.
 std::array<Outcome, 2> run_pair(EngineCore& core, const GenerationRequest& first, const GenerationRequest& second) {
   EXPECT_TRUE(core.add_request(1, first).ok());
@@ -179,11 +189,7 @@ TEST(EngineCore, LogprobsWithoutAlternativesMatchThoseWithThem) {
   const auto ref = testing::fixture_reference("tiny_v3");
   const auto prompt = ref["prompts"][0]["prompt_ids"].get<std::vector<TokenId>>();
   EngineCore core(testing::fixture_engine_config("tiny_v3"));
-  GenerationRequest alone;
-  alone.prompt_ids = prompt;
-  alone.sampling.temperature = 0.0f;
-  alone.sampling.max_tokens = 6;
-  alone.sampling.ignore_eos = true;
+  GenerationRequest alone = greedy_request(prompt, 6);
   alone.sampling.logprobs = true;
   GenerationRequest with_top = alone;
   with_top.sampling.logprobs = false;
@@ -206,14 +212,9 @@ TEST(EngineCore, LogprobsWithoutAlternativesMatchThoseWithThem) {
 // penalties of the output so far from the model's log-probabilities (subtraction commutes with
 // the softmax's shift), and the output is not the unpenalised one.
 TEST(EngineCore, PresenceAndFrequencyPenaltiesFollowTheirDefinition) {
-  // A prompt of one token over and over, on which the model repeats itself.
-  const std::vector<TokenId> prompt(40, 5);
   EngineCore core(testing::fixture_engine_config("tiny_v3"));
-  GenerationRequest plain;
-  plain.prompt_ids = prompt;
-  plain.sampling.temperature = 0.0f;
-  plain.sampling.max_tokens = 24;
-  plain.sampling.ignore_eos = true;
+  // A prompt of one token over and over, on which the model repeats itself.
+  GenerationRequest plain = greedy_request(std::vector<TokenId>(40, 5), 24);
   plain.sampling.num_logprobs = 20;
   GenerationRequest penalised = plain;
   penalised.sampling.presence_penalty = 0.4f;
@@ -245,13 +246,8 @@ TEST(EngineCore, PresenceAndFrequencyPenaltiesFollowTheirDefinition) {
 // logit_bias: -100 keeps a greedy request's tokens out of its output, +100 makes a token its
 // every choice; a token out of the vocabulary, out of range or named twice is refused.
 TEST(EngineCore, LogitBiasBansAndForcesTokens) {
-  const std::vector<TokenId> prompt(40, 5);
   EngineCore core(testing::fixture_engine_config("tiny_v3"));
-  GenerationRequest plain;
-  plain.prompt_ids = prompt;
-  plain.sampling.temperature = 0.0f;
-  plain.sampling.max_tokens = 12;
-  plain.sampling.ignore_eos = true;
+  const GenerationRequest plain = greedy_request(std::vector<TokenId>(40, 5), 12);
   const std::vector<TokenId> unbiased = run_pair(core, plain, plain)[0].tokens;
   GenerationRequest banned = plain, forced = plain;
   for (TokenId t : unbiased)
