@@ -576,14 +576,7 @@ class CompletionsEncoder : public ProtocolEncoder {
   void emit(int choice, const std::string& text, const char* finish_reason, std::string& out) {
     // The tokens' entries go with the text they make (or, left over, with the finish chunk).
     TextLogprobs& logprobs = logprobs_.at(static_cast<size_t>(choice));
-    if (!logprobs.empty()) {
-      json chunk = base();
-      chunk["choices"] = json::array({{{"index", choice}, {"text", text}, {"logprobs", logprobs.take()},
-                                       {"finish_reason", finish_reason ? json(finish_reason) : json(nullptr)}}});
-      append_sse(out, nullptr, dump(chunk));
-      return;
-    }
-    if (!finish_reason) {
+    if (!finish_reason && logprobs.empty()) {
       // The per-token hot path, from a cached prefix.
       if (text_prefix_.empty()) {
         text_prefix_ = "{\"id\":" + dump(json(options_.response_id)) + ",\"object\":\"text_completion\",\"created\":" +
@@ -595,7 +588,8 @@ class CompletionsEncoder : public ProtocolEncoder {
       return;
     }
     json chunk = base();
-    chunk["choices"] = json::array({{{"index", choice}, {"text", text}, {"logprobs", nullptr},
+    chunk["choices"] = json::array({{{"index", choice}, {"text", text},
+                                     {"logprobs", logprobs.empty() ? json(nullptr) : logprobs.take()},
                                      {"finish_reason", finish_reason ? json(finish_reason) : json(nullptr)}}});
     append_sse(out, nullptr, dump(chunk));
   }

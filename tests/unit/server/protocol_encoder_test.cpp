@@ -89,16 +89,18 @@ TEST(ChatEncoder, NonStreamingBodyHasMessageAndUsage) {
   EXPECT_EQ(body["usage"]["completion_tokens_details"]["reasoning_tokens"], 1);
 }
 
+EncoderOptions logprobs_options(bool stream, const char* id) {
+  EncoderOptions o = options(stream, id);
+  o.logprobs = true;
+  return o;
+}
+
 TokenLogprobs token_logprobs(const std::string& bytes, float logprob, std::vector<LogprobToken> top = {}) {
   return {{bytes, bytes, logprob}, std::move(top)};
 }
 
 TEST(ChatEncoder, LogprobsGoWithTheContentTheirTokensMade) {
-  auto e = make_protocol_encoder(ApiProtocol::kChatCompletions, [] {
-    EncoderOptions o = options(true, "chatcmpl-abc");
-    o.logprobs = true;
-    return o;
-  }());
+  auto e = make_protocol_encoder(ApiProtocol::kChatCompletions, logprobs_options(true, "chatcmpl-abc"));
   std::string out;
   e->begin(out);
   e->on_event(0, {OutputEventKind::kReasoning, "r", 0}, out);
@@ -147,9 +149,7 @@ TEST(ChatEncoder, NonStreamingLogprobsListTheContentTokens) {
 
 TEST(CompletionsEncoder, LogprobsListTokensOffsetsAndAlternatives) {
   for (bool stream : {false, true}) {
-    EncoderOptions o = options(stream, "cmpl-abc");
-    o.logprobs = true;
-    auto e = make_protocol_encoder(ApiProtocol::kCompletions, o);
+    auto e = make_protocol_encoder(ApiProtocol::kCompletions, logprobs_options(stream, "cmpl-abc"));
     std::string out;
     e->begin(out);
     e->on_logprobs(0, {token_logprobs("h\xc3\xa9", -1.0f, {{"h\xc3\xa9", "h\xc3\xa9", -1.0f}, {"x", "x", -2.0f}})});
@@ -183,9 +183,7 @@ TEST(CompletionsEncoder, LogprobsListTokensOffsetsAndAlternatives) {
 
 TEST(ResponsesEncoder, OutputTextCarriesItsTokensLogprobs) {
   for (bool stream : {false, true}) {
-    EncoderOptions o = options(stream, "resp_abc");
-    o.logprobs = true;
-    auto e = make_protocol_encoder(ApiProtocol::kResponses, o);
+    auto e = make_protocol_encoder(ApiProtocol::kResponses, logprobs_options(stream, "resp_abc"));
     std::string out;
     e->begin(out);
     e->on_event(0, {OutputEventKind::kReasoning, "r", 0}, out);
