@@ -26,9 +26,10 @@
 // per term, each awaited before its scaling, took 252 registers and streamed a prompt step's
 // weights at 67% of the copy rate, side by side 76%, one term 90% (H100). Waiting on the products
 // and on issuing the scaling's instructions is what holds them there (RESULTS.md, "Expert terms
-// side by side"). Passes of 16 rows (n = 48) prefilled a 128-token prompt about 5% slower on an
-// H200, its experts' 12 rows or so on average notwithstanding (most likely since those past 16
-// rows read their weights twice).
+// side by side"); a row's terms summed before the weight's scale, 3.7% fewer instructions, took
+// as long (RESULTS.md, "Last round's code checked on an H100"). Passes of 16 rows (n = 48)
+// prefilled a 128-token prompt about 5% slower on an H200, its experts' 12 rows or so on average
+// notwithstanding (most likely since those past 16 rows read their weights twice).
 #include <cuda_bf16.h>
 
 #include "backend/cuda/cuda_check.h"
