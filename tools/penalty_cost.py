@@ -8,7 +8,8 @@ step in flight is choosing), and each step carries its penalties to the device: 
 penalty one change per distinct prompt token. Request i of every run has the same prompt, so
 after the warm-up the prompts come from the prefix cache and the runs time mostly decode.
 
-Usage (on the GPU machine, with a server as tools/gpu_check.sh starts one):
+Usage (on the GPU machine, with a server as tools/gpu_check.sh starts one: random weights, the
+model served as `bench`, VOCAB its vocabulary size):
   tools/penalty_cost.py PORT VOCAB [ROUNDS]
 """
 import json
