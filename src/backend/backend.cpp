@@ -54,6 +54,15 @@ void Backend::sample_rows(const Tensor& logits, std::span<const RowSampling> row
   for (int64_t r = 0; r < num_rows; ++r) out[r] = choose_token(host.data() + r * vocab, static_cast<int>(vocab), rows[r]);
 }
 
+void Backend::check_logit_penalties(const Tensor& logits, std::span<const LogitPenalty> penalties) {
+  DS_CHECK(logits.dtype == DType::kF32 && logits.shape.size() == 2);
+  const int64_t rows = logits.dim(0), vocab = logits.dim(1);
+  for (const LogitPenalty& p : penalties) {
+    DS_CHECK_MSG(p.row >= 0 && p.row < rows && p.token >= 0 && p.token < vocab,
+                 "logit penalty at row " << p.row << ", token " << p.token << " of [" << rows << ", " << vocab << "]");
+  }
+}
+
 uint64_t Backend::choose_async(const Tensor& logits, std::span<const RowSampling> rows) {
   std::vector<int32_t> ids;
   sample_rows(logits, rows, ids);

@@ -290,6 +290,10 @@ class Backend {
   virtual void read_cache_block(const LayerKvCache& cache, int32_t block, void* dst) = 0;
   virtual void write_cache_block(LayerKvCache& cache, int32_t block, const void* src) = 0;
 
+ protected:
+  // What every penalise_logits takes: fp32 logits [rows, vocab], each change inside them.
+  static void check_logit_penalties(const Tensor& logits, std::span<const LogitPenalty> penalties);
+
  private:
   // The default asynchronous choice: ids by ticket, the latest choice, resolved input ids.
   std::map<uint64_t, std::vector<int32_t>> choices_;

@@ -175,12 +175,10 @@ Tensor CpuBackend::from_host(const HostTensor& host) {
 }
 
 void CpuBackend::penalise_logits(Tensor& logits, std::span<const LogitPenalty> penalties) {
-  DS_CHECK(logits.dtype == DType::kF32 && logits.shape.size() == 2);
-  const int64_t rows = logits.dim(0), vocab = logits.dim(1);
+  check_logit_penalties(logits, penalties);
+  const int64_t vocab = logits.dim(1);
   float* values = logits.as<float>();
   for (const LogitPenalty& p : penalties) {
-    DS_CHECK_MSG(p.row >= 0 && p.row < rows && p.token >= 0 && p.token < vocab,
-                 "logit penalty at row " << p.row << ", token " << p.token << " of [" << rows << ", " << vocab << "]");
     float& v = values[p.row * vocab + p.token];
     v = penalised_logit(v, p.repetition, p.subtract);
   }

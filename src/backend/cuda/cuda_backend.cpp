@@ -349,16 +349,12 @@ void CudaBackend::choose_into(const Tensor& logits, std::span<const RowSampling>
 }
 
 void CudaBackend::penalise_logits(Tensor& logits, std::span<const LogitPenalty> penalties) {
-  DS_CHECK(logits.dtype == DType::kF32 && logits.shape.size() == 2);
+  check_logit_penalties(logits, penalties);
   if (penalties.empty()) return;
   // A factor still pending on the rows (a norm's) applies before the change, not after it.
   reconcile_norm({&logits}, {});
   forget_normed_copy();
   const int64_t rows = logits.dim(0), vocab = logits.dim(1);
-  for (const LogitPenalty& p : penalties) {
-    DS_CHECK_MSG(p.row >= 0 && p.row < rows && p.token >= 0 && p.token < vocab,
-                 "logit penalty at row " << p.row << ", token " << p.token << " of [" << rows << ", " << vocab << "]");
-  }
   const size_t bytes = penalties.size() * sizeof(LogitPenalty);
   Tensor device = alloc_->cached({static_cast<int64_t>(bytes)}, DType::kU8);
   // From pageable memory: the copy has read `penalties` when it returns.
