@@ -17,15 +17,7 @@
 namespace dsinfer {
 namespace {
 
-// Sets an environment variable for the scope (the CUDA backend reads its switches when made).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
-  ~ScopedEnv() { unsetenv(name_); }
-
- private:
-  const char* name_;
-};
+using testing_cuda::ScopedEnv;
 
 EngineConfig cuda_config() { return testing_cuda::tiny_v3_cuda_config(); }
 

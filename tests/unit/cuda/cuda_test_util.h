@@ -36,6 +36,18 @@ inline std::unique_ptr<Backend> make_backend_with_env(const std::string& backend
   return be;
 }
 
+// Sets an environment variable for the scope (the CUDA backend reads its switches when made).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
+  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
 inline Tensor upload(Backend& be, const std::vector<int64_t>& shape, const std::vector<float>& v) {
   return be.from_host(HostTensor{DType::kF32, shape, v.data()});
 }

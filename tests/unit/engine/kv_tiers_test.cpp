@@ -3,31 +3,17 @@
 // fixtures; the hit counts land in the request's usage.
 #include <gtest/gtest.h>
 
-#include <filesystem>
-
 #include "dsinfer/llm.h"
 #include "engine/engine_core.h"
+#include "temp_dir.h"
 #include "test_fixtures.h"
 
 namespace dsinfer {
 namespace {
 
-namespace fs = std::filesystem;
-
 constexpr const char* kFixture = "tiny_v3";
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "dsinfer-kv-engine-XXXXXX").string();
-    path_ = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using test_support::TempDir;
 
 EngineConfig tier_config() {
   EngineConfig c = testing::fixture_engine_config(kFixture);
