@@ -24,8 +24,9 @@ namespace dsinfer::test_support {
 
 // Requests over five shared prefixes whose lengths fall on, inside and across 64-token blocks,
 // each with a suffix of its own (1 to 60 tokens) and 6 to 28 new tokens, 238 positions at most
-// (tiny_v3 holds 256); every fourth one samples with its own seed, the rest are greedy. Token
-// ids below `vocab`.
+// (tiny_v3 holds 256); every fourth one samples with its own seed, the rest are greedy; every
+// fifth has presence, frequency and repetition penalties and a logit bias. Token ids below
+// `vocab`.
 inline std::vector<GenerationRequest> pressure_requests(int count, int vocab, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_int_distribution<int> token(2, vocab - 1), suffix_len(1, 60);
@@ -51,6 +52,12 @@ inline std::vector<GenerationRequest> pressure_requests(int count, int vocab, ui
       r.sampling.seed = 100 + i;
     } else {
       r.sampling.temperature = 0.0f;
+    }
+    if (i % 5 == 2) {  // penalties over the output (and prompt) seen so far, and a bias
+      r.sampling.presence_penalty = 0.5f;
+      r.sampling.frequency_penalty = 0.3f;
+      r.sampling.repetition_penalty = 1.2f;
+      r.sampling.logit_bias = {{r.prompt_ids.back(), 2.0f}, {r.prompt_ids.front(), -100.0f}};
     }
   }
   return out;
@@ -84,8 +91,9 @@ inline void expect_same_tokens(const std::vector<Completion>& got, const std::ve
 // Runs `count` pressure requests alone in `roomy` (prefix caching off: each one cold), then
 // together twice in one pressured engine and once more in a fresh pressured engine on the same
 // block store, and expects every request's tokens to be its tokens alone each time. Also
-// expects the pressure to have done what it is for: preemptions, prefills in chunks, device,
-// host and store hits.
+// expects the pressure to have done what it is for: preemptions, blocks evicted to the host
+// tier, and device, host and store hits (prompts of more than 96 tokens go in chunks by
+// construction).
 inline void expect_pressure_gives_tokens_alone(EngineConfig roomy, int vocab, int count = 40) {
   const std::vector<GenerationRequest> requests = pressure_requests(count, vocab, 2024);
   std::vector<Completion> alone;
