@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <iostream>
 #include <random>
 #include <string>
@@ -90,10 +91,10 @@ inline void expect_same_tokens(const std::vector<Completion>& got, const std::ve
 
 // Runs `count` pressure requests alone in `roomy` (prefix caching off: each one cold), then
 // together twice in one pressured engine and once more in a fresh pressured engine on the same
-// block store, and expects every request's tokens to be its tokens alone each time. Also
-// expects the pressure to have done what it is for: preemptions, blocks evicted to the host
-// tier, and device, host and store hits (prompts of more than 96 tokens go in chunks by
-// construction).
+// block store, and expects every request's tokens to be its tokens alone each time (every sixth
+// then stopping at a token it gave alone). Also expects the pressure to have done what it is
+// for: preemptions, blocks evicted to the host tier, and device, host and store hits (prompts of
+// more than 96 tokens go in chunks by construction).
 inline void expect_pressure_gives_tokens_alone(EngineConfig roomy, int vocab, int count = 40) {
   const std::vector<GenerationRequest> requests = pressure_requests(count, vocab, 2024);
   std::vector<Completion> alone;
@@ -112,15 +113,28 @@ inline void expect_pressure_gives_tokens_alone(EngineConfig roomy, int vocab, in
   int num_distinct = 0;
   for (const Completion& c : alone) num_distinct += c.token_ids != alone[0].token_ids;
   EXPECT_GE(num_distinct, count / 2) << "the requests should not all produce the same tokens";
+  // Every sixth request stops at the token it gave alone halfway (or earlier, where that token
+  // came before): under pressure it ends while the step after it is already launched, and its
+  // blocks go back while that step runs.
+  std::vector<GenerationRequest> together = requests;
+  int num_stopping = 0;
+  for (size_t i = 1; i < together.size(); i += 6) {
+    const std::vector<TokenId>& ids = alone[i].token_ids;
+    const TokenId stop = ids[ids.size() / 2];
+    together[i].sampling.stop_token_ids = {stop};
+    alone[i].token_ids.resize(std::find(ids.begin(), ids.end(), stop) - ids.begin() + 1);
+    num_stopping += alone[i].token_ids.size() < static_cast<size_t>(requests[i].sampling.max_tokens);
+  }
+  EXPECT_GT(num_stopping, 0);
 
   TempDir store;
   const EngineConfig pressed = pressure_config(roomy, store.path());
   {
     LLM llm(pressed);
-    expect_same_tokens(llm.generate(requests), alone, "first run under pressure");
+    expect_same_tokens(llm.generate(together), alone, "first run under pressure");
     const EngineStats first = llm.engine().stats();
     EXPECT_GT(first.num_preemptions, 0) << "16 blocks should not hold every request at once";
-    const std::vector<Completion> again = llm.generate(requests);
+    const std::vector<Completion> again = llm.generate(together);
     expect_same_tokens(again, alone, "second run under pressure");
     int64_t device_hits = 0;
     for (const Completion& c : again) device_hits += c.prompt_cache.num_device_hit_tokens;
@@ -133,7 +147,7 @@ inline void expect_pressure_gives_tokens_alone(EngineConfig roomy, int vocab, in
               << m.num_device_hit_tokens << ", on the host " << m.num_host_hit_tokens << "\n";
   }  // the store finishes its writes as the engine closes
   LLM fresh(pressed);  // another engine on the same store, as another process would be
-  const std::vector<Completion> from_store = fresh.generate(requests);
+  const std::vector<Completion> from_store = fresh.generate(together);
   expect_same_tokens(from_store, alone, "a fresh engine on the block store");
   int64_t store_hits = 0;
   for (const Completion& c : from_store) store_hits += c.prompt_cache.num_store_hit_tokens;
