@@ -4,8 +4,8 @@
 // one step scheduled ahead, KV blocks evicted to a host tier and found in a block store by a
 // fresh engine. A backend whose outputs do not depend on the batch (the CPU backend; the CUDA
 // backend in its batch-invariant mode) must give every request the tokens it gives alone in a
-// roomy engine, greedy and seeded sampling alike. unit_engine runs it on the CPU backend,
-// unit_cuda on the CUDA backend.
+// roomy engine: greedy, seeded sampling, penalties and stop tokens alike. unit_engine runs it
+// on the CPU backend, unit_cuda on the CUDA backend.
 #pragma once
 
 #include <gtest/gtest.h>
