@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "kv/store_object.h"
+#include "temp_dir.h"
 
 namespace {
 
@@ -33,18 +34,7 @@ std::string fixture(const std::string& name) { return std::string(DSINFER_SOURCE
 
 using dsinfer::testing::json_lines;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "dsinfer-kv-cli-XXXXXX").string();
-    path_ = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using dsinfer::test_support::TempDir;
 
 std::vector<std::string> objects_under(const std::string& dir) {
   // Error-code overloads throughout: a writer renames and creates files while we look.

@@ -26,16 +26,6 @@ inline std::vector<float> random_values(size_t n, uint32_t seed, float stddev = 
   return v;
 }
 
-// A backend made while the environment variable `name` holds `value` (backends read their
-// switches when made); the variable is unset again.
-inline std::unique_ptr<Backend> make_backend_with_env(const std::string& backend, const char* name,
-                                                      const char* value) {
-  setenv(name, value, 1);
-  auto be = make_backend(backend);
-  unsetenv(name);
-  return be;
-}
-
 // Sets an environment variable for the scope (the CUDA backend reads its switches when made).
 class ScopedEnv {
  public:
@@ -47,6 +37,14 @@ class ScopedEnv {
  private:
   const char* name_;
 };
+
+// A backend made while the environment variable `name` holds `value` (backends read their
+// switches when made); the variable is unset again.
+inline std::unique_ptr<Backend> make_backend_with_env(const std::string& backend, const char* name,
+                                                      const char* value) {
+  ScopedEnv env(name, value);
+  return make_backend(backend);
+}
 
 inline Tensor upload(Backend& be, const std::vector<int64_t>& shape, const std::vector<float>& v) {
   return be.from_host(HostTensor{DType::kF32, shape, v.data()});

@@ -13,6 +13,8 @@
 #include <numeric>
 #include <thread>
 
+#include "temp_dir.h"
+
 namespace dsinfer::kv {
 namespace {
 
@@ -20,19 +22,7 @@ namespace fs = std::filesystem;
 
 const std::string kIdentity = "test-model;block=64;bytes=1024";
 
-// A fresh directory under the system temp folder, removed at the end of the test.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "dsinfer-kv-test-XXXXXX").string();
-    path_ = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using test_support::TempDir;
 
 std::vector<TokenId> prefix_tokens(int n, int seed = 0) {
   std::vector<TokenId> t(n);

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "kv/kv_cache_manager.h"
+#include "temp_dir.h"
 
 namespace dsinfer::kv {
 namespace {
@@ -71,18 +72,7 @@ class FakeDevice final : public KvBlockIo {
   std::vector<std::byte> mem_;
 };
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "dsinfer-kv-tiers-XXXXXX").string();
-    path_ = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using test_support::TempDir;
 
 std::vector<TokenId> tokens_of(int n, int seed) {
   std::vector<TokenId> t(n);
