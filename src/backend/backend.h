@@ -30,6 +30,9 @@ struct HostTensor {
   const float* scale_inv = nullptr;
   int block_rows = 128;
   int block_cols = 128;
+  // A routed expert's weight, read only by the MoE layer's grouped products: a backend may keep
+  // it in a narrower form than the dense weights (the CUDA backend's single bf16 term).
+  bool routed_expert = false;
 };
 
 // y = x · Wᵀ with W [out_features, in_features] (PyTorch's nn.Linear layout).

@@ -99,7 +99,7 @@ class WeightBuilder {
   Tensor mat(const std::string& name, int64_t rows, int64_t cols) {
     return host({rows, cols}, fetch(name, {rows, cols}));
   }
-  LinearWeight linear(const std::string& name, int64_t out, int64_t in) {
+  LinearWeight linear(const std::string& name, int64_t out, int64_t in, bool routed_expert = false) {
     if (backend_linear_) {
       if (auto made = backend_linear_(name, nullptr, out, in)) return std::move(*made);
     }
@@ -108,10 +108,11 @@ class WeightBuilder {
     }
     const HostValues data = fetch(name, {out, in});
     HostTensor h{DType::kF32, {out, in}, data.data()};
+    h.routed_expert = routed_expert;
     return be_.make_linear(h);
   }
   // gate and up stacked into one [2 * inter, in] weight, gate rows first.
-  LinearWeight gate_up(const std::string& prefix, int64_t inter, int64_t in) {
+  LinearWeight gate_up(const std::string& prefix, int64_t inter, int64_t in, bool routed_expert = false) {
     if (backend_linear_) {
       const std::string up_name = prefix + "up_proj.weight";
       if (auto made = backend_linear_(prefix + "gate_proj.weight", &up_name, inter, in)) return std::move(*made);
@@ -129,6 +130,7 @@ class WeightBuilder {
     fetch_(prefix + "gate_proj.weight", {inter, in}, gate_up.data());
     fetch_(prefix + "up_proj.weight", {inter, in}, gate_up.data() + inter * in);
     HostTensor h{DType::kF32, {2 * inter, in}, gate_up.data()};
+    h.routed_expert = routed_expert;
     return be_.make_gate_up(h);
   }
 
@@ -192,8 +194,8 @@ class WeightBuilder {
       moe.score_correction_bias = vec(p + "mlp.gate.e_score_correction_bias", experts);
     for (int64_t e = 0; e < experts; ++e) {
       const std::string ep = p + "mlp.experts." + std::to_string(e) + ".";
-      moe.expert_gate_up.push_back(gate_up(ep, inter, hidden));
-      moe.expert_down.push_back(linear(ep + "down_proj.weight", hidden, inter));
+      moe.expert_gate_up.push_back(gate_up(ep, inter, hidden, /*routed_expert=*/true));
+      moe.expert_down.push_back(linear(ep + "down_proj.weight", hidden, inter, /*routed_expert=*/true));
     }
     moe.has_shared = c_.n_shared_experts > 0;
     if (moe.has_shared) {

@@ -197,7 +197,7 @@ LinearWeight CpuBackend::make_linear(const HostTensor& w) {
   lw.weight = from_host(w);
   if (w.dtype == DType::kF8E4M3) {
     e4m3_weights_[lw.weight.data] = lw.weight.storage;
-  } else if (roundings_.bf16_linear_weights) {
+  } else if (roundings_.bf16_routed_expert_weights && w.routed_expert) {
     float* values = lw.weight.as<float>();
     for (int64_t i = 0; i < lw.weight.num_elements(); ++i) values[i] = round_to_bf16(values[i]);
   }

@@ -81,9 +81,10 @@ struct CpuRoundings {
   // One-row steps' products over e4m3 weights read f16 inputs, summed in f16 pairs (the few-row
   // e4m3 walks on fp32 rows, scaled_halves_of_f32x16).
   bool one_row_e4m3_f16_pairs = false;
-  // Linear weights other than e4m3 ones kept in bf16 (the CUDA backend's pack_weight): a float16
-  // checkpoint's lose three bits of each value; a bf16 checkpoint's stay as they are.
-  bool bf16_linear_weights = false;
+  // Routed experts' weights other than e4m3 ones kept in bf16, as the CUDA backend's pack_weight
+  // keeps them (its other weights take a second bf16 term where bf16 would round them): a float16
+  // checkpoint's experts lose three bits of each value; a bf16 checkpoint's stay as they are.
+  bool bf16_routed_expert_weights = false;
   // The CUDA backend's attention kernels' operands, with these products' inputs.
   static CpuRoundings cuda_attention_with(CpuProductInputs inputs, CpuFp8Activations fp8_activations = {}) {
     return {.product_inputs = inputs,
@@ -93,7 +94,7 @@ struct CpuRoundings {
             .tf32_head_tiles = true,
             .one_row_bf16 = {},
             .one_row_e4m3_f16_pairs = false,
-            .bf16_linear_weights = false};
+            .bf16_routed_expert_weights = false};
   }
   // The CUDA backend's default path: bf16 product inputs, but fp32 ones in one-row steps'
   // products over bf16 weights and f16 pairs over e4m3 ones (GroupedGemmArgs::x_f32), FP8
@@ -102,7 +103,7 @@ struct CpuRoundings {
   static CpuRoundings cuda_default() {
     CpuRoundings r = cuda_attention_with(CpuProductInputs::kBf16MultiRow, {33, 3, 3, 256});
     r.one_row_e4m3_f16_pairs = true;
-    r.bf16_linear_weights = true;
+    r.bf16_routed_expert_weights = true;
     return r;
   }
 };

@@ -54,6 +54,16 @@ std::vector<float> widen_host(const HostTensor& h) {
   return out;
 }
 
+// Whether bf16 holds each of the n values as it is (its low 16 bits are zero).
+bool all_bf16(const float* values, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, values + i, sizeof(bits));
+    if ((bits & 0xFFFFu) != 0) return false;
+  }
+  return true;
+}
+
 void check_linear(const Tensor& x, const LinearWeight& w, const Tensor& out) {
   DS_CHECK_MSG(x.dim(1) == w.in_features, "linear: input width " << x.dim(1) << " vs " << w.in_features);
   DS_CHECK_MSG(!w.packed_gate_up, "linear: a packed gate/up weight goes through gated_mlp or moe");
@@ -98,6 +108,7 @@ CudaBackend::CudaBackend(Precision precision) {
   DS_CUDA_CHECK(cudaMemsetAsync(argmax_scratch_.data, 0, argmax_scratch_.num_bytes(), stream_));
   f32_products_ = precision == Precision::kFp32 || env_is("DSINFER_CUDA_PRECISION", "fp32");
   batch_invariant_ = f32_products_ || env_is("DSINFER_BATCH_INVARIANT", "1");
+  two_term_weights_ = !env_is("DSINFER_CUDA_WEIGHT_TERMS", "1");
   graphs_enabled_ = !env_is("DSINFER_CUDA_GRAPHS", "0");
   gate_up_halves_ready_ = !env_is("DSINFER_GATE_UP_HALVES", "0");
   fused_prefill_attention_ = !env_is("DSINFER_MLA_FLASH", "0");
@@ -516,7 +527,21 @@ LinearWeight CudaBackend::pack_weight(const HostTensor& w, bool gate_up) {
   // e4m3 stays e4m3 when its scale blocks cover whole 16-row groups of the packed layout.
   const bool fp8 = w.dtype == DType::kF8E4M3 && w.scale_inv != nullptr && w.block_rows % kPackedScaleRows == 0 &&
                    w.block_cols == 128 && (!gate_up || (rows / 2) % kPackedScaleRows == 0);
-  const PackedWeightLayout layout(rows, cols, gate_up, fp8, w.block_rows);
+  std::vector<float> wide;
+  const float* values = nullptr;
+  if (!fp8) {
+    values = static_cast<const float*>(w.data);
+    if (w.dtype != DType::kF32) {
+      wide = widen_host(w);
+      values = wide.data();
+    }
+  }
+  // The routed experts stay in one term: their grouped products read each row once, and they
+  // hold most of a MoE model's bytes. So do widened e4m3 values (scale × code), as on the CPU.
+  const bool two_terms = !fp8 && two_term_weights_ && !w.routed_expert && w.dtype == DType::kF32 &&
+                         !all_bf16(values, rows * cols);
+  const int64_t term_cols = round_up(cols, kLibraryFp8TileColumns);
+  const PackedWeightLayout layout(rows, two_terms ? 2 * term_cols : cols, gate_up, fp8, w.block_rows);
   const int64_t n_p = layout.n_padded, k_p = layout.k_padded, scale_cols = layout.scale_cols;
   std::vector<uint8_t> image(layout.total_bytes(), 0);
   if (fp8) {
@@ -537,26 +562,27 @@ LinearWeight CudaBackend::pack_weight(const HostTensor& w, bool gate_up) {
       }
     }
   } else {
-    std::vector<float> wide;
-    const float* src = static_cast<const float*>(w.data);
-    if (w.dtype != DType::kF32) {
-      wide = widen_host(w);
-      src = wide.data();
-    }
     uint16_t* dst = reinterpret_cast<uint16_t*>(image.data());
     // Round to bf16 on the host (all threads) so that only 2 bytes per weight cross PCIe.
     global_thread_pool().parallel_for(n_p, [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) {
         const int64_t s = layout.source_row(r);
         if (s < 0) continue;
-        for (int64_t c = 0; c < cols; ++c) dst[r * k_p + c] = f32_to_bf16(src[s * cols + c]);
+        for (int64_t c = 0; c < cols; ++c) {
+          const float value = values[s * cols + c];
+          const uint16_t rounded = f32_to_bf16(value);
+          dst[r * k_p + c] = rounded;
+          if (two_terms) dst[r * k_p + term_cols + c] = f32_to_bf16(value - bf16_to_f32(rounded));
+        }
       }
     }, std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, cols)));
   }
   Tensor storage = alloc_->persistent_bytes(image.size());
   DS_CUDA_CHECK(cudaMemcpyAsync(storage.data, image.data(), image.size(), cudaMemcpyHostToDevice, stream_));
   synchronize();  // the host image goes out of scope
-  return packed_linear(storage, layout);
+  LinearWeight lw = packed_linear(storage, layout);
+  lw.in_features = cols;
+  return lw;
 }
 
 std::optional<LinearWeight> CudaBackend::make_random_linear(const RandomLinearSpec& spec) {
@@ -593,6 +619,15 @@ LinearWeight CudaBackend::packed_linear(const Tensor& storage, const PackedWeigh
   }
   return lw;
 }
+
+int weight_terms(const LinearWeight& w) {
+  return w.weight.dtype == DType::kBF16 && w.weight.shape.size() == 2 &&
+                 w.weight.dim(1) == 2 * round_up(w.in_features, kLibraryFp8TileColumns)
+             ? 2
+             : 1;
+}
+
+int64_t input_cols_padded(const LinearWeight& w) { return w.weight.dim(1) / weight_terms(w); }
 
 GemmWeight gemm_weight_of(const LinearWeight& w) {
   DS_CHECK(w.weight.dtype == DType::kBF16 || w.weight.dtype == DType::kF8E4M3);
@@ -693,6 +728,11 @@ void CudaBackend::read_f32_rows(GroupedGemmArgs& a, const Tensor* x, int64_t ste
 void CudaBackend::gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, int epilogue, void* y,
                        int64_t ldy, int64_t n_out, bool library_gemm, const Tensor* x_f32) {
   if (rows == 0) return;
+  if (weight_terms(w) == 2 && 2 * x_bf16.dim(1) == w.weight.dim(1)) {
+    const Tensor twice = rows_for_two_terms(x_bf16, rows, x_f32, library_gemm);
+    gemm(twice, rows, w, epilogue, y, ldy, n_out, library_gemm, twice.dtype == DType::kF32 ? &twice : nullptr);
+    return;
+  }
   const auto kind = static_cast<GemmEpilogue>(epilogue);
   GroupedGemmArgs a = dense_product(x_bf16, rows, w, kind, y, ldy, n_out);
   const GemmWeight g = a.dense;
@@ -740,6 +780,23 @@ void CudaBackend::gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w
     launch_grouped_gemm(a, g.n_padded, static_cast<int>((n_rows + kGemmRowsPerBlock - 1) / kGemmRowsPerBlock),
                         static_cast<int>(n_rows), stream_);
   }
+}
+
+Tensor CudaBackend::rows_for_two_terms(const Tensor& x_bf16, int64_t rows, const Tensor* x_f32, bool library_gemm) {
+  reconcile_norm({&x_bf16}, {});
+  if (x_f32 != nullptr) reconcile_norm({x_f32}, {});
+  // read_f32_rows's test, for bf16 weights.
+  const bool f32_rows = x_f32 != nullptr && x_f32->dtype == DType::kF32 && !library_gemm &&
+                        few_row_gemm_takes(rows) && few_row_f32_rows(rows, /*weights_fp8=*/false);
+  DS_CHECK_MSG(f32_rows || x_bf16.dtype == DType::kBF16, "gemm: fp32 rows the product cannot read");
+  return rows_twice(f32_rows ? *x_f32 : x_bf16, rows, x_bf16.dim(1));
+}
+
+Tensor CudaBackend::rows_twice(const Tensor& x, int64_t rows, int64_t half_cols) {
+  DS_CHECK(x.shape.size() == 2 && x.dim(0) >= rows && x.dim(1) <= half_cols);
+  Tensor out = alloc_->cached({rows, 2 * half_cols}, x.dtype);
+  launch_rows_twice(x.data, dtype_size_bytes(x.dtype), rows, x.dim(1), half_cols, out.data, stream_);
+  return out;
 }
 
 namespace {
@@ -903,7 +960,7 @@ void CudaBackend::linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   if (!few_row_gemm_takes(m)) reconcile_norm({&x}, {});
   reconcile_norm({}, {&out});
   if (f32_products_) product_f32(x.as<float>(), m, x.dim(1), w, out.as<float>(), out.dim(1));
-  else if (!linear_f32_e4m3(x, w, out)) linear_bf16(to_bf16_padded(x, w.weight.dim(1)), m, w, out, &x);
+  else if (!linear_f32_e4m3(x, w, out)) linear_bf16(to_bf16_padded(x, input_cols_padded(w)), m, w, out, &x);
   forget_normed_copy_if_written(out);
 }
 
@@ -943,19 +1000,26 @@ void CudaBackend::linear_pair(const Tensor& x, const LinearWeight& w1, Tensor& o
   }
   check_linear(x, w1, out1);
   check_linear(x, w2, out2);
-  DS_CHECK(w1.weight.dim(1) == w2.weight.dim(1));
+  DS_CHECK(input_cols_padded(w1) == input_cols_padded(w2));
   const int64_t m = x.dim(0);
   if (m == 0) return;
   reconcile_norm({}, {&out1, &out2});
-  const Tensor xb = to_bf16_padded(x, w1.weight.dim(1));
+  const Tensor xb = to_bf16_padded(x, input_cols_padded(w1));
   const bool same_type = (w1.weight.dtype == DType::kF8E4M3) == (w2.weight.dtype == DType::kF8E4M3);
-  if (m <= few_row_pairs_max_rows_ && few_row_gemm_takes(m) && same_type) {
-    // Both products in one launch (a link fewer in a small step's chain), each as gemm() runs it.
-    GroupedGemmArgs a = dense_product(xb, m, w1, GemmEpilogue::kStoreF32, out1.data, w1.out_features, w1.out_features);
-    GroupedGemmArgs b = dense_product(xb, m, w2, GemmEpilogue::kStoreF32, out2.data, w2.out_features, w2.out_features);
-    a.rms_scale = b.rms_scale = left_norm_scale(xb.data);
-    read_f32_rows(a, &x, m);
-    read_f32_rows(b, &x, m);
+  const int terms = weight_terms(w1);
+  if (m <= few_row_pairs_max_rows_ && few_row_gemm_takes(m) && same_type && terms == weight_terms(w2)) {
+    // Both products in one launch (a link fewer in a small step's chain), each as gemm() runs it;
+    // weights in two terms read the rows twice, copied once for both.
+    const Tensor twice = terms == 2 ? rows_for_two_terms(xb, m, &x, /*library_gemm=*/false) : Tensor{};
+    const Tensor& rows = terms == 2 ? twice : xb;
+    const Tensor* rows_f32 = terms == 1 ? &x : twice.dtype == DType::kF32 ? &twice : nullptr;
+    GroupedGemmArgs a = dense_product(rows, m, w1, GemmEpilogue::kStoreF32, out1.data, w1.out_features,
+                                      w1.out_features);
+    GroupedGemmArgs b = dense_product(rows, m, w2, GemmEpilogue::kStoreF32, out2.data, w2.out_features,
+                                      w2.out_features);
+    a.rms_scale = b.rms_scale = left_norm_scale(rows.data);
+    read_f32_rows(a, rows_f32, m);
+    read_f32_rows(b, rows_f32, m);
     // A MoE layer's router logits from the residual it starts from, in the same launch
     // (will_route, RouterIdentity): the layer's first pair of products.
     RouterLogitsRow pre;
@@ -979,7 +1043,7 @@ void CudaBackend::linear_pair(const Tensor& x, const LinearWeight& w1, Tensor& o
 void CudaBackend::gated_mlp_bf16(const Tensor& x_bf16, int64_t rows, const LinearWeight& gate_up,
                                  const LinearWeight& down, float* out, int64_t ldo, const Tensor* x_f32) {
   const int64_t inter_p = gate_up.weight.dim(0) / 2;
-  DS_CHECK_MSG(down.weight.dim(1) == inter_p && down.in_features == gate_up.out_features / 2,
+  DS_CHECK_MSG(input_cols_padded(down) == inter_p && down.in_features == gate_up.out_features / 2,
                "gated MLP: down projection takes " << down.in_features << " inputs, gate/up gives "
                                                    << gate_up.out_features / 2);
   // cuBLASLt's products apply no pending norm's factor.
@@ -1022,7 +1086,8 @@ void CudaBackend::gated_mlp(const Tensor& x, const LinearWeight& gate_up, const 
   if (m == 0) return;
   reconcile_norm({}, {&out});
   if (f32_products_) gated_mlp_f32(x, gate_up, down, out.as<float>(), out.dim(1));
-  else gated_mlp_bf16(to_bf16_padded(x, gate_up.weight.dim(1)), m, gate_up, down, out.as<float>(), out.dim(1), &x);
+  else gated_mlp_bf16(to_bf16_padded(x, input_cols_padded(gate_up)), m, gate_up, down, out.as<float>(), out.dim(1),
+                      &x);
   forget_normed_copy_if_written(out);
 }
 

@@ -54,6 +54,14 @@ class StepGapTracker;
 
 // The kernel's view of a weight made by CudaBackend::make_linear / make_gate_up.
 GemmWeight gemm_weight_of(const LinearWeight& w);
+// The bf16 terms a packed weight's values are summed from: 2 for a dense weight whose values bf16
+// would round (a float16 or fp32 checkpoint's; pack_weight), its data then [n_padded, 2 · k]:
+// each value rounded to bf16 in columns [0, k), what that rounding left, in bf16, in [k, 2 · k),
+// so that a product reading its rows twice ([x | x], CudaBackend::rows_twice) sums the exact
+// value (a float16 value's 11 significant bits fit in two bf16 terms of 8); 1 otherwise.
+int weight_terms(const LinearWeight& w);
+// The padded width of the rows a product by w reads: k_padded over weight_terms.
+int64_t input_cols_padded(const LinearWeight& w);
 
 class CudaBackend final : public Backend {
  public:
@@ -164,8 +172,18 @@ class CudaBackend final : public Backend {
   // y (epilogue's layout) = x · Wᵀ for bf16 x [rows, w's k_padded]; own kernel or cuBLASLt.
   // library_gemm: use cuBLASLt whatever the row count (unless batch invariance is asked for).
   // x_f32: the same rows in fp32 (read_f32_rows), or null.
+  // A weight in two terms (weight_terms) reads x [rows, input_cols_padded(w)] twice: gemm copies
+  // it (and x_f32) with rows_twice and takes the product over both terms' columns.
   void gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, int epilogue, void* y, int64_t ldy,
             int64_t n_out, bool library_gemm = false, const Tensor* x_f32 = nullptr);
+  // The rows a product of `rows` rows over a weight in two terms reads: [x | x] of the fp32 rows
+  // where its few-row form reads them (read_f32_rows; they then stand for the bf16 ones too, as
+  // gated_mlp_bf16's fp32 SiLU·up rows do), else of the bf16 ones. A pending norm's factor is
+  // applied first.
+  Tensor rows_for_two_terms(const Tensor& x_bf16, int64_t rows, const Tensor* x_f32, bool library_gemm);
+  // [x | x]: the first `rows` rows of x [*, at most half_cols] twice side by side, [rows, 2 ·
+  // half_cols], the second copy from column half_cols, zeros after each copy's columns.
+  Tensor rows_twice(const Tensor& x, int64_t rows, int64_t half_cols);
   // cuBLASLt's product of many rows into fp32 out [rows rounded up to 4, n_padded].
   void library_product(const Tensor& x_bf16, int64_t rows, const GemmWeight& w, float* out);
   // The block-scaled FP8 product when cuBLASLt has one for the shape, into fp32 out (or bf16
@@ -386,6 +404,9 @@ class CudaBackend final : public Backend {
   // attention and routing that batch invariance takes, which are fp32 too (batch_invariant_
   // set with it). The model's results then follow the fp32 reference to its rounding.
   bool f32_products_ = false;
+  // Dense weights that bf16 would round packed in two bf16 terms (weight_terms;
+  // DSINFER_CUDA_WEIGHT_TERMS=1: rounded to one, half the bytes to read).
+  bool two_term_weights_ = true;
   bool graphs_enabled_ = true;
   bool recording_ = false;
   bool library_fp8_ = true;  // many-row e4m3 products in FP8 (DSINFER_CUDA_FP8_GEMM=0: weights widened to bf16)

@@ -103,6 +103,10 @@ void CudaBackend::prepare(MoeWeights& w) {
            static_cast<int>(w.expert_down.size()) == num_experts && num_experts > 0);
   for (const LinearWeight& gu : w.expert_gate_up)
     DS_CHECK_MSG(gu.packed_gate_up, "MoE expert gate/up weights must come from make_gate_up");
+  for (const std::vector<LinearWeight>* weights : {&w.expert_gate_up, &w.expert_down}) {
+    for (const LinearWeight& e : *weights)
+      DS_CHECK_MSG(weight_terms(e) == 1, "MoE experts' weights must be made as routed experts' (one term)");
+  }
   if (f32_products_) {
     prepare_f32(w);
     return;
@@ -292,10 +296,13 @@ CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const Mo
   Tensor shared, shared_act;
   const int64_t shared_inter_p = w.has_shared ? w.shared_gate_up.weight.dim(0) / 2 : 0;
   if (w.has_shared) {
-    DS_CHECK(w.shared_gate_up.weight.dim(1) == k_p && w.shared_down.weight.dim(1) == shared_inter_p);
+    DS_CHECK(input_cols_padded(w.shared_gate_up) == k_p && input_cols_padded(w.shared_down) == shared_inter_p);
     shared = alloc_->cached({num_tokens, hidden}, DType::kF32);
   }
-  const bool shared_in_routing = w.has_shared && shared_experts_in_routing_ && !host_planned && !chunked &&
+  // Shared weights in two terms (weight_terms) take gemm's copy of the rows, after the routed experts.
+  const bool shared_one_term =
+      w.has_shared && weight_terms(w.shared_gate_up) == 1 && weight_terms(w.shared_down) == 1;
+  const bool shared_in_routing = shared_one_term && shared_experts_in_routing_ && !host_planned && !chunked &&
                                  num_tokens <= kMoeRoutePlanMaxTokens && num_tokens <= kRouterKernelMaxTokens &&
                                  few_row_gemm_takes(num_tokens);
   // x as a pending norm's output (xb its copy): the launches below apply its factor where the
@@ -303,7 +310,7 @@ CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const Mo
   // (both then do); else x and xb are finished here, before any launch reads them.
   if (!shared_in_routing || !routed_few_row_takes(num_tokens)) reconcile_norm({&x}, {});
   const RowRmsScale x_scale = left_norm_scale(x.data);
-  const bool shared_on_side = w.has_shared && !shared_in_routing && shared_experts_alongside_ && !host_planned &&
+  const bool shared_on_side = shared_one_term && !shared_in_routing && shared_experts_alongside_ && !host_planned &&
                               !f32_products_ && [&] {
                                 const GemmWeight gu = gemm_weight_of(w.shared_gate_up);
                                 const GemmWeight down = gemm_weight_of(w.shared_down);

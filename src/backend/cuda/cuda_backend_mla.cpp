@@ -182,8 +182,10 @@ void CudaBackend::mla_queries(const Tensor& x, const LinearWeight& wq, const Mla
                               Tensor& q) {
   query_rows_ = {};
   const int64_t rows = x.dim(0);
-  // fp32 products (the precision mode) keep fp32 queries.
-  if (f32_products_ || (wq.weight.dtype != DType::kBF16 && wq.weight.dtype != DType::kF8E4M3)) {
+  // fp32 products (the precision mode) keep fp32 queries; a weight in two terms takes gemm's copy
+  // of the rows.
+  if (f32_products_ || (wq.weight.dtype != DType::kBF16 && wq.weight.dtype != DType::kF8E4M3) ||
+      weight_terms(wq) != 1) {
     linear(x, wq, q);
     return;
   }
@@ -223,7 +225,7 @@ void CudaBackend::mla_queries_and_linear(const Tensor& x, const LinearWeight& wq
   // steps whose products take cuBLASLt), so both products can share a launch.
   const bool packed = wq.weight.dtype == DType::kBF16 || wq.weight.dtype == DType::kF8E4M3;
   if (!f32_products_ && packed && x.dim(0) > 0 && few_row_gemm_takes(x.dim(0)) && !wq.packed_gate_up &&
-      !w2.packed_gate_up && wq.weight.dim(1) == w2.weight.dim(1)) {
+      !w2.packed_gate_up && input_cols_padded(wq) == input_cols_padded(w2)) {
     query_rows_ = {};
     linear_pair(x, wq, q, w2, out2);
     return;

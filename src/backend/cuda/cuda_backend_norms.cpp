@@ -83,7 +83,8 @@ void CudaBackend::linear_add_rms_norm(const Tensor& x, const LinearWeight& w, Te
   // The few-row kernel's CUDA-core forms write the residual and the norm's output.
   const bool leave = can_leave_norm(rows, n) && is_rows(residual, rows, n) && is_rows(normed, rows, n) &&
                      norm_w.num_elements() == n && norm_w.dtype == DType::kF32 &&
-                     !(w.weight.dtype == DType::kF8E4M3 && few_row_mma_dense_) && w.weight.dim(0) == n;
+                     !(w.weight.dtype == DType::kF8E4M3 && few_row_mma_dense_) && w.weight.dim(0) == n &&
+                     weight_terms(w) == 1;
   if (!leave) {
     Backend::linear_add_rms_norm(x, w, out, residual, norm_w, eps, normed);
     return;

@@ -19,7 +19,8 @@ void CudaBackend::prepare_router(MoeWeights& moe, const LinearWeight& o_proj, co
   if (f32_products_ || !router_beside_o_proj_ || !moe.has_shared || moe.gate.dtype != DType::kF32 ||
       norm_w.dtype != DType::kF32)
     return;
-  if (o_proj.weight.dtype != DType::kBF16 && o_proj.weight.dtype != DType::kF8E4M3) return;
+  if ((o_proj.weight.dtype != DType::kBF16 && o_proj.weight.dtype != DType::kF8E4M3) || weight_terms(o_proj) != 1)
+    return;
   const int64_t hidden = moe.gate.dim(1), in_features = o_proj.in_features;
   // M · a reads M in fp32 in every step: worth it where M is not much larger than the gate
   // (V2-Lite's o_proj is 2,048 × 2,048; V3's takes 16,384 columns to 7,168, and keeps the

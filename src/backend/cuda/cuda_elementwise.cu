@@ -354,6 +354,19 @@ __global__ void f32_to_bf16_padded_kernel(const float* x, int64_t rows, int64_t 
   *reinterpret_cast<uint4*>(y + r * ldy + c0) = pack_bf16x8(v);
 }
 
+// y [rows, 2 · half] = [x | x]: each element of x [rows, cols] (T: its bits) at its column and
+// half columns further, zeros after each copy's cols.
+template <typename T>
+__global__ void rows_twice_kernel(const T* x, int64_t rows, int64_t cols, int64_t half, T* y) {
+  await_previous_kernels();
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= rows * half) return;
+  const int64_t r = i / half, c = i % half;
+  const T v = c < cols ? x[r * cols + c] : T{0};
+  y[r * 2 * half + c] = v;
+  y[r * 2 * half + half + c] = v;
+}
+
 // Where output column j's gate is in a gate/up row, and how far its up is: interleaved, outputs
 // j..j+7 of a group of 16 have their gates at weight rows 32 (j / 16) + j % 16 onward and their
 // ups 16 rows further; in halves, the ups are inter_padded rows further. Each side of 8 outputs
@@ -421,6 +434,21 @@ void launch_f32_to_bf16_padded(const float* x, int64_t rows, int64_t k, int64_t 
   const bool vector_loads = k % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
   launch_kernel(f32_to_bf16_padded_kernel, num_blocks_for(n), kThreads, 0, stream, x, rows, k, ldy, vector_loads,
                 reinterpret_cast<__nv_bfloat16*>(y));
+  DS_CUDA_CHECK_LAUNCH();
+}
+
+void launch_rows_twice(const void* x, size_t element_bytes, int64_t rows, int64_t cols, int64_t half, void* y,
+                       Stream stream) {
+  DS_CHECK_MSG((element_bytes == 2 || element_bytes == 4) && cols <= half,
+               "rows_twice: " << element_bytes << "-byte elements, " << cols << " columns in halves of " << half);
+  const int64_t n = rows * half;
+  if (n == 0) return;
+  if (element_bytes == 2)
+    launch_kernel(rows_twice_kernel<uint16_t>, num_blocks_for(n), kThreads, 0, stream, static_cast<const uint16_t*>(x),
+                  rows, cols, half, static_cast<uint16_t*>(y));
+  else
+    launch_kernel(rows_twice_kernel<uint32_t>, num_blocks_for(n), kThreads, 0, stream, static_cast<const uint32_t*>(x),
+                  rows, cols, half, static_cast<uint32_t*>(y));
   DS_CUDA_CHECK_LAUNCH();
 }
 

@@ -94,6 +94,11 @@ void launch_moe_combine_add_rms_norm(float* x, const MoeCombineRows& moe, float*
 void launch_silu_mul(const float* gate_up, int64_t rows, int64_t inter, float* out, Stream stream);
 void launch_concat_cols(const float* a, const float* b, int64_t rows, int64_t na, int64_t nb, float* out,
                         Stream stream);
+// y [rows, 2 · half] = [x | x] for x [rows, cols] of 2- or 4-byte elements (their bits), cols at
+// most half, zeros after each copy's cols: the rows a product over a weight in two bf16 terms
+// reads (weight_terms).
+void launch_rows_twice(const void* x, size_t element_bytes, int64_t rows, int64_t cols, int64_t half, void* y,
+                       Stream stream);
 // x fp32 [rows, k] → y bf16 [rows, ldy], columns k..ldy zero. ldy a multiple of 8, y 16-byte
 // aligned.
 void launch_f32_to_bf16_padded(const float* x, int64_t rows, int64_t k, int64_t ldy, uint16_t* y, Stream stream);

@@ -15,6 +15,7 @@
 namespace dsinfer {
 namespace {
 
+using testing_cuda::bf16_values;
 using testing_cuda::CudaVsCpuTest;
 using testing_cuda::download;
 using testing_cuda::make_backend_with_env;
@@ -81,7 +82,8 @@ class CudaAttentionTest : public CudaVsCpuTest {
     // With a projection: hidden rows and a query weight that give queries of about unit size.
     const int hidden = projection != nullptr ? projection->hidden : 0;
     const auto x = random_values(t * hidden, seed + 8);
-    const auto wq = random_values(q_width * hidden, seed + 9, hidden > 0 ? 1.0f / std::sqrt(float(hidden)) : 1.0f);
+    const auto wq =
+        bf16_values(random_values(q_width * hidden, seed + 9, hidden > 0 ? 1.0f / std::sqrt(float(hidden)) : 1.0f));
     constexpr float kUnwritten = 12345.0f;
     const auto kv_a = random_values(t * entry, seed + 2, 1.5f);
     const auto norm_w = random_values(d.lora, seed + 3, 0.1f, 1.0f);
@@ -155,7 +157,7 @@ class CudaAttentionTest : public CudaVsCpuTest {
         // tokens from the copy the attention's last product wrote, which must hold the bits a
         // conversion of the output gives.
         const int64_t width = int64_t{d.heads} * d.vdim, n_out = 64;
-        const auto wo = random_values(n_out * width, seed + 7, 0.05f);
+        const auto wo = bf16_values(random_values(n_out * width, seed + 7, 0.05f));
         const LinearWeight o_proj = be.make_linear(HostTensor{DType::kF32, {n_out, width}, wo.data()});
         Tensor got = be.empty({t, n_out}, DType::kF32), want = be.empty({t, n_out}, DType::kF32);
         be.linear(tout, o_proj, got);

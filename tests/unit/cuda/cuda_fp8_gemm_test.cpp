@@ -402,8 +402,11 @@ std::vector<float> run_fp8_moe(Backend& be, const Fp8MoeCase& c, const std::vect
     w.score_correction_bias = upload(be, {c.num_experts}, bias);
   }
   for (int e = 0; e < c.num_experts; ++e) {
-    w.expert_gate_up.push_back(be.make_gate_up(gate_up[e].host()));
-    w.expert_down.push_back(be.make_linear(down[e].host()));
+    // Routed experts' weights, as the model's loader marks them.
+    HostTensor gu_h = gate_up[e].host(), down_h = down[e].host();
+    gu_h.routed_expert = down_h.routed_expert = true;
+    w.expert_gate_up.push_back(be.make_gate_up(gu_h));
+    w.expert_down.push_back(be.make_linear(down_h));
   }
   be.prepare(w);
   Tensor tx = upload(be, {c.num_tokens, c.hidden}, x), ty = be.empty({c.num_tokens, c.hidden}, DType::kF32);

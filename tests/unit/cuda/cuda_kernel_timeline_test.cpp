@@ -17,6 +17,7 @@
 namespace dsinfer {
 namespace {
 
+using testing_cuda::bf16_values;
 using testing_cuda::random_values;
 using testing_cuda::upload;
 
@@ -60,7 +61,7 @@ TEST(CudaKernelTimelineTest, AReplayedStepIsWrittenKernelByKernelInOrder) {
     ASSERT_TRUE(gpu->can_record());
     Tensor x = upload(*gpu, {kRows, kDim}, random_values(kRows * kDim, 1));
     Tensor norm_w = upload(*gpu, {kDim}, random_values(kDim, 2, 0.1f, 1.0f));
-    const std::vector<float> w = random_values(kDim * kDim, 3);
+    const std::vector<float> w = bf16_values(random_values(kDim * kDim, 3));
     LinearWeight weight = gpu->make_linear(HostTensor{DType::kF32, {kDim, kDim}, w.data()});
     Tensor normed = gpu->empty({kRows, kDim}, DType::kF32), y = gpu->empty({kRows, kDim}, DType::kF32);
     const ForwardBatch batch = testing::single_sequence_batch({5, 6}, 0, 1);

@@ -35,7 +35,10 @@ class CudaGoldenModelTest : public ::testing::TestWithParam<std::string> {
 // a near-tie between experts in some layer's router, which bf16 noise may decide the other way.
 // Measured with fp32 rows in one-row steps over bf16 weights: tiny_v3 75/75, tiny_v2_lite 84/84
 // over such steps; 144/144 and 141/144 over all (bench/RESULTS.md, "One-row steps on fp32
-// rows"; "Dense few-row products on their fp32 rows" has what moves them). tiny_v3_fp8, whose
+// rows"; "Dense few-row products on their fp32 rows" has what moves them), and 143/144 on
+// tiny_v2_lite since its float16 dense weights are packed in two bf16 terms (weight_terms;
+// RESULTS.md, "A float16 checkpoint's dense weights in two bf16 terms"), its miss at a reference
+// margin of 0.0005. At least 99% of all steps, the bar of the fp32 reference. tiny_v3_fp8, whose
 // prompts' steps take FP8 activations in three e4m3 terms in their dense products and experts
 // (gate/up pairs kept in e4m3 as stored): 85/85 and 144/144, worst prefill logit error 0.022 of
 // scale 3.5 (RESULTS.md, "Exact FP8 gate/up weights"); DeepSeek's
@@ -63,7 +66,7 @@ TEST_P(CudaGoldenModelTest, TeacherForcedTop1AgreesWithReference) {
             << worst_scale << ")\n";
   EXPECT_GT(a.num_clear, 60);
   EXPECT_GE(a.num_clear_agree, kClearAgreement * a.num_clear) << fixture;
-  EXPECT_GE(a.num_agree, 0.95 * a.num_steps) << fixture;
+  EXPECT_GE(a.num_agree, 0.99 * a.num_steps) << fixture;
 }
 
 // The fp32 precision mode (DSINFER_CUDA_PRECISION=fp32) holds the CPU backend's bars

@@ -12,6 +12,7 @@
 namespace dsinfer {
 namespace {
 
+using testing_cuda::bf16_values;
 using testing_cuda::CudaVsCpuOneTermTest;
 using testing_cuda::download;
 using testing_cuda::make_backend_with_env;
@@ -50,9 +51,11 @@ class CudaMoeTest : public CudaVsCpuOneTermTest {
     return download(be, tout);
   }
 
-  // An e4m3 weight [rows, cols] with 128x128 block scales that vary across blocks.
+  // An e4m3 weight [rows, cols] with 128x128 block scales that vary across blocks; a routed
+  // expert's where routed_expert, as the model's loader marks them.
   LinearWeight fp8_weight(Backend& be, int64_t rows, int64_t cols, uint32_t seed, bool gate_up,
-                          std::vector<std::vector<uint8_t>>& keep_bytes, std::vector<std::vector<float>>& keep_scales) {
+                          std::vector<std::vector<uint8_t>>& keep_bytes, std::vector<std::vector<float>>& keep_scales,
+                          bool routed_expert = false) {
     const int64_t rb = (rows + 127) / 128, cb = (cols + 127) / 128;
     auto& scales = keep_scales.emplace_back(rb * cb);
     for (int64_t i = 0; i < rb * cb; ++i) scales[i] = 0.002f * (1 + (seed + i) % 5);
@@ -69,6 +72,7 @@ class CudaMoeTest : public CudaVsCpuOneTermTest {
       bytes[i] = fp8_codes_ == Fp8Codes::kRandom ? f32_to_fp8e4m3(v[i]) : codes[step % codes.size()];
     }
     HostTensor h{DType::kF8E4M3, {rows, cols}, bytes.data(), scales.data(), 128, 128};
+    h.routed_expert = routed_expert;
     return gate_up ? be.make_gate_up(h) : be.make_linear(h);
   }
 
@@ -98,22 +102,25 @@ class CudaMoeTest : public CudaVsCpuOneTermTest {
     std::vector<std::vector<float>> scales;
     for (int e = 0; e < g.num_experts; ++e) {
       if (fp8) {
-        w.expert_gate_up.push_back(fp8_weight(be, 2 * inter, hidden, seed + 10 + 2 * e, true, bytes, scales));
-        w.expert_down.push_back(fp8_weight(be, hidden, inter, seed + 11 + 2 * e, false, bytes, scales));
+        w.expert_gate_up.push_back(fp8_weight(be, 2 * inter, hidden, seed + 10 + 2 * e, true, bytes, scales, true));
+        w.expert_down.push_back(fp8_weight(be, hidden, inter, seed + 11 + 2 * e, false, bytes, scales, true));
         continue;
       }
-      auto gu = random_values(2 * inter * hidden, seed + 10 + 2 * e, s_in);
-      auto down = random_values(hidden * inter, seed + 11 + 2 * e, s_mid);
-      w.expert_gate_up.push_back(be.make_gate_up(HostTensor{DType::kF32, {2 * inter, hidden}, gu.data()}));
-      w.expert_down.push_back(be.make_linear(HostTensor{DType::kF32, {hidden, inter}, down.data()}));
+      auto gu = bf16_values(random_values(2 * inter * hidden, seed + 10 + 2 * e, s_in));
+      auto down = bf16_values(random_values(hidden * inter, seed + 11 + 2 * e, s_mid));
+      // Routed experts' weights, as the model's loader marks them (the CUDA backend's one term).
+      HostTensor gu_h{DType::kF32, {2 * inter, hidden}, gu.data()}, down_h{DType::kF32, {hidden, inter}, down.data()};
+      gu_h.routed_expert = down_h.routed_expert = true;
+      w.expert_gate_up.push_back(be.make_gate_up(gu_h));
+      w.expert_down.push_back(be.make_linear(down_h));
     }
     w.has_shared = g.shared;
     if (g.shared && fp8) {
       w.shared_gate_up = fp8_weight(be, 4 * inter, hidden, seed + 5, true, bytes, scales);
       w.shared_down = fp8_weight(be, hidden, 2 * inter, seed + 6, false, bytes, scales);
     } else if (g.shared) {
-      auto gu = random_values(4 * inter * hidden, seed + 5, s_in);
-      auto down = random_values(hidden * 2 * inter, seed + 6, s_mid);
+      auto gu = bf16_values(random_values(4 * inter * hidden, seed + 5, s_in));
+      auto down = bf16_values(random_values(hidden * 2 * inter, seed + 6, s_mid));
       w.shared_gate_up = be.make_gate_up(HostTensor{DType::kF32, {4 * inter, hidden}, gu.data()});
       w.shared_down = be.make_linear(HostTensor{DType::kF32, {hidden, 2 * inter}, down.data()});
     }
@@ -396,7 +403,7 @@ TEST_F(CudaMoeTest, NormLeftToTheNextLayerFollowsTheNormInItsOwnLaunch) {
   gpu_ = make_backend_with_env("cuda", "DSINFER_NORM_IN_PRODUCTS", "2");
   const GateSpec six{64, 6, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, false, 1.0f, true};
   constexpr int64_t kHidden = 256, kInter = 96, kQ = 160;
-  const auto q_w = random_values(kQ * kHidden, 71, 1.0f / std::sqrt(static_cast<float>(kHidden)));
+  const auto q_w = bf16_values(random_values(kQ * kHidden, 71, 1.0f / std::sqrt(static_cast<float>(kHidden))));
   const auto norm_w = random_values(kHidden, 72, 0.5f, 1.0f);
   for (const bool fp8 : {false, true}) {
     for (const int64_t tokens : {int64_t{1}, int64_t{2}}) {

@@ -18,6 +18,7 @@
 namespace dsinfer {
 namespace {
 
+using testing_cuda::bf16_values;
 using testing_cuda::CudaVsCpuTest;
 using testing_cuda::download;
 using testing_cuda::make_backend_with_env;
@@ -123,7 +124,7 @@ TEST_F(CudaOpsTest, ProductsAfterANormReadItsBf16CopyOnlyWhileItHolds) {
     const int64_t n_out = 96;
     const auto x = random_values(rows * n, 51, 2.0f, 0.5f), y = random_values(rows * n, 52);
     const auto w = random_values(n, 53, 0.1f, 1.0f);
-    const auto wp = random_values(n_out * n, 54, 0.05f);
+    const auto wp = bf16_values(random_values(n_out * n, 54, 0.05f));
     const LinearWeight proj = be.make_linear(HostTensor{DType::kF32, {n_out, n}, wp.data()});
     Tensor tx = upload(be, {rows, n}, x), ty = upload(be, {rows, n}, y), tw = upload(be, {n}, w);
     Tensor normed = be.empty({rows, n}, DType::kF32);
@@ -153,7 +154,7 @@ TEST_F(CudaOpsTest, ProductsAfterANormReadItsBf16CopyOnlyWhileItHolds) {
     EXPECT_EQ(download(be, got), converted(normed)) << shape << ": an add over the norm's output";
 
     if (n > 2048) continue;  // a square weight of the widest rows would take a gigabyte
-    const auto wsq = random_values(n * n, 55, 0.05f);
+    const auto wsq = bf16_values(random_values(n * n, 55, 0.05f));
     const LinearWeight square = be.make_linear(HostTensor{DType::kF32, {n, n}, wsq.data()});
     be.rms_norm(tx, tw, eps, normed);
     be.linear(normed, square, normed);  // the product writes over its own input
@@ -200,7 +201,7 @@ TEST_F(CudaOpsTest, AddSiluMulConcatGatherEmbeddingMatchCpu) {
 TEST_F(CudaOpsTest, LinearBf16MatchesCpuAtSeveralShapes) {
   struct Shape { int64_t m, n, k; };
   for (Shape s : {Shape{1, 64, 64}, Shape{7, 200, 96}, Shape{33, 576, 2048}, Shape{130, 1000, 384}, Shape{5, 3, 24}}) {
-    const auto w = random_values(s.n * s.k, 11, 1.0f / std::sqrt(static_cast<float>(s.k)));
+    const auto w = bf16_values(random_values(s.n * s.k, 11, 1.0f / std::sqrt(static_cast<float>(s.k))));
     const auto x = random_values(s.m * s.k, 12);
     std::vector<float> y[2];
     Backend* bes[2] = {cpu_.get(), gpu_.get()};
@@ -216,7 +217,7 @@ TEST_F(CudaOpsTest, LinearRowCountsSharingAPlanMatchCpu) {
   // a plan (289-320), in an order that shrinks and grows it: a plan left at a smaller count would
   // leave the later rows unwritten, one left at a larger count would write past the output.
   const int64_t n = 640, k = 256;
-  const auto w = random_values(n * k, 31, 1.0f / std::sqrt(static_cast<float>(k)));
+  const auto w = bf16_values(random_values(n * k, 31, 1.0f / std::sqrt(static_cast<float>(k))));
   LinearWeight lw_cpu = cpu_->make_linear(HostTensor{DType::kF32, {n, k}, w.data()});
   LinearWeight lw_gpu = gpu_->make_linear(HostTensor{DType::kF32, {n, k}, w.data()});
   for (int64_t m : {300, 289, 320, 129, 289, 319}) {
@@ -283,8 +284,9 @@ TEST_F(CudaOpsTest, LinearFp8ComputesWithTheCheckpointsWeightsExactly) {
 TEST_F(CudaOpsTest, GatedMlpMatchesCpuIncludingPaddedShapes) {
   struct Shape { int64_t m, hidden, inter; };
   for (Shape s : {Shape{1, 64, 32}, Shape{9, 80, 24}, Shape{70, 256, 1408}, Shape{200, 96, 40}}) {
-    const auto gu = random_values(2 * s.inter * s.hidden, 31, 1.0f / std::sqrt(static_cast<float>(s.hidden)));
-    const auto down = random_values(s.hidden * s.inter, 32, 1.0f / std::sqrt(static_cast<float>(s.inter)));
+    const auto gu =
+        bf16_values(random_values(2 * s.inter * s.hidden, 31, 1.0f / std::sqrt(static_cast<float>(s.hidden))));
+    const auto down = bf16_values(random_values(s.hidden * s.inter, 32, 1.0f / std::sqrt(static_cast<float>(s.inter))));
     const auto x = random_values(s.m * s.hidden, 33);
     std::vector<float> y[2];
     Backend* bes[2] = {cpu_.get(), gpu_.get()};
@@ -305,7 +307,7 @@ TEST_F(CudaOpsTest, GatedMlpMatchesCpuIncludingPaddedShapes) {
 // kernels (bf16 or e4m3 weights, or one of each) and through cuBLASLt.
 TEST_F(CudaOpsTest, LinearPairGivesWhatTwoLinearsGive) {
   const int64_t k = 256, n1 = 96, n2 = 48;
-  const auto w1 = random_values(n1 * k, 41, 0.1f), w2 = random_values(n2 * k, 42, 0.1f);
+  const auto w1 = bf16_values(random_values(n1 * k, 41, 0.1f)), w2 = bf16_values(random_values(n2 * k, 42, 0.1f));
   const Fp8BlockScaledWeight f1(n1, k, 44, 3, 7), f2(n2, k, 45, 5, 11);
   auto paired = make_backend_with_env("cuda", "DSINFER_FEW_ROW_PAIRS", "2");
   Backend& be = *paired;
@@ -459,7 +461,7 @@ TEST_F(CudaOpsTest, FewRowFixedPhasesMatchTheRunTimeWalk) {
   Backend* bes[2] = {gpu_.get(), run_time.get()};
   const int64_t n = 96;
   for (int64_t k : {200, 1024, 1408, 2048, 2816, 4608}) {
-    const auto w = random_values(n * k, 311, 1.0f / std::sqrt(static_cast<float>(k)));
+    const auto w = bf16_values(random_values(n * k, 311, 1.0f / std::sqrt(static_cast<float>(k))));
     const HostTensor h{DType::kF32, {n, k}, w.data()};
     for (int64_t m : {1, 2}) {
       const auto x = random_values(m * k, 312);
@@ -484,7 +486,7 @@ TEST_F(CudaOpsTest, FewRowFixedPhasesMatchTheRunTimeWalk) {
     }
   }
   const int64_t k = 1408, n2 = 48;
-  const auto w1 = random_values(n * k, 315, 0.03f), w2 = random_values(n2 * k, 316, 0.03f);
+  const auto w1 = bf16_values(random_values(n * k, 315, 0.03f)), w2 = bf16_values(random_values(n2 * k, 316, 0.03f));
   const auto x = random_values(k, 317);
   std::vector<float> pair[2];
   for (int i = 0; i < 2; ++i) {
@@ -689,10 +691,10 @@ TEST_F(CudaOpsTest, NormLeftToTheProductsAfterItFollowsTheNormInItsOwnLaunch) {
   gpu_ = make_backend_with_env("cuda", "DSINFER_NORM_IN_PRODUCTS", "2");
   constexpr int64_t kIn = 192, kHidden = 256, kQ = 160, kInter = 96;
   const float eps = 1e-6f;
-  const auto o_w = random_values(kHidden * kIn, 91, 1.0f / std::sqrt(static_cast<float>(kIn)));
-  const auto q_w = random_values(kQ * kHidden, 92, 1.0f / std::sqrt(static_cast<float>(kHidden)));
-  const auto gu_w = random_values(2 * kInter * kHidden, 93, 1.0f / std::sqrt(static_cast<float>(kHidden)));
-  const auto down_w = random_values(kHidden * kInter, 94, 1.0f / std::sqrt(static_cast<float>(kInter)));
+  const auto o_w = bf16_values(random_values(kHidden * kIn, 91, 1.0f / std::sqrt(static_cast<float>(kIn))));
+  const auto q_w = bf16_values(random_values(kQ * kHidden, 92, 1.0f / std::sqrt(static_cast<float>(kHidden))));
+  const auto gu_w = bf16_values(random_values(2 * kInter * kHidden, 93, 1.0f / std::sqrt(static_cast<float>(kHidden))));
+  const auto down_w = bf16_values(random_values(kHidden * kInter, 94, 1.0f / std::sqrt(static_cast<float>(kInter))));
   const auto norm_w = random_values(kHidden, 95, 0.5f, 1.0f);
   const Fp8BlockScaledWeight o_fp8(kHidden, kIn, 96, 7, 5), q_fp8(kQ, kHidden, 97, 3, 11);
   for (const bool fp8 : {false, true}) {
@@ -751,7 +753,7 @@ TEST_F(CudaOpsTest, NormLeftToTheProductsAfterItFollowsTheNormInItsOwnLaunch) {
 // invariance is asked for.
 TEST_F(CudaOpsTest, LinearRowsAreBatchInvariant) {
   const int64_t n = 576, k = 2048;
-  const auto w = random_values(n * k, 41, 1.0f / std::sqrt(static_cast<float>(k)));
+  const auto w = bf16_values(random_values(n * k, 41, 1.0f / std::sqrt(static_cast<float>(k))));
   const Fp8BlockScaledWeight w_fp8(n, k, 43, 3, 7);
   const auto x = random_values(300 * k, 42);
   for (const HostTensor& weight : {HostTensor{DType::kF32, {n, k}, w.data()}, w_fp8.host()}) {

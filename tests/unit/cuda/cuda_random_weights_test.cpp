@@ -24,6 +24,7 @@
 namespace dsinfer {
 namespace {
 
+using testing_cuda::bf16_values;
 using testing_cuda::CudaVsCpuTest;
 using testing_cuda::download;
 using testing_cuda::make_backend_with_env;
@@ -100,7 +101,10 @@ TEST_F(CudaRandomWeightsTest, DeviceFilledWeightsHoldTheHostDrawnValues) {
     const std::vector<float> values = host_values(spec);
     const int64_t source_rows = c.gate_up ? 2 * c.rows : c.rows;
     HostFp8 q;
-    HostTensor h{DType::kF32, {source_rows, c.cols}, values.data()};
+    // bf16: the values rounded to bf16 here, the codes packing gives them, so that make_linear
+    // keeps them in the one bf16 term the device fills (values that bf16 would round take two).
+    const std::vector<float> rounded = bf16_values(values);
+    HostTensor h{DType::kF32, {source_rows, c.cols}, rounded.data()};
     if (c.fp8 && c.gate_up) {
       // Each half quantised as a checkpoint's tensor, stacked as the loader stacks them: in scale
       // blocks of gcd(inter, 128) rows, none spanning both halves.
@@ -146,7 +150,7 @@ TEST_F(CudaRandomWeightsTest, DeviceFilledWeightsHoldTheHostDrawnValues) {
       Tensor y_made = be.empty({m, c.gate_up ? c.cols : n_out}, DType::kF32);
       Tensor y_packed = be.empty({m, c.gate_up ? c.cols : n_out}, DType::kF32);
       if (c.gate_up) {
-        const auto wd = random_values(c.cols * c.rows, 8, 0.1f);
+        const auto wd = bf16_values(random_values(c.cols * c.rows, 8, 0.1f));
         const LinearWeight down = be.make_linear(HostTensor{DType::kF32, {c.cols, c.rows}, wd.data()});
         be.gated_mlp(tx, *made, down, y_made);
         be.gated_mlp(tx, packed, down, y_packed);
@@ -164,7 +168,11 @@ TEST_F(CudaRandomWeightsTest, DeviceFilledWeightsHoldTheHostDrawnValues) {
 // drawn on the host (DSINFER_DEVICE_RANDOM_WEIGHTS=0), in bf16 and with FP8 projections.
 TEST_F(CudaRandomWeightsTest, RandomModelMatchesTheHostDrawnOne) {
   const ModelConfig config = ModelConfig::load(testing_cuda::source_dir() + "/tests/data/tiny_v3");
-  auto host_drawn = make_backend_with_env("cuda", "DSINFER_DEVICE_RANDOM_WEIGHTS", "0");
+  // In one bf16 term, as the device draws them (the host's fp32 values would take two).
+  auto host_drawn = [] {
+    testing_cuda::ScopedEnv one_term("DSINFER_CUDA_WEIGHT_TERMS", "1");
+    return make_backend_with_env("cuda", "DSINFER_DEVICE_RANDOM_WEIGHTS", "0");
+  }();
   for (const bool fp8 : {false, true}) {
     SCOPED_TRACE(fp8 ? "FP8 projections" : "bf16");
     Backend* bes[2] = {gpu_.get(), host_drawn.get()};

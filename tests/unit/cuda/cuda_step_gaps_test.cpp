@@ -12,6 +12,7 @@
 namespace dsinfer {
 namespace {
 
+using testing_cuda::bf16_values;
 using testing_cuda::random_values;
 using testing_cuda::upload;
 
@@ -20,7 +21,8 @@ class CudaStepGapsTest : public ::testing::Test {
   void SetUp() override {
     if (!cuda_backend_available()) GTEST_SKIP() << "no CUDA device visible";
     gpu_ = make_backend("cuda");
-    weight_ = gpu_->make_linear(HostTensor{DType::kF32, {kDim, kDim}, random_values(kDim * kDim, 1).data()});
+    const std::vector<float> w = bf16_values(random_values(kDim * kDim, 1));
+    weight_ = gpu_->make_linear(HostTensor{DType::kF32, {kDim, kDim}, w.data()});
     x_ = upload(*gpu_, {kRows, kDim}, random_values(kRows * kDim, 2));
     y_ = gpu_->empty({kRows, kDim}, DType::kF32);
   }

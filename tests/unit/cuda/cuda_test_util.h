@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "core/dtype.h"
 #include "engine/engine_config.h"
 #include "source_dir.h"
 
@@ -23,6 +24,14 @@ inline std::vector<float> random_values(size_t n, uint32_t seed, float stddev = 
   std::normal_distribution<float> dist(mean, stddev);
   std::vector<float> v(n);
   for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+// Weight values as a bf16 checkpoint holds them (each exact in bf16): the CUDA backend packs such
+// weights in one bf16 term, the form whose kernels most tests here check (dense weights that bf16
+// would round take two terms, weight_terms; cuda_two_term_weights_test.cpp).
+inline std::vector<float> bf16_values(std::vector<float> v) {
+  for (float& x : v) x = round_to_bf16(x);
   return v;
 }
 

@@ -150,16 +150,17 @@ TEST(CpuProductInputsTest, CudaDefaultRoundings) {
   EXPECT_EQ(r.fp8_activations.routed_min_rows, 3);
   EXPECT_EQ(r.fp8_activations.dense_terms, 3);
   EXPECT_EQ(r.fp8_activations.dense_terms_max_rows, 256);
-  EXPECT_TRUE(r.bf16_linear_weights);
+  EXPECT_TRUE(r.bf16_routed_expert_weights);
   EXPECT_TRUE(CpuBackend(r).wants_raw_fp8());
 }
 
-// bf16_linear_weights keeps a linear weight's values in bf16, as the CUDA backend packs them: a
-// float16 checkpoint's 1 + 2^-10 becomes 1; e4m3 weights and the tensors that are no linear
-// weight (norms, embeddings) keep their values.
-TEST(CpuProductInputsTest, Bf16LinearWeights) {
+// bf16_routed_expert_weights keeps a routed expert's weight values in bf16, as the CUDA backend
+// packs them: a float16 checkpoint's 1 + 2^-10 becomes 1. Other linear weights (which the CUDA
+// backend packs in two bf16 terms), e4m3 weights and the tensors that are no linear weight
+// (norms, embeddings) keep their values.
+TEST(CpuProductInputsTest, Bf16RoutedExpertWeights) {
   CpuRoundings roundings;
-  roundings.bf16_linear_weights = true;
+  roundings.bf16_routed_expert_weights = true;
   CpuBackend cpu(roundings);
   const float w_value = 1.0f + 1.0f / 1024.0f, x_value = 1.0f;
   auto product = [&](const LinearWeight& w) {
@@ -170,11 +171,16 @@ TEST(CpuProductInputsTest, Bf16LinearWeights) {
     cpu.to_host(out, &y);
     return y;
   };
-  EXPECT_EQ(product(cpu.make_linear(HostTensor{DType::kF32, {1, 1}, &w_value})), 1.0f);
-  EXPECT_EQ(product(CpuBackend().make_linear(HostTensor{DType::kF32, {1, 1}, &w_value})), w_value);
+  HostTensor expert{DType::kF32, {1, 1}, &w_value};
+  expert.routed_expert = true;
+  EXPECT_EQ(product(cpu.make_linear(expert)), 1.0f);
+  EXPECT_EQ(product(CpuBackend().make_linear(expert)), w_value);
+  EXPECT_EQ(product(cpu.make_linear(HostTensor{DType::kF32, {1, 1}, &w_value})), w_value);
   const uint8_t code = 0x38;  // e4m3 1.0, under a scale bf16 cannot hold
   const float scale = w_value;
-  EXPECT_EQ(product(cpu.make_linear(HostTensor{DType::kF8E4M3, {1, 1}, &code, &scale, 128, 128})), w_value);
+  HostTensor e4m3_expert{DType::kF8E4M3, {1, 1}, &code, &scale, 128, 128};
+  e4m3_expert.routed_expert = true;
+  EXPECT_EQ(product(cpu.make_linear(e4m3_expert)), w_value);
   float kept = 0;
   cpu.to_host(cpu.from_host(HostTensor{DType::kF32, {1}, &w_value}), &kept);
   EXPECT_EQ(kept, w_value);
