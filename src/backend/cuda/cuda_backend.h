@@ -173,7 +173,8 @@ class CudaBackend final : public Backend {
   // library_gemm: use cuBLASLt whatever the row count (unless batch invariance is asked for).
   // x_f32: the same rows in fp32 (read_f32_rows), or null.
   // A weight in two terms (weight_terms) reads x [rows, input_cols_padded(w)] twice: gemm copies
-  // it (and x_f32) with rows_twice and takes the product over both terms' columns.
+  // the rows its product reads once more (rows_for_two_terms) and takes the product over both
+  // terms' columns.
   void gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, int epilogue, void* y, int64_t ldy,
             int64_t n_out, bool library_gemm = false, const Tensor* x_f32 = nullptr);
   // The rows a product of `rows` rows over a weight in two terms reads: [x | x] of the fp32 rows
