@@ -156,6 +156,41 @@ TEST_F(CudaSamplingTest, PenalisedLogitsMatchTheReference) {
   EXPECT_GT(changed, 2500);
 }
 
+// penalise_logits has read its penalties when it returns, whatever the stream still has to run:
+// several calls in a row, each over its own logits, with more changes than the one before and its
+// caller's vector overwritten as soon as it returns, give each tensor the CPU's changes.
+TEST_F(CudaSamplingTest, PenaltiesOfCallsInARowReachTheirOwnLogits) {
+  constexpr int kRows = 3, kVocab = 5003, kCalls = 5;
+  std::vector<std::vector<float>> logits;
+  std::vector<Tensor> cpu_logits, gpu_logits;
+  std::vector<LogitPenalty> penalties;
+  for (int call = 0; call < kCalls; ++call) {
+    logits.push_back(random_values(static_cast<size_t>(kRows) * kVocab, 20 + call, 3.0f));
+    cpu_logits.push_back(upload(*cpu_, {kRows, kVocab}, logits.back()));
+    gpu_logits.push_back(upload(*gpu_, {kRows, kVocab}, logits.back()));
+    penalties.clear();
+    for (int r = 0; r < kRows; ++r)
+      for (int i = 0; i < 2000 * (call + 1) / kRows; ++i)
+        penalties.push_back({r, static_cast<TokenId>((i * 7 + call * 13 + r) % kVocab), 1.0f + 0.1f * (call + 1),
+                             0.5f * static_cast<float>(call - r)});
+    cpu_->penalise_logits(cpu_logits.back(), penalties);
+    gpu_->penalise_logits(gpu_logits.back(), penalties);
+    for (LogitPenalty& p : penalties) p = {0, 0, 100.0f, 1000.0f};  // what a late copy would read
+  }
+  for (int call = 0; call < kCalls; ++call) {
+    SCOPED_TRACE("call " + std::to_string(call));
+    std::vector<float> want(logits[call].size()), got(logits[call].size());
+    cpu_->to_host(cpu_logits[call], want.data());
+    gpu_->to_host(gpu_logits[call], got.data());
+    int changed = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_EQ(got[i], want[i]) << "logit " << i;
+      changed += want[i] != logits[call][i];
+    }
+    EXPECT_GT(changed, 1000);
+  }
+}
+
 TEST_F(CudaSamplingTest, RowsMatchTheReferenceChoice) {
   run_case(60, 5003, 1);
   run_case(20, 102400, 2);
