@@ -789,14 +789,12 @@ Tensor CudaBackend::rows_for_two_terms(const Tensor& x_bf16, int64_t rows, const
   const bool f32_rows = x_f32 != nullptr && x_f32->dtype == DType::kF32 && !library_gemm &&
                         few_row_gemm_takes(rows) && few_row_f32_rows(rows, /*weights_fp8=*/false);
   DS_CHECK_MSG(f32_rows || x_bf16.dtype == DType::kBF16, "gemm: fp32 rows the product cannot read");
-  return rows_twice(f32_rows ? *x_f32 : x_bf16, rows, x_bf16.dim(1));
-}
-
-Tensor CudaBackend::rows_twice(const Tensor& x, int64_t rows, int64_t half_cols) {
+  const Tensor& x = f32_rows ? *x_f32 : x_bf16;
+  const int64_t half_cols = x_bf16.dim(1);
   DS_CHECK(x.shape.size() == 2 && x.dim(0) >= rows && x.dim(1) <= half_cols);
-  Tensor out = alloc_->cached({rows, 2 * half_cols}, x.dtype);
-  launch_rows_twice(x.data, dtype_size_bytes(x.dtype), rows, x.dim(1), half_cols, out.data, stream_);
-  return out;
+  Tensor twice = alloc_->cached({rows, 2 * half_cols}, x.dtype);
+  launch_rows_twice(x.data, dtype_size_bytes(x.dtype), rows, x.dim(1), half_cols, twice.data, stream_);
+  return twice;
 }
 
 namespace {

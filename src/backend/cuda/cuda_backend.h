@@ -57,7 +57,7 @@ GemmWeight gemm_weight_of(const LinearWeight& w);
 // The bf16 terms a packed weight's values are summed from: 2 for a dense weight whose values bf16
 // would round (a float16 or fp32 checkpoint's; pack_weight), its data then [n_padded, 2 · k]:
 // each value rounded to bf16 in columns [0, k), what that rounding left, in bf16, in [k, 2 · k),
-// so that a product reading its rows twice ([x | x], CudaBackend::rows_twice) sums the exact
+// so that a product reading its rows twice ([x | x], CudaBackend::rows_for_two_terms) sums the exact
 // value (a float16 value's 11 significant bits fit in two bf16 terms of 8); 1 otherwise.
 int weight_terms(const LinearWeight& w);
 // The padded width of the rows a product by w reads: k_padded over weight_terms.
@@ -177,14 +177,12 @@ class CudaBackend final : public Backend {
   // terms' columns.
   void gemm(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, int epilogue, void* y, int64_t ldy,
             int64_t n_out, bool library_gemm = false, const Tensor* x_f32 = nullptr);
-  // The rows a product of `rows` rows over a weight in two terms reads: [x | x] of the fp32 rows
-  // where its few-row form reads them (read_f32_rows; they then stand for the bf16 ones too, as
-  // gated_mlp_bf16's fp32 SiLU·up rows do), else of the bf16 ones. A pending norm's factor is
-  // applied first.
+  // The rows a product of `rows` rows over a weight in two terms reads, [rows, 2 · x_bf16's
+  // width]: [x | x] of the fp32 rows where its few-row form reads them (read_f32_rows; they then
+  // stand for the bf16 ones too, as gated_mlp_bf16's fp32 SiLU·up rows do), else of the bf16
+  // ones, each copy followed by zeros to x_bf16's width (launch_rows_twice). A pending norm's
+  // factor is applied first.
   Tensor rows_for_two_terms(const Tensor& x_bf16, int64_t rows, const Tensor* x_f32, bool library_gemm);
-  // [x | x]: the first `rows` rows of x [*, at most half_cols] twice side by side, [rows, 2 ·
-  // half_cols], the second copy from column half_cols, zeros after each copy's columns.
-  Tensor rows_twice(const Tensor& x, int64_t rows, int64_t half_cols);
   // cuBLASLt's product of many rows into fp32 out [rows rounded up to 4, n_padded].
   void library_product(const Tensor& x_bf16, int64_t rows, const GemmWeight& w, float* out);
   // The block-scaled FP8 product when cuBLASLt has one for the shape, into fp32 out (or bf16
