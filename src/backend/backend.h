@@ -279,6 +279,10 @@ class Backend {
   // must read its per-step data from there. end_recording returns false when capture failed
   // (the work was then not run and must be issued eagerly).
   virtual bool can_record() const { return false; }
+  // The form the backend gives a recordable step, beyond its number of rows: steps the backend
+  // lays out differently (a long context's attention, say) are recorded apart, under keys that
+  // differ in this value. 0 where every step of a size takes one form.
+  virtual uint32_t recording_variant(const ForwardBatch& batch) const { (void)batch; return 0; }
   virtual void begin_recording(uint64_t key) { (void)key; }
   virtual bool end_recording(uint64_t key) { (void)key; return false; }
   virtual bool replay(uint64_t key) { (void)key; return false; }

@@ -120,12 +120,13 @@ int DeepseekModel::decode_bucket(const ForwardBatch& batch) {
   return 0;
 }
 
-// A decode step of n sequences runs as the recording of its bucket's size. Each padding
-// sequence repeats the last real sequence's step (its token, position, context and block table)
-// but stores nothing (slot -1); its rows are computed and ignored. Padding so shaped costs what
-// a real sequence costs, and no more: one-position contexts made the attention's balanced work
-// ranges lopsided (each such token costs far more than its share), and a 200-sequence step in
-// the 224 bucket took 2.87 ms per three layers instead of 2.28.
+// A decode step of n sequences runs as the recording of its bucket's size and of the form the
+// backend gives it (Backend::recording_variant). Each padding sequence repeats the last real
+// sequence's step (its token, position, context and block table) but stores nothing (slot -1);
+// its rows are computed and ignored. Padding so shaped costs what a real sequence costs, and no
+// more: one-position contexts made the attention's balanced work ranges lopsided (each such
+// token costs far more than its share), and a 200-sequence step in the 224 bucket took 2.87 ms
+// per three layers instead of 2.28.
 ForwardOutput DeepseekModel::forward_recorded(const ForwardBatch& batch, KvCaches& caches, int bucket) {
   const int n = batch.num_tokens;
   ForwardBatch padded = batch;
@@ -139,7 +140,7 @@ ForwardOutput DeepseekModel::forward_recorded(const ForwardBatch& batch, KvCache
     padded.logits_indices.push_back(i);
   }
   padded.num_tokens = bucket;
-  const uint64_t key = static_cast<uint64_t>(bucket);
+  const uint64_t key = static_cast<uint64_t>(bucket) | uint64_t{backend_.recording_variant(padded)} << 32;
   Recording& rec = recordings_[key];
   // A recording replayed over caches other than its own would read and write the old ones (freed,
   // or another sequence set's): a step over new caches starts the bucket afresh, and its next

@@ -64,7 +64,7 @@ class DeepseekModel {
     CacheLayout caches;    // a step over other caches records again, under the same key
     ForwardOutput output;  // the recorded step's output tensors, rewritten by each replay
   };
-  std::map<uint64_t, Recording> recordings_;  // by bucket
+  std::map<uint64_t, Recording> recordings_;  // by bucket and the backend's recording_variant
 
   ModelConfig config_;
   ModelWeights weights_;

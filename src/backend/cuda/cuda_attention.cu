@@ -377,7 +377,7 @@ __global__ void __launch_bounds__(kThreads) attention_partial_kernel(MlaDims d, 
   }
 }
 
-constexpr int kMaxSplits = 64;
+constexpr int kMaxSplits = kMaxMlaSplits;
 constexpr int kCombineWarps = 8;
 constexpr int kCombineCols = 64;  // columns of a combine block: two per lane
 

@@ -131,11 +131,13 @@ CudaBackend::CudaBackend(Precision precision) {
   if (const char* tokens = std::getenv("DSINFER_MLA_HEAD_TILE_MIN_TOKENS"))
     head_tile_min_tokens_ = std::max(1, std::atoi(tokens));
   if (const char* runs = std::getenv("DSINFER_MLA_FEW_TOKEN_TILES"))
-    few_token_tile_runs_ = std::clamp(std::atoi(runs), 0, 64);
+    few_token_tile_runs_ = std::clamp(std::atoi(runs), 0, kMaxMlaSplits);
   if (const char* tokens = std::getenv("DSINFER_MLA_FEW_TOKEN_TILES_MIN"))
     few_token_tiles_min_tokens_ = std::max(1, std::atoi(tokens));
   if (const char* tokens = std::getenv("DSINFER_MLA_FEW_TOKEN_TILES_MAX"))
     few_token_tiles_max_tokens_ = std::max(1, std::atoi(tokens));
+  if (const char* positions = std::getenv("DSINFER_MLA_LONG_CONTEXT_TILES"))
+    long_context_tiles_min_positions_ = std::max(0, std::atoi(positions));
   few_token_tiles_early_ = !env_is("DSINFER_MLA_FEW_TOKEN_TILES_EARLY", "0");
   if (const char* tokens = std::getenv("DSINFER_MLA_MERGE_BESIDE_W_UV"))
     merge_beside_max_tokens_ = std::clamp(std::atoi(tokens), 0, 4);

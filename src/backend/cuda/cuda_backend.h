@@ -119,6 +119,8 @@ class CudaBackend final : public Backend {
   // Placeholders are resolved on the device by begin_step: the ids go to the embedding as they are.
   std::span<const TokenId> input_ids(const ForwardBatch& batch) override { return batch.token_ids; }
   bool can_record() const override { return graphs_enabled_; }
+  // 1 for decode steps whose attention takes the long-context tiles (long_context_tiles), else 0.
+  uint32_t recording_variant(const ForwardBatch& batch) const override;
   void begin_recording(uint64_t key) override;
   bool end_recording(uint64_t key) override;
   bool replay(uint64_t key) override;
@@ -362,6 +364,9 @@ class CudaBackend final : public Backend {
   // steps of up to four tokens, in the W_UK product's launch).
   bool mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView& view, std::span<const int32_t> token_seq,
                     const float* q, float* out, Bf16Rows out_bf16, const MlaCacheWrite* cache_write = nullptr);
+  // Whether absorbed attention over num_tokens of the batch's tokens takes the few-token tiles
+  // for the length of its contexts (long_context_tiles_min_positions_).
+  bool long_context_tiles(int64_t num_tokens, const ForwardBatch& batch) const;
   // bf16_queries: the step's queries as mla_queries kept them (bf16 [T, heads * qk], rotated
   // here), or null to make them from args.q.
   void mla_expanded(const MlaAttentionArgs& args, const MlaBatchView& view, int first_token, int num_tokens,
@@ -466,6 +471,17 @@ class CudaBackend final : public Backend {
   int few_token_tile_runs_ = 32;
   int few_token_tiles_min_tokens_ = 4;  // DSINFER_MLA_FEW_TOKEN_TILES_MIN
   int few_token_tiles_max_tokens_ = 8;  // DSINFER_MLA_FEW_TOKEN_TILES_MAX
+  // Steps of fewer than head_tile_min_tokens_ tokens whose contexts together have this many
+  // positions or more attend in the few-token tiles, whatever their number of tokens, at as many
+  // runs a token as fill the GPU in one wave, up to kMaxMlaSplits (DSINFER_MLA_LONG_CONTEXT_TILES;
+  // 0: never); steps in those tiles anyway take these runs where one context alone is that long.
+  // The split kernel scores each head's positions apart, reading every cache entry once per
+  // head, where a tile reads it once for 16 heads: on the H100 (V2-Lite, fp32 cache) one
+  // sequence of 32k positions decoded at 142 tok/s in the split kernel and at 206 in the tiles,
+  // two at 176 and 337. The split kernel's smaller fixed cost keeps it ahead below about 2.5k
+  // positions (one sequence of 2k: as fast; two of 2k: 5% slower; bench/RESULTS.md, "Long
+  // contexts of a few sequences in head tiles").
+  int long_context_tiles_min_positions_ = 2560;
   bool few_token_tiles_early_ = true;
   // Split-path steps of up to this many tokens merge their splits in the W_UV product's launch
   // instead of a launch of their own (DSINFER_MLA_MERGE_BESIDE_W_UV=0..4; 0: never). On the

@@ -378,17 +378,25 @@ bool CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView&
   // split path with its splits made by the tiles (few_token_tile_runs_ of them a token, without
   // the plan). Other smaller steps keep the fp32 kernel: their (token, head, split) blocks fill
   // the GPU without the tiles' fixed cost, and single-sequence decode stays at fp32 accuracy.
+  // Steps below the head tiles' size whose contexts are long take the few-token tiles, whatever
+  // their number of tokens (long_context_tiles).
   const bool tiles_allowed = !batch_invariant_ && mla_head_tiles_supported(dims);
-  bool few_token_tiles = tiles_allowed && num_tokens >= few_token_tiles_min_tokens_ &&
-                         num_tokens <= few_token_tiles_max_tokens_ && few_token_tile_runs_ > 0;
+  const bool long_context = tiles_allowed && long_context_tiles(num_tokens, *args.batch);
+  bool few_token_tiles = tiles_allowed && few_token_tile_runs_ > 0 &&
+                         (long_context || (num_tokens >= few_token_tiles_min_tokens_ &&
+                                           num_tokens <= few_token_tiles_max_tokens_));
   const bool head_tiles = tiles_allowed && !few_token_tiles && num_tokens >= head_tile_min_tokens_;
   // The fp32 kernel's (token, head, split) blocks are small (four warps, a few KB of shared
   // memory), and a warp walks its positions one after another: many short splits finish sooner
   // than a few long ones, up to what fits on the GPU at once.
-  if (few_token_tiles)
+  // A long context's runs: as many a token as the tiles' blocks fill the GPU in one wave (at most
+  // the merge's 64; 33 at batch 8 on the H100, where 64 were 2% slower than 32).
+  if (few_token_tiles && long_context)
+    num_splits = std::clamp(mla_head_tile_blocks(dims, num_sms_) / num_tokens, 1, kMaxMlaSplits);
+  else if (few_token_tiles)
     num_splits = few_token_tile_runs_;
   else if (!batch_invariant_ && !head_tiles && work < kSplitBlocksPerSm * num_sms_)
-    num_splits = static_cast<int>(std::min<int64_t>((kSplitBlocksPerSm * num_sms_ + work - 1) / work, 64));
+    num_splits = static_cast<int>(std::min<int64_t>((kSplitBlocksPerSm * num_sms_ + work - 1) / work, kMaxMlaSplits));
   // Grids that fit in one wave at kSplitBlocksPerSm blocks an SM score four positions a warp at
   // once (127 registers: four blocks an SM), which took 1.1-1.5% off V2-Lite's batch-1 step;
   // larger ones (V2-Lite's batch 8: 640 blocks) keep one position at a time, whose 96 registers
@@ -434,6 +442,27 @@ bool CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView&
                               head_tile_blocks, work_starts.as<int32_t>(), !batch_invariant_, stream_,
                               out_bf16.data, out_bf16.ld, cache_write, fixed_split_forms_, split_group,
                               few_token_tiles, few_token_tiles_early_, merge_beside_max_tokens_);
+}
+
+bool CudaBackend::long_context_tiles(int64_t num_tokens, const ForwardBatch& batch) const {
+  if (batch_invariant_ || few_token_tile_runs_ == 0 || long_context_tiles_min_positions_ == 0 ||
+      num_tokens >= head_tile_min_tokens_)
+    return false;
+  // Steps that take the few-token tiles anyway change only their runs, which gain where a
+  // context alone is long (batch 4 on the H100: 1k contexts 0.9% slower at 64 runs than at 32,
+  // 4k ones 1.8% faster).
+  const bool in_few_token_tiles =
+      num_tokens >= few_token_tiles_min_tokens_ && num_tokens <= few_token_tiles_max_tokens_;
+  int64_t num_positions = 0, longest = 0;
+  for (int32_t len : batch.context_lens) {
+    num_positions += len;
+    longest = std::max<int64_t>(longest, len);
+  }
+  return (in_few_token_tiles ? longest : num_positions) >= long_context_tiles_min_positions_;
+}
+
+uint32_t CudaBackend::recording_variant(const ForwardBatch& batch) const {
+  return long_context_tiles(batch.num_tokens, batch) ? 1 : 0;
 }
 
 // latent = each context's cache entries (bf16, one after another), kv = latent · W_upᵀ.

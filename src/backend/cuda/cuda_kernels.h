@@ -196,6 +196,10 @@ struct MlaCacheWrite {
 void launch_mla_cache_write(const MlaDims& d, const MlaBatchView& b, const MlaCacheWrite& job,
                             const float* rope_cos, const float* rope_sin, Stream stream);
 
+// The most splits of a token's context launch_mla_attention takes (its merge weighs them in two
+// passes of a warp's 32 lanes).
+constexpr int kMaxMlaSplits = 64;
+
 // Absorbed attention over the paged cache, split along the context: q_lat = q_nope · W_UK per
 // head, then each (token, head, split) block attends to its slice of positions 0..pos and leaves
 // an unnormalised partial result (running max, sum, latent accumulator) in the workspace; the

@@ -44,6 +44,9 @@ class CudaAttentionTest : public CudaVsCpuTest {
   // Steps of this many tokens run in head tiles on gpu_ (TF32 products): the backend's default
   // bounds, unless a test sets others.
   int few_token_tiles_min_ = 4, few_token_tiles_max_ = 8;
+  // Steps of fewer than 16 tokens whose contexts together have this many positions or more run
+  // in those tiles too (the backend's default; 0 where a test turns the tiles off).
+  int long_context_tiles_min_ = 2560;
   // other_gpu: a second CUDA backend that must give the same bits as the first.
   void run_case(const Dims& d, const std::vector<SeqSpec>& seqs, uint32_t seed,
                 KvCacheFormat format = KvCacheFormat::kF32, Backend* other_gpu = nullptr,
@@ -188,7 +191,12 @@ class CudaAttentionTest : public CudaVsCpuTest {
     // An FP8 cache widens its entries to fp32 in every kernel that reads them (decode batches
     // of 16 tokens or more: in the head tiles, TF32), over entries that may differ by one e4m3
     // step where they were just written.
-    const bool in_few_token_tiles = t >= few_token_tiles_min_ && t <= few_token_tiles_max_;
+    int num_positions = 0;
+    for (const auto& sq : seqs) num_positions += sq.num_cached + sq.num_new;
+    const bool long_context = few_token_tiles_max_ > 0 && long_context_tiles_min_ > 0 &&
+                              num_positions >= long_context_tiles_min_;
+    const bool in_few_token_tiles =
+        !invariant && ((t >= few_token_tiles_min_ && t <= few_token_tiles_max_) || (t < 16 && long_context));
     const bool fp32 = !prefill_chunk && (invariant || t < 16) && !in_few_token_tiles;
     EXPECT_LT(relative_error(out[1], out[0]), fp32 && !fp8 ? 1e-4 : 2e-2) << "attention output";
     if (other_gpu != nullptr) {
@@ -206,10 +214,35 @@ TEST_F(CudaAttentionTest, RaggedBatchMixingPrefillAndDecode) {
   run_case(kTinyDims, {{0, 17}, {64, 1}, {5, 9}}, 200);
 }
 
+// The split kernel, its long-context tiles off (DSINFER_MLA_LONG_CONTEXT_TILES=0).
 TEST_F(CudaAttentionTest, LongContextDecodeSplitsTheContext) {
+  gpu_ = make_backend_with_env("cuda", "DSINFER_MLA_LONG_CONTEXT_TILES", "0");
+  long_context_tiles_min_ = 0;
   run_case(kV3Dims, {{2100, 1}}, 300);                    // one sequence: many splits
   run_case(kV3Dims, {{2500, 1}, {40, 1}, {1200, 1}}, 400);  // uneven contexts in one step
   run_case(kTinyDims, {{3000, 1}}, 500);
+}
+
+// Steps of fewer than 16 tokens whose contexts together have 2,560 positions or more attend in
+// the few-token head tiles, whatever their number of tokens, at as many runs a token as fill the
+// GPU (up to 64; 22 for 12 tokens on a 132-SM GPU): one long context, two of half the length,
+// long and short ones together, 12 tokens (past the few-token tiles' own 4 to 8), new tokens of
+// one sequence attending to one another, a second and partly empty head tile, both caches,
+// against the CPU. A context of 2,559 positions stays in the split kernel, within its fp32
+// bound.
+TEST_F(CudaAttentionTest, LongContextsOfFewTokensAttendInHeadTiles) {
+  for (KvCacheFormat format : {KvCacheFormat::kF32, KvCacheFormat::kFp8}) {
+    run_case(kV3Dims, {{9000, 1}}, 5000, format);
+    run_case(kV3Dims, {{1300, 1}, {1300, 1}}, 5010, format);
+    run_case(kV3Dims, {{4000, 1}, {3, 1}}, 5020, format);
+  }
+  std::vector<SeqSpec> twelve;
+  for (int i = 0; i < 12; ++i) twelve.push_back({i == 5 ? 5000 : (i * 701) % 3000, 1});
+  run_case(kV3Dims, twelve, 5030);
+  run_case(kV3Dims, {{3000, 3}}, 5040);
+  run_case({20, 32, 16, 24, 20}, {{2700, 1}}, 5050);
+  run_case(kTinyDims, {{4100, 1}, {10, 1}}, 5060);
+  run_case(kV3Dims, {{2558, 1}}, 5070);
 }
 
 TEST_F(CudaAttentionTest, SplitKernelOfDeepSeekWidthsGivesTheGenericFormsBits) {

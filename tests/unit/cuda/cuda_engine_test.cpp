@@ -126,6 +126,33 @@ TEST_F(CudaEngineTest, SharedExpertsBesideTheRoutedOnesGiveTheSameTokensEagerAnd
   }
 }
 
+// A sequence whose context grows past DSINFER_MLA_LONG_CONTEXT_TILES positions moves its
+// attention from the split kernel to the few-token head tiles: its decode steps are then recorded
+// apart (Backend::recording_variant), and replays of either form give the tokens of eager steps.
+TEST_F(CudaEngineTest, RecordedStepsAcrossTheLongContextFormGiveTheEagerTokens) {
+  ScopedEnv long_context("DSINFER_MLA_LONG_CONTEXT_TILES", "64");
+  auto requests = random_requests(3, 21);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    requests[i].prompt_ids.resize(30 + 10 * i, 7 + static_cast<TokenId>(i));
+    requests[i].sampling.max_tokens = 60;
+  }
+  for (const GenerationRequest& r : requests) {
+    Completion eager, recorded;
+    {
+      ScopedEnv no_graphs("DSINFER_CUDA_GRAPHS", "0");
+      LLM llm(cuda_config());
+      eager = llm.generate({r})[0];
+    }
+    {
+      LLM llm(cuda_config());
+      recorded = llm.generate({r})[0];  // each form's third step and those after it replay
+    }
+    ASSERT_TRUE(eager.status.ok() && recorded.status.ok());
+    ASSERT_EQ(recorded.token_ids.size(), 60u);
+    EXPECT_EQ(recorded.token_ids, eager.token_ids) << "prompt of " << r.prompt_ids.size() << " tokens";
+  }
+}
+
 TEST_F(CudaEngineTest, SchedulingOneStepAheadGivesTheSameTokens) {
   ScopedEnv invariant("DSINFER_BATCH_INVARIANT", "1");
   auto requests = random_requests(24, 11);
