@@ -390,22 +390,25 @@ constexpr int kCombineCols = 64;  // columns of a combine block: two per lane
 // of every token is requested at once (a split past num_splits reads the last one again,
 // unused): read where they are added, each read waited for the sum before it, a round trip
 // through L2 a split. Every thread of the block's eight warps calls it (two barriers), with
-// shared s_weight [kTokens][kMaxSplits] and s_sum [kTokens][kCombineWarps][32]; on return lane
+// shared s_weight [kTokens][kSplits] and s_sum [kTokens][kCombineWarps][32]; on return lane
 // l of warp r < num_tokens holds token r's columns 2l and 2l + 1 (where they lie within the
-// latent), the other warps nothing.
-template <int kTokens>
+// latent), the other warps nothing. num_splits is at most kSplits, whose registers a thread
+// holds for each token (kSplits / 8 pairs): long contexts' form takes up to kMaxMlaLongSplits.
+template <int kTokens, int kSplits = kMaxSplits>
 __device__ __forceinline__ float2 merge_split_columns(const MlaDims& d, int num_splits, const float* workspace, int t0,
                                                       int num_tokens, int h, int col_group,
-                                                      float (*s_weight)[kMaxSplits],
+                                                      float (*s_weight)[kSplits],
                                                       float2 (*s_sum)[kCombineWarps][32]) {
   static_assert(kTokens >= 1 && kTokens <= kCombineWarps, "a warp weighs each token's splits");
+  static_assert(kSplits % 32 == 0 && kSplits % kCombineWarps == 0, "whole passes of the lanes and warps");
+  constexpr int kLanePasses = kSplits / 32;  // splits a lane weighs
   const int lora = d.kv_lora_rank;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   auto split_row = [&](int t, int s) {
     const int64_t part = (static_cast<int64_t>(t0 + t) * d.num_heads + h) * num_splits + min(s, num_splits - 1);
     return workspace + part * (lora + 2);
   };
-  constexpr int kSplitsPerWarp = kMaxSplits / kCombineWarps;
+  constexpr int kSplitsPerWarp = kSplits / kCombineWarps;
   const int col = col_group * kCombineCols + 2 * lane;
   float2 p[kTokens][kSplitsPerWarp];
 #pragma unroll
@@ -417,26 +420,31 @@ __device__ __forceinline__ float2 merge_split_columns(const MlaDims& d, int num_
     }
   if (warp < num_tokens) {
     const int t = warp;
-    float m[2], l[2];
-    for (int j = 0; j < 2; ++j) {
+    float m[kLanePasses], l[kLanePasses];
+#pragma unroll
+    for (int j = 0; j < kLanePasses; ++j) {
       const float* row = split_row(t, lane + 32 * j);
       m[j] = row[lora];
       l[j] = row[lora + 1];
     }
-    for (int j = 0; j < 2; ++j) {
+    float m_all = -FLT_MAX;
+#pragma unroll
+    for (int j = 0; j < kLanePasses; ++j) {
       const bool used = lane + 32 * j < num_splits && l[j] > 0.0f;
       m[j] = used ? m[j] : -FLT_MAX;
       l[j] = used ? l[j] : 0.0f;
+      m_all = fmaxf(m_all, m[j]);
     }
-    float m_all = fmaxf(m[0], m[1]);
     for (int off = 16; off > 0; off >>= 1) m_all = fmaxf(m_all, __shfl_xor_sync(0xffffffffu, m_all, off));
-    float e[2], denom = 0.0f;
-    for (int j = 0; j < 2; ++j) {
+    float e[kLanePasses], denom = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kLanePasses; ++j) {
       e[j] = l[j] > 0.0f ? expf(m[j] - m_all) : 0.0f;
       denom += l[j] * e[j];
     }
     denom = warp_sum(denom);
-    for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int j = 0; j < kLanePasses; ++j)
       if (lane + 32 * j < num_splits) s_weight[t][lane + 32 * j] = e[j] / denom;
   }
   __syncthreads();
@@ -471,15 +479,17 @@ __device__ __forceinline__ float2 merge_split_columns(const MlaDims& d, int num_
 }
 
 // Merges the splits of each (token, head) into the normalised latent output o_lat [T, H, lora]:
-// block (token, head, 64-column group).
+// block (token, head, 64-column group); up to kSplits splits.
+template <int kSplits>
 __global__ void __launch_bounds__(kCombineWarps * 32) attention_combine_kernel(MlaDims d, int num_splits,
                                                                              const float* workspace,
                                                                              float* o_latent) {
   await_previous_kernels();
-  __shared__ float s_weight[1][kMaxSplits];
+  __shared__ float s_weight[1][kSplits];
   __shared__ float2 s_sum[1][kCombineWarps][32];
   const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x % 32;
-  const float2 total = merge_split_columns<1>(d, num_splits, workspace, t, 1, h, blockIdx.z, s_weight, s_sum);
+  const float2 total =
+      merge_split_columns<1, kSplits>(d, num_splits, workspace, t, 1, h, blockIdx.z, s_weight, s_sum);
   const int col = blockIdx.z * kCombineCols + 2 * lane;
   if (threadIdx.x < 32 && col < d.kv_lora_rank)
     *reinterpret_cast<float2*>(o_latent + (static_cast<int64_t>(t) * d.num_heads + h) * d.kv_lora_rank + col) = total;
@@ -789,7 +799,9 @@ bool launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
                           bool few_token_tiles_early, int merge_beside_max_tokens) {
   check_dims(d);
   if (b.num_tokens == 0) return false;
-  DS_CHECK(num_splits >= 1 && num_splits <= kMaxSplits && split_len_tokens >= 0 && d.num_heads <= 65535);
+  // Only the few-token tiles' runs go past the split kernel's most, merged by the combine kernel.
+  DS_CHECK(num_splits >= 1 && num_splits <= (few_token_tiles ? kMaxMlaLongSplits : kMaxSplits) &&
+           split_len_tokens >= 0 && d.num_heads <= 65535);
   const int lora = d.kv_lora_rank, qk = d.qk_nope_head_dim + d.qk_rope_head_dim;
   const int64_t q_token_stride = static_cast<int64_t>(d.num_heads) * qk;
   const int64_t latent_token_stride = static_cast<int64_t>(d.num_heads) * lora;
@@ -844,15 +856,16 @@ bool launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
       }
     }
     // The merge, in the W_UV product's launch where that takes the few-token form.
-    if (b.num_tokens <= merge_beside_max_tokens &&
+    if (b.num_tokens <= merge_beside_max_tokens && num_splits <= kMaxSplits &&
         takes_few_token_form(latent_token_stride, w_uv_t, d.v_head_dim, out, out_token_stride, d.v_head_dim,
                              b.num_tokens, fast_forms)) {
       merge.num_splits = num_splits;
       merge.workspace = workspace;
     } else {
       const dim3 grid2(b.num_tokens, d.num_heads, (d.kv_lora_rank + kCombineCols - 1) / kCombineCols);
-      launch_kernel(attention_combine_kernel, grid2, kCombineWarps * 32, 0, stream, d, num_splits, workspace,
-                    o_latent);
+      launch_kernel(num_splits <= kMaxSplits ? attention_combine_kernel<kMaxSplits>
+                                             : attention_combine_kernel<kMaxMlaLongSplits>,
+                    grid2, kCombineWarps * 32, 0, stream, d, num_splits, workspace, o_latent);
       DS_CUDA_CHECK_LAUNCH();
     }
   }

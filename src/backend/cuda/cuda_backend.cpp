@@ -138,6 +138,8 @@ CudaBackend::CudaBackend(Precision precision) {
     few_token_tiles_max_tokens_ = std::max(1, std::atoi(tokens));
   if (const char* positions = std::getenv("DSINFER_MLA_LONG_CONTEXT_TILES"))
     long_context_tiles_min_positions_ = std::max(0, std::atoi(positions));
+  if (const char* runs = std::getenv("DSINFER_MLA_LONG_CONTEXT_RUNS"))
+    long_context_max_runs_ = std::clamp(std::atoi(runs), kMaxMlaSplits, kMaxMlaLongSplits);
   few_token_tiles_early_ = !env_is("DSINFER_MLA_FEW_TOKEN_TILES_EARLY", "0");
   if (const char* tokens = std::getenv("DSINFER_MLA_MERGE_BESIDE_W_UV"))
     merge_beside_max_tokens_ = std::clamp(std::atoi(tokens), 0, 4);

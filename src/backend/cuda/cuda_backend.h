@@ -119,7 +119,8 @@ class CudaBackend final : public Backend {
   // Placeholders are resolved on the device by begin_step: the ids go to the embedding as they are.
   std::span<const TokenId> input_ids(const ForwardBatch& batch) override { return batch.token_ids; }
   bool can_record() const override { return graphs_enabled_; }
-  // 1 for decode steps whose attention takes the long-context tiles (long_context_tiles), else 0.
+  // For decode steps whose attention takes the long-context tiles, their most runs a token
+  // (long_context_runs), else 0.
   uint32_t recording_variant(const ForwardBatch& batch) const override;
   void begin_recording(uint64_t key) override;
   bool end_recording(uint64_t key) override;
@@ -365,8 +366,10 @@ class CudaBackend final : public Backend {
   bool mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView& view, std::span<const int32_t> token_seq,
                     const float* q, float* out, Bf16Rows out_bf16, const MlaCacheWrite* cache_write = nullptr);
   // Whether absorbed attention over num_tokens of the batch's tokens takes the few-token tiles
-  // for the length of its contexts (long_context_tiles_min_positions_).
-  bool long_context_tiles(int64_t num_tokens, const ForwardBatch& batch) const;
+  // for the length of its contexts (long_context_tiles_min_positions_): 0 if not, else the most
+  // runs a token its longest context calls for (64, 128 or 256; mla_absorbed takes fewer where
+  // fewer fill the GPU).
+  int long_context_runs(int64_t num_tokens, const ForwardBatch& batch) const;
   // bf16_queries: the step's queries as mla_queries kept them (bf16 [T, heads * qk], rotated
   // here), or null to make them from args.q.
   void mla_expanded(const MlaAttentionArgs& args, const MlaBatchView& view, int first_token, int num_tokens,
@@ -473,15 +476,20 @@ class CudaBackend final : public Backend {
   int few_token_tiles_max_tokens_ = 8;  // DSINFER_MLA_FEW_TOKEN_TILES_MAX
   // Steps of fewer than head_tile_min_tokens_ tokens whose contexts together have this many
   // positions or more attend in the few-token tiles, whatever their number of tokens, at as many
-  // runs a token as fill the GPU in one wave, up to kMaxMlaSplits (DSINFER_MLA_LONG_CONTEXT_TILES;
-  // 0: never); steps in those tiles anyway take these runs where one context alone is that long.
-  // The split kernel scores each head's positions apart, reading every cache entry once per
-  // head, where a tile reads it once for 16 heads: on the H100 (V2-Lite, fp32 cache) one
-  // sequence of 32k positions decoded at 142 tok/s in the split kernel and at 206 in the tiles,
-  // two at 176 and 337. The split kernel's smaller fixed cost keeps it ahead below about 2.5k
-  // positions (one sequence of 2k: as fast; two of 2k: 5% slower; bench/RESULTS.md, "Long
-  // contexts of a few sequences in head tiles").
+  // runs a token as fill the GPU in one wave, up to long_context_runs
+  // (DSINFER_MLA_LONG_CONTEXT_TILES; 0: never); steps in those tiles anyway take these runs where
+  // one context alone is that long. The split kernel scores each head's positions apart, reading
+  // every cache entry once per head, where a tile reads it once for 16 heads: on the H100
+  // (V2-Lite, fp32 cache) one sequence of 32k positions decoded at 142 tok/s in the split kernel
+  // and at 272 in the tiles (206 at 64 runs), two at 176 and 375. The split kernel's smaller
+  // fixed cost keeps it ahead below about 2.5k positions (one sequence of 2k: as fast; two of 2k:
+  // 5% slower; bench/RESULTS.md, "Long contexts of a few sequences in head tiles").
   int long_context_tiles_min_positions_ = 2560;
+  // The most runs a token of the long-context tiles (DSINFER_MLA_LONG_CONTEXT_RUNS, 64 to
+  // kMaxMlaLongSplits), each of at least kLongContextRunPositions of the longest context: past
+  // 64 runs the merge takes a launch of its own, the combine kernel's form for many runs.
+  int long_context_max_runs_ = kMaxMlaLongSplits;
+  static constexpr int kLongContextRunPositions = 64;
   bool few_token_tiles_early_ = true;
   // Split-path steps of up to this many tokens merge their splits in the W_UV product's launch
   // instead of a launch of their own (DSINFER_MLA_MERGE_BESIDE_W_UV=0..4; 0: never). On the

@@ -379,24 +379,29 @@ bool CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView&
   // the plan). Other smaller steps keep the fp32 kernel: their (token, head, split) blocks fill
   // the GPU without the tiles' fixed cost, and single-sequence decode stays at fp32 accuracy.
   // Steps below the head tiles' size whose contexts are long take the few-token tiles, whatever
-  // their number of tokens (long_context_tiles).
+  // their number of tokens (long_context_runs).
   const bool tiles_allowed = !batch_invariant_ && mla_head_tiles_supported(dims);
-  const bool long_context = tiles_allowed && long_context_tiles(num_tokens, *args.batch);
+  const int long_runs = tiles_allowed ? long_context_runs(num_tokens, *args.batch) : 0;
+  const bool long_context = long_runs > 0;
   bool few_token_tiles = tiles_allowed && few_token_tile_runs_ > 0 &&
                          (long_context || (num_tokens >= few_token_tiles_min_tokens_ &&
                                            num_tokens <= few_token_tiles_max_tokens_));
   const bool head_tiles = tiles_allowed && !few_token_tiles && num_tokens >= head_tile_min_tokens_;
+  // A long context's runs: as many a token as the tiles' blocks fill the GPU in one wave (33 at
+  // batch 8 on the H100, where 64 were 2% slower than 32), up to what the contexts' length calls
+  // for; past the split kernel's 64 only where at least twice as many fit, since the combine's
+  // form for many runs costs more than a few runs more gain (batch 4 at 16k: 1.2% slower at 66).
   // The fp32 kernel's (token, head, split) blocks are small (four warps, a few KB of shared
   // memory), and a warp walks its positions one after another: many short splits finish sooner
   // than a few long ones, up to what fits on the GPU at once.
-  // A long context's runs: as many a token as the tiles' blocks fill the GPU in one wave (at most
-  // the merge's 64; 33 at batch 8 on the H100, where 64 were 2% slower than 32).
-  if (few_token_tiles && long_context)
-    num_splits = std::clamp(mla_head_tile_blocks(dims, num_sms_) / num_tokens, 1, kMaxMlaSplits);
-  else if (few_token_tiles)
+  if (few_token_tiles && long_context) {
+    num_splits = std::clamp(mla_head_tile_blocks(dims, num_sms_) / static_cast<int>(num_tokens), 1, long_runs);
+    if (num_splits < 2 * kMaxMlaSplits) num_splits = std::min(num_splits, kMaxMlaSplits);
+  } else if (few_token_tiles) {
     num_splits = few_token_tile_runs_;
-  else if (!batch_invariant_ && !head_tiles && work < kSplitBlocksPerSm * num_sms_)
+  } else if (!batch_invariant_ && !head_tiles && work < kSplitBlocksPerSm * num_sms_) {
     num_splits = static_cast<int>(std::min<int64_t>((kSplitBlocksPerSm * num_sms_ + work - 1) / work, kMaxMlaSplits));
+  }
   // Grids that fit in one wave at kSplitBlocksPerSm blocks an SM score four positions a warp at
   // once (127 registers: four blocks an SM), which took 1.1-1.5% off V2-Lite's batch-1 step;
   // larger ones (V2-Lite's batch 8: 640 blocks) keep one position at a time, whose 96 registers
@@ -444,10 +449,10 @@ bool CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView&
                               few_token_tiles, few_token_tiles_early_, merge_beside_max_tokens_);
 }
 
-bool CudaBackend::long_context_tiles(int64_t num_tokens, const ForwardBatch& batch) const {
+int CudaBackend::long_context_runs(int64_t num_tokens, const ForwardBatch& batch) const {
   if (batch_invariant_ || few_token_tile_runs_ == 0 || long_context_tiles_min_positions_ == 0 ||
       num_tokens >= head_tile_min_tokens_)
-    return false;
+    return 0;
   // Steps that take the few-token tiles anyway change only their runs, which gain where a
   // context alone is long (batch 4 on the H100: 1k contexts 0.9% slower at 64 runs than at 32,
   // 4k ones 1.8% faster).
@@ -458,11 +463,16 @@ bool CudaBackend::long_context_tiles(int64_t num_tokens, const ForwardBatch& bat
     num_positions += len;
     longest = std::max<int64_t>(longest, len);
   }
-  return (in_few_token_tiles ? longest : num_positions) >= long_context_tiles_min_positions_;
+  if ((in_few_token_tiles ? longest : num_positions) < long_context_tiles_min_positions_) return 0;
+  // Runs of at least kLongContextRunPositions positions of the longest context, in powers of two
+  // from the split kernel's 64 up to long_context_max_runs_.
+  int runs = kMaxMlaSplits;
+  while (runs < long_context_max_runs_ && longest >= int64_t{2} * runs * kLongContextRunPositions) runs *= 2;
+  return std::min(runs, long_context_max_runs_);
 }
 
 uint32_t CudaBackend::recording_variant(const ForwardBatch& batch) const {
-  return long_context_tiles(batch.num_tokens, batch) ? 1 : 0;
+  return static_cast<uint32_t>(long_context_runs(batch.num_tokens, batch));
 }
 
 // latent = each context's cache entries (bf16, one after another), kv = latent · W_upᵀ.

@@ -197,8 +197,10 @@ void launch_mla_cache_write(const MlaDims& d, const MlaBatchView& b, const MlaCa
                             const float* rope_cos, const float* rope_sin, Stream stream);
 
 // The most splits of a token's context launch_mla_attention takes (its merge weighs them in two
-// passes of a warp's 32 lanes).
+// passes of a warp's 32 lanes), and the most runs of the few-token tiles, which a form of the
+// combine kernel with more registers merges.
 constexpr int kMaxMlaSplits = 64;
+constexpr int kMaxMlaLongSplits = 256;
 
 // Absorbed attention over the paged cache, split along the context: q_lat = q_nope · W_UK per
 // head, then each (token, head, split) block attends to its slice of positions 0..pos and leaves

@@ -225,15 +225,19 @@ TEST_F(CudaAttentionTest, LongContextDecodeSplitsTheContext) {
 
 // Steps of fewer than 16 tokens whose contexts together have 2,560 positions or more attend in
 // the few-token head tiles, whatever their number of tokens, at as many runs a token as fill the
-// GPU (up to 64; 22 for 12 tokens on a 132-SM GPU): one long context, two of half the length,
-// long and short ones together, 12 tokens (past the few-token tiles' own 4 to 8), new tokens of
-// one sequence attending to one another, a second and partly empty head tile, both caches,
-// against the CPU. A context of 2,559 positions stays in the split kernel, within its fp32
-// bound.
+// GPU, up to 64 runs, 128 from a context of 8,192 positions and 256 from 16,384 (22 for 12
+// tokens on a 132-SM GPU): one long context at each of those, two of half the threshold, two at
+// 128 runs (merged past the split kernel's 64 by the combine kernel's other form), long and
+// short ones together, 12 tokens (past the few-token tiles' own 4 to 8), new tokens of one
+// sequence attending to one another, a second and partly empty head tile, both caches, against
+// the CPU. A context of 2,559 positions stays in the split kernel, within its fp32 bound.
 TEST_F(CudaAttentionTest, LongContextsOfFewTokensAttendInHeadTiles) {
   for (KvCacheFormat format : {KvCacheFormat::kF32, KvCacheFormat::kFp8}) {
-    run_case(kV3Dims, {{9000, 1}}, 5000, format);
+    run_case(kV3Dims, {{4000, 1}}, 5000, format);
+    run_case(kV3Dims, {{9000, 1}}, 5001, format);
+    run_case(kV3Dims, {{17000, 1}}, 5002, format);
     run_case(kV3Dims, {{1300, 1}, {1300, 1}}, 5010, format);
+    run_case(kV3Dims, {{9000, 1}, {8500, 1}}, 5015, format);
     run_case(kV3Dims, {{4000, 1}, {3, 1}}, 5020, format);
   }
   std::vector<SeqSpec> twelve;
