@@ -120,7 +120,8 @@ class CudaBackend final : public Backend {
   std::span<const TokenId> input_ids(const ForwardBatch& batch) override { return batch.token_ids; }
   bool can_record() const override { return graphs_enabled_; }
   // For decode steps whose attention takes the long-context tiles, their most runs a token
-  // (long_context_runs), else 0.
+  // (long_context_runs), else 0. Steps whose runs the GPU's tile slots cap (V2-Lite's steps of
+  // four or eight tokens: 64 and 33) so record one form under up to three values.
   uint32_t recording_variant(const ForwardBatch& batch) const override;
   void begin_recording(uint64_t key) override;
   bool end_recording(uint64_t key) override;

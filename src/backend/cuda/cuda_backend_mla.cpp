@@ -377,9 +377,9 @@ bool CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView&
   // balanced over the GPU whatever the mix of context lengths. Steps of 4 to 8 tokens take the
   // split path with its splits made by the tiles (few_token_tile_runs_ of them a token, without
   // the plan). Other smaller steps keep the fp32 kernel: their (token, head, split) blocks fill
-  // the GPU without the tiles' fixed cost, and single-sequence decode stays at fp32 accuracy.
-  // Steps below the head tiles' size whose contexts are long take the few-token tiles, whatever
-  // their number of tokens (long_context_runs).
+  // the GPU without the tiles' fixed cost, and single-sequence decode at short contexts stays at
+  // fp32 accuracy. Steps below the head tiles' size whose contexts are long take the few-token
+  // tiles, whatever their number of tokens (long_context_runs).
   const bool tiles_allowed = !batch_invariant_ && mla_head_tiles_supported(dims);
   const int long_runs = tiles_allowed ? long_context_runs(num_tokens, *args.batch) : 0;
   const bool long_context = long_runs > 0;
