@@ -103,7 +103,7 @@ int run_bench(int argc, char** argv) {
   std::string backend_name = "cpu", batches_arg = "1,8,32", results_path, kv_cache_dtype = "fp32";
   std::string precision_name = "default";
   bool dummy = false, fp8 = false, prefill_only = false;
-  int prompt_len = 128, decode_steps = 16, prefill_reps = 2;
+  int prompt_len = 128, decode_steps = 16, prefill_reps = 2, cached_prefix_len = 0;
   std::string workload_arg, machine = machine_description();
   // Engine limits of --workload, sized for offline throughput on a large GPU by default (the
   // budget vLLM's offline engine takes on GPUs of 70 GB or more: 16,384 tokens per step; on the
@@ -124,6 +124,10 @@ int run_bench(int argc, char** argv) {
       ->check(CLI::IsMember({"default", "fp32"}));
   app.add_option("--batch-sizes", batches_arg, "comma-separated batch sizes");
   app.add_option("--prompt-len", prompt_len, "tokens per prompt (prefill, and the decode context)")->check(CLI::Range(1, 1 << 16));
+  app.add_option("--cached-prefix-len", cached_prefix_len,
+                 "positions of each prompt already in the KV cache: the timed prefill computes the prompt's "
+                 "--prompt-len tokens after them, as a follow-up turn over a cached conversation does")
+      ->check(CLI::Range(0, 1 << 20));
   app.add_option("--decode-steps", decode_steps, "timed decode steps per batch size")->check(CLI::Range(1, 1 << 16));
   app.add_option("--prefill-reps", prefill_reps, "timed prefill passes per batch size; the fastest is reported (the first warms up)")
       ->check(CLI::Range(1, 100));
@@ -227,7 +231,8 @@ int run_bench(int argc, char** argv) {
     std::cerr << "sustained GEMM rate: " << sustained_gemm_flops / 1e12 << " TFLOP/s\n";
   }
   const int max_batch = *std::max_element(batches.begin(), batches.end());
-  const int max_positions = prompt_len + decode_steps + 4;  // + warm-up steps and the routed step
+  // + warm-up steps and the routed step
+  const int max_positions = cached_prefix_len + prompt_len + decode_steps + 4;
   std::unique_ptr<DeepseekModel> model;
   const auto load_start = Clock::now();
   try {
@@ -273,22 +278,33 @@ int run_bench(int argc, char** argv) {
 
   std::vector<BenchRow> rows;
   for (int batch : batches) {
-    // Prefill: `batch` prompts of prompt_len tokens in one forward pass.
-    ForwardBatch fb;
-    for (int s = 0; s < batch; ++s) {
-      std::vector<int32_t> table(blocks_per_seq);
-      std::iota(table.begin(), table.end(), s * blocks_per_seq);
-      for (int p = 0; p < prompt_len; ++p) {
-        fb.token_ids.push_back(tok(rng));
-        fb.positions.push_back(p);
-        fb.slot_mapping.push_back(table[p / bs] * bs + p % bs);
-        fb.token_seq.push_back(s);
+    // Prefill: `batch` prompts of prompt_len tokens in one forward pass, after their cached
+    // prefixes of cached_prefix_len positions.
+    std::vector<std::vector<int32_t>> tables(batch, std::vector<int32_t>(blocks_per_seq));
+    for (int s = 0; s < batch; ++s) std::iota(tables[s].begin(), tables[s].end(), s * blocks_per_seq);
+    // Positions [first, first + len) of every sequence, in one step.
+    auto chunk_batch = [&](int first, int len) {
+      ForwardBatch b;
+      for (int s = 0; s < batch; ++s) {
+        for (int p = first; p < first + len; ++p) {
+          b.token_ids.push_back(tok(rng));
+          b.positions.push_back(p);
+          b.slot_mapping.push_back(tables[s][p / bs] * bs + p % bs);
+          b.token_seq.push_back(s);
+        }
+        b.block_tables.push_back(tables[s]);
+        b.context_lens.push_back(first + len);
+        b.logits_indices.push_back(static_cast<int32_t>(b.token_ids.size()) - 1);
       }
-      fb.block_tables.push_back(table);
-      fb.context_lens.push_back(prompt_len);
-      fb.logits_indices.push_back(static_cast<int32_t>(fb.token_ids.size()) - 1);
-    }
-    fb.num_tokens = static_cast<int>(fb.token_ids.size());
+      b.num_tokens = static_cast<int>(b.token_ids.size());
+      return b;
+    };
+    // The prefixes, untimed, in steps of at most kPrefixStepTokens tokens in all.
+    constexpr int kPrefixStepTokens = 16384;
+    const int prefix_chunk = std::max(1, kPrefixStepTokens / batch);
+    for (int first = 0; first < cached_prefix_len; first += prefix_chunk)
+      fetch_logits(model->forward(chunk_batch(first, std::min(prefix_chunk, cached_prefix_len - first)), caches));
+    const ForwardBatch fb = chunk_batch(cached_prefix_len, prompt_len);
     // The same prefill again rewrites the same cache slots with the same values; the fastest
     // pass leaves out one-time costs (plans, allocations, clocks ramping up).
     double prefill_s = 0;
@@ -302,7 +318,7 @@ int run_bench(int argc, char** argv) {
       if (rep == 0 || dt < prefill_s) prefill_clocks = rep_clocks;
       prefill_s = rep == 0 ? dt : std::min(prefill_s, dt);
     }
-    const double prefill_flops = prefill_step_flops(c, batch, prompt_len);
+    const double prefill_flops = batch * chunk_flops(c, cached_prefix_len, prompt_len, 1);
     if (prefill_only) {
       BenchRow row{};
       row.batch = batch;
@@ -343,7 +359,7 @@ int run_bench(int argc, char** argv) {
       const bool routed = step == last_step;
       ForwardBatch db;
       for (int s = 0; s < batch; ++s) {
-        const int pos = prompt_len + step;
+        const int pos = cached_prefix_len + prompt_len + step;
         const auto& table = fb.block_tables[s];
         db.token_ids.push_back(decode_ahead && !routed && step > 0 ? -1 - s : tok(rng));
         db.positions.push_back(pos);
@@ -356,7 +372,8 @@ int run_bench(int argc, char** argv) {
       db.num_tokens = batch;
       if (step >= kWarmupSteps && !routed) {
         step_bytes.push_back(mb.dense_per_step +
-                             static_cast<size_t>(batch) * (prompt_len + step + 1) * mb.kv_per_token);
+                             static_cast<size_t>(batch) * (cached_prefix_len + prompt_len + step + 1) *
+                                 mb.kv_per_token);
       }
       if (decode_ahead && !routed) {
         ForwardOutput out = model->forward(db, caches);
@@ -407,7 +424,7 @@ int run_bench(int argc, char** argv) {
   auto gemm_ratio = [&](double flops_per_s) { return ratio_to(flops_per_s, gemm_flops); };
   std::ostringstream table;
   if (prefill_only) {
-    table << "| batch | prefill tok/s | prefill TFLOP/s | of GEMM ceiling |\n|---:|---:|---:|---:|\n";
+    table << "| batch | prefill tok/s | prefill TFLOP/s | of GEMM ceiling | prefill ms |\n|---:|---:|---:|---:|---:|\n";
   } else {
     table << "| batch | prefill tok/s | prefill TFLOP/s | of GEMM ceiling | decode tok/s | decode step ms "
              "| bandwidth floor ms | achieved GB/s | of copy bw |\n"
@@ -416,8 +433,9 @@ int run_bench(int argc, char** argv) {
   for (const auto& r : rows) {
     char line[320];
     if (prefill_only) {
-      std::snprintf(line, sizeof line, "| %d | %.0f | %.4g | %s |\n", r.batch, r.prefill_tok_s,
-                    r.prefill_flops_per_s / 1e12, gemm_ratio(r.prefill_flops_per_s).c_str());
+      std::snprintf(line, sizeof line, "| %d | %.0f | %.4g | %s | %.2f |\n", r.batch, r.prefill_tok_s,
+                    r.prefill_flops_per_s / 1e12, gemm_ratio(r.prefill_flops_per_s).c_str(),
+                    1e3 * r.batch * prompt_len / r.prefill_tok_s);
     } else {
       std::snprintf(line, sizeof line, "| %d | %.0f | %.4g | %s | %.1f | %.2f | %.2f | %.1f | %.0f%% |\n", r.batch,
                     r.prefill_tok_s, r.prefill_flops_per_s / 1e12, gemm_ratio(r.prefill_flops_per_s).c_str(),
@@ -446,9 +464,13 @@ int run_bench(int argc, char** argv) {
              : fp8    ? "cuBLASLt block-scaled FP8 8192x8192x8192, 1x128 x 128x128 scales"
                       : "cuBLASLt bf16 8192x8192x8192")
          << "): " << gemm_flops / 1e12 << " TFLOP/s\n"
-         << "- prefill: " << prompt_len << "-token prompts, all of a batch in one step, fastest of " << prefill_reps
+         << "- prefill: " << prompt_len << "-token prompts"
+         << (cached_prefix_len > 0 ? " after cached prefixes of " + std::to_string(cached_prefix_len) + " positions" : "")
+         << ", all of a batch in one step, fastest of " << prefill_reps
          << " passes; TFLOP/s counts 2 x activated weights per token + causal attention (model_flops.h)"
-         << (prefill_only ? "" : "; decode contexts start at " + std::to_string(prompt_len) + " tokens") << "\n";
+         << (prefill_only ? ""
+                          : "; decode contexts start at " + std::to_string(cached_prefix_len + prompt_len) + " tokens")
+         << "\n";
   if (!prefill_only) {
     header << (decode_ahead ? "- decode steps: one ahead, as the engine schedules them (each launched before the step "
                               "before it is finished, its tokens that step's greedy choices)\n"

@@ -821,10 +821,18 @@ bool launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
                    lora, b.num_tokens, fast_forms, stream, nullptr, 0, beside);
   const int64_t out_token_stride = static_cast<int64_t>(d.num_heads) * d.v_head_dim;
   SplitMergeBeside merge{d};  // the split path's merge, where it runs in the W_UV product's launch
+  auto launch_combine = [&] {
+    const dim3 grid(b.num_tokens, d.num_heads, (d.kv_lora_rank + kCombineCols - 1) / kCombineCols);
+    launch_kernel(num_splits <= kMaxSplits ? attention_combine_kernel<kMaxSplits>
+                                           : attention_combine_kernel<kMaxMlaLongSplits>,
+                  grid, kCombineWarps * 32, 0, stream, d, num_splits, workspace, o_latent);
+    DS_CUDA_CHECK_LAUNCH();
+  };
   if (num_prefill_tiles > 0) {
     launch_mla_prefill_attention(d, b, q, q_latent, rope_cos, rope_sin, static_cast<const float*>(cache),
-                                 softmax_scale, prefill_tiles,
-                                 num_prefill_tiles, o_latent, stream);
+                                 softmax_scale, prefill_tiles, num_prefill_tiles, num_splits, workspace, o_latent,
+                                 stream);
+    if (num_splits > 1) launch_combine();
   } else if (head_tile_blocks > 0) {
     launch_mla_decode_head_tiles(d, b, q, q_latent, rope_cos, rope_sin, cache, softmax_scale, head_tile_blocks,
                                  work_starts, workspace, o_latent, stream);
@@ -862,11 +870,7 @@ bool launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
       merge.num_splits = num_splits;
       merge.workspace = workspace;
     } else {
-      const dim3 grid2(b.num_tokens, d.num_heads, (d.kv_lora_rank + kCombineCols - 1) / kCombineCols);
-      launch_kernel(num_splits <= kMaxSplits ? attention_combine_kernel<kMaxSplits>
-                                             : attention_combine_kernel<kMaxMlaLongSplits>,
-                    grid2, kCombineWarps * 32, 0, stream, d, num_splits, workspace, o_latent);
-      DS_CUDA_CHECK_LAUNCH();
+      launch_combine();
     }
   }
   // out[t, h] = o_lat[t, h] · W_UVᵀ[h]

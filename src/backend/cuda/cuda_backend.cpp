@@ -113,6 +113,10 @@ CudaBackend::CudaBackend(Precision precision) {
   gate_up_halves_ready_ = !env_is("DSINFER_GATE_UP_HALVES", "0");
   fused_prefill_attention_ = !env_is("DSINFER_MLA_FLASH", "0");
   warpgroup_flash_attention_ = !env_is("DSINFER_MLA_FLASH_WGMMA", "0");
+  if (const char* tokens = std::getenv("DSINFER_MLA_EXPANDED_MIN_TOKENS"))
+    expanded_min_tokens_ = std::max(1, std::atoi(tokens));
+  if (const char* tokens = std::getenv("DSINFER_MLA_EXPANDED_MIN_TOKENS_LONG"))
+    expanded_min_tokens_long_ = std::max(1, std::atoi(tokens));
   cache_write_beside_ = !env_is("DSINFER_MLA_CACHE_WRITE_BESIDE", "0");
   fixed_split_forms_ = !env_is("DSINFER_MLA_SPLIT_GENERIC", "1");
   if (env_is("DSINFER_MLA_SPLIT_GROUP", "4")) split_group_positions_ = 4;
@@ -141,6 +145,8 @@ CudaBackend::CudaBackend(Precision precision) {
   if (const char* runs = std::getenv("DSINFER_MLA_LONG_CONTEXT_RUNS"))
     long_context_max_runs_ = std::clamp(std::atoi(runs), kMaxMlaSplits, kMaxMlaLongSplits);
   few_token_tiles_early_ = !env_is("DSINFER_MLA_FEW_TOKEN_TILES_EARLY", "0");
+  if (const char* blocks = std::getenv("DSINFER_MLA_QUERY_TILE_BLOCKS"))
+    query_tile_blocks_per_sm_ = std::clamp(std::atoi(blocks), 0, 64);
   if (const char* tokens = std::getenv("DSINFER_MLA_MERGE_BESIDE_W_UV"))
     merge_beside_max_tokens_ = std::clamp(std::atoi(tokens), 0, 4);
   if (env_is("DSINFER_MOE_PREFILL_EXPERTS", "chunked")) prefill_experts_ = PrefillExperts::kChunked;

@@ -492,6 +492,14 @@ class CudaBackend final : public Backend {
   int long_context_max_runs_ = kMaxMlaLongSplits;
   static constexpr int kLongContextRunPositions = 64;
   bool few_token_tiles_early_ = true;
+  // Prefill query tiles (chunks of 16 to expanded_min_tokens_ - 1 new tokens, and every token
+  // of their step) cut each tile's context into runs until there are this many blocks an SM
+  // (DSINFER_MLA_QUERY_TILE_BLOCKS; 0: one run a tile), each run at least
+  // kQueryTileRunPositions of the longest context, up to kMaxMlaSplits; the split path's
+  // combine merges them. A tile in one run is one block per head for the whole context.
+  int query_tile_blocks_per_sm_ = 2;
+  static constexpr int kQueryTileRunPositions = 256;
+  int query_tile_runs(int num_tiles, int num_heads, const ForwardBatch& batch) const;
   // Split-path steps of up to this many tokens merge their splits in the W_UV product's launch
   // instead of a launch of their own (DSINFER_MLA_MERGE_BESIDE_W_UV=0..4; 0: never). On the
   // H200 (V2-Lite, 1k contexts) one-token steps gained 1.2-2.1% (bf16) and 2.1-3.0% (FP8),
@@ -570,6 +578,21 @@ class CudaBackend final : public Backend {
   // cuBLASLt's copies of the shared experts' e4m3 gate/up (DSINFER_GATE_UP_HALVES=0: none).
   bool gate_up_halves_ready_ = true;
   bool fused_prefill_attention_ = true;  // expanded prefill in one kernel (DSINFER_MLA_FLASH=0: cuBLASLt products)
+  // A sequence with this many new tokens in a step attends in the expanded form
+  // (DSINFER_MLA_EXPANDED_MIN_TOKENS), and from expanded_min_tokens_long_ (..._LONG) where its
+  // context holds expanded_long_context_positions_ or more. The form's cost is mostly the
+  // up-projection of the whole context, whatever the chunk, where the absorbed forms read the
+  // context again for each new token: on the H100 (V2-Lite) a follow-up turn of 16 to 63 tokens
+  // after 32k cached positions took 28-32 ms to prefill in the expanded form against 397-457 ms
+  // in query tiles (55-194 ms in query tiles cut into runs; 38-113 ms in head tiles over an FP8
+  // cache); after 4k positions 14-16 ms against 62-72 ms, after 1k 11.5-12.7 ms against 15-17
+  // (bench/RESULTS.md, "Follow-up turns over a cached prefix"). Shorter contexts gain too (256
+  // positions: 10.7-12.3 ms against 14.4-16.6) but keep the query tiles: under the engine's
+  // pressure test, two requests' replayed decode steps then parted from eager ones at clear
+  // margins (0.24 and 0.56), which no one has explained yet.
+  int expanded_min_tokens_ = 64;
+  int expanded_min_tokens_long_ = 16;
+  int expanded_long_context_positions_ = 1024;
   // That kernel on warpgroup products for 192 / 128 heads (DSINFER_MLA_FLASH_WGMMA=0: mma.sync).
   bool warpgroup_flash_attention_ = true;
   // Above this many rows a dense product goes to cuBLASLt (not batch-invariant). The own kernel

@@ -5,7 +5,8 @@
 // - absorbed (decode, short chunks): queries absorb W_UK and attend over the 576-wide latent
 //   cache directly; per query-key pair that is 576 + 512 multiply-adds per head, but nothing is
 //   up-projected, so it is the form for few queries over a long context;
-// - expanded (prefill chunks of kExpandedMinTokens tokens or more): the chunk's context is
+// - expanded (prefill chunks of expanded_min_tokens_ tokens or more, expanded_min_tokens_long_
+//   over long contexts): the chunk's context is
 //   up-projected once into per-head keys and values, and attention runs as ordinary multi-head
 //   attention: 192 + 128 multiply-adds per head and pair (V3), in one fused kernel with the
 //   scores in registers (mla_flash.cu), or as cuBLASLt products with the scores in memory
@@ -27,8 +28,6 @@
 namespace dsinfer::cuda {
 namespace {
 
-// A sequence with this many new tokens in a step attends in the expanded form.
-constexpr int kExpandedMinTokens = 64;
 // Queries per score block: smaller blocks skip more of the causal upper triangle, larger ones
 // make larger products.
 constexpr int kExpandedMaxQueryRows = 512;
@@ -98,9 +97,13 @@ struct ExpandedChunk {
 };
 
 // The sequences of the batch whose new tokens attend in the expanded form: runs of a sequence's
-// consecutive positions of kExpandedMinTokens tokens or more, whose keys and values fit.
+// consecutive positions of min_tokens tokens or more (min_tokens_long where their context has
+// long_context positions or more), whose keys and values fit.
+struct ExpandedChunkRule {
+  int min_tokens, min_tokens_long, long_context;
+};
 std::vector<ExpandedChunk> plan_expanded_chunks(const ForwardBatch& batch, const MlaWeights& w,
-                                                const ExpandedLayout& layout) {
+                                                const ExpandedLayout& layout, const ExpandedChunkRule& rule) {
   std::vector<ExpandedChunk> chunks;
   std::vector<int32_t> table_offsets(batch.block_tables.size());
   for (size_t s = 1; s < table_offsets.size(); ++s)
@@ -112,7 +115,8 @@ std::vector<ExpandedChunk> plan_expanded_chunks(const ForwardBatch& batch, const
       ++n;
     const int context_len = batch.positions[t + n - 1] + 1;
     const int64_t kv_bytes = int64_t{context_len} * w.num_heads * layout.head_width * 2;
-    if (n >= kExpandedMinTokens && kv_bytes <= kExpandedMaxKvBytes && batch.slot_mapping[t] >= 0)
+    const int min_tokens = context_len >= rule.long_context ? rule.min_tokens_long : rule.min_tokens;
+    if (n >= min_tokens && kv_bytes <= kExpandedMaxKvBytes && batch.slot_mapping[t] >= 0)
       chunks.push_back({t, n, context_len, table_offsets[batch.token_seq[t]]});
     t += n;
   }
@@ -191,6 +195,7 @@ void CudaBackend::mla_queries(const Tensor& x, const LinearWeight& wq, const Mla
   }
   const GemmWeight g = gemm_weight_of(wq);
   const ExpandedLayout layout(w, expanded_rope_shared(w));
+  const ExpandedChunkRule rule{expanded_min_tokens_, expanded_min_tokens_long_, expanded_long_context_positions_};
   const int64_t q_width = int64_t{w.num_heads} * (w.qk_nope_head_dim + w.qk_rope_head_dim);
   // Anything unusual (shapes linear refuses, too) takes linear.
   const bool bf16_rows = rows > 0 && rows == batch.num_tokens && q.dim(0) == rows &&
@@ -203,7 +208,7 @@ void CudaBackend::mla_queries(const Tensor& x, const LinearWeight& wq, const Mla
                                                    static_cast<int>(layout.v_padded)) &&
                          expanded_form_allowed(w) && library_gemm_takes(g, rows) &&
                          (g.scales == nullptr || library_fp8_scales(g, rows, /*out_bf16=*/true) != nullptr) &&
-                         num_expanded_tokens(plan_expanded_chunks(batch, w, layout)) == rows;
+                         num_expanded_tokens(plan_expanded_chunks(batch, w, layout, rule)) == rows;
   if (!bf16_rows) {
     linear(x, wq, q);
     return;
@@ -277,8 +282,9 @@ void CudaBackend::mla_attention(const MlaAttentionArgs& args) {
 
   // Long prefill chunks go to the expanded form where it is allowed (expanded_form_allowed).
   const ExpandedLayout layout(w, expanded_rope_shared(w));
+  const ExpandedChunkRule rule{expanded_min_tokens_, expanded_min_tokens_long_, expanded_long_context_positions_};
   const std::vector<ExpandedChunk> chunks =
-      expanded_form_allowed(w) ? plan_expanded_chunks(batch, w, layout) : std::vector<ExpandedChunk>{};
+      expanded_form_allowed(w) ? plan_expanded_chunks(batch, w, layout, rule) : std::vector<ExpandedChunk>{};
   // Queries that mla_queries kept in bf16 only (its fp32 rows unwritten): every token is in a chunk.
   QueryRows queries = std::exchange(query_rows_, QueryRows{});
   uint16_t* bf16_queries = queries.of == args.q->data ? queries.bf16.as<uint16_t>() : nullptr;
@@ -428,7 +434,7 @@ bool CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView&
   Tensor d_tiles;
   if (!tiles.empty()) {
     d_tiles = upload_ints(tiles);
-    num_splits = 1;
+    num_splits = query_tile_runs(static_cast<int>(tiles.size() / 2), w.num_heads, *args.batch);
     few_token_tiles = false;
   }
   // Head tiles balance the batch's work over a fixed number of blocks per head group, each
@@ -436,7 +442,8 @@ bool CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView&
   const int head_tile_blocks = tiles.empty() && head_tiles ? mla_head_tile_blocks(dims, num_sms_) : 0;
   const int64_t num_partials = head_tile_blocks > 0 ? (head_tile_blocks + num_tokens) * int64_t{w.num_heads}
                                                     : work * num_splits;
-  Tensor workspace = alloc_->cached({tiles.empty() ? num_partials * (w.kv_lora_rank + 2) : 1}, DType::kF32);
+  Tensor workspace =
+      alloc_->cached({tiles.empty() || num_splits > 1 ? num_partials * (w.kv_lora_rank + 2) : 1}, DType::kF32);
   Tensor work_starts = alloc_->cached({head_tile_blocks > 0 ? num_tokens + 1 : 1}, DType::kI32);
   Tensor q_latent = alloc_->cached({work * w.kv_lora_rank}, DType::kF32);
   Tensor o_latent = alloc_->cached({work * w.kv_lora_rank}, DType::kF32);
@@ -469,6 +476,16 @@ int CudaBackend::long_context_runs(int64_t num_tokens, const ForwardBatch& batch
   int runs = kMaxMlaSplits;
   while (runs < long_context_max_runs_ && longest >= int64_t{2} * runs * kLongContextRunPositions) runs *= 2;
   return std::min(runs, long_context_max_runs_);
+}
+
+int CudaBackend::query_tile_runs(int num_tiles, int num_heads, const ForwardBatch& batch) const {
+  if (query_tile_blocks_per_sm_ == 0) return 1;
+  int64_t longest = 0;
+  for (int32_t len : batch.context_lens) longest = std::max<int64_t>(longest, len);
+  const int64_t blocks = int64_t{num_tiles} * num_heads;
+  const int64_t wanted = (int64_t{query_tile_blocks_per_sm_} * num_sms_ + blocks - 1) / blocks;
+  const int64_t most = std::max<int64_t>(1, longest / kQueryTileRunPositions);
+  return static_cast<int>(std::clamp<int64_t>(std::min(wanted, most), 1, kMaxMlaSplits));
 }
 
 uint32_t CudaBackend::recording_variant(const ForwardBatch& batch) const {

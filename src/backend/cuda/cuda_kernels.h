@@ -214,7 +214,8 @@ constexpr int kMaxMlaLongSplits = 256;
 // o_latent: num_tokens * num_heads * kv_lora_rank floats each.
 // prefill_tiles (device, [num_prefill_tiles, 2] = first token, count; tokens of one sequence
 // with consecutive positions, at most 16) switches the middle two steps to the tensor-core
-// prefill kernel of mla_tensor_core.cu, which covers every token of the batch through its tiles;
+// prefill kernel of mla_tensor_core.cu, which covers every token of the batch through its tiles
+// (num_splits > 1: cut into that many runs a tile, merged by the split path's combine);
 // otherwise head_tile_blocks > 0 switches the middle two steps to the balanced head tiles of
 // mla_decode_tiles.cu (workspace and work_starts sized as launch_mla_decode_head_tiles says).
 // fast_forms lets the W_UK and W_UV products take forms whose summation order depends on the
@@ -262,10 +263,13 @@ bool mla_tile_shapes_supported(const MlaDims& d);
 // The prefill query tiles: those widths over an fp32 cache.
 bool mla_tiles_supported(const MlaDims& d);
 // o_latent [T, H, lora] for the tokens of the tiles (bf16 operands, fp32 softmax and sums).
+// num_splits > 1: each tile's context is cut into that many equal runs (whole 32-position
+// chunks), one block each, which leave their partial results in workspace [T, H, num_splits,
+// lora + 2] for the split path's combine instead of writing o_latent.
 void launch_mla_prefill_attention(const MlaDims& d, const MlaBatchView& b, const float* q, const float* q_latent,
                                   const float* rope_cos, const float* rope_sin, const float* cache,
-                                  float softmax_scale, const int32_t* tiles, int num_tiles, float* o_latent,
-                                  Stream stream);
+                                  float softmax_scale, const int32_t* tiles, int num_tiles, int num_splits,
+                                  float* workspace, float* o_latent, Stream stream);
 // Decode in head tiles (up to 16 heads of a token per block; TF32 products of the fp32 cache,
 // fp32 softmax and sums; mla_decode_tiles.cu), the work balanced over num_blocks blocks per head
 // group whatever the tokens' context lengths, merged into o_lat [T, H, lora].

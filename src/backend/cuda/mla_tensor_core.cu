@@ -193,12 +193,14 @@ __device__ void attend(Smem& s, const MlaDims& d, const int32_t* table, const fl
 }
 
 // Query tiles: tiles [num_tiles, 2] (first token, token count); the tokens of a tile belong to
-// one sequence and have consecutive positions. Writes the normalised o_lat of its rows.
+// one sequence and have consecutive positions. Block (head, tile, run): with one run, writes the
+// normalised o_lat of its rows; with more, its run's partial results (unnormalised output, max,
+// sum: a row that saw no position has sum 0) into workspace [T, H, num_splits, lora + 2].
 __global__ void __launch_bounds__(kThreads) prefill_kernel(MlaDims d, MlaBatchView b, const float* q,
                                                            const float* q_latent, const float* rope_cos,
                                                            const float* rope_sin, const float* cache,
                                                            float softmax_scale, const int32_t* tiles,
-                                                           float* o_latent) {
+                                                           int num_splits, float* workspace, float* o_latent) {
   await_previous_kernels();
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Smem& s = *reinterpret_cast<Smem*>(smem_raw);
@@ -207,10 +209,25 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(MlaDims d, MlaBatchVi
   const int lora = d.kv_lora_rank;
   load_query_rows(s, d, b, q, q_latent, rope_cos, rope_sin, count, t0, 1, h, 0);
   const int32_t* table = b.tables + b.table_offsets[b.token_seq[t0]];
-  attend(s, d, table, cache, softmax_scale, 0, s.positions[count - 1] + 1);
-  for (int i = threadIdx.x; i < count * lora; i += kThreads) {
-    const int r = i / lora, c = i % lora;
-    o_latent[(static_cast<int64_t>(t0 + r) * d.num_heads + h) * lora + c] = s.out[r][c] / s.row_sum[r];
+  const int context = s.positions[count - 1] + 1;
+  const int run = (context + num_splits - 1) / num_splits;
+  const int run_len = (run + kChunk - 1) / kChunk * kChunk;
+  const int begin = min(context, static_cast<int>(blockIdx.z) * run_len);
+  attend(s, d, table, cache, softmax_scale, begin, min(context, begin + run_len));
+  if (num_splits == 1) {
+    for (int i = threadIdx.x; i < count * lora; i += kThreads) {
+      const int r = i / lora, c = i % lora;
+      o_latent[(static_cast<int64_t>(t0 + r) * d.num_heads + h) * lora + c] = s.out[r][c] / s.row_sum[r];
+    }
+    return;
+  }
+  auto part = [&](int r) {
+    return workspace + ((static_cast<int64_t>(t0 + r) * d.num_heads + h) * num_splits + blockIdx.z) * (lora + 2);
+  };
+  for (int i = threadIdx.x; i < count * lora; i += kThreads) part(i / lora)[i % lora] = s.out[i / lora][i % lora];
+  if (threadIdx.x < count) {
+    part(threadIdx.x)[lora] = s.row_max[threadIdx.x];
+    part(threadIdx.x)[lora + 1] = s.row_sum[threadIdx.x];
   }
 }
 
@@ -226,14 +243,15 @@ bool mla_tiles_supported(const MlaDims& d) { return !d.cache_fp8 && mla_tile_sha
 
 void launch_mla_prefill_attention(const MlaDims& d, const MlaBatchView& b, const float* q, const float* q_latent,
                                   const float* rope_cos, const float* rope_sin, const float* cache,
-                                  float softmax_scale, const int32_t* tiles, int num_tiles, float* o_latent,
-                                  Stream stream) {
-  DS_CHECK(mla_tiles_supported(d) && num_tiles <= 65535);
+                                  float softmax_scale, const int32_t* tiles, int num_tiles, int num_splits,
+                                  float* workspace, float* o_latent, Stream stream) {
+  DS_CHECK(mla_tiles_supported(d) && num_tiles <= 65535 && num_splits >= 1 && num_splits <= 65535 &&
+           (num_splits == 1 || workspace != nullptr));
   if (num_tiles == 0) return;
   allow_shared_bytes<prefill_kernel>(sizeof(Smem));
-  const dim3 grid(d.num_heads, num_tiles);
+  const dim3 grid(d.num_heads, num_tiles, num_splits);
   launch_kernel(prefill_kernel, grid, kThreads, sizeof(Smem), stream, d, b, q, q_latent, rope_cos, rope_sin, cache,
-                softmax_scale, tiles, o_latent);
+                softmax_scale, tiles, num_splits, workspace, o_latent);
   DS_CUDA_CHECK_LAUNCH();
 }
 

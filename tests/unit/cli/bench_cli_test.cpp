@@ -182,6 +182,40 @@ TEST(BenchCli, DecodeStepsOneAheadOrOneAtATime) {
   }
 }
 
+// Model FLOPs per prefilled token: the table's TFLOP/s over its tok/s for `batch`'s row.
+double prefill_flops_per_token(const std::string& out, int batch) {
+  std::stringstream cells(table_row(out, batch));
+  std::string cell, tok_s, tflop_s;
+  std::getline(cells, cell, '|');  // before the row's first bar
+  std::getline(cells, cell, '|');  // batch
+  std::getline(cells, tok_s, '|');
+  std::getline(cells, tflop_s, '|');
+  return std::strtod(tflop_s.c_str(), nullptr) * 1e12 / std::strtod(tok_s.c_str(), nullptr);
+}
+
+// --cached-prefix-len: the prompts' first positions are in the cache before the timed prefill,
+// whose tokens attend to them (their model FLOPs count that attention: about 1.8 times a fresh
+// prompt's per token on tiny_v3 after 200 positions), and decode continues after both; the
+// header and the prefill time column say what was timed.
+TEST(BenchCli, PrefillAfterACachedPrefixCountsItsAttention) {
+  const std::string base = "bench --backend cpu --model " + tiny_v3() + " --batch-sizes 2 --prompt-len 8";
+  const auto fresh = run_dsinfer(base + " --prefill-only");
+  const auto after = run_dsinfer(base + " --prefill-only --cached-prefix-len 200");
+  ASSERT_EQ(fresh.exit_code, 0) << fresh.out;
+  ASSERT_EQ(after.exit_code, 0) << after.out;
+  EXPECT_NE(after.out.find("- prefill: 8-token prompts after cached prefixes of 200 positions"), std::string::npos)
+      << after.out;
+  EXPECT_EQ(fresh.out.find("cached prefixes"), std::string::npos) << fresh.out;
+  EXPECT_NE(after.out.find("| of GEMM ceiling | prefill ms |"), std::string::npos) << after.out;
+  EXPECT_GT(prefill_flops_per_token(after.out, 2), 1.5 * prefill_flops_per_token(fresh.out, 2))
+      << fresh.out << after.out;
+  const auto decode = run_dsinfer(base + " --decode-steps 2 --cached-prefix-len 40");
+  ASSERT_EQ(decode.exit_code, 0) << decode.out;
+  EXPECT_NE(decode.out.find("decode contexts start at 48 tokens"), std::string::npos) << decode.out;
+  EXPECT_TRUE(std::isfinite(decode_tok_s(decode.out, 2)) && decode_tok_s(decode.out, 2) > 0) << decode.out;
+  EXPECT_NE(run_dsinfer(base + " --cached-prefix-len -1").exit_code, 0);
+}
+
 TEST(BenchCli, PrefillAndDecodeTableKeepsTheBandwidthColumns) {
   const auto r = run_dsinfer("bench --backend cpu --model " + tiny_v3() +
                              " --batch-sizes 2 --prompt-len 8 --decode-steps 2");

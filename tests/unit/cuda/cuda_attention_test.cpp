@@ -452,6 +452,37 @@ TEST_F(CudaAttentionTest, LongPrefillChunkAfterCachedPrefix) {
   run_case(kTinyDims, {{0, 37}, {45, 1}, {70, 19}, {3, 16}}, 800);
 }
 
+// Chunks of 16 new tokens or more attend in the expanded form where their context holds 1,024
+// positions or more (a follow-up turn of a conversation after a long cached prefix), beside
+// decodes, beside a long context's chunk of 15 tokens, which stays absorbed, and beside a short
+// context's chunk of 16 in query tiles.
+TEST_F(CudaAttentionTest, FollowUpChunksOverLongCachedPrefixesAttendExpanded) {
+  run_case(kV3Dims, {{5000, 20}}, 1300);
+  run_case(kV3Dims, {{3000, 16}, {40, 1}, {1200, 1}}, 1310);
+  run_case(kV3Dims, {{2000, 15}, {30, 16}, {1010, 20}}, 1320);
+}
+
+// Where the expanded form is not taken (here only from 64 tokens:
+// DSINFER_MLA_EXPANDED_MIN_TOKENS_LONG=64), chunks of 16 new tokens or more attend in query
+// tiles, every token of their step with them; where the tiles' blocks are too few to fill the
+// GPU, each tile's context is cut into runs of at least 256 positions (up to 64 runs), merged by
+// the split path's combine: one chunk over a long cached prefix (19 runs on a GPU of 132 SMs),
+// one beside decodes of long and short contexts, four tiles of one chunk (the last partly
+// filled), a chunk of exactly one tile, tiny widths, 64 runs (the most; the last one empty), and
+// four runs where the runs' floor of 256 positions binds.
+TEST_F(CudaAttentionTest, QueryTilesOverLongCachedPrefixesSplitTheirContexts) {
+  testing_cuda::ScopedEnv absorbed("DSINFER_MLA_EXPANDED_MIN_TOKENS_LONG", "64");
+  gpu_ = make_backend("cuda");
+  run_case(kV3Dims, {{5000, 20}}, 1400);
+  run_case(kV3Dims, {{3000, 16}, {40, 1}, {1200, 1}}, 1410);
+  run_case(kV3Dims, {{9000, 63}}, 1420);
+  run_case(kTinyDims, {{4100, 17}, {10, 1}}, 1430);
+  run_case(kTinyDims, {{20000, 16}}, 1440);
+  testing_cuda::ScopedEnv blocks("DSINFER_MLA_QUERY_TILE_BLOCKS", "64");
+  gpu_ = make_backend("cuda");
+  run_case(kV3Dims, {{1000, 30}}, 1450);
+}
+
 // Chunks of 64 new tokens or more attend in the expanded form (up-projected keys and values,
 // cuBLASLt products); in a mixed batch the other tokens are compacted into the absorbed kernels
 // and their outputs scattered back.
