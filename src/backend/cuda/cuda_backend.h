@@ -589,7 +589,7 @@ class CudaBackend final : public Backend {
   // (bench/RESULTS.md, "Follow-up turns over a cached prefix"). Shorter contexts gain too (256
   // positions: 10.7-12.3 ms against 14.4-16.6) but keep the query tiles: under the engine's
   // pressure test, two requests' replayed decode steps then parted from eager ones at clear
-  // margins (0.24 and 0.56), which no one has explained yet.
+  // margins (0.24 and 0.56), for a reason not yet understood.
   int expanded_min_tokens_ = 64;
   int expanded_min_tokens_long_ = 16;
   int expanded_long_context_positions_ = 1024;
