@@ -360,7 +360,7 @@ int run_bench(int argc, char** argv) {
       ForwardBatch db;
       for (int s = 0; s < batch; ++s) {
         const int pos = cached_prefix_len + prompt_len + step;
-        const auto& table = fb.block_tables[s];
+        const auto& table = tables[s];
         db.token_ids.push_back(decode_ahead && !routed && step > 0 ? -1 - s : tok(rng));
         db.positions.push_back(pos);
         db.slot_mapping.push_back(table[pos / bs] * bs + pos % bs);

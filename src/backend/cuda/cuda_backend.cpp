@@ -114,9 +114,9 @@ CudaBackend::CudaBackend(Precision precision) {
   fused_prefill_attention_ = !env_is("DSINFER_MLA_FLASH", "0");
   warpgroup_flash_attention_ = !env_is("DSINFER_MLA_FLASH_WGMMA", "0");
   if (const char* tokens = std::getenv("DSINFER_MLA_EXPANDED_MIN_TOKENS"))
-    expanded_min_tokens_ = std::max(1, std::atoi(tokens));
+    expanded_rule_.min_tokens = std::max(1, std::atoi(tokens));
   if (const char* tokens = std::getenv("DSINFER_MLA_EXPANDED_MIN_TOKENS_LONG"))
-    expanded_min_tokens_long_ = std::max(1, std::atoi(tokens));
+    expanded_rule_.min_tokens_long = std::max(1, std::atoi(tokens));
   cache_write_beside_ = !env_is("DSINFER_MLA_CACHE_WRITE_BESIDE", "0");
   fixed_split_forms_ = !env_is("DSINFER_MLA_SPLIT_GENERIC", "1");
   if (env_is("DSINFER_MLA_SPLIT_GROUP", "4")) split_group_positions_ = 4;

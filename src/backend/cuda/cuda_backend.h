@@ -63,6 +63,14 @@ int weight_terms(const LinearWeight& w);
 // The padded width of the rows a product by w reads: k_padded over weight_terms.
 int64_t input_cols_padded(const LinearWeight& w);
 
+// Which prefill chunks attend in the expanded form: those of min_tokens new tokens or more, and
+// of min_tokens_long or more where their context holds long_context positions or more.
+struct ExpandedChunkRule {
+  int min_tokens = 64;
+  int min_tokens_long = 16;
+  int long_context = 1024;
+};
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(Precision precision = Precision::kDefault);
@@ -492,8 +500,8 @@ class CudaBackend final : public Backend {
   int long_context_max_runs_ = kMaxMlaLongSplits;
   static constexpr int kLongContextRunPositions = 64;
   bool few_token_tiles_early_ = true;
-  // Prefill query tiles (chunks of 16 to expanded_min_tokens_ - 1 new tokens, and every token
-  // of their step) cut each tile's context into runs until there are this many blocks an SM
+  // Prefill query tiles (chunks of 16 new tokens or more that expanded_rule_ leaves absorbed,
+  // and every token of their step) cut each tile's context into runs until there are this many blocks an SM
   // (DSINFER_MLA_QUERY_TILE_BLOCKS; 0: one run a tile), each run at least
   // kQueryTileRunPositions of the longest context, up to kMaxMlaSplits; the split path's
   // combine merges them. A tile in one run is one block per head for the whole context.
@@ -578,9 +586,9 @@ class CudaBackend final : public Backend {
   // cuBLASLt's copies of the shared experts' e4m3 gate/up (DSINFER_GATE_UP_HALVES=0: none).
   bool gate_up_halves_ready_ = true;
   bool fused_prefill_attention_ = true;  // expanded prefill in one kernel (DSINFER_MLA_FLASH=0: cuBLASLt products)
-  // A sequence with this many new tokens in a step attends in the expanded form
-  // (DSINFER_MLA_EXPANDED_MIN_TOKENS), and from expanded_min_tokens_long_ (..._LONG) where its
-  // context holds expanded_long_context_positions_ or more. The form's cost is mostly the
+  // A sequence with min_tokens new tokens or more in a step attends in the expanded form
+  // (DSINFER_MLA_EXPANDED_MIN_TOKENS), and from min_tokens_long (..._LONG) where its context
+  // holds long_context positions or more. The form's cost is mostly the
   // up-projection of the whole context, whatever the chunk, where the absorbed forms read the
   // context again for each new token: on the H100 (V2-Lite) a follow-up turn of 16 to 63 tokens
   // after 32k cached positions took 28-32 ms to prefill in the expanded form against 397-457 ms
@@ -590,9 +598,7 @@ class CudaBackend final : public Backend {
   // positions: 10.7-12.3 ms against 14.4-16.6) but keep the query tiles: under the engine's
   // pressure test, two requests' replayed decode steps then parted from eager ones at clear
   // margins (0.24 and 0.56), for a reason not yet understood.
-  int expanded_min_tokens_ = 64;
-  int expanded_min_tokens_long_ = 16;
-  int expanded_long_context_positions_ = 1024;
+  ExpandedChunkRule expanded_rule_;
   // That kernel on warpgroup products for 192 / 128 heads (DSINFER_MLA_FLASH_WGMMA=0: mma.sync).
   bool warpgroup_flash_attention_ = true;
   // Above this many rows a dense product goes to cuBLASLt (not batch-invariant). The own kernel

@@ -5,8 +5,8 @@
 // - absorbed (decode, short chunks): queries absorb W_UK and attend over the 576-wide latent
 //   cache directly; per query-key pair that is 576 + 512 multiply-adds per head, but nothing is
 //   up-projected, so it is the form for few queries over a long context;
-// - expanded (prefill chunks of expanded_min_tokens_ tokens or more, expanded_min_tokens_long_
-//   over long contexts): the chunk's context is
+// - expanded (prefill chunks of as many tokens as expanded_rule_ asks, fewer over long
+//   contexts): the chunk's context is
 //   up-projected once into per-head keys and values, and attention runs as ordinary multi-head
 //   attention: 192 + 128 multiply-adds per head and pair (V3), in one fused kernel with the
 //   scores in registers (mla_flash.cu), or as cuBLASLt products with the scores in memory
@@ -97,11 +97,8 @@ struct ExpandedChunk {
 };
 
 // The sequences of the batch whose new tokens attend in the expanded form: runs of a sequence's
-// consecutive positions of min_tokens tokens or more (min_tokens_long where their context has
-// long_context positions or more), whose keys and values fit.
-struct ExpandedChunkRule {
-  int min_tokens, min_tokens_long, long_context;
-};
+// consecutive positions of rule.min_tokens tokens or more (rule.min_tokens_long where their
+// context has rule.long_context positions or more), whose keys and values fit.
 std::vector<ExpandedChunk> plan_expanded_chunks(const ForwardBatch& batch, const MlaWeights& w,
                                                 const ExpandedLayout& layout, const ExpandedChunkRule& rule) {
   std::vector<ExpandedChunk> chunks;
@@ -195,7 +192,6 @@ void CudaBackend::mla_queries(const Tensor& x, const LinearWeight& wq, const Mla
   }
   const GemmWeight g = gemm_weight_of(wq);
   const ExpandedLayout layout(w, expanded_rope_shared(w));
-  const ExpandedChunkRule rule{expanded_min_tokens_, expanded_min_tokens_long_, expanded_long_context_positions_};
   const int64_t q_width = int64_t{w.num_heads} * (w.qk_nope_head_dim + w.qk_rope_head_dim);
   // Anything unusual (shapes linear refuses, too) takes linear.
   const bool bf16_rows = rows > 0 && rows == batch.num_tokens && q.dim(0) == rows &&
@@ -208,7 +204,7 @@ void CudaBackend::mla_queries(const Tensor& x, const LinearWeight& wq, const Mla
                                                    static_cast<int>(layout.v_padded)) &&
                          expanded_form_allowed(w) && library_gemm_takes(g, rows) &&
                          (g.scales == nullptr || library_fp8_scales(g, rows, /*out_bf16=*/true) != nullptr) &&
-                         num_expanded_tokens(plan_expanded_chunks(batch, w, layout, rule)) == rows;
+                         num_expanded_tokens(plan_expanded_chunks(batch, w, layout, expanded_rule_)) == rows;
   if (!bf16_rows) {
     linear(x, wq, q);
     return;
@@ -282,9 +278,8 @@ void CudaBackend::mla_attention(const MlaAttentionArgs& args) {
 
   // Long prefill chunks go to the expanded form where it is allowed (expanded_form_allowed).
   const ExpandedLayout layout(w, expanded_rope_shared(w));
-  const ExpandedChunkRule rule{expanded_min_tokens_, expanded_min_tokens_long_, expanded_long_context_positions_};
   const std::vector<ExpandedChunk> chunks =
-      expanded_form_allowed(w) ? plan_expanded_chunks(batch, w, layout, rule) : std::vector<ExpandedChunk>{};
+      expanded_form_allowed(w) ? plan_expanded_chunks(batch, w, layout, expanded_rule_) : std::vector<ExpandedChunk>{};
   // Queries that mla_queries kept in bf16 only (its fp32 rows unwritten): every token is in a chunk.
   QueryRows queries = std::exchange(query_rows_, QueryRows{});
   uint16_t* bf16_queries = queries.of == args.q->data ? queries.bf16.as<uint16_t>() : nullptr;
