@@ -89,6 +89,7 @@ struct EngineStats {
   int num_kv_blocks_total = 0;
   int64_t num_steps = 0;
   int64_t num_preemptions = 0;
+  int64_t num_replayed_steps = 0;  // decode steps replayed from recordings (CUDA graphs)
   int64_t num_failed_steps = 0;  // launches that threw (see EngineCore::launch)
   int step_token_budget = 0;     // tokens a step may take now (lowered after a step out of memory)
 };

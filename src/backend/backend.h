@@ -279,6 +279,10 @@ class Backend {
   // must read its per-step data from there. end_recording returns false when capture failed
   // (the work was then not run and must be issued eagerly).
   virtual bool can_record() const { return false; }
+  // Whether decode steps are padded to their bucket's size, as a recording runs them: where the
+  // backend records, and where it is asked to run them so without recording (to tell what a
+  // recording changes from what padding changes: a padded step may take other kernel forms).
+  virtual bool pads_decode_steps() const { return can_record(); }
   // The form the backend gives a recordable step, beyond its number of rows: steps the backend
   // lays out differently (a long context's attention, say) are recorded apart, under keys that
   // differ in this value. 0 where every step of a size takes one form.

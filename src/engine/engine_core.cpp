@@ -334,6 +334,7 @@ EngineStats EngineCore::stats() const {
   s.num_kv_blocks_used = kv_->num_used_blocks();
   s.num_steps = num_steps_;
   s.num_preemptions = scheduler_->num_preemptions();
+  s.num_replayed_steps = model_->num_replayed_steps();
   s.num_failed_steps = num_failed_steps_;
   s.step_token_budget = scheduler_->max_num_batched_tokens();
   return s;

@@ -88,7 +88,7 @@ ForwardOutput DeepseekModel::forward(const ForwardBatch& batch, KvCaches& caches
   DS_CHECK(t > 0 && static_cast<int64_t>(batch.token_ids.size()) == t);
   for (int32_t p : batch.positions) DS_CHECK_MSG(p >= 0 && p < max_positions_, "position " << p << " out of range");
   try {
-    if (!record_routing && backend_.can_record()) {
+    if (!record_routing && backend_.pads_decode_steps()) {
       const int bucket = decode_bucket(batch);
       if (bucket > 0) return forward_recorded(batch, caches, bucket);
     }
@@ -121,7 +121,8 @@ int DeepseekModel::decode_bucket(const ForwardBatch& batch) {
 }
 
 // A decode step of n sequences runs as the recording of its bucket's size and of the form the
-// backend gives it (Backend::recording_variant). Each padding sequence repeats the last real
+// backend gives it (Backend::recording_variant), or padded to that size and issued eagerly
+// where the backend pads without recording. Each padding sequence repeats the last real
 // sequence's step (its token, position, context and block table) but stores nothing (slot -1);
 // its rows are computed and ignored. Padding so shaped costs what a real sequence costs, and no
 // more: one-position contexts made the attention's balanced work ranges lopsided (each such
@@ -159,7 +160,7 @@ ForwardOutput DeepseekModel::forward_recorded(const ForwardBatch& batch, KvCache
     if (done) out = rec.output;
     rec.captured = done;  // the backend dropped it (its step buffers moved): record again
   }
-  if (!done && rec.num_eager_runs >= kEagerRunsBeforeRecording && !rec.failed) {
+  if (!done && backend_.can_record() && rec.num_eager_runs >= kEagerRunsBeforeRecording && !rec.failed) {
     try {
       backend_.begin_recording(key);
       ForwardOutput recorded = run_layers(padded, caches, false);
@@ -185,10 +186,11 @@ ForwardOutput DeepseekModel::forward_recorded(const ForwardBatch& batch, KvCache
     // The first runs of a bucket are eager: the first builds whatever the backend makes lazily,
     // and a bucket met only once or twice (the shrinking batches at the end of a workload)
     // never pays for a recording, which costs more than an eager step.
-    ++rec.num_eager_runs;
+    rec.num_eager_runs = std::min(rec.num_eager_runs + 1, kEagerRunsBeforeRecording);  // counts to the bound only
     out = run_layers(padded, caches, false);
   }
   backend_.end_step();
+  if (done) ++num_replayed_steps_;
   auto first_rows = [n](Tensor t) {
     if (!t.empty()) t.shape[0] = n;
     return t;

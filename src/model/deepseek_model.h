@@ -33,6 +33,8 @@ class DeepseekModel {
   const ModelConfig& config() const { return config_; }
   Backend& backend() { return backend_; }
   int max_positions() const { return max_positions_; }
+  // Decode steps run as replays of recordings so far.
+  int64_t num_replayed_steps() const { return num_replayed_steps_; }
   // Bytes of latent cache per token over all layers, in `format`.
   size_t kv_bytes_per_token(KvCacheFormat format = KvCacheFormat::kF32) const;
 
@@ -45,8 +47,9 @@ class DeepseekModel {
                    int block_size);
   void mlp(const LayerWeights& l, const Tensor& h, Tensor& out, MoeRouting* routing);
   ForwardOutput run_layers(const ForwardBatch& batch, KvCaches& caches, bool record_routing);
-  // Decode steps (one token per sequence, every sequence sampled) are recorded per batch-size
-  // bucket on backends that can record; 0 when the batch is not such a step.
+  // Decode steps (one token per sequence, every sequence sampled) are padded to a batch-size
+  // bucket and recorded per bucket on backends that can record (Backend::pads_decode_steps);
+  // 0 when the batch is not such a step.
   static int decode_bucket(const ForwardBatch& batch);
   ForwardOutput forward_recorded(const ForwardBatch& batch, KvCaches& caches, int bucket);
 
@@ -65,6 +68,7 @@ class DeepseekModel {
     ForwardOutput output;  // the recorded step's output tensors, rewritten by each replay
   };
   std::map<uint64_t, Recording> recordings_;  // by bucket and the backend's recording_variant
+  int64_t num_replayed_steps_ = 0;
 
   ModelConfig config_;
   ModelWeights weights_;

@@ -122,6 +122,9 @@ std::string ServerMetrics::render(const ServerGauges& g) const {
     sample(out, "dsinfer_engine_steps_total", static_cast<double>(g.engine.num_steps));
     header(out, "dsinfer_engine_preemptions_total", "counter", "Requests preempted by the engine.");
     sample(out, "dsinfer_engine_preemptions_total", static_cast<double>(g.engine.num_preemptions));
+    header(out, "dsinfer_engine_replayed_steps_total", "counter",
+           "Decode steps replayed from recordings (CUDA graphs) instead of issued kernel by kernel.");
+    sample(out, "dsinfer_engine_replayed_steps_total", static_cast<double>(g.engine.num_replayed_steps));
     header(out, "dsinfer_engine_failed_steps_total", "counter",
            "Engine steps whose launch failed (out of device memory, say); see dsinfer_engine_step_token_budget.");
     sample(out, "dsinfer_engine_failed_steps_total", static_cast<double>(g.engine.num_failed_steps));

@@ -4,7 +4,7 @@
 // An FP8 cache (latent_cache_format.h) is quantised as tokens are written and dequantised as
 // they are read; attention itself is the same.
 //
-// Where CpuRoundings::bf16_expanded_attention asks, a sequence's prefill chunk of 64 tokens or
+// Where CpuRoundings::bf16_expanded_attention asks, a sequence's prefill chunk of 16 tokens or
 // more attends as the CUDA backend's expanded form does, with its bf16 operands: the context's
 // latent entries rounded to bf16 and up-projected per head into keys and values (bf16 weights,
 // fp32 sums, bf16 results), bf16 queries, and unnormalised probabilities rounded to bf16 for
@@ -40,7 +40,7 @@ void rotate_interleaved(float* x, int rope_dim, const float* cos, const float* s
 }
 
 // A sequence with this many new tokens in a step attends in the CUDA backend's expanded form.
-constexpr int kExpandedMinTokens = 64;
+constexpr int kExpandedMinTokens = 16;
 // A step with a sequence of this many other new tokens attends in its query tiles.
 constexpr int kQueryTileMinTokens = 16;
 // Otherwise steps of this many tokens or more (decode batches), and steps of kFewTokenTilesMin to

@@ -109,14 +109,13 @@ CudaBackend::CudaBackend(Precision precision) {
   f32_products_ = precision == Precision::kFp32 || env_is("DSINFER_CUDA_PRECISION", "fp32");
   batch_invariant_ = f32_products_ || env_is("DSINFER_BATCH_INVARIANT", "1");
   two_term_weights_ = !env_is("DSINFER_CUDA_WEIGHT_TERMS", "1");
-  graphs_enabled_ = !env_is("DSINFER_CUDA_GRAPHS", "0");
+  if (env_is("DSINFER_CUDA_GRAPHS", "0")) graphs_ = Graphs::kEager;
+  else if (env_is("DSINFER_CUDA_GRAPHS", "padded")) graphs_ = Graphs::kPadded;
   gate_up_halves_ready_ = !env_is("DSINFER_GATE_UP_HALVES", "0");
   fused_prefill_attention_ = !env_is("DSINFER_MLA_FLASH", "0");
   warpgroup_flash_attention_ = !env_is("DSINFER_MLA_FLASH_WGMMA", "0");
   if (const char* tokens = std::getenv("DSINFER_MLA_EXPANDED_MIN_TOKENS"))
-    expanded_rule_.min_tokens = std::max(1, std::atoi(tokens));
-  if (const char* tokens = std::getenv("DSINFER_MLA_EXPANDED_MIN_TOKENS_LONG"))
-    expanded_rule_.min_tokens_long = std::max(1, std::atoi(tokens));
+    expanded_min_tokens_ = std::max(1, std::atoi(tokens));
   cache_write_beside_ = !env_is("DSINFER_MLA_CACHE_WRITE_BESIDE", "0");
   fixed_split_forms_ = !env_is("DSINFER_MLA_SPLIT_GENERIC", "1");
   if (env_is("DSINFER_MLA_SPLIT_GROUP", "4")) split_group_positions_ = 4;

@@ -21,8 +21,8 @@
 //   with KvCacheFormat::kFp8 it holds FP8 entries (latent_cache_format.h).
 // - begin_step uploads the step's token layout once into fixed device buffers; with them a
 //   decode step can be recorded as a CUDA graph and replayed (DSINFER_CUDA_GRAPHS=0 turns that
-//   off). All work runs on one stream; the host waits only in to_host, sample_rows,
-//   wait_choice, cache block reads, when routing is recorded for inspection, and once per
+//   off, =padded keeps the padding without recording). All work runs on one stream; the host
+//   waits only in to_host, sample_rows, wait_choice, cache block reads, when routing is recorded for inspection, and once per
 //   prefill-sized MoE layer where a switch asks for the per-expert products
 //   (moe_experts_host_planned).
 #pragma once
@@ -62,14 +62,6 @@ GemmWeight gemm_weight_of(const LinearWeight& w);
 int weight_terms(const LinearWeight& w);
 // The padded width of the rows a product by w reads: k_padded over weight_terms.
 int64_t input_cols_padded(const LinearWeight& w);
-
-// Which prefill chunks attend in the expanded form: those of min_tokens new tokens or more, and
-// of min_tokens_long or more where their context holds long_context positions or more.
-struct ExpandedChunkRule {
-  int min_tokens = 64;
-  int min_tokens_long = 16;
-  int long_context = 1024;
-};
 
 class CudaBackend final : public Backend {
  public:
@@ -126,7 +118,8 @@ class CudaBackend final : public Backend {
   std::vector<int32_t> wait_choice(uint64_t ticket) override;
   // Placeholders are resolved on the device by begin_step: the ids go to the embedding as they are.
   std::span<const TokenId> input_ids(const ForwardBatch& batch) override { return batch.token_ids; }
-  bool can_record() const override { return graphs_enabled_; }
+  bool can_record() const override { return graphs_ == Graphs::kRecorded; }
+  bool pads_decode_steps() const override { return graphs_ != Graphs::kEager; }
   // For decode steps whose attention takes the long-context tiles, their most runs a token
   // (long_context_runs), else 0. Steps whose runs the GPU's tile slots cap (V2-Lite's steps of
   // four or eight tokens: 64 and 33) so record one form under up to three values.
@@ -423,7 +416,10 @@ class CudaBackend final : public Backend {
   // Dense weights that bf16 would round packed in two bf16 terms (weight_terms;
   // DSINFER_CUDA_WEIGHT_TERMS=1: rounded to one, half the bytes to read).
   bool two_term_weights_ = true;
-  bool graphs_enabled_ = true;
+  // How decode steps run: recorded per bucket and replayed (the default), padded to their bucket
+  // but issued eagerly (DSINFER_CUDA_GRAPHS=padded), or issued eagerly as they come (=0).
+  enum class Graphs { kRecorded, kPadded, kEager };
+  Graphs graphs_ = Graphs::kRecorded;
   bool recording_ = false;
   bool library_fp8_ = true;  // many-row e4m3 products in FP8 (DSINFER_CUDA_FP8_GEMM=0: weights widened to bf16)
   bool shared_experts_alongside_ = true;  // DSINFER_MOE_SIDE_STREAM=0: shared experts after the routed ones
@@ -500,7 +496,7 @@ class CudaBackend final : public Backend {
   int long_context_max_runs_ = kMaxMlaLongSplits;
   static constexpr int kLongContextRunPositions = 64;
   bool few_token_tiles_early_ = true;
-  // Prefill query tiles (chunks of 16 new tokens or more that expanded_rule_ leaves absorbed,
+  // Prefill query tiles (chunks of 16 new tokens or more that the expanded form cannot take,
   // and every token of their step) cut each tile's context into runs until there are this many blocks an SM
   // (DSINFER_MLA_QUERY_TILE_BLOCKS; 0: one run a tile), each run at least
   // kQueryTileRunPositions of the longest context, up to kMaxMlaSplits; the split path's
@@ -586,19 +582,16 @@ class CudaBackend final : public Backend {
   // cuBLASLt's copies of the shared experts' e4m3 gate/up (DSINFER_GATE_UP_HALVES=0: none).
   bool gate_up_halves_ready_ = true;
   bool fused_prefill_attention_ = true;  // expanded prefill in one kernel (DSINFER_MLA_FLASH=0: cuBLASLt products)
-  // A sequence with min_tokens new tokens or more in a step attends in the expanded form
-  // (DSINFER_MLA_EXPANDED_MIN_TOKENS), and from min_tokens_long (..._LONG) where its context
-  // holds long_context positions or more. The form's cost is mostly the
-  // up-projection of the whole context, whatever the chunk, where the absorbed forms read the
-  // context again for each new token: on the H100 (V2-Lite) a follow-up turn of 16 to 63 tokens
-  // after 32k cached positions took 28-32 ms to prefill in the expanded form against 397-457 ms
-  // in query tiles (55-194 ms in query tiles cut into runs; 38-113 ms in head tiles over an FP8
-  // cache); after 4k positions 14-16 ms against 62-72 ms, after 1k 11.5-12.7 ms against 15-17
-  // (bench/RESULTS.md, "Follow-up turns over a cached prefix"). Shorter contexts gain too (256
-  // positions: 10.7-12.3 ms against 14.4-16.6) but keep the query tiles: under the engine's
-  // pressure test, two requests' replayed decode steps then parted from eager ones at clear
-  // margins (0.24 and 0.56), for a reason not yet understood.
-  ExpandedChunkRule expanded_rule_;
+  // A sequence with this many new tokens or more in a step attends in the expanded form
+  // (DSINFER_MLA_EXPANDED_MIN_TOKENS). The form's cost is mostly the up-projection of the whole
+  // context, whatever the chunk, where the absorbed forms read the context again for each new
+  // token: on the H100 (V2-Lite) a follow-up turn of 16 to 63 tokens after 32k cached positions
+  // took 28-32 ms to prefill in the expanded form against 397-457 ms in query tiles (55-194 ms
+  // in query tiles cut into runs; 38-113 ms in head tiles over an FP8 cache), after 4k
+  // positions 14-16 ms against 62-72 ms, after 256 positions 10.7-12.3 against 14.4-16.6, and a
+  // fresh prompt of 16-63 tokens 2-11% less (bench/RESULTS.md, "Follow-up turns over a cached
+  // prefix").
+  int expanded_min_tokens_ = 16;
   // That kernel on warpgroup products for 192 / 128 heads (DSINFER_MLA_FLASH_WGMMA=0: mma.sync).
   bool warpgroup_flash_attention_ = true;
   // Above this many rows a dense product goes to cuBLASLt (not batch-invariant). The own kernel

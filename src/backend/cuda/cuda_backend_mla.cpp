@@ -2,11 +2,10 @@
 // mla_tensor_core.cu, mla_decode_tiles.cu, mla_expanded.cu and mla_flash.cu.
 //
 // Two forms of the same attention:
-// - absorbed (decode, short chunks): queries absorb W_UK and attend over the 576-wide latent
+// - absorbed (decode, chunks of fewer than 16 tokens): queries absorb W_UK and attend over the 576-wide latent
 //   cache directly; per query-key pair that is 576 + 512 multiply-adds per head, but nothing is
 //   up-projected, so it is the form for few queries over a long context;
-// - expanded (prefill chunks of as many tokens as expanded_rule_ asks, fewer over long
-//   contexts): the chunk's context is
+// - expanded (prefill chunks of 16 tokens or more, expanded_min_tokens_): the chunk's context is
 //   up-projected once into per-head keys and values, and attention runs as ordinary multi-head
 //   attention: 192 + 128 multiply-adds per head and pair (V3), in one fused kernel with the
 //   scores in registers (mla_flash.cu), or as cuBLASLt products with the scores in memory
@@ -97,10 +96,9 @@ struct ExpandedChunk {
 };
 
 // The sequences of the batch whose new tokens attend in the expanded form: runs of a sequence's
-// consecutive positions of rule.min_tokens tokens or more (rule.min_tokens_long where their
-// context has rule.long_context positions or more), whose keys and values fit.
+// consecutive positions of min_tokens tokens or more whose keys and values fit.
 std::vector<ExpandedChunk> plan_expanded_chunks(const ForwardBatch& batch, const MlaWeights& w,
-                                                const ExpandedLayout& layout, const ExpandedChunkRule& rule) {
+                                                const ExpandedLayout& layout, int min_tokens) {
   std::vector<ExpandedChunk> chunks;
   std::vector<int32_t> table_offsets(batch.block_tables.size());
   for (size_t s = 1; s < table_offsets.size(); ++s)
@@ -112,7 +110,6 @@ std::vector<ExpandedChunk> plan_expanded_chunks(const ForwardBatch& batch, const
       ++n;
     const int context_len = batch.positions[t + n - 1] + 1;
     const int64_t kv_bytes = int64_t{context_len} * w.num_heads * layout.head_width * 2;
-    const int min_tokens = context_len >= rule.long_context ? rule.min_tokens_long : rule.min_tokens;
     if (n >= min_tokens && kv_bytes <= kExpandedMaxKvBytes && batch.slot_mapping[t] >= 0)
       chunks.push_back({t, n, context_len, table_offsets[batch.token_seq[t]]});
     t += n;
@@ -204,7 +201,7 @@ void CudaBackend::mla_queries(const Tensor& x, const LinearWeight& wq, const Mla
                                                    static_cast<int>(layout.v_padded)) &&
                          expanded_form_allowed(w) && library_gemm_takes(g, rows) &&
                          (g.scales == nullptr || library_fp8_scales(g, rows, /*out_bf16=*/true) != nullptr) &&
-                         num_expanded_tokens(plan_expanded_chunks(batch, w, layout, expanded_rule_)) == rows;
+                         num_expanded_tokens(plan_expanded_chunks(batch, w, layout, expanded_min_tokens_)) == rows;
   if (!bf16_rows) {
     linear(x, wq, q);
     return;
@@ -276,10 +273,11 @@ void CudaBackend::mla_attention(const MlaAttentionArgs& args) {
   const MlaCacheWrite cache_write{args.kv_a->as<float>(), w.kv_a_layernorm.as<float>(), args.latent_norm_eps,
                                   args.cache->data.data};
 
-  // Long prefill chunks go to the expanded form where it is allowed (expanded_form_allowed).
+  // Prefill chunks of expanded_min_tokens_ or more go to the expanded form where it is allowed (expanded_form_allowed).
   const ExpandedLayout layout(w, expanded_rope_shared(w));
-  const std::vector<ExpandedChunk> chunks =
-      expanded_form_allowed(w) ? plan_expanded_chunks(batch, w, layout, expanded_rule_) : std::vector<ExpandedChunk>{};
+  const std::vector<ExpandedChunk> chunks = expanded_form_allowed(w)
+                                                ? plan_expanded_chunks(batch, w, layout, expanded_min_tokens_)
+                                                : std::vector<ExpandedChunk>{};
   // Queries that mla_queries kept in bf16 only (its fp32 rows unwritten): every token is in a chunk.
   QueryRows queries = std::exchange(query_rows_, QueryRows{});
   uint16_t* bf16_queries = queries.of == args.q->data ? queries.bf16.as<uint16_t>() : nullptr;

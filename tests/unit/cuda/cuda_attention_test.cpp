@@ -346,9 +346,10 @@ TEST_F(CudaAttentionTest, SplitMergeBesideTheOutputProductGivesTheSameBits) {
 // 16 decode tokens or more attend in head tiles: contexts from one position to past 2k, so some
 // tokens use one split and others many, the rest of their splits left empty.
 // The FP8 latent cache: decode alone (the fp32 split kernel) and in a batch of 20 with long
-// contexts (head tiles, which widen each chunk as it arrives), a prefill chunk of 16 tokens
-// beside a decode (query tiles take fp32 entries only: these go to the head tiles too), and
-// chunks of 70 and 80 tokens in the expanded form, whose gather dequantises the entries.
+// contexts (head tiles, which widen each chunk as it arrives), chunks of 16 to 80 tokens in the
+// expanded form, whose gather dequantises the entries, beside decodes and a short chunk; then,
+// the expanded form turned off, the same chunks in the head tiles (query tiles take fp32 entries
+// only).
 TEST_F(CudaAttentionTest, Fp8LatentCache) {
   run_case(kV3Dims, {{2100, 1}}, 3000, KvCacheFormat::kFp8);
   std::vector<SeqSpec> seqs;
@@ -356,6 +357,10 @@ TEST_F(CudaAttentionTest, Fp8LatentCache) {
   run_case(kV3Dims, seqs, 3100, KvCacheFormat::kFp8);
   run_case(kV3Dims, {{100, 16}, {0, 70}, {40, 1}}, 3200, KvCacheFormat::kFp8);
   run_case(kTinyDims, {{0, 17}, {64, 1}, {5, 9}, {0, 80}}, 3300, KvCacheFormat::kFp8);
+  testing_cuda::ScopedEnv absorbed("DSINFER_MLA_EXPANDED_MIN_TOKENS", "1000000");
+  gpu_ = make_backend("cuda");
+  run_case(kV3Dims, {{100, 16}, {0, 70}, {40, 1}}, 3400, KvCacheFormat::kFp8);
+  run_case(kTinyDims, {{0, 17}, {64, 1}, {5, 9}, {0, 80}}, 3500, KvCacheFormat::kFp8);
 }
 
 TEST_F(CudaAttentionTest, HeadTilesWithLessWorkThanBlocks) {
@@ -452,39 +457,42 @@ TEST_F(CudaAttentionTest, LongPrefillChunkAfterCachedPrefix) {
   run_case(kTinyDims, {{0, 37}, {45, 1}, {70, 19}, {3, 16}}, 800);
 }
 
-// Chunks of 16 new tokens or more attend in the expanded form where their context holds 1,024
-// positions or more (a follow-up turn of a conversation after a long cached prefix), beside
-// decodes, beside a long context's chunk of 15 tokens, which stays absorbed, and beside a short
-// context's chunk of 16 in query tiles.
+// Chunks of 16 new tokens or more attend in the expanded form, also after a long cached prefix
+// (a follow-up turn of a conversation), beside decodes, beside a long context's chunk of 15
+// tokens, which stays absorbed, and beside a short context's chunk of 16.
 TEST_F(CudaAttentionTest, FollowUpChunksOverLongCachedPrefixesAttendExpanded) {
   run_case(kV3Dims, {{5000, 20}}, 1300);
   run_case(kV3Dims, {{3000, 16}, {40, 1}, {1200, 1}}, 1310);
   run_case(kV3Dims, {{2000, 15}, {30, 16}, {1010, 20}}, 1320);
 }
 
-// Where the expanded form is not taken (here only from 64 tokens:
-// DSINFER_MLA_EXPANDED_MIN_TOKENS_LONG=64), chunks of 16 new tokens or more attend in query
-// tiles, every token of their step with them; where the tiles' blocks are too few to fill the
-// GPU, each tile's context is cut into runs of at least 256 positions (up to 64 runs), merged by
-// the split path's combine: one chunk over a long cached prefix (19 runs on a GPU of 132 SMs),
+// Where the expanded form is not taken (head widths it cannot align, keys and values past 4 GiB;
+// here DSINFER_MLA_EXPANDED_MIN_TOKENS turns it off), chunks of 16 new tokens or more attend in
+// query tiles, every token of their step with them; where the tiles' blocks are too few to fill
+// the GPU, each tile's context is cut into runs of at least 256 positions (up to 64 runs), merged
+// by the split path's combine: one chunk over a long cached prefix (19 runs on a GPU of 132 SMs),
 // one beside decodes of long and short contexts, four tiles of one chunk (the last partly
 // filled), a chunk of exactly one tile, tiny widths, 64 runs (the most; the last one empty), and
-// four runs where the runs' floor of 256 positions binds.
+// four runs where the runs' floor of 256 positions binds; then short contexts, in one run: chunks
+// that are not whole 16-token tiles or 32-position key chunks, beside decodes and short steps.
 TEST_F(CudaAttentionTest, QueryTilesOverLongCachedPrefixesSplitTheirContexts) {
-  testing_cuda::ScopedEnv absorbed("DSINFER_MLA_EXPANDED_MIN_TOKENS_LONG", "64");
+  testing_cuda::ScopedEnv absorbed("DSINFER_MLA_EXPANDED_MIN_TOKENS", "1000000");
   gpu_ = make_backend("cuda");
   run_case(kV3Dims, {{5000, 20}}, 1400);
   run_case(kV3Dims, {{3000, 16}, {40, 1}, {1200, 1}}, 1410);
   run_case(kV3Dims, {{9000, 63}}, 1420);
   run_case(kTinyDims, {{4100, 17}, {10, 1}}, 1430);
   run_case(kTinyDims, {{20000, 16}}, 1440);
+  run_case(kTinyDims, {{0, 37}, {45, 1}, {70, 19}, {3, 16}}, 1460);
+  run_case(kTinyDims, {{0, 17}, {64, 1}, {5, 9}}, 1470);
+  run_case(kV3Dims, {{0, 5}, {70, 1}, {130, 3}, {0, 17}, {63, 2}}, 1480);
   testing_cuda::ScopedEnv blocks("DSINFER_MLA_QUERY_TILE_BLOCKS", "64");
   gpu_ = make_backend("cuda");
   run_case(kV3Dims, {{1000, 30}}, 1450);
 }
 
-// Chunks of 64 new tokens or more attend in the expanded form (up-projected keys and values,
-// cuBLASLt products); in a mixed batch the other tokens are compacted into the absorbed kernels
+// Chunks of 16 new tokens or more attend in the expanded form (up-projected keys and values);
+// in a mixed batch the other tokens are compacted into the absorbed kernels
 // and their outputs scattered back.
 TEST_F(CudaAttentionTest, ExpandedChunksBesideTilesAndDecodes) {
   run_case(kTinyDims, {{0, 37}, {45, 1}, {130, 90}, {3, 16}, {0, 64}, {200, 1}}, 900);

@@ -1,7 +1,8 @@
-// Decode steps on a backend that records run as their batch bucket, with padding sequences
-// added. Here the backend claims to record but every recording fails, so the model runs the
-// padded batch eagerly: its real rows and the cache it leaves must match the plain batch's bit
-// for bit (the CPU backend's arithmetic does not depend on the batch).
+// Decode steps on a backend that records, or pads without recording, run as their batch
+// bucket, with padding sequences added. Here the backend either claims to record but every
+// recording fails, or does not record, so the model runs the padded batch eagerly: its real rows
+// and the cache it leaves must match the plain batch's bit for bit (the CPU backend's
+// arithmetic does not depend on the batch).
 #include <gtest/gtest.h>
 
 #include <numeric>
@@ -17,15 +18,21 @@
 namespace dsinfer {
 namespace {
 
-class FailingRecorderBackend : public CpuBackend {
+// Pads decode steps to their bucket; where it claims to record, every recording fails.
+class PaddingBackend : public CpuBackend {
  public:
-  bool can_record() const override { return true; }
+  explicit PaddingBackend(bool records) : records_(records) {}
+  bool can_record() const override { return records_; }
+  bool pads_decode_steps() const override { return true; }
   void begin_recording(uint64_t) override { ++num_begun; }
   bool end_recording(uint64_t) override { return false; }
   bool replay(uint64_t) override { return false; }
   void begin_step(const ForwardBatch& batch) override { step_sizes.push_back(batch.num_tokens); }
   int num_begun = 0;
   std::vector<int> step_sizes;
+
+ private:
+  bool records_;
 };
 
 constexpr int kBlockSize = 64;
@@ -58,12 +65,13 @@ std::vector<float> host_copy(Backend& be, const Tensor& t) {
   return v;
 }
 
-TEST(DecodePadding, PaddedBucketGivesTheRowsAndCacheOfThePlainBatch) {
+// Three decode steps of three sequences on `padder` against the plain backend: the padded
+// bucket's real rows and the cache it leaves match the plain batch's bit for bit.
+void expect_padded_bucket_gives_plain_results(PaddingBackend& padder) {
   const ModelConfig config = ModelConfig::load(std::string(DSINFER_SOURCE_DIR) + "/tests/data/tiny_v3");
   CpuBackend plain;
-  FailingRecorderBackend recorder;
   DeepseekModel plain_model(config, make_random_weights(config, plain, 5), plain, 256);
-  DeepseekModel padded_model(config, make_random_weights(config, recorder, 5), recorder, 256);
+  DeepseekModel padded_model(config, make_random_weights(config, padder, 5), padder, 256);
   KvCaches plain_caches = plain_model.allocate_caches(8, kBlockSize);
   KvCaches padded_caches = padded_model.allocate_caches(8, kBlockSize);
   // Unused blocks hold a marker that a stray write of a padding token would overwrite.
@@ -80,16 +88,30 @@ TEST(DecodePadding, PaddedBucketGivesTheRowsAndCacheOfThePlainBatch) {
     const ForwardOutput a = plain_model.forward(batch, plain_caches);
     const ForwardOutput b = padded_model.forward(batch, padded_caches);
     ASSERT_EQ(b.logits.dim(0), 3) << "the caller sees its own rows only";
-    EXPECT_EQ(host_copy(recorder, b.logits), host_copy(plain, a.logits)) << "step " << step;
-    EXPECT_EQ(host_copy(recorder, b.hidden), host_copy(plain, a.hidden)) << "step " << step;
+    EXPECT_EQ(host_copy(padder, b.logits), host_copy(plain, a.logits)) << "step " << step;
+    EXPECT_EQ(host_copy(padder, b.hidden), host_copy(plain, a.hidden)) << "step " << step;
   }
   for (size_t l = 0; l < plain_caches.layers.size(); ++l)
-    EXPECT_EQ(host_copy(recorder, padded_caches.layers[l].data), host_copy(plain, plain_caches.layers[l].data))
+    EXPECT_EQ(host_copy(padder, padded_caches.layers[l].data), host_copy(plain, plain_caches.layers[l].data))
         << "layer " << l;
-  // The decode steps ran as the 4-sequence bucket; the second tried to record (and failed, so
-  // the third did not try again).
-  EXPECT_EQ(recorder.step_sizes, (std::vector<int>{prompts.num_tokens, 4, 4, 4}));
+  // The decode steps ran as the 4-sequence bucket.
+  EXPECT_EQ(padder.step_sizes, (std::vector<int>{prompts.num_tokens, 4, 4, 4}));
+}
+
+TEST(DecodePadding, PaddedBucketGivesTheRowsAndCacheOfThePlainBatch) {
+  PaddingBackend recorder(/*records=*/true);
+  expect_padded_bucket_gives_plain_results(recorder);
+  // The third step tried to record (after two eager runs of its bucket) and failed; none after
+  // it tries again.
   EXPECT_EQ(recorder.num_begun, 1);
+}
+
+// A backend that pads without recording (DSINFER_CUDA_GRAPHS=padded on CUDA) runs every decode
+// step padded and eagerly, and is never asked to record.
+TEST(DecodePadding, PaddingWithoutRecordingNeverRecords) {
+  PaddingBackend padder(/*records=*/false);
+  expect_padded_bucket_gives_plain_results(padder);
+  EXPECT_EQ(padder.num_begun, 0);
 }
 
 }  // namespace

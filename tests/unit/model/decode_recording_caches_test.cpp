@@ -117,6 +117,7 @@ TEST(DecodeRecordingCaches, StepsOfAnotherFormNeverReplayTheFirstFormsRecording)
   // replayed: the first form's at contexts 3 and 4, the second form's from context 7 on.
   for (int position = 0; position < 12; ++position) model.forward(one_token(position, config.vocab_size), caches);
   ASSERT_EQ(backend.replays.size(), 2u + 6u);
+  EXPECT_EQ(model.num_replayed_steps(), 8);
   int num_second_form = 0;
   for (const auto& [recorded, stepped] : backend.replays) {
     EXPECT_EQ(recorded, stepped);
