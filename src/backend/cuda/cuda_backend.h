@@ -22,9 +22,9 @@
 // - begin_step uploads the step's token layout once into fixed device buffers; with them a
 //   decode step can be recorded as a CUDA graph and replayed (DSINFER_CUDA_GRAPHS=0 turns that
 //   off, =padded keeps the padding without recording). All work runs on one stream; the host
-//   waits only in to_host, sample_rows, wait_choice, cache block reads, when routing is recorded for inspection, and once per
-//   prefill-sized MoE layer where a switch asks for the per-expert products
-//   (moe_experts_host_planned).
+//   waits only in to_host, sample_rows, wait_choice, cache block reads, when routing is
+//   recorded for inspection, and once per prefill-sized MoE layer where a switch asks for the
+//   per-expert products (moe_experts_host_planned).
 #pragma once
 
 #include <cuda.h>

@@ -71,7 +71,7 @@ std::string describe_parting(const Completion& replayed, const Completion& eager
 // issues them eagerly (DSINFER_CUDA_GRAPHS=padded). Steps issued as they come are no reference
 // here: padding moves a step onto other kernels (three sequences padded to four take the
 // few-token tiles' TF32 products instead of the fp32 split kernel, nine padded to sixteen the
-// head tiles), which moved tiny_v3's logits by up to 1.4 within one step and parted greedy
+// head tiles), which moved the tiny fixtures' logits by up to 1.4 within one step and parted greedy
 // tokens at top-two margins up to 0.56. Padded alike, a replay must give the eager step's bits:
 // every request's tokens and log-probabilities match.
 TEST_P(CudaEnginePressureTest, DefaultModeReplayedStepsGiveThePaddedEagerStepsBits) {
