@@ -36,6 +36,12 @@ test('chat completion with the real engine: greedy, seeded, usage consistent', a
   const stream = await client.chat.completions.create({ ...body, stream: true });
   for await (const chunk of stream) streamed += chunk.choices[0]?.delta?.content ?? '';
   assert.equal(streamed, a.choices[0].message.content, 'streamed and whole answers agree');
+
+  // Three answers of a dozen tokens at most: steps counted, none of them replayed (the CPU
+  // backend records no steps).
+  const m = await metrics(server.base);
+  assert.ok(m.dsinfer_engine_steps_total >= 3, `engine steps: ${m.dsinfer_engine_steps_total}`);
+  assert.equal(m.dsinfer_engine_replayed_steps_total, 0);
 });
 
 test('responses and messages with the real engine', async () => {
