@@ -318,7 +318,7 @@ int run_bench(int argc, char** argv) {
       if (rep == 0 || dt < prefill_s) prefill_clocks = rep_clocks;
       prefill_s = rep == 0 ? dt : std::min(prefill_s, dt);
     }
-    const double prefill_flops = batch * chunk_flops(c, cached_prefix_len, prompt_len, 1);
+    const double prefill_flops = prefill_step_flops(c, batch, prompt_len, cached_prefix_len);
     if (prefill_only) {
       BenchRow row{};
       row.batch = batch;

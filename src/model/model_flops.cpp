@@ -43,8 +43,9 @@ double chunk_flops(const ModelConfig& config, int64_t num_cached_tokens, int64_t
          static_cast<double>(num_logit_rows) * f.lm_head_per_row;
 }
 
-double prefill_step_flops(const ModelConfig& config, int64_t num_seqs, int64_t prompt_len_tokens) {
-  return static_cast<double>(num_seqs) * chunk_flops(config, 0, prompt_len_tokens, 1);
+double prefill_step_flops(const ModelConfig& config, int64_t num_seqs, int64_t prompt_len_tokens,
+                          int64_t num_cached_tokens) {
+  return static_cast<double>(num_seqs) * chunk_flops(config, num_cached_tokens, prompt_len_tokens, 1);
 }
 
 }  // namespace dsinfer

@@ -31,8 +31,9 @@ ModelFlops model_flops(const ModelConfig& config);
 double chunk_flops(const ModelConfig& config, int64_t num_cached_tokens, int64_t num_new_tokens,
                    int64_t num_logit_rows);
 
-// One prefill step of `num_seqs` fresh prompts of `prompt_len_tokens` each, logits for the
-// last token of every prompt (what `dsinfer bench` runs).
-double prefill_step_flops(const ModelConfig& config, int64_t num_seqs, int64_t prompt_len_tokens);
+// One prefill step of `num_seqs` prompts of `prompt_len_tokens` each after `num_cached_tokens`
+// already cached, logits for the last token of every prompt (what `dsinfer bench` runs).
+double prefill_step_flops(const ModelConfig& config, int64_t num_seqs, int64_t prompt_len_tokens,
+                          int64_t num_cached_tokens = 0);
 
 }  // namespace dsinfer

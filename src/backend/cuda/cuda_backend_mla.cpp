@@ -273,7 +273,7 @@ void CudaBackend::mla_attention(const MlaAttentionArgs& args) {
   const MlaCacheWrite cache_write{args.kv_a->as<float>(), w.kv_a_layernorm.as<float>(), args.latent_norm_eps,
                                   args.cache->data.data};
 
-  // Prefill chunks of expanded_min_tokens_ or more go to the expanded form where it is allowed (expanded_form_allowed).
+  // Prefill chunks of expanded_min_tokens_ or more go to the expanded form where it is allowed.
   const ExpandedLayout layout(w, expanded_rope_shared(w));
   const std::vector<ExpandedChunk> chunks = expanded_form_allowed(w)
                                                 ? plan_expanded_chunks(batch, w, layout, expanded_min_tokens_)
