@@ -152,15 +152,18 @@ TEST(BenchCli, PrecisionIsReportedAndCheckedUpFront) {
   EXPECT_NE(bad.out.find("precision"), std::string::npos) << bad.out;
 }
 
-// The decode tok/s column (the fifth) of the table's row for `batch` (NaN when there is none).
-double decode_tok_s(const std::string& out, int batch) {
+// The number in column `column` (1: batch) of `batch`'s table row; NaN where the row is short.
+double table_cell(const std::string& out, int batch, int column) {
   std::stringstream cells(table_row(out, batch));
   std::string cell;
   std::getline(cells, cell, '|');  // before the row's first bar
-  for (int column = 1; column <= 5; ++column)
+  for (int c = 1; c <= column; ++c)
     if (!std::getline(cells, cell, '|')) return std::nan("");
   return std::strtod(cell.c_str(), nullptr);
 }
+
+// The decode tok/s column (the fifth) of the table's row for `batch` (NaN when there is none).
+double decode_tok_s(const std::string& out, int batch) { return table_cell(out, batch, 5); }
 
 // Decode steps one at a time by default on the CPU backend, one ahead with --async-scheduling
 // (the tokens of each step then come from the step before it through the backend's placeholder
@@ -184,13 +187,7 @@ TEST(BenchCli, DecodeStepsOneAheadOrOneAtATime) {
 
 // Model FLOPs per prefilled token: the table's TFLOP/s over its tok/s for `batch`'s row.
 double prefill_flops_per_token(const std::string& out, int batch) {
-  std::stringstream cells(table_row(out, batch));
-  std::string cell, tok_s, tflop_s;
-  std::getline(cells, cell, '|');  // before the row's first bar
-  std::getline(cells, cell, '|');  // batch
-  std::getline(cells, tok_s, '|');
-  std::getline(cells, tflop_s, '|');
-  return std::strtod(tflop_s.c_str(), nullptr) * 1e12 / std::strtod(tok_s.c_str(), nullptr);
+  return table_cell(out, batch, 3) * 1e12 / table_cell(out, batch, 2);
 }
 
 // --cached-prefix-len: the prompts' first positions are in the cache before the timed prefill,
