@@ -120,9 +120,10 @@ class CudaBackend final : public Backend {
   std::span<const TokenId> input_ids(const ForwardBatch& batch) override { return batch.token_ids; }
   bool can_record() const override { return graphs_ == Graphs::kRecorded; }
   bool pads_decode_steps() const override { return graphs_ != Graphs::kEager; }
-  // For decode steps whose attention takes the long-context tiles, their most runs a token
-  // (long_context_runs), else 0. Steps whose runs the GPU's tile slots cap (V2-Lite's steps of
-  // four or eight tokens: 64 and 33) so record one form under up to three values.
+  // For decode steps whose attention takes the long-context tiles, the runs a token they take
+  // (long_context_splits), else 0: steps whose runs the GPU's tile slots cap (V2-Lite's steps of
+  // four or eight tokens: 64 and 33) keep one recording however long their contexts grow. Before
+  // the first absorbed attention has told the tiles' blocks, the most runs (long_context_runs).
   uint32_t recording_variant(const ForwardBatch& batch) const override;
   void begin_recording(uint64_t key) override;
   bool end_recording(uint64_t key) override;
@@ -372,6 +373,9 @@ class CudaBackend final : public Backend {
   // runs a token its longest context calls for (64, 128 or 256; mla_absorbed takes fewer where
   // fewer fill the GPU).
   int long_context_runs(int64_t num_tokens, const ForwardBatch& batch) const;
+  // The runs a token a long-context step takes: as many as head_tile_blocks fill over its
+  // tokens, up to long_runs, and past kMaxMlaSplits only where at least twice as many fit.
+  static int long_context_splits(int long_runs, int head_tile_blocks, int64_t num_tokens);
   // bf16_queries: the step's queries as mla_queries kept them (bf16 [T, heads * qk], rotated
   // here), or null to make them from args.q.
   void mla_expanded(const MlaAttentionArgs& args, const MlaBatchView& view, int first_token, int num_tokens,
@@ -490,6 +494,9 @@ class CudaBackend final : public Backend {
   // fixed cost keeps it ahead below about 2.5k positions (one sequence of 2k: as fast; two of 2k:
   // 5% slower; bench/RESULTS.md, "Long contexts of a few sequences in head tiles").
   int long_context_tiles_min_positions_ = 2560;
+  // The head tiles' blocks a group of heads for this model's attention (mla_head_tile_blocks),
+  // set by the first absorbed attention that may take tiles; 0 before it.
+  int head_tile_blocks_seen_ = 0;
   // The most runs a token of the long-context tiles (DSINFER_MLA_LONG_CONTEXT_RUNS, 64 to
   // kMaxMlaLongSplits), each of at least kLongContextRunPositions of the longest context: past
   // 64 runs the merge takes a launch of its own, the combine kernel's form for many runs.

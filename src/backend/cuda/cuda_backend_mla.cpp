@@ -393,9 +393,9 @@ bool CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView&
   // The fp32 kernel's (token, head, split) blocks are small (four warps, a few KB of shared
   // memory), and a warp walks its positions one after another: many short splits finish sooner
   // than a few long ones, up to what fits on the GPU at once.
+  if (tiles_allowed) head_tile_blocks_seen_ = mla_head_tile_blocks(dims, num_sms_);
   if (few_token_tiles && long_context) {
-    num_splits = std::clamp(mla_head_tile_blocks(dims, num_sms_) / static_cast<int>(num_tokens), 1, long_runs);
-    if (num_splits < 2 * kMaxMlaSplits) num_splits = std::min(num_splits, kMaxMlaSplits);
+    num_splits = long_context_splits(long_runs, head_tile_blocks_seen_, num_tokens);
   } else if (few_token_tiles) {
     num_splits = few_token_tile_runs_;
   } else if (!batch_invariant_ && !head_tiles && work < kSplitBlocksPerSm * num_sms_) {
@@ -481,8 +481,16 @@ int CudaBackend::query_tile_runs(int num_tiles, int num_heads, const ForwardBatc
   return static_cast<int>(std::clamp<int64_t>(std::min(wanted, most), 1, kMaxMlaSplits));
 }
 
+int CudaBackend::long_context_splits(int long_runs, int head_tile_blocks, int64_t num_tokens) {
+  int num_splits = static_cast<int>(std::clamp<int64_t>(head_tile_blocks / num_tokens, 1, long_runs));
+  if (num_splits < 2 * kMaxMlaSplits) num_splits = std::min(num_splits, kMaxMlaSplits);
+  return num_splits;
+}
+
 uint32_t CudaBackend::recording_variant(const ForwardBatch& batch) const {
-  return static_cast<uint32_t>(long_context_runs(batch.num_tokens, batch));
+  const int runs = long_context_runs(batch.num_tokens, batch);
+  if (runs == 0 || head_tile_blocks_seen_ == 0) return static_cast<uint32_t>(runs);
+  return static_cast<uint32_t>(long_context_splits(runs, head_tile_blocks_seen_, batch.num_tokens));
 }
 
 // latent = each context's cache entries (bf16, one after another), kv = latent · W_upᵀ.

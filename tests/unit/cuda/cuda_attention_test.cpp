@@ -249,6 +249,34 @@ TEST_F(CudaAttentionTest, LongContextsOfFewTokensAttendInHeadTiles) {
   run_case(kV3Dims, {{2558, 1}}, 5070);
 }
 
+// A long-context decode step is recorded apart for the runs a token its attention takes: steps
+// of many tokens, whose runs the GPU's tile slots cap below what their contexts call for, keep
+// one recording however long their contexts grow (four tokens: the split kernel's 64 runs at
+// 5k, 9k and 17k positions, where the most runs are 64, 128 and 256), while one token's runs
+// grow with its context as far as the slots allow.
+TEST_F(CudaAttentionTest, LongContextStepsAreRecordedApartOnlyWhereTheirRunsDiffer) {
+  auto step = [](int num_tokens, int context_len) {
+    ForwardBatch batch;
+    batch.num_tokens = num_tokens;
+    batch.context_lens.assign(num_tokens, context_len);
+    return batch;
+  };
+  run_case(kV3Dims, {{9000, 1}}, 5100);  // tells the backend the tiles' blocks at these widths
+  const uint32_t four_short = gpu_->recording_variant(step(4, 5000));
+  EXPECT_EQ(four_short, 64u);
+  EXPECT_EQ(gpu_->recording_variant(step(4, 9000)), four_short);
+  EXPECT_EQ(gpu_->recording_variant(step(4, 17000)), four_short);
+  const uint32_t eight = gpu_->recording_variant(step(8, 5000));
+  EXPECT_GT(eight, 0u);
+  EXPECT_LE(eight, 64u);
+  EXPECT_EQ(gpu_->recording_variant(step(8, 17000)), eight);
+  const uint32_t one_short = gpu_->recording_variant(step(1, 5000));
+  const uint32_t one_long = gpu_->recording_variant(step(1, 17000));
+  EXPECT_EQ(one_short, 64u);
+  EXPECT_GE(one_long, 128u) << "a GPU of 132 SMs holds 264 tiles of these widths";
+  EXPECT_EQ(gpu_->recording_variant(step(1, 2000)), 0u) << "below the threshold: the split kernel";
+}
+
 TEST_F(CudaAttentionTest, SplitKernelOfDeepSeekWidthsGivesTheGenericFormsBits) {
   // Decode steps of fewer than 16 tokens may attend in the split kernel (pinned here: steps of 4
   // to 8 tokens take the few-token head tiles by default), whose forms for 512 latent
