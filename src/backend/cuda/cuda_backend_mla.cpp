@@ -393,9 +393,11 @@ bool CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView&
   // The fp32 kernel's (token, head, split) blocks are small (four warps, a few KB of shared
   // memory), and a warp walks its positions one after another: many short splits finish sooner
   // than a few long ones, up to what fits on the GPU at once.
-  if (tiles_allowed) head_tile_blocks_seen_ = mla_head_tile_blocks(dims, num_sms_);
+  // The head tiles' blocks a group of heads, also what recording_variant keys long contexts by.
+  const int tile_blocks = tiles_allowed ? mla_head_tile_blocks(dims, num_sms_) : 0;
+  if (tiles_allowed) head_tile_blocks_seen_ = tile_blocks;
   if (few_token_tiles && long_context) {
-    num_splits = long_context_splits(long_runs, head_tile_blocks_seen_, num_tokens);
+    num_splits = long_context_splits(long_runs, tile_blocks, num_tokens);
   } else if (few_token_tiles) {
     num_splits = few_token_tile_runs_;
   } else if (!batch_invariant_ && !head_tiles && work < kSplitBlocksPerSm * num_sms_) {
@@ -432,7 +434,7 @@ bool CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView&
   }
   // Head tiles balance the batch's work over a fixed number of blocks per head group, each
   // leaving one partial result per token it touched: at most blocks + tokens of them.
-  const int head_tile_blocks = tiles.empty() && head_tiles ? mla_head_tile_blocks(dims, num_sms_) : 0;
+  const int head_tile_blocks = tiles.empty() && head_tiles ? tile_blocks : 0;
   const int64_t num_partials = head_tile_blocks > 0 ? (head_tile_blocks + num_tokens) * int64_t{w.num_heads}
                                                     : work * num_splits;
   Tensor workspace =

@@ -7,6 +7,7 @@
 // steps are held to eager steps padded alike, bit for bit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -45,11 +46,12 @@ TEST_P(CudaEnginePressureTest, BatchInvariantRequestsGiveTheirTokensAlone) {
 
 // Where a replayed request's tokens or log-probabilities first differ from the padded eager
 // run's, step by step up to there: each run's token, its log-probability and its top-two margin.
+bool same_logprobs(const TokenLogprob& a, const TokenLogprob& b) { return a.logprob == b.logprob && a.top == b.top; }
+
 std::string describe_parting(const Completion& replayed, const Completion& eager) {
   size_t parting = 0;
   auto same_step = [&](size_t k) {
-    const TokenLogprob &a = replayed.logprobs[k], &b = eager.logprobs[k];
-    return replayed.token_ids[k] == eager.token_ids[k] && a.logprob == b.logprob && a.top == b.top;
+    return replayed.token_ids[k] == eager.token_ids[k] && same_logprobs(replayed.logprobs[k], eager.logprobs[k]);
   };
   while (parting < eager.token_ids.size() && same_step(parting)) ++parting;
   std::ostringstream s;
@@ -116,11 +118,8 @@ TEST_P(CudaEnginePressureTest, DefaultModeReplayedStepsGiveThePaddedEagerStepsBi
       ASSERT_EQ(got.logprobs.size(), got.token_ids.size()) << what;
       ASSERT_EQ(want.logprobs.size(), want.token_ids.size()) << what;
       EXPECT_EQ(got.token_ids, want.token_ids) << what << ": " << describe_parting(got, want);
-      bool same_logprobs = true;
-      for (size_t k = 0; k < got.logprobs.size(); ++k)
-        same_logprobs = same_logprobs && got.logprobs[k].logprob == want.logprobs[k].logprob &&
-                        got.logprobs[k].top == want.logprobs[k].top;
-      EXPECT_TRUE(same_logprobs) << what << ": " << describe_parting(got, want);
+      EXPECT_TRUE(std::equal(got.logprobs.begin(), got.logprobs.end(), want.logprobs.begin(), same_logprobs))
+          << what << ": " << describe_parting(got, want);
     }
   }
 }
