@@ -309,14 +309,30 @@ int run_bench(int argc, char** argv) {
     // pass leaves out one-time costs (plans, allocations, clocks ramping up).
     double prefill_s = 0;
     DeviceClockSummary prefill_clocks;
-    for (int rep = 0; rep < prefill_reps; ++rep) {
-      start_clocks();
-      const auto t0 = Clock::now();
-      fetch_logits(model->forward(fb, caches));
-      const double dt = seconds_since(t0);
-      const DeviceClockSummary rep_clocks = stop_clocks();
-      if (rep == 0 || dt < prefill_s) prefill_clocks = rep_clocks;
-      prefill_s = rep == 0 ? dt : std::min(prefill_s, dt);
+    try {
+      for (int rep = 0; rep < prefill_reps; ++rep) {
+        start_clocks();
+        const auto t0 = Clock::now();
+        fetch_logits(model->forward(fb, caches));
+        const double dt = seconds_since(t0);
+        const DeviceClockSummary rep_clocks = stop_clocks();
+        if (rep == 0 || dt < prefill_s) prefill_clocks = rep_clocks;
+        prefill_s = rep == 0 ? dt : std::min(prefill_s, dt);
+      }
+    } catch (const Error& e) {
+      // Every prompt in one step may not fit the device (256 prompts of 1k tokens beside bf16
+      // weights on an 80 GB GPU): the prefill is then not measured, and the prompts are written
+      // in steps as the prefixes are, which is all the decode figures need.
+      if (e.code() != StatusCode::kResourceExhausted || prefill_only) throw;
+      stop_clocks();
+      std::cerr << "batch " << batch << ": " << fb.num_tokens << " prompt tokens in one step do not fit ("
+                << e.what() << "); prefill not measured, the prompts written in steps of up to "
+                << prefix_chunk * batch << " tokens\n";
+      prefill_s = 0;
+      prefill_clocks = {};
+      const int end = cached_prefix_len + prompt_len;
+      for (int first = cached_prefix_len; first < end; first += prefix_chunk)
+        fetch_logits(model->forward(chunk_batch(first, std::min(prefix_chunk, end - first)), caches));
     }
     const double prefill_flops = prefill_step_flops(c, batch, prompt_len, cached_prefix_len);
     if (prefill_only) {
@@ -403,8 +419,8 @@ int run_bench(int argc, char** argv) {
     }
     BenchRow row;
     row.batch = batch;
-    row.prefill_tok_s = batch * prompt_len / prefill_s;
-    row.prefill_flops_per_s = prefill_flops / prefill_s;
+    row.prefill_tok_s = prefill_s > 0 ? batch * prompt_len / prefill_s : 0;  // 0: not measured
+    row.prefill_flops_per_s = prefill_s > 0 ? prefill_flops / prefill_s : 0;
     row.decode_tok_s = batch * decode_steps / decode_s;
     row.decode_step_ms = 1e3 * decode_s / decode_steps;
     row.floor_step_ms = 1e3 * floor_s / decode_steps;
@@ -417,8 +433,8 @@ int run_bench(int argc, char** argv) {
   }
 
   auto ratio_to = [](double flops_per_s, double ceiling) {
-    char text[32] = "n/a";
-    if (ceiling > 0) std::snprintf(text, sizeof text, "%.1f%%", 100.0 * flops_per_s / ceiling);
+    char text[32] = "n/a";  // also for a prefill not measured (0)
+    if (ceiling > 0 && flops_per_s > 0) std::snprintf(text, sizeof text, "%.1f%%", 100.0 * flops_per_s / ceiling);
     return std::string(text);
   };
   auto gemm_ratio = [&](double flops_per_s) { return ratio_to(flops_per_s, gemm_flops); };
@@ -437,9 +453,11 @@ int run_bench(int argc, char** argv) {
                     r.prefill_flops_per_s / 1e12, gemm_ratio(r.prefill_flops_per_s).c_str(),
                     1e3 * r.batch * prompt_len / r.prefill_tok_s);
     } else {
-      std::snprintf(line, sizeof line, "| %d | %.0f | %.4g | %s | %.1f | %.2f | %.2f | %.1f | %.0f%% |\n", r.batch,
-                    r.prefill_tok_s, r.prefill_flops_per_s / 1e12, gemm_ratio(r.prefill_flops_per_s).c_str(),
-                    r.decode_tok_s, r.decode_step_ms, r.floor_step_ms, r.achieved_gbs,
+      char prefill[64] = "n/a | n/a";  // not measured: the prompts did not fit one step
+      if (r.prefill_tok_s > 0)
+        std::snprintf(prefill, sizeof prefill, "%.0f | %.4g", r.prefill_tok_s, r.prefill_flops_per_s / 1e12);
+      std::snprintf(line, sizeof line, "| %d | %s | %s | %.1f | %.2f | %.2f | %.1f | %.0f%% |\n", r.batch, prefill,
+                    gemm_ratio(r.prefill_flops_per_s).c_str(), r.decode_tok_s, r.decode_step_ms, r.floor_step_ms, r.achieved_gbs,
                     100.0 * r.floor_step_ms / r.decode_step_ms);
     }
     table << line;
@@ -480,7 +498,8 @@ int run_bench(int argc, char** argv) {
     header << "- SM clock: not sampled (" << clocks->unavailable_reason() << ")\n";
   } else if (clocks) {
     header << "- SM clock (NVML, every 2 ms): GEMM ceiling " << ceiling_clocks.describe();
-    for (const auto& r : rows) header << "; prefill at batch " << r.batch << " " << r.prefill_clocks.describe();
+    for (const auto& r : rows)
+      if (r.prefill_tok_s > 0) header << "; prefill at batch " << r.batch << " " << r.prefill_clocks.describe();
     header << "\n";
   }
   if (sustained_gemm_flops > 0) {
@@ -488,8 +507,9 @@ int run_bench(int argc, char** argv) {
            << " s, over the whole window): " << sustained_gemm_flops / 1e12 << " TFLOP/s";
     if (clocks && clocks->available()) header << ", SM clock " << sustained_clocks.describe();
     for (const auto& r : rows)
-      header << "; prefill at batch " << r.batch << ": " << ratio_to(r.prefill_flops_per_s, sustained_gemm_flops)
-             << " of it";
+      if (r.prefill_tok_s > 0)
+        header << "; prefill at batch " << r.batch << ": " << ratio_to(r.prefill_flops_per_s, sustained_gemm_flops)
+               << " of it";
     header << "\n";
   }
   header << "\n";
