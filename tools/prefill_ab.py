@@ -61,8 +61,9 @@ def parse_bench(text):
 
 def parse_decode(text):
     """Every batch row's decode rate: [{batch, tok_s, copy_share}], or None without one."""
-    rows = re.findall(r"^\| (\d+) \| [\d.]+ \| [\d.]+ \| [\d.]+% \| ([\d.]+) \| [\d.]+ \| [\d.]+ \| "
-                      r"[\d.]+ \| (\d+)% \|", text, re.M)
+    # The prefill columns read n/a where a batch's prompts did not fit one step.
+    rows = re.findall(r"^\| (\d+) \| (?:[\d.]+|n/a) \| (?:[\d.]+|n/a) \| (?:[\d.]+%|n/a) \| ([\d.]+) \| [\d.]+ \| "
+                      r"[\d.]+ \| [\d.]+ \| (\d+)% \|", text, re.M)
     if not rows:
         return None
     return [{"batch": int(b), "tok_s": float(rate), "copy_share": int(share)} for b, rate, share in rows]

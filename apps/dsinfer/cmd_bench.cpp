@@ -427,8 +427,10 @@ int run_bench(int argc, char** argv) {
     row.achieved_gbs = bytes_total / decode_s / 1e9;
     row.prefill_clocks = prefill_clocks;
     rows.push_back(row);
-    std::cerr << "batch " << batch << ": prefill " << row.prefill_tok_s << " tok/s, "
-              << row.prefill_flops_per_s / 1e12 << " TFLOP/s, decode " << row.decode_tok_s
+    std::cerr << "batch " << batch << ": prefill ";
+    if (prefill_s > 0) std::cerr << row.prefill_tok_s << " tok/s, " << row.prefill_flops_per_s / 1e12 << " TFLOP/s";
+    else std::cerr << "not measured";
+    std::cerr << ", decode " << row.decode_tok_s
               << " tok/s, step " << row.decode_step_ms << " ms (floor " << row.floor_step_ms << " ms)\n";
   }
 
@@ -457,8 +459,8 @@ int run_bench(int argc, char** argv) {
       if (r.prefill_tok_s > 0)
         std::snprintf(prefill, sizeof prefill, "%.0f | %.4g", r.prefill_tok_s, r.prefill_flops_per_s / 1e12);
       std::snprintf(line, sizeof line, "| %d | %s | %s | %.1f | %.2f | %.2f | %.1f | %.0f%% |\n", r.batch, prefill,
-                    gemm_ratio(r.prefill_flops_per_s).c_str(), r.decode_tok_s, r.decode_step_ms, r.floor_step_ms, r.achieved_gbs,
-                    100.0 * r.floor_step_ms / r.decode_step_ms);
+                    gemm_ratio(r.prefill_flops_per_s).c_str(), r.decode_tok_s, r.decode_step_ms, r.floor_step_ms,
+                    r.achieved_gbs, 100.0 * r.floor_step_ms / r.decode_step_ms);
     }
     table << line;
   }

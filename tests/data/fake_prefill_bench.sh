@@ -3,7 +3,8 @@
 # a bench's output the tool reads, with the rate and clock from FAKE_RATE and FAKE_CLOCK;
 # FAKE_PLAIN=1 leaves out the clock and sustained-rate lines (a bench without NVML), FAKE_EXIT
 # exits with that status, FAKE_SLEEP sleeps first. FAKE_DECODE=1 prints a decode bench's rows
-# instead (batches 1 and 2, the batch-1 rate from FAKE_DECODE_RATE).
+# instead (batches 1 and 2, the batch-1 rate from FAKE_DECODE_RATE; batch 2's prompts, as if they
+# did not fit one prefill step, with n/a in its prefill cells).
 [ -n "${FAKE_SLEEP:-}" ] && sleep "$FAKE_SLEEP"
 [ -n "${FAKE_EXIT:-}" ] && exit "$FAKE_EXIT"
 echo "### dsinfer bench — DeepseekV2ForCausalLM (random weights) hidden 2048, 27 layers, 64 experts top-6, backend cuda"
@@ -18,7 +19,7 @@ if [ -n "${FAKE_DECODE:-}" ]; then
     "bandwidth floor ms | achieved GB/s | of copy bw |"
   echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
   echo "| 1 | 82899 | 383.4 | 28.6% | ${FAKE_DECODE_RATE:-429.1} | 2.33 | 0.65 | 1169.6 | 28% |"
-  echo "| 2 | 105620 | 488.5 | 36.4% | 578.7 | 3.46 | 0.97 | 1175.2 | 28% |"
+  echo "| 2 | n/a | n/a | n/a | 578.7 | 3.46 | 0.97 | 1175.2 | 28% |"
   exit 0
 fi
 echo "| batch | prefill tok/s | prefill TFLOP/s | of GEMM ceiling | prefill ms |"
