@@ -131,6 +131,7 @@ CudaBackend::CudaBackend(Precision precision) {
   if (env_is("DSINFER_MOE_COMBINE_IN_NORM", "1")) combine_in_norm_min_rows_ = 1;
   router_beside_o_proj_ = !env_is("DSINFER_ROUTER_BESIDE_O_PROJ", "0");
   shared_down_with_routed_ = !env_is("DSINFER_MOE_SHARED_DOWN_WITH_ROUTED", "0");
+  if (env_is("DSINFER_MOE_ONE_TOKEN_ORDER", "beside")) one_token_moe_order_ = OneTokenMoeOrder::kBeside;
   if (const char* tokens = std::getenv("DSINFER_MLA_HEAD_TILE_MIN_TOKENS"))
     head_tile_min_tokens_ = std::max(1, std::atoi(tokens));
   if (const char* runs = std::getenv("DSINFER_MLA_FEW_TOKEN_TILES"))

@@ -264,10 +264,13 @@ class CudaBackend final : public Backend {
   // shared_down: the shared experts' down product of a one-token step, run in the launch of the
   // routed down product where both take the few-row kernel (shared_down_with_routed_), else
   // after it. x: xb's rows in fp32, for products that read them so (read_f32_rows), or null.
+  // layout_written_earlier: the plan was written before the launch just before this call's first
+  // one, so the gate/up product may read it, and request its experts' weights, before its wait.
   Tensor moe_experts_grouped(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
                              const int32_t* block_offsets, const int32_t* src_rows, int64_t num_entries,
                              int rows_per_block, const RowRmsScale& x_scale = {},
-                             const GroupedGemmArgs* shared_down = nullptr, const Tensor* x = nullptr);
+                             const GroupedGemmArgs* shared_down = nullptr, const Tensor* x = nullptr,
+                             bool layout_written_earlier = false);
   // Whether the layer's experts, where they take the 128-row expert blocks, run DeepSeek's FP8
   // activations there (e4m3 weights, both switches on, k and the intermediate size whole
   // 128-column scale blocks): in the steps where the dense products take e4m3 terms
@@ -442,12 +445,25 @@ class CudaBackend final : public Backend {
   // batch-1 and 2 decode ran 0.7% and 1.7% slower with it, a 4 x 4k bf16 prefill 1% faster.
   // DSINFER_MOE_COMBINE_IN_NORM=0: never; =1: every step.
   int64_t combine_in_norm_min_rows_ = 512;
-  // One-token steps whose router logits are made beside o_proj (router_beside_o_proj_) run their
-  // shared experts' down product in the launch of the routed experts' down product
-  // (few_row_gemm_with_dense.cu; DSINFER_MOE_SHARED_DOWN_WITH_ROUTED=0: a launch of its own after
-  // it). Measured: batch-1 decode bf16 1.3–2.7% faster, FP8 0.8–1.1%; in the routed gate/up
-  // product's launch instead, the same within the runs' spread.
+  // One-token steps whose router logits are made beside o_proj (router_beside_o_proj_), in the
+  // order kBeside below, run their shared experts' down product in the launch of the routed
+  // experts' down product (few_row_gemm_with_dense.cu; DSINFER_MOE_SHARED_DOWN_WITH_ROUTED=0: a
+  // launch of its own after it). Measured: batch-1 decode bf16 1.3–2.7% faster, FP8 0.8–1.1%; in
+  // the routed gate/up product's launch instead, the same within the runs' spread.
   bool shared_down_with_routed_ = true;
+  // The launches of those steps' MoE layer after the router logits:
+  // - kSharedDownBetween (default): the routing and planning with the shared gate/up beside them,
+  //   the shared down, then the routed gate/up and down. The routed gate/up product finds its
+  //   plan written two launches back and requests its experts' weights before its wait, as the
+  //   down product does; the shared down product's weights stream in during the routing.
+  //   Measured on an H100 against kBeside: batch-1 decode FP8 476.4 → 483.0 tok/s, bf16 391.9 →
+  //   395.3 (medians of three), the routed e4m3 gate/up product 19.7 → 16.6 µs a layer.
+  // - kBeside (DSINFER_MOE_ONE_TOKEN_ORDER=beside): the routing with the shared gate/up, the
+  //   routed gate/up, then the routed down with the shared down (shared_down_with_routed_).
+  // The routing alone in its launch, the shared gate/up in the next, was 4.4% slower with bf16
+  // weights: its one block's chain (10.5–11.8 µs on an H100) then hides no product.
+  enum class OneTokenMoeOrder { kSharedDownBetween, kBeside };
+  OneTokenMoeOrder one_token_moe_order_ = OneTokenMoeOrder::kSharedDownBetween;
   // A MoE layer's router logits made from o_proj's input in one-token steps (prepare_router):
   // the logits are (G' · h + M · a) / rms with G' = gate · diag(norm weight) and M = G' · W_o,
   // a o_proj's input and h the residual before it. G' · h is made beside the layer's first pair

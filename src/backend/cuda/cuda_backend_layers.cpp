@@ -378,7 +378,12 @@ CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const Mo
   const int64_t plan_workspace_ints = moe_plan_workspace_ints(static_cast<int>(num_entries), num_experts);
   Tensor plan_workspace;
   if (plan_workspace_ints > 0) plan_workspace = alloc_->cached({plan_workspace_ints}, DType::kI32);
-  if (shared_in_routing)  // with the logits from beside o_proj, the gate/up product runs here
+  // With the logits from beside o_proj the gate/up product runs here; its down product after the
+  // routing's launch (one_token_moe_order_), so that the routed gate/up product after that one
+  // reads its plan before its wait, or with the routed down product.
+  const bool shared_down_between =
+      identity_logits && one_token_moe_order_ == OneTokenMoeOrder::kSharedDownBetween;
+  if (shared_in_routing)
     launch_moe_route_and_plan_beside(identity_logits ? hint.id->logits.as<float>() : logits.as<float>(), num_tokens,
                                      params, bias, d_ids.as<int32_t>(), d_weights.as<float>(), kGemmRowsPerBlock,
                                      row_offsets, block_offsets, src_rows, slot_rows,
@@ -403,8 +408,12 @@ CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const Mo
   } else if (f32_products_) {
     expert_out = moe_experts_f32(w, x, row_offsets, block_offsets, src_rows, num_entries);
   } else {
+    if (shared_down_between)
+      launch_few_row_gemm(shared_down, shared_down.dense.n_padded, 1, shared_down.dense_rows, stream_);
     expert_out = moe_experts_grouped(w, xb, row_offsets, block_offsets, src_rows, num_entries,
-                                     grouped_rows_per_block, x_scale, identity_logits ? &shared_down : nullptr, &x);
+                                     grouped_rows_per_block, x_scale,
+                                     identity_logits && !shared_down_between ? &shared_down : nullptr, &x,
+                                     shared_down_between);
   }
 
   if (forked) forked->join();
@@ -458,7 +467,8 @@ bool CudaBackend::fp8_expert_activations_for(const MoeWeights& w) const {
 Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
                                         const int32_t* block_offsets, const int32_t* src_rows, int64_t num_entries,
                                         int rows_per_block, const RowRmsScale& x_scale,
-                                        const GroupedGemmArgs* shared_down, const Tensor* x) {
+                                        const GroupedGemmArgs* shared_down, const Tensor* x,
+                                        bool layout_written_earlier) {
   const int num_experts = w.num_experts;
   const GemmWeight* gate_up_table = static_cast<const GemmWeight*>(w.derived.data);
   const LinearWeight& gu0 = w.expert_gate_up[0];
@@ -499,6 +509,7 @@ Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, c
   up.ldy = inter_p;
   up.n_out = static_cast<int>(inter_p);
   up.few_row_mma = few_row_mma_experts_ && (num_tokens >= 2 || few_row_mma_one_token_);
+  up.layout_before_wait = layout_written_earlier;
   // e4m3 experts in the expert blocks with e4m3 activations: the step's rows quantised once for
   // the gate/up product (which gathers them by src_rows), and its SiLU·up rows for the down one.
   const bool fp8_activations = expert_blocks && fp8_activation_experts;  // expert_blocks: past few_rows

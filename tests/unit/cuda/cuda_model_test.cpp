@@ -8,6 +8,7 @@
 #include <cmath>
 #include <iostream>
 #include <numeric>
+#include <optional>
 
 #include "cuda_test_util.h"
 #include "model/deepseek_model.h"
@@ -96,9 +97,11 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGoldenModelTest, ::testing::Values("tiny_
 // router's of o_proj's output (and o_proj reads its input in bf16 over e4m3 weights; measured on
 // an H200 when it read bf16 over both: 0.33% and 0.28% at most over 24 steps).
 // tiny_v2_lite's shapes with a hidden size of 256 (norms are left to the products after them for
-// rows of whole 128-column tiles), bf16 and e4m3 projections. The shared experts' down product,
-// which runs in the routed down product's launch there, gives the bits of its own launch
-// (DSINFER_MOE_SHARED_DOWN_WITH_ROUTED=0).
+// rows of whole 128-column tiles), bf16 and e4m3 projections. The layer's launch orders give the
+// same bits: by default the shared experts' down product runs between the routing and the routed
+// experts, whose gate/up product then reads its plan before its wait; with
+// DSINFER_MOE_ONE_TOKEN_ORDER=beside it runs in the routed down product's launch, or in its own
+// after it (DSINFER_MOE_SHARED_DOWN_WITH_ROUTED=0).
 TEST(CudaRouterIdentityTest, DecodeFollowsTheLogitsOwnLaunch) {
   if (!cuda_backend_available()) GTEST_SKIP() << "no CUDA device visible";
   ModelConfig config = ModelConfig::load(testing_cuda::source_dir() + "/tests/data/tiny_v2_lite");
@@ -106,13 +109,17 @@ TEST(CudaRouterIdentityTest, DecodeFollowsTheLogitsOwnLaunch) {
   for (const bool fp8 : {false, true}) {
     SCOPED_TRACE(fp8 ? "e4m3" : "bf16");
     constexpr int kSteps = 24, kNumBlocks = 1;
-    std::vector<std::vector<float>> logits[3];
-    std::vector<TokenId> tokens[3];
-    for (int b = 0; b < 3; ++b) {
+    std::vector<std::vector<float>> logits[4];
+    std::vector<TokenId> tokens[4];
+    for (int b = 0; b < 4; ++b) {
+      // The shared down product's own launch (b = 2) is a form of the order that runs it beside.
+      std::optional<testing_cuda::ScopedEnv> beside;
+      if (b >= 2) beside.emplace("DSINFER_MOE_ONE_TOKEN_ORDER", "beside");
       auto backend =
           b == 0   ? make_backend("cuda")
           : b == 1 ? testing_cuda::make_backend_with_env("cuda", "DSINFER_ROUTER_BESIDE_O_PROJ", "0")
-                   : testing_cuda::make_backend_with_env("cuda", "DSINFER_MOE_SHARED_DOWN_WITH_ROUTED", "0");
+          : b == 2 ? testing_cuda::make_backend_with_env("cuda", "DSINFER_MOE_SHARED_DOWN_WITH_ROUTED", "0")
+                   : make_backend("cuda");
       DeepseekModel model(config, make_random_weights(config, *backend, 5, fp8), *backend, 512);
       KvCaches caches = model.allocate_caches(kNumBlocks, kBlockSize, KvCacheFormat::kF32);
       std::vector<TokenId> seq = {3, 17, 42, 99, 7, 250, 31, 64};
@@ -136,7 +143,8 @@ TEST(CudaRouterIdentityTest, DecodeFollowsTheLogitsOwnLaunch) {
     }
     EXPECT_LT(worst, 1e-2);
     EXPECT_TRUE(differ) << "both backends made the logits in their own launch";
-    EXPECT_EQ(logits[2], logits[0]) << "the shared experts' down product in its own launch";
+    EXPECT_EQ(logits[2], logits[0]) << "the shared experts' down product after the routed one";
+    EXPECT_EQ(logits[3], logits[0]) << "the shared experts' down product beside the routed one";
   }
 }
 
