@@ -95,6 +95,8 @@ struct BenchRow {
   double floor_step_ms;
   double achieved_gbs;
   DeviceClockSummary prefill_clocks;  // while the fastest prefill pass ran
+  // 0 prefill rates: not measured (the batch's prompts did not fit one step).
+  bool prefill_measured() const { return prefill_tok_s > 0; }
 };
 
 int run_bench(int argc, char** argv) {
@@ -299,11 +301,15 @@ int run_bench(int argc, char** argv) {
       b.num_tokens = static_cast<int>(b.token_ids.size());
       return b;
     };
-    // The prefixes, untimed, in steps of at most kPrefixStepTokens tokens in all.
+    // Positions [first, end) of every sequence, untimed, in steps of at most kPrefixStepTokens
+    // tokens in all.
     constexpr int kPrefixStepTokens = 16384;
     const int prefix_chunk = std::max(1, kPrefixStepTokens / batch);
-    for (int first = 0; first < cached_prefix_len; first += prefix_chunk)
-      fetch_logits(model->forward(chunk_batch(first, std::min(prefix_chunk, cached_prefix_len - first)), caches));
+    auto write_in_steps = [&](int first, int end) {
+      for (; first < end; first += prefix_chunk)
+        fetch_logits(model->forward(chunk_batch(first, std::min(prefix_chunk, end - first)), caches));
+    };
+    write_in_steps(0, cached_prefix_len);  // the prefixes
     const ForwardBatch fb = chunk_batch(cached_prefix_len, prompt_len);
     // The same prefill again rewrites the same cache slots with the same values; the fastest
     // pass leaves out one-time costs (plans, allocations, clocks ramping up).
@@ -330,9 +336,7 @@ int run_bench(int argc, char** argv) {
                 << prefix_chunk * batch << " tokens\n";
       prefill_s = 0;
       prefill_clocks = {};
-      const int end = cached_prefix_len + prompt_len;
-      for (int first = cached_prefix_len; first < end; first += prefix_chunk)
-        fetch_logits(model->forward(chunk_batch(first, std::min(prefix_chunk, end - first)), caches));
+      write_in_steps(cached_prefix_len, cached_prefix_len + prompt_len);
     }
     const double prefill_flops = prefill_step_flops(c, batch, prompt_len, cached_prefix_len);
     if (prefill_only) {
@@ -428,8 +432,10 @@ int run_bench(int argc, char** argv) {
     row.prefill_clocks = prefill_clocks;
     rows.push_back(row);
     std::cerr << "batch " << batch << ": prefill ";
-    if (prefill_s > 0) std::cerr << row.prefill_tok_s << " tok/s, " << row.prefill_flops_per_s / 1e12 << " TFLOP/s";
-    else std::cerr << "not measured";
+    if (row.prefill_measured())
+      std::cerr << row.prefill_tok_s << " tok/s, " << row.prefill_flops_per_s / 1e12 << " TFLOP/s";
+    else
+      std::cerr << "not measured";
     std::cerr << ", decode " << row.decode_tok_s
               << " tok/s, step " << row.decode_step_ms << " ms (floor " << row.floor_step_ms << " ms)\n";
   }
@@ -456,7 +462,7 @@ int run_bench(int argc, char** argv) {
                     1e3 * r.batch * prompt_len / r.prefill_tok_s);
     } else {
       char prefill[64] = "n/a | n/a";  // not measured: the prompts did not fit one step
-      if (r.prefill_tok_s > 0)
+      if (r.prefill_measured())
         std::snprintf(prefill, sizeof prefill, "%.0f | %.4g", r.prefill_tok_s, r.prefill_flops_per_s / 1e12);
       std::snprintf(line, sizeof line, "| %d | %s | %s | %.1f | %.2f | %.2f | %.1f | %.0f%% |\n", r.batch, prefill,
                     gemm_ratio(r.prefill_flops_per_s).c_str(), r.decode_tok_s, r.decode_step_ms, r.floor_step_ms,
@@ -501,7 +507,7 @@ int run_bench(int argc, char** argv) {
   } else if (clocks) {
     header << "- SM clock (NVML, every 2 ms): GEMM ceiling " << ceiling_clocks.describe();
     for (const auto& r : rows)
-      if (r.prefill_tok_s > 0) header << "; prefill at batch " << r.batch << " " << r.prefill_clocks.describe();
+      if (r.prefill_measured()) header << "; prefill at batch " << r.batch << " " << r.prefill_clocks.describe();
     header << "\n";
   }
   if (sustained_gemm_flops > 0) {
@@ -509,7 +515,7 @@ int run_bench(int argc, char** argv) {
            << " s, over the whole window): " << sustained_gemm_flops / 1e12 << " TFLOP/s";
     if (clocks && clocks->available()) header << ", SM clock " << sustained_clocks.describe();
     for (const auto& r : rows)
-      if (r.prefill_tok_s > 0)
+      if (r.prefill_measured())
         header << "; prefill at batch " << r.batch << ": " << ratio_to(r.prefill_flops_per_s, sustained_gemm_flops)
                << " of it";
     header << "\n";
