@@ -132,6 +132,9 @@ CudaBackend::CudaBackend(Precision precision) {
   router_beside_o_proj_ = !env_is("DSINFER_ROUTER_BESIDE_O_PROJ", "0");
   shared_down_with_routed_ = !env_is("DSINFER_MOE_SHARED_DOWN_WITH_ROUTED", "0");
   if (env_is("DSINFER_MOE_ONE_TOKEN_ORDER", "beside")) one_token_moe_order_ = OneTokenMoeOrder::kBeside;
+  one_token_route_in_a_warp_ = !env_is("DSINFER_MOE_ROUTE_ONE_WARP", "0");
+  if (const char* slots = std::getenv("DSINFER_MOE_COMBINE_SLOTS_AT_ONCE"))
+    combine_slots_at_once_ = std::clamp(std::atoi(slots), 1, kMoeCombineSlotsAtOnce);
   if (const char* tokens = std::getenv("DSINFER_MLA_HEAD_TILE_MIN_TOKENS"))
     head_tile_min_tokens_ = std::max(1, std::atoi(tokens));
   if (const char* runs = std::getenv("DSINFER_MLA_FEW_TOKEN_TILES"))

@@ -464,6 +464,13 @@ class CudaBackend final : public Backend {
   // weights: its one block's chain (10.5–11.8 µs on an H100) then hides no product.
   enum class OneTokenMoeOrder { kSharedDownBetween, kBeside };
   OneTokenMoeOrder one_token_moe_order_ = OneTokenMoeOrder::kSharedDownBetween;
+  // A one-token step's routing and plan in one warp, in registers, where the layer has up to 64
+  // experts and no group limit (moe_routing.cuh, route_plan_one_token); the same bits as the
+  // block's path, which DSINFER_MOE_ROUTE_ONE_WARP=0 keeps.
+  bool one_token_route_in_a_warp_ = true;
+  // Slots whose rows each thread of the MoE combine kernel requests together
+  // (MoeCombineRows::slots_at_once; DSINFER_MOE_COMBINE_SLOTS_AT_ONCE=1: one after another).
+  int combine_slots_at_once_ = kMoeCombineSlotsAtOnce;
   // A MoE layer's router logits made from o_proj's input in one-token steps (prepare_router):
   // the logits are (G' · h + M · a) / rms with G' = gate · diag(norm weight) and M = G' · W_o,
   // a o_proj's input and h the residual before it. G' · h is made beside the layer's first pair

@@ -388,12 +388,13 @@ CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const Mo
                                      params, bias, d_ids.as<int32_t>(), d_weights.as<float>(), kGemmRowsPerBlock,
                                      row_offsets, block_offsets, src_rows, slot_rows,
                                      identity_logits ? shared_gate_up : shared_down, stream_,
-                                     identity_logits ? x_scale : RowRmsScale{});
+                                     identity_logits ? x_scale : RowRmsScale{}, one_token_route_in_a_warp_);
   else  // chunked layers count their block offsets in chunks
     launch_moe_route_and_plan(logits.as<float>(), num_tokens, params, bias, d_ids.as<int32_t>(),
                               d_weights.as<float>(), chunked ? kChunkRows : grouped_rows_per_block, row_offsets,
                               block_offsets, src_rows, slot_rows,
-                              plan_workspace_ints > 0 ? plan_workspace.as<int32_t>() : nullptr, stream_);
+                              plan_workspace_ints > 0 ? plan_workspace.as<int32_t>() : nullptr, stream_,
+                              one_token_route_in_a_warp_);
 
   Tensor expert_out;
   const int32_t* combine_rows = slot_rows;
@@ -428,7 +429,8 @@ CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const Mo
                              combine_rows,
                              d_weights.as<float>(),
                              shared.empty() ? nullptr : shared.as<float>(),
-                             top_k};
+                             top_k,
+                             combine_slots_at_once_};
   m.keep = {std::move(expert_out), std::move(plan), std::move(chunk_slot_rows), std::move(shared)};
   m.ids = std::move(d_ids);
   m.weights = std::move(d_weights);

@@ -59,6 +59,11 @@ struct RowRmsScale {
 // Applies s to rows [rows, n] of out (fp32) and out_bf16 (its copy), in place: the norm's output
 // as the products above see it, for a reader that applies no factor.
 void launch_apply_row_rms(const RowRmsScale& s, int64_t rows, float* out, uint16_t* out_bf16, Stream stream);
+// The most slots whose rows a combine thread requests together. A decode step's combine is a
+// chain of memory trips between the layer's products: reading each slot's row number, then its
+// row, after the sum of the slot before made two trips a slot (12 for V2-Lite's six), where one
+// round of up to eight slots makes two.
+constexpr int kMoeCombineSlotsAtOnce = 8;
 // A MoE layer's routed rows and what its combine reads besides: expert_out [T * top_k,
 // ld_expert] fp32, or bf16 where expert_out_bf16; slot_row (each entry's row of expert_out) and
 // weights [T * top_k]; shared fp32 [T, hidden] or null.
@@ -70,6 +75,9 @@ struct MoeCombineRows {
   const float* weights = nullptr;
   const float* shared = nullptr;
   int top_k = 0;
+  // Slots requested together by the combine kernel, 1 to kMoeCombineSlotsAtOnce (the same
+  // bits at any count; 1 is the one-slot-at-a-time chain, for comparison).
+  int slots_at_once = kMoeCombineSlotsAtOnce;
 };
 // Whether the routed and shared rows can be read four columns at a time (16-byte fp32 or 8-byte
 // bf16 pieces) for rows of `hidden`.
@@ -357,13 +365,14 @@ void launch_router_logits(const float* x, const float* gate, int64_t num_tokens,
 // (source token of each grouped row), slot_rows [T * top_k] (grouped row of each entry). A step
 // of up to kMoeRoutePlanMaxTokens tokens does both in one launch. Many entries (prefill) are
 // planned over several blocks, which need a workspace of moe_plan_workspace_ints int32 (none for
-// a decode step's few).
+// a decode step's few). A step of one token of up to 64 experts without a group limit routes
+// and plans in one warp (one_warp_for_one_token; false: the block's path, with the same bits).
 constexpr int kMoeRoutePlanMaxTokens = 4;
 int64_t moe_plan_workspace_ints(int num_entries, int num_experts);
 void launch_moe_route_and_plan(const float* logits, int64_t num_tokens, const MoeRouteParams& p, const float* bias,
                                int32_t* expert_ids, float* weights, int rows_per_block, int32_t* row_offsets,
                                int32_t* block_offsets, int32_t* src_rows, int32_t* slot_rows, int32_t* workspace,
-                               Stream stream);
+                               Stream stream, bool one_warp_for_one_token = true);
 // Prefill-sized MoE layers without the host: the entries grouped by expert
 // (launch_moe_route_and_plan with rows_per_block = chunk_rows, so that its block offsets count
 // chunks) are cut into chunks of chunk_rows rows, each one entry of a batched product through

@@ -123,13 +123,13 @@ template <typename T, int kWidth>
 // With r.x, the sums go to the residual and the norm's output before its 1 / rms instead of out.
 __global__ void combine_kernel(const T* expert_out, int64_t ld_expert, const int32_t* slot_row, const float* weights,
                                const float* shared, int64_t num_tokens, int top_k, int64_t hidden, float* out,
-                               ResidualNormOutput r) {
+                               ResidualNormOutput r, int slots_at_once) {
   await_previous_kernels();
   const int64_t groups = hidden / kWidth;
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= num_tokens * groups) return;
   const int64_t t = i / groups, c = (i % groups) * kWidth;
-  // The residual form's reads, requested with the first rows'.
+  // The residual form's reads and the shared row, requested with the first slots' rows.
   float4 residual = make_float4(0.0f, 0.0f, 0.0f, 0.0f), norm_w = residual;
   if constexpr (kWidth == 4) {
     if (r.x != nullptr) {
@@ -137,16 +137,31 @@ __global__ void combine_kernel(const T* expert_out, int64_t ld_expert, const int
       norm_w = __ldg(reinterpret_cast<const float4*>(r.w + c));
     }
   }
-  float acc[kWidth] = {}, v[kWidth];
-  for (int k = 0; k < top_k; ++k) {
-    const float w = weights[t * top_k + k];
-    load_values(expert_out + static_cast<int64_t>(slot_row[t * top_k + k]) * ld_expert + c, v);
-    for (int j = 0; j < kWidth; ++j) acc[j] += w * v[j];
+  float shared_v[kWidth] = {};
+  if (shared != nullptr) load_values(shared + t * hidden + c, shared_v);
+  float acc[kWidth] = {};
+  for (int first = 0; first < top_k; first += slots_at_once) {
+    const int n = min(slots_at_once, top_k - first);
+    const int32_t* rows = slot_row + t * top_k + first;
+    const float* w = weights + t * top_k + first;
+    int64_t row_at[kMoeCombineSlotsAtOnce];
+    float w_at[kMoeCombineSlotsAtOnce], v[kMoeCombineSlotsAtOnce][kWidth];
+#pragma unroll
+    for (int k = 0; k < kMoeCombineSlotsAtOnce; ++k)
+      if (k < n) {
+        row_at[k] = rows[k];
+        w_at[k] = w[k];
+      }
+#pragma unroll
+    for (int k = 0; k < kMoeCombineSlotsAtOnce; ++k)
+      if (k < n) load_values(expert_out + row_at[k] * ld_expert + c, v[k]);
+#pragma unroll
+    for (int k = 0; k < kMoeCombineSlotsAtOnce; ++k)
+      if (k < n)
+        for (int j = 0; j < kWidth; ++j) acc[j] += w_at[k] * v[k][j];
   }
-  if (shared != nullptr) {
-    load_values(shared + t * hidden + c, v);
-    for (int j = 0; j < kWidth; ++j) acc[j] += v[j];
-  }
+  if (shared != nullptr)
+    for (int j = 0; j < kWidth; ++j) acc[j] += shared_v[j];
   if constexpr (kWidth == 4) {
     if (r.x != nullptr) {
       const int64_t i = t * hidden + c;
@@ -235,7 +250,7 @@ void launch_moe_plan(const int32_t* expert_ids, int num_entries, int top_k, int 
 void launch_moe_route_and_plan(const float* logits, int64_t num_tokens, const MoeRouteParams& p, const float* bias,
                                int32_t* expert_ids, float* weights, int rows_per_block, int32_t* row_offsets,
                                int32_t* block_offsets, int32_t* src_rows, int32_t* slot_rows, int32_t* workspace,
-                               Stream stream) {
+                               Stream stream, bool one_warp_for_one_token) {
   moe::check_route_params(p);
   if (num_tokens == 0) return;
   if (num_tokens > kMoeRoutePlanMaxTokens) {
@@ -246,7 +261,8 @@ void launch_moe_route_and_plan(const float* logits, int64_t num_tokens, const Mo
   }
   const moe::RoutePlanJob job{logits,        static_cast<int>(num_tokens), p,        bias,
                               expert_ids,    weights,                      rows_per_block, row_offsets,
-                              block_offsets, src_rows,                     slot_rows, RowRmsScale{}};
+                              block_offsets, src_rows,                     slot_rows, RowRmsScale{},
+                              one_warp_for_one_token};
   launch_kernel(route_plan_kernel, 1, kMoeRoutePlanMaxTokens * 32, 0, stream, job);
   DS_CUDA_CHECK_LAUNCH();
 }
@@ -288,7 +304,8 @@ void combine(const MoeCombineRows& moe, int64_t num_tokens, int64_t hidden, floa
   auto launch = [&](auto* typed_out) {
     using T = std::remove_const_t<std::remove_pointer_t<decltype(typed_out)>>;
     launch_kernel(vectors ? combine_kernel<T, 4> : combine_kernel<T, 1>, blocks, 256, 0, stream, typed_out,
-                  moe.ld_expert, moe.slot_row, moe.weights, moe.shared, num_tokens, moe.top_k, hidden, out, r);
+                  moe.ld_expert, moe.slot_row, moe.weights, moe.shared, num_tokens, moe.top_k, hidden, out, r,
+                  std::clamp(moe.slots_at_once, 1, kMoeCombineSlotsAtOnce));
   };
   if (moe.expert_out_bf16)
     launch(static_cast<const __nv_bfloat16*>(moe.expert_out));

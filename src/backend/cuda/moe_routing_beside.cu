@@ -93,13 +93,14 @@ void launch_moe_route_and_plan_beside(const float* logits, int64_t num_tokens, c
                                       const float* bias, int32_t* expert_ids, float* weights, int rows_per_block,
                                       int32_t* row_offsets, int32_t* block_offsets, int32_t* src_rows,
                                       int32_t* slot_rows, const GroupedGemmArgs& product, Stream stream,
-                                      const RowRmsScale& logits_rms) {
+                                      const RowRmsScale& logits_rms, bool one_warp_for_one_token) {
   moe::check_route_params(p);
   DS_CHECK(num_tokens >= 1 && num_tokens <= kMoeRoutePlanMaxTokens);
   check_product_beside(product);
   const moe::RoutePlanJob job{logits,        static_cast<int>(num_tokens), p,        bias,
                               expert_ids,    weights,                      rows_per_block, row_offsets,
-                              block_offsets, src_rows,                     slot_rows, logits_rms};
+                              block_offsets, src_rows,                     slot_rows, logits_rms,
+                              one_warp_for_one_token};
   // e4m3 products of up to two phases: the plan's shared memory leaves no room for x pieces of
   // four (the shared down product's K is two phases or less in V2 and V3).
   constexpr int kMaxFixedPhases = 4, kMaxFp8FixedPhases = 2;

@@ -669,6 +669,49 @@ TEST_F(CudaMoeTest, ATokensRoutingHasTheSameBitsAloneAndInAManyTokenStep) {
   }
 }
 
+// A token alone in its step routes and plans in one warp where the layer has up to 64 experts
+// and no group limit (route_plan_one_token): the same experts, weights and output bits as the
+// block's path (DSINFER_MOE_ROUTE_ONE_WARP=0), with or without the shared experts in the
+// routing's launch, for softmax and sigmoid scores, correction biases, tied scores and expert
+// counts that do not fill the lanes.
+TEST_F(CudaMoeTest, OneTokensRoutingInAWarpHasTheBlocksBits) {
+  auto block = make_backend_with_env("cuda", "DSINFER_MOE_ROUTE_ONE_WARP", "0");
+  const GateSpec specs[] = {
+      {64, 6, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, false, 1.0f, true},
+      {64, 6, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, true, 1.0f, false, 0, 64},
+      {64, 6, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, true, 1.0f, true, 0, 20},
+      {40, 9, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, true, 1.0f, true},
+      {12, 3, 1, 1, GateScoring::kSoftmax, GateTopk::kGreedy, false, 1.0f, true},
+      {48, 8, 1, 1, GateScoring::kSigmoid, GateTopk::kNoauxTc, true, 2.5f, true, 3},
+      {33, 32, 1, 1, GateScoring::kSigmoid, GateTopk::kNoauxTc, false, 1.5f, false},
+  };
+  const int64_t hidden = 256, inter = 96;
+  int spec_index = 0;
+  for (const GateSpec& g : specs) {
+    SCOPED_TRACE(spec_index++);
+    const auto x = random_values(hidden, 300 + spec_index);
+    Backend* bes[2] = {gpu_.get(), block.get()};
+    std::vector<float> out[2];
+    MoeRouting routing[2];
+    for (int b = 0; b < 2; ++b) {
+      MoeWeights w = build(*bes[b], g, hidden, inter, 310 + spec_index);
+      Tensor tx = upload(*bes[b], {1, hidden}, x), tout = bes[b]->empty({1, hidden}, DType::kF32);
+      bes[b]->moe(tx, w, tout, &routing[b]);
+      out[b] = download(*bes[b], tout);
+    }
+    ASSERT_EQ(routing[0].expert_ids.size(), static_cast<size_t>(g.top_k));
+    EXPECT_EQ(routing[0].expert_ids, routing[1].expert_ids);
+    EXPECT_EQ(routing[0].weights, routing[1].weights);
+    EXPECT_EQ(out[0], out[1]);
+    // Every expert tied: the picks go by index.
+    for (int k = 0; k < g.top_k && g.tied_experts == g.num_experts; ++k) EXPECT_EQ(routing[0].expert_ids[k], k);
+    for (int e = 0; e < g.favoured_experts; ++e) {
+      EXPECT_NE(std::find(routing[0].expert_ids.begin(), routing[0].expert_ids.end(), e), routing[0].expert_ids.end())
+          << "favoured expert " << e;
+    }
+  }
+}
+
 TEST_F(CudaMoeTest, GroupLimitedGreedySoftmax) {
   const GateSpec g{16, 4, 4, 2, GateScoring::kSoftmax, GateTopk::kGroupLimitedGreedy, true, 16.0f, false};
   run_case(g, 3, 3);
