@@ -461,7 +461,8 @@ class CudaBackend final : public Backend {
   // - kBeside (DSINFER_MOE_ONE_TOKEN_ORDER=beside): the routing with the shared gate/up, the
   //   routed gate/up, then the routed down with the shared down (shared_down_with_routed_).
   // The routing alone in its launch, the shared gate/up in the next, was 4.4% slower with bf16
-  // weights: its one block's chain (10.5–11.8 µs on an H100) then hides no product.
+  // weights: its launch (10.5–11.8 µs on an H100, with the block's general routing path) then
+  // hides no product.
   enum class OneTokenMoeOrder { kSharedDownBetween, kBeside };
   OneTokenMoeOrder one_token_moe_order_ = OneTokenMoeOrder::kSharedDownBetween;
   // A one-token step's routing and plan in one warp, in registers, where the layer has up to 64

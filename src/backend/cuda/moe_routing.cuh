@@ -358,10 +358,10 @@ __device__ __forceinline__ float rms_scale_by_one_warp(const RowRmsScale& s, int
 // A one-token step's routing and plan by the block's first warp, lane l holding experts l and l
 // + 32 in registers (one_warp_routes): route_token's experts and weights and the block's plan,
 // bit for bit, in a chain with one trip to memory (the logits, the correction bias and the
-// norm's partials requested together) and no block barrier. A decode step's products wait on
-// this chain: the general path's two trips, five barriers, rank loop over shared memory and
-// shared atomics took 10.5–11.8 µs a layer on an H100. s: the block's first scratch, whose
-// choice and ids rows it uses.
+// norm's partials requested together) and no block barrier, where the general path makes two
+// trips one after the other, passes five barriers, ranks over shared memory one float at a time
+// and counts with shared atomics. The routed experts wait on this chain. s: the block's first
+// scratch, whose choice and ids rows it uses.
 inline __device__ void route_plan_one_token(const RoutePlanJob& job, RouteScratch& s) {
   if (threadIdx.x >= 32) return;
   const MoeRouteParams& p = job.params;
