@@ -321,40 +321,6 @@ __host__ __device__ inline bool one_warp_routes(int num_tokens, const MoeRoutePa
   return num_tokens == 1 && p.num_experts <= kOneWarpMaxExperts && (p.topk_method == 0 || p.num_groups == 1);
 }
 
-// Row `row`'s 1 / rms with the bits of a block of kThreads threads (rms_share_sum in each
-// thread, then rms_scale_of over the warps), made by one warp: lane l adds the shares of threads
-// l, l + 32, … in their orders. Every lane's first loads are issued before any sum waits on them.
-template <int kThreads>
-__device__ __forceinline__ float rms_scale_by_one_warp(const RowRmsScale& s, int64_t row, int lane) {
-  constexpr int kWarps = kThreads / 32;
-  const float4* p = reinterpret_cast<const float4*>(s.partials + row * (s.n / 4));
-  const int n16 = s.n / 16;
-  float4 first[kWarps];
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w)
-    first[w] = w * 32 + lane < n16 ? p[w * 32 + lane] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  float sums[kWarps];
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) {
-    float v = 0.0f;  // adding a thread's missing share as zeros leaves its 0 as rms_share_sum's
-    v += first[w].x;
-    v += first[w].y;
-    v += first[w].z;
-    v += first[w].w;
-    for (int i = w * 32 + lane + kThreads; i < n16; i += kThreads) {  // rows wider than kThreads × 16
-      const float4 f = p[i];
-      v += f.x;
-      v += f.y;
-      v += f.z;
-      v += f.w;
-    }
-    sums[w] = v;
-  }
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) sums[w] = warp_sum(sums[w]);
-  return rms_scale_of<kWarps>(sums, 1, s);
-}
-
 // A one-token step's routing and plan by the block's first warp, lane l holding experts l and l
 // + 32 in registers (one_warp_routes): route_token's experts and weights and the block's plan,
 // bit for bit, in a chain with one trip to memory (the logits, the correction bias and the
@@ -401,7 +367,7 @@ inline __device__ void route_plan_one_token(const RoutePlanJob& job, RouteScratc
   // Choices past n read as NaN, which ranks before no expert.
   float choice[2];
   for (int k = 0; k < 2; ++k) {
-    choice[k] = score[k] + (use_bias ? bias[k] : 0.0f);
+    choice[k] = score[k] + bias[k];  // bias[k] is 0 without one, as route_token adds
     if (isnan(choice[k])) choice[k] = -INFINITY;
     s.choice[lane + 32 * k] = lane + 32 * k < n ? choice[k] : __int_as_float(0x7fc00000);
   }

@@ -51,20 +51,22 @@ __device__ __forceinline__ void stage_rms_share(const RowRmsScale& s, int64_t ro
   if (static_cast<int>(threadIdx.x) < s.n / 16) cp_async16(stage + threadIdx.x, p + threadIdx.x, true);
 }
 
+// One float4 of partials added to a thread's share, in the order every reader keeps.
+__device__ __forceinline__ void add_partials(float& v, float4 f) {
+  v += f.x;
+  v += f.y;
+  v += f.z;
+  v += f.w;
+}
+
 template <int kThreads, typename RowOf>
 __device__ __forceinline__ float rms_share_sum(const RowRmsScale& s, const float4* stage, RowOf row_of) {
   const int n16 = s.n / 16;
   float v = 0.0f;
-  const auto add = [&v](float4 f) {
-    v += f.x;
-    v += f.y;
-    v += f.z;
-    v += f.w;
-  };
-  if (static_cast<int>(threadIdx.x) < n16) add(stage[threadIdx.x]);
+  if (static_cast<int>(threadIdx.x) < n16) add_partials(v, stage[threadIdx.x]);
   if (n16 > kThreads) {  // rows wider than kThreads × 16: the row's others, by a row that row_of() gives
     const float4* p = reinterpret_cast<const float4*>(s.partials + row_of() * (s.n / 4));
-    for (int i = threadIdx.x + kThreads; i < n16; i += kThreads) add(p[i]);
+    for (int i = threadIdx.x + kThreads; i < n16; i += kThreads) add_partials(v, p[i]);
   }
   return v;
 }
@@ -78,6 +80,32 @@ __device__ __forceinline__ float rms_scale_of(const float* warp_sums, int stride
 #pragma unroll
   for (int w = 1; w < kWarps; ++w) total += warp_sums[w * stride];
   return rsqrtf(total / static_cast<float>(s.n) + s.eps);
+}
+
+// Row `row`'s 1 / rms with the bits of a block of kThreads threads (rms_share_sum in each
+// thread, then rms_scale_of over the warps), made by one warp: lane l adds the shares of threads
+// l, l + 32, … in their orders. Every lane's first loads are issued before any sum waits on them.
+template <int kThreads>
+__device__ __forceinline__ float rms_scale_by_one_warp(const RowRmsScale& s, int64_t row, int lane) {
+  constexpr int kWarps = kThreads / 32;
+  const float4* p = reinterpret_cast<const float4*>(s.partials + row * (s.n / 4));
+  const int n16 = s.n / 16;
+  float4 first[kWarps];
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w)
+    first[w] = w * 32 + lane < n16 ? p[w * 32 + lane] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float sums[kWarps];
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    float v = 0.0f;  // adding a thread's missing share as zeros leaves its 0 as rms_share_sum's
+    add_partials(v, first[w]);
+    // Rows wider than kThreads × 16: the thread's others.
+    for (int i = w * 32 + lane + kThreads; i < n16; i += kThreads) add_partials(v, p[i]);
+    sums[w] = v;
+  }
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) sums[w] = warp_sum(sums[w]);
+  return rms_scale_of<kWarps>(sums, 1, s);
 }
 
 // scales[t] for a t known only at run time, without indexing the register array.
