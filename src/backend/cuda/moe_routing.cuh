@@ -326,9 +326,9 @@ __host__ __device__ inline bool one_warp_routes(int num_tokens, const MoeRoutePa
 // bit for bit, in a chain with one trip to memory (the logits, the correction bias and the
 // norm's partials requested together) and no block barrier, where the general path makes two
 // trips one after the other, passes five barriers, ranks over shared memory one float at a time
-// and counts with shared atomics. The routed experts wait on this chain. s: the block's first
-// scratch, whose choice and ids rows it uses.
-inline __device__ void route_plan_one_token(const RoutePlanJob& job, RouteScratch& s) {
+// and counts with shared atomics. The routed experts wait on this chain. choice_row
+// [kOneWarpMaxExperts] (16-byte aligned) and ids [kMaxTopK]: its shared memory.
+inline __device__ void route_plan_one_token(const RoutePlanJob& job, float* choice_row, int* ids) {
   if (threadIdx.x >= 32) return;
   const MoeRouteParams& p = job.params;
   const int lane = static_cast<int>(threadIdx.x);
@@ -369,14 +369,14 @@ inline __device__ void route_plan_one_token(const RoutePlanJob& job, RouteScratc
   for (int k = 0; k < 2; ++k) {
     choice[k] = score[k] + bias[k];  // bias[k] is 0 without one, as route_token adds
     if (isnan(choice[k])) choice[k] = -INFINITY;
-    s.choice[lane + 32 * k] = lane + 32 * k < n ? choice[k] : __int_as_float(0x7fc00000);
+    choice_row[lane + 32 * k] = lane + 32 * k < n ? choice[k] : __int_as_float(0x7fc00000);
   }
   __syncwarp();
   // Ranks as route_token counts them, every lane reading all 64 choices.
   int rank[2] = {0, 0};
 #pragma unroll
   for (int j4 = 0; j4 < kOneWarpMaxExperts / 4; ++j4) {
-    const float4 o4 = reinterpret_cast<const float4*>(s.choice)[j4];
+    const float4 o4 = reinterpret_cast<const float4*>(choice_row)[j4];
     const float o[4] = {o4.x, o4.y, o4.z, o4.w};
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
@@ -388,13 +388,13 @@ inline __device__ void route_plan_one_token(const RoutePlanJob& job, RouteScratc
   bool picked[2];
   for (int k = 0; k < 2; ++k) {
     picked[k] = lane + 32 * k < n && rank[k] < p.top_k;
-    if (picked[k]) s.ids[rank[k]] = lane + 32 * k;
+    if (picked[k]) ids[rank[k]] = lane + 32 * k;
   }
   const unsigned picked_low = __ballot_sync(0xffffffffu, picked[0]);
   const unsigned picked_high = __ballot_sync(0xffffffffu, picked[1]);
   __syncwarp();
   // Slot `lane`'s expert and its score, from the lane that holds it.
-  const int id = lane < p.top_k ? s.ids[lane] : 0;
+  const int id = lane < p.top_k ? ids[lane] : 0;
   const float low = __shfl_sync(0xffffffffu, score[0], id & 31), high = __shfl_sync(0xffffffffu, score[1], id & 31);
   const float w = id < 32 ? low : high;
   float sum = 0.0f;  // in slot order, as route_token adds them
@@ -428,7 +428,7 @@ inline __device__ void route_plan_block(const RoutePlanJob& job) {
   __shared__ int fill[kMaxExperts];
   const MoeRouteParams& p = job.params;
   if (job.one_warp_for_one_token && one_warp_routes(job.num_tokens, p)) {
-    route_plan_one_token(job, scratch[0]);
+    route_plan_one_token(job, scratch[0].choice, scratch[0].ids);
     return;
   }
   const int warp = threadIdx.x / 32;

@@ -10,6 +10,7 @@
 // while the routing runs, and the combine finds their output ready. The product's blocks are those of
 // few_row_gemm.cu, so its output has the bits of the product launched alone.
 #include <algorithm>
+#include <cstdlib>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/few_row_form.cuh"
@@ -40,6 +41,24 @@ __global__ void __launch_bounds__(few_row::kThreads, Form::kMinBlocksPerSm)
     route_plan_beside_kernel(moe::RoutePlanJob plan, GroupedGemmArgs product, int units_per_block) {
   if (blockIdx.x == 0) moe::route_plan_block(plan);
   else Form::run(product, units_per_block, static_cast<int>(blockIdx.x) - 1, 0);
+}
+
+// Block 0: a one-token routing and plan in one warp (moe::one_warp_routes), whose shared memory
+// is its choice row and picks alone; the rest: the product's. Every block of a launch reserves
+// the kernel's static shared memory: with route_plan_block's scratch (44 KB a block with the
+// product's) the product blocks would take another split of the SM between L1 and shared memory
+// than the launches around them.
+template <typename Form>
+__global__ void __launch_bounds__(few_row::kThreads, Form::kMinBlocksPerSm)
+    route_plan_one_warp_beside_kernel(moe::RoutePlanJob plan, GroupedGemmArgs product, int units_per_block) {
+  if (blockIdx.x == 0) {
+    await_previous_kernels();
+    __shared__ __align__(16) float choice_row[moe::kOneWarpMaxExperts];
+    __shared__ int ids[moe::kMaxTopK];
+    moe::route_plan_one_token(plan, choice_row, ids);
+  } else {
+    Form::run(product, units_per_block, static_cast<int>(blockIdx.x) - 1, 0);
+  }
 }
 
 // job_blocks of the job, then the product's blocks, sized as few_row_gemm.cu sizes them for one
@@ -101,6 +120,15 @@ void launch_moe_route_and_plan_beside(const float* logits, int64_t num_tokens, c
                               expert_ids,    weights,                      rows_per_block, row_offsets,
                               block_offsets, src_rows,                     slot_rows, logits_rms,
                               one_warp_for_one_token};
+  static const bool one_warp_in_general_kernel = std::getenv("EXP_ONE_WARP_IN_GENERAL_KERNEL") != nullptr;
+  if (job.one_warp_for_one_token && moe::one_warp_routes(job.num_tokens, p) && !one_warp_in_general_kernel) {
+    DS_CHECK(product.dense_rows == 1);  // the step's one token
+    few_row::with_block_form(product, 1, [&](auto form) {
+      using Form = decltype(form);
+      launch_one<route_plan_one_warp_beside_kernel<Form>, Form>(job, 1, product, stream);
+    });
+    return;
+  }
   // e4m3 products of up to two phases: the plan's shared memory leaves no room for x pieces of
   // four (the shared down product's K is two phases or less in V2 and V3).
   constexpr int kMaxFixedPhases = 4, kMaxFp8FixedPhases = 2;
