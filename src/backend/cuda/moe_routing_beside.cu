@@ -10,7 +10,6 @@
 // while the routing runs, and the combine finds their output ready. The product's blocks are those of
 // few_row_gemm.cu, so its output has the bits of the product launched alone.
 #include <algorithm>
-#include <cstdlib>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/few_row_form.cuh"
@@ -45,9 +44,9 @@ __global__ void __launch_bounds__(few_row::kThreads, Form::kMinBlocksPerSm)
 
 // Block 0: a one-token routing and plan in one warp (moe::one_warp_routes), whose shared memory
 // is its choice row and picks alone; the rest: the product's. Every block of a launch reserves
-// the kernel's static shared memory: with route_plan_block's scratch (44 KB a block with the
-// product's) the product blocks would take another split of the SM between L1 and shared memory
-// than the launches around them.
+// the kernel's static shared memory, route_plan_block's scratch included (44 KB a block with the
+// product's, 8.6 KB here): with e4m3 weights this launch made batch-1 decode 0.8% faster on an
+// H100, with bf16 ones no faster (bench/RESULTS.md).
 template <typename Form>
 __global__ void __launch_bounds__(few_row::kThreads, Form::kMinBlocksPerSm)
     route_plan_one_warp_beside_kernel(moe::RoutePlanJob plan, GroupedGemmArgs product, int units_per_block) {
@@ -120,8 +119,7 @@ void launch_moe_route_and_plan_beside(const float* logits, int64_t num_tokens, c
                               expert_ids,    weights,                      rows_per_block, row_offsets,
                               block_offsets, src_rows,                     slot_rows, logits_rms,
                               one_warp_for_one_token};
-  static const bool one_warp_in_general_kernel = std::getenv("EXP_ONE_WARP_IN_GENERAL_KERNEL") != nullptr;
-  if (job.one_warp_for_one_token && moe::one_warp_routes(job.num_tokens, p) && !one_warp_in_general_kernel) {
+  if (job.one_warp_for_one_token && moe::one_warp_routes(job.num_tokens, p)) {
     DS_CHECK(product.dense_rows == 1);  // the step's one token
     few_row::with_block_form(product, 1, [&](auto form) {
       using Form = decltype(form);
