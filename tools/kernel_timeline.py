@@ -9,7 +9,9 @@ as the kernel before it finished, instead of overlapping that kernel's end.
 
 With --stages, the step's repeating run of main-stream kernels (a layer: the run of kernel
 names and grids that recurs most often) is listed position by position, each with its median
-time over the repeats, and the sum of those medians: the time of a typical layer.
+time over the repeats, and the sum of those medians: the time of a typical layer. Where a
+kernel's first block notes when its own work is done (first_block_done_us), the median time
+from its wait to then follows the list.
 
     python3 tools/kernel_timeline.py timeline.tsv [--by-grid] [--top N] [--sequence N] [--stages]
 """
@@ -48,6 +50,10 @@ def read(path):
                 'grid': fields['grid'],
                 'entered': float(fields['entered_us']),
                 'resumed': float(fields['resumed_us']),
+                # When the first block noted its own work done (timelines since that column; '-'
+                # where the kernel does not note it).
+                'first_done': (float(fields['first_block_done_us'])
+                               if fields.get('first_block_done_us', '-') != '-' else None),
                 'kernel': short_name(fields['kernel']),
             })
     return rows
@@ -97,6 +103,13 @@ def print_stages(main_rows):
         row = main_rows[starts[0] + k]
         print(f"{k:>3} {row['kernel'][:60]:<60} {row['grid']:<14} {median:>9.2f}")
     print(f"{'':>3} {'(sum)':<60} {'':<14} {total:>9.2f}")
+    # Kernels whose first block does work of its own beside the others' (the routing beside a
+    # product): how long that block took after its wait, against the kernel's share above.
+    for k in range(length):
+        own = [main_rows[s + k]['first_done'] - main_rows[s + k]['resumed'] for s in starts
+               if main_rows[s + k]['first_done'] is not None]
+        if own:
+            print(f"first block of #{k} done {statistics.median(own):.2f} us after its wait (median of {len(own)})")
 
 
 def main():

@@ -47,33 +47,55 @@ __device__ __forceinline__ bool first_thread_of_grid() {
   return (threadIdx.x | threadIdx.y | threadIdx.z | blockIdx.x | blockIdx.y | blockIdx.z) == 0;
 }
 
-__device__ __forceinline__ void append_kernel_time(unsigned long long entered_ns) {
+// The kernel's entry in the slots; null where the slots are full.
+__device__ __forceinline__ unsigned long long* append_kernel_time(unsigned long long entered_ns) {
   const unsigned long long resumed_ns = global_time_ns();
   unsigned long long* slots = kernel_timeline_slots;
   const unsigned long long i = atomicAdd(slots, 1ull);
-  if (i >= slots[1]) return;
+  if (i >= slots[1]) return nullptr;
   unsigned long long* e = slots + kKernelTimelineHeaderWords + i * kKernelTimelineWords;
   e[0] = entered_ns;
   e[1] = resumed_ns;
   e[2] = gridDim.x;
   e[3] = gridDim.y | (static_cast<unsigned long long>(gridDim.z) << 32);
+  e[4] = 0;
+  return e;
 }
 }  // namespace
 #endif
 
+// What await_previous_kernels returns: in timeline builds, the first thread's entry in the
+// timeline (null in other threads, or where none is kept); nothing otherwise.
+struct KernelTimelineEntry {
+  unsigned long long* words = nullptr;
+};
+
 // Called by every block before its first write, its first read of kernel-written data and any
 // return: waits for the kernels before it (a no-op when it was launched in plain stream order),
 // then lets the next kernel's blocks be scheduled.
-__device__ __forceinline__ void await_previous_kernels() {
+__device__ __forceinline__ KernelTimelineEntry await_previous_kernels() {
+  KernelTimelineEntry entry;
 #ifdef DSINFER_KERNEL_TIMELINE
   const bool timed = first_thread_of_grid() && kernel_timeline_slots != nullptr;
   const unsigned long long entered_ns = timed ? global_time_ns() : 0;
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  if (timed) append_kernel_time(entered_ns);
+  if (timed) entry.words = append_kernel_time(entered_ns);
 #else
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  return entry;
+}
+
+// Called with what await_previous_kernels returned, once the first block's own work is done
+// and its writes issued: the time goes to the kernel's entry as first_block_done. A no-op
+// outside timeline builds and in every thread but the grid's first.
+__device__ __forceinline__ void note_first_block_done(KernelTimelineEntry entry) {
+#ifdef DSINFER_KERNEL_TIMELINE
+  if (entry.words != nullptr) entry.words[4] = global_time_ns();
+#else
+  (void)entry;
+#endif
 }
 
 // Lets `Kernel` use shared_bytes of dynamic shared memory, past the 48 KB a launch gets by

@@ -115,7 +115,8 @@ void KernelTimeline::write(const std::vector<KernelLaunch>& launches, cudaStream
   std::deque<const KernelLaunch*> main_queue, side_queue;
   for (const KernelLaunch& l : launches) (l.stream == main_stream ? main_queue : side_queue).push_back(&l);
   const unsigned long long origin = num_entries > 0 ? entries[0] : 0;
-  out << "order\tstream\tgrid\tentered_us\tresumed_us\tkernel\n" << std::fixed << std::setprecision(3);
+  out << "order\tstream\tgrid\tentered_us\tresumed_us\tfirst_block_done_us\tkernel\n" << std::fixed
+      << std::setprecision(3);
   for (size_t i = 0; i < num_entries; ++i) {
     const unsigned long long* e = &entries[i * kKernelTimelineWords];
     const unsigned grid_x = static_cast<unsigned>(e[2]), grid_y = static_cast<unsigned>(e[3] & 0xffffffffu),
@@ -133,7 +134,10 @@ void KernelTimeline::write(const std::vector<KernelLaunch>& launches, cudaStream
     }
     out << i << '\t' << stream << '\t' << grid_x << 'x' << grid_y << 'x' << grid_z << '\t'
         << (static_cast<double>(e[0]) - static_cast<double>(origin)) / 1e3 << '\t'
-        << (static_cast<double>(e[1]) - static_cast<double>(origin)) / 1e3 << '\t'
+        << (static_cast<double>(e[1]) - static_cast<double>(origin)) / 1e3 << '\t';
+    if (e[4] != 0) out << (static_cast<double>(e[4]) - static_cast<double>(origin)) / 1e3;
+    else out << '-';  // the kernel did not note it
+    out << '\t'
         << (launch != nullptr ? kernel_name(launch->kernel) : std::string("?")) << '\n';
   }
   DS_LOG_INFO("kernel timeline: " << num_entries << " kernels of the last replayed step (" << launches.size()

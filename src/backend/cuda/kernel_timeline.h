@@ -8,7 +8,8 @@
 // On the device, the first block of every kernel reads the global timer when it reaches
 // await_previous_kernels() ("entered": the kernel's blocks are running) and again when the
 // wait returns ("resumed": every kernel before it has finished), and appends both with its
-// grid to the timeline's slots. On the host, every launch made while a step is recorded is
+// grid to the timeline's slots. A kernel whose first block does work of its own (the routing
+// beside a product) may also note when that block is done ("first_block_done"). On the host, every launch made while a step is recorded is
 // logged with its kernel's name, grid and stream; the writer pairs the device's entries with
 // those launches by grid, keeping each stream's order.
 #pragma once
@@ -33,7 +34,9 @@ bool kernel_timeline_built();
 
 // Slots: [0] entries written, [1] capacity, then kKernelTimelineWords per entry.
 inline constexpr int kKernelTimelineHeaderWords = 2;
-inline constexpr int kKernelTimelineWords = 4;  // entered ns, resumed ns, grid x, grid y | z << 32
+// entered ns, resumed ns, grid x, grid y | z << 32, and the ns at which the first block said it
+// was done (note_first_block_done; 0 where the kernel does not say)
+inline constexpr int kKernelTimelineWords = 5;
 
 // Every translation unit with kernels registers how to point its copy of the slots pointer at
 // the timeline (a __device__ variable is private to its translation unit).

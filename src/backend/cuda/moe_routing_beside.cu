@@ -51,10 +51,11 @@ template <typename Form>
 __global__ void __launch_bounds__(few_row::kThreads, Form::kMinBlocksPerSm)
     route_plan_one_warp_beside_kernel(moe::RoutePlanJob plan, GroupedGemmArgs product, int units_per_block) {
   if (blockIdx.x == 0) {
-    await_previous_kernels();
+    const KernelTimelineEntry timed = await_previous_kernels();
     __shared__ __align__(16) float choice_row[moe::kOneWarpMaxExperts];
     __shared__ int ids[moe::kMaxTopK];
     moe::route_plan_one_token(plan, choice_row, ids);
+    note_first_block_done(timed);
   } else {
     Form::run(product, units_per_block, static_cast<int>(blockIdx.x) - 1, 0);
   }

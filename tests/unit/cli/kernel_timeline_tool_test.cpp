@@ -2,6 +2,7 @@
 // main-stream kernel's share of the step, from its wait returning to the next one's; side-stream
 // kernels and the kernels that ran after the replay left out; names without their namespaces
 // and parameters; with --stages, a layer's kernels with their median times over the layers.
+// Where a kernel notes when its first block is done, --stages gives that block's own time too.
 #include <gtest/gtest.h>
 
 #include <sstream>
@@ -92,6 +93,21 @@ TEST(KernelTimelineToolTest, StagesListALayersKernelsWithTheirMedianTimes) {
   EXPECT_EQ(medians, (std::vector<std::string>{"1.00", "2.00", "5.00", "8.00"})) << out;
   EXPECT_NE(out.find("384x1x1"), std::string::npos);
   EXPECT_LT(out.find("384x1x1", out.find("repeating run")), out.find("88x6x1", out.find("repeating run")));
+}
+
+TEST(KernelTimelineToolTest, StagesGiveTheFirstBlocksOwnTimeWhereAKernelNotesIt) {
+  // kLayers with first_block_done_us: the 384-block product's first block done 1.0, 1.5 and
+  // 1.0 us after its wait in the three repeats, the other kernels '-'.
+  const std::string out =
+      tool("--stages", std::string(DSINFER_SOURCE_DIR) + "/tests/data/kernel_timeline_first_block.tsv");
+  EXPECT_NE(out.find("    (sum)                                                                            8.00"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("first block of #1 done 1.00 us after its wait (median of 3)"), std::string::npos) << out;
+  EXPECT_EQ(out.find("first block of #0"), std::string::npos) << out;
+  EXPECT_EQ(out.find("first block of #2"), std::string::npos) << out;
+  // Timelines without the column list no such line.
+  EXPECT_EQ(tool("--stages", kLayers).find("first block of"), std::string::npos);
 }
 
 TEST(KernelTimelineToolTest, StagesSayWhenNothingRepeats) {

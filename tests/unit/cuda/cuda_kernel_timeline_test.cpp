@@ -22,7 +22,7 @@ using testing_cuda::random_values;
 using testing_cuda::upload;
 
 struct TimelineLine {
-  std::string stream, grid, kernel;
+  std::string stream, grid, first_block_done, kernel;
   double entered_us = 0, resumed_us = 0;
 };
 
@@ -41,6 +41,7 @@ std::vector<TimelineLine> read_timeline(const std::string& path) {
     std::string entered, resumed;
     std::getline(fields, entered, '\t');
     std::getline(fields, resumed, '\t');
+    std::getline(fields, l.first_block_done, '\t');
     std::getline(fields, l.kernel);
     l.entered_us = std::stod(entered);
     l.resumed_us = std::stod(resumed);
@@ -93,6 +94,7 @@ TEST(CudaKernelTimelineTest, AReplayedStepIsWrittenKernelByKernelInOrder) {
   EXPECT_NE(lines[2].kernel.find("add_kernel"), std::string::npos) << lines[2].kernel;
   for (size_t i = 0; i < lines.size(); ++i) {
     EXPECT_EQ(lines[i].stream, "main");
+    EXPECT_EQ(lines[i].first_block_done, "-") << "none of these kernels notes its first block";
     EXPECT_GE(lines[i].resumed_us, lines[i].entered_us);
     if (i > 0) {
       EXPECT_GT(lines[i].resumed_us, lines[i - 1].resumed_us);
