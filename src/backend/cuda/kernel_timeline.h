@@ -9,9 +9,10 @@
 // await_previous_kernels() ("entered": the kernel's blocks are running) and again when the
 // wait returns ("resumed": every kernel before it has finished), and appends both with its
 // grid to the timeline's slots. A kernel whose first block does work of its own (the routing
-// beside a product) may also note when that block is done ("first_block_done"). On the host, every launch made while a step is recorded is
-// logged with its kernel's name, grid and stream; the writer pairs the device's entries with
-// those launches by grid, keeping each stream's order.
+// beside a product) may also note when that block is done ("first_block_done"). On the host,
+// every launch made while a step is recorded is logged with its kernel's name, grid and stream;
+// the writer pairs the device's entries with those launches by grid, keeping each stream's
+// order.
 #pragma once
 
 #include <cuda_runtime.h>
