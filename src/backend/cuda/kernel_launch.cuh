@@ -64,8 +64,8 @@ __device__ __forceinline__ unsigned long long* append_kernel_time(unsigned long 
 }  // namespace
 #endif
 
-// What await_previous_kernels returns: in timeline builds, the first thread's entry in the
-// timeline (null in other threads, or where none is kept); nothing otherwise.
+// What await_previous_kernels returns: in timeline builds, the grid's first thread's entry in
+// the timeline; null in other threads, where none is kept, and in other builds.
 struct KernelTimelineEntry {
   unsigned long long* words = nullptr;
 };

@@ -137,8 +137,7 @@ void KernelTimeline::write(const std::vector<KernelLaunch>& launches, cudaStream
         << (static_cast<double>(e[1]) - static_cast<double>(origin)) / 1e3 << '\t';
     if (e[4] != 0) out << (static_cast<double>(e[4]) - static_cast<double>(origin)) / 1e3;
     else out << '-';  // the kernel did not note it
-    out << '\t'
-        << (launch != nullptr ? kernel_name(launch->kernel) : std::string("?")) << '\n';
+    out << '\t' << (launch != nullptr ? kernel_name(launch->kernel) : std::string("?")) << '\n';
   }
   DS_LOG_INFO("kernel timeline: " << num_entries << " kernels of the last replayed step (" << launches.size()
                                   << " launches recorded) written to " << path_);
