@@ -106,8 +106,8 @@ def print_stages(main_rows):
     # Kernels whose first block does work of its own beside the others' (the routing beside a
     # product): how long that block took after its wait, against the kernel's share above.
     for k in range(length):
-        own = [main_rows[s + k]['first_done'] - main_rows[s + k]['resumed'] for s in starts
-               if main_rows[s + k]['first_done'] is not None]
+        rows = [main_rows[s + k] for s in starts]
+        own = [r['first_done'] - r['resumed'] for r in rows if r['first_done'] is not None]
         if own:
             print(f"first block of #{k} done {statistics.median(own):.2f} us after its wait (median of {len(own)})")
 

@@ -115,6 +115,9 @@ void KernelTimeline::write(const std::vector<KernelLaunch>& launches, cudaStream
   std::deque<const KernelLaunch*> main_queue, side_queue;
   for (const KernelLaunch& l : launches) (l.stream == main_stream ? main_queue : side_queue).push_back(&l);
   const unsigned long long origin = num_entries > 0 ? entries[0] : 0;
+  const auto us_after_origin = [origin](unsigned long long ns) {
+    return (static_cast<double>(ns) - static_cast<double>(origin)) / 1e3;
+  };
   out << "order\tstream\tgrid\tentered_us\tresumed_us\tfirst_block_done_us\tkernel\n" << std::fixed
       << std::setprecision(3);
   for (size_t i = 0; i < num_entries; ++i) {
@@ -132,10 +135,9 @@ void KernelTimeline::write(const std::vector<KernelLaunch>& launches, cudaStream
       stream = name;
       break;
     }
-    out << i << '\t' << stream << '\t' << grid_x << 'x' << grid_y << 'x' << grid_z << '\t'
-        << (static_cast<double>(e[0]) - static_cast<double>(origin)) / 1e3 << '\t'
-        << (static_cast<double>(e[1]) - static_cast<double>(origin)) / 1e3 << '\t';
-    if (e[4] != 0) out << (static_cast<double>(e[4]) - static_cast<double>(origin)) / 1e3;
+    out << i << '\t' << stream << '\t' << grid_x << 'x' << grid_y << 'x' << grid_z << '\t' << us_after_origin(e[0])
+        << '\t' << us_after_origin(e[1]) << '\t';
+    if (e[4] != 0) out << us_after_origin(e[4]);
     else out << '-';  // the kernel did not note it
     out << '\t' << (launch != nullptr ? kernel_name(launch->kernel) : std::string("?")) << '\n';
   }
