@@ -133,6 +133,8 @@ CudaBackend::CudaBackend(Precision precision) {
   shared_down_with_routed_ = !env_is("DSINFER_MOE_SHARED_DOWN_WITH_ROUTED", "0");
   if (env_is("DSINFER_MOE_ONE_TOKEN_ORDER", "beside")) one_token_moe_order_ = OneTokenMoeOrder::kBeside;
   one_token_route_in_a_warp_ = !env_is("DSINFER_MOE_ROUTE_ONE_WARP", "0");
+  route_rehearsal_ = !env_is("DSINFER_MOE_ROUTE_REHEARSAL", "0");
+  weights_l2_evict_first_ = !env_is("DSINFER_WEIGHTS_L2_EVICT_FIRST", "0");
   if (const char* slots = std::getenv("DSINFER_MOE_COMBINE_SLOTS_AT_ONCE"))
     combine_slots_at_once_ = std::clamp(std::atoi(slots), 1, kMoeCombineSlotsAtOnce);
   if (const char* tokens = std::getenv("DSINFER_MLA_HEAD_TILE_MIN_TOKENS"))
@@ -721,6 +723,7 @@ GroupedGemmArgs CudaBackend::dense_product(const Tensor& x_bf16, int64_t rows, c
   a.dense_rows = static_cast<int>(rows);
   a.weights_fp8 = g.scales != nullptr;
   a.few_row_mma = few_row_mma_dense_;
+  a.weights_evict_first = weights_l2_evict_first_;
   a.few_row_fixed_phases = few_row_fixed_phases_;
   a.epilogue = epilogue;
   a.y = y;

@@ -388,7 +388,8 @@ CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const Mo
                                      params, bias, d_ids.as<int32_t>(), d_weights.as<float>(), kGemmRowsPerBlock,
                                      row_offsets, block_offsets, src_rows, slot_rows,
                                      identity_logits ? shared_gate_up : shared_down, stream_,
-                                     identity_logits ? x_scale : RowRmsScale{}, one_token_route_in_a_warp_);
+                                     identity_logits ? x_scale : RowRmsScale{}, one_token_route_in_a_warp_,
+                                     route_rehearsal_);
   else  // chunked layers count their block offsets in chunks
     launch_moe_route_and_plan(logits.as<float>(), num_tokens, params, bias, d_ids.as<int32_t>(),
                               d_weights.as<float>(), chunked ? kChunkRows : grouped_rows_per_block, row_offsets,
@@ -512,6 +513,7 @@ Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, c
   up.n_out = static_cast<int>(inter_p);
   up.few_row_mma = few_row_mma_experts_ && (num_tokens >= 2 || few_row_mma_one_token_);
   up.layout_before_wait = layout_written_earlier;
+  up.weights_evict_first = weights_l2_evict_first_;
   // e4m3 experts in the expert blocks with e4m3 activations: the step's rows quantised once for
   // the gate/up product (which gathers them by src_rows), and its SiLU·up rows for the down one.
   const bool fp8_activations = expert_blocks && fp8_activation_experts;  // expert_blocks: past few_rows

@@ -23,12 +23,22 @@ constexpr int kDepth = 4;
 // A block takes up to this many consecutive quads of one weight.
 constexpr int kMaxQuadsPerBlock = 32;
 
-// 16 bytes of a weight, which no kernel writes and no other block reads: past L1.
-__device__ __forceinline__ uint4 load_weight_piece(const void* p) {
+// The L2 policy of a block's weight reads (GroupedGemmArgs::weights_evict_first): evict-first,
+// or the default's priority.
+__device__ __forceinline__ uint64_t weight_l2_policy(bool evict_first) {
+  uint64_t policy;
+  if (evict_first) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  else asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+
+// 16 bytes of a weight, which no kernel writes and no other block reads: past L1, and through
+// L2 under `policy` (weight_l2_policy).
+__device__ __forceinline__ uint4 load_weight_piece(const void* p, uint64_t policy) {
   uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
+               : "l"(p), "l"(policy));
   return v;
 }
 
@@ -38,13 +48,13 @@ __device__ __forceinline__ uint4 load_weight_piece(const void* p) {
 // that waited for each load right after it was issued, and the form of two rows took 139
 // registers instead of 128 (three blocks an SM instead of four). The CUDA-core forms' selects
 // compile to predicated loads already. Where `valid` is false, p need not point anywhere.
-__device__ __forceinline__ uint4 load_weight_piece_if(bool valid, const void* p) {
+__device__ __forceinline__ uint4 load_weight_piece_if(bool valid, const void* p, uint64_t policy) {
   uint4 v;
   asm volatile(
       "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n"
-      " mov.b32 %3, 0;\n @p ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
+      " mov.b32 %3, 0;\n @p ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %6;\n}\n"
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p), "r"(static_cast<int>(valid)));
+      : "l"(p), "r"(static_cast<int>(valid)), "l"(policy));
   return v;
 }
 
@@ -211,6 +221,7 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
     return k;
   };
   uint4 pieces[kDepth][kQuadRows];
+  const uint64_t policy = weight_l2_policy(a.weights_evict_first);
   auto issue = [&](const GemmWeight& w, const Walk& k, int s, uint4 (&dst)[kQuadRows]) {
     const int quad = kFixed ? s / kFixedPhases : k.phases.quotient(s), q = first_quad + quad;
     const int p = (s - quad * k.num_phases) * kThreads + tid;
@@ -222,7 +233,7 @@ __device__ __forceinline__ void gemm_block(const GroupedGemmArgs& a, int quads_p
     const char* first = static_cast<const char*>(w.data) + p * 16 + quad_row(gate_up, q, 0) * row_bytes;
 #pragma unroll
     for (int r = 0; r < kQuadRows; ++r)
-      dst[r] = valid ? load_weight_piece(first + quad_row(gate_up, 0, r) * row_bytes) : make_uint4(0, 0, 0, 0);
+      dst[r] = valid ? load_weight_piece(first + quad_row(gate_up, 0, r) * row_bytes, policy) : make_uint4(0, 0, 0, 0);
   };
   // The block's weight and rows: a dense weight's are known at once, and a grouped layout that
   // the kernels before the previous one wrote may be read before the wait too; either way the

@@ -166,6 +166,7 @@ __device__ __forceinline__ void gemm_block_mma(const GroupedGemmArgs& a, int til
     return (warp + kWarps * (s - k.chunks.quotient(s) * k.warp_chunks)) * kMmaChunkCols;
   };
   // Zeros past the walk's steps and K (predicated loads: load_weight_piece_if has the why).
+  const uint64_t policy = weight_l2_policy(a.weights_evict_first);
   auto issue = [&](const GemmWeight& w, const Walk& k, int s, Step& dst) {
     const bool in_walk = s < k.num_steps;
     const int tile = first_tile + k.chunks.quotient(s), chunk0 = chunk_col(k, s), col = chunk0 + 16 * t;
@@ -173,7 +174,8 @@ __device__ __forceinline__ void gemm_block_mma(const GroupedGemmArgs& a, int til
 #pragma unroll
     for (int r = 0; r < 4; ++r)
       dst.rows[r] = load_weight_piece_if(in_walk && col < w.k_padded,
-                                         data + static_cast<int64_t>(tile * kGemmTileRows + g + 8 * r) * w.k_padded);
+                                         data + static_cast<int64_t>(tile * kGemmTileRows + g + 8 * r) * w.k_padded,
+                                         policy);
 #pragma unroll
     for (int gi = 0; gi < 2; ++gi)
       dst.scales[gi] = in_walk ? w.scales[(2 * tile + gi) * k.scale_cols + chunk0 / kScaleCols] : 0.0f;

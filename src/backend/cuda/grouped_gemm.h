@@ -90,6 +90,11 @@ struct GroupedGemmArgs {
   // the wait, and the first weight pieces requested with it (the routed experts' down product,
   // whose gate/up product is the launch in between).
   bool layout_before_wait = false;
+  // Few-row kernels: the weights are read with an L2 evict-first policy. A decode step reads
+  // each weight once and a V2-Lite layer's pass over 140 MB of them through the 50 MB L2, where
+  // they would push out what the layer's next launches read again soon: their instructions,
+  // the activations, the routing's tables.
+  bool weights_evict_first = false;
   GemmWeight dense;
   int dense_rows = 0;
   bool weights_fp8 = false;  // every weight of the call is e4m3 (else bf16)
@@ -230,7 +235,8 @@ void launch_few_row_gemm_pair(const GroupedGemmArgs& a, const GroupedGemmArgs& b
 // fp32 output and gets the same factor. Variants: the logits of one token's fp32 row that is not
 // the product's (logits_row: x, gate and add as RouterLogitsRow, no factor), beside any dense
 // product of one row; and logits of a norm's output before each row's 1 / rms, which the routing
-// applies first (logits_rms).
+// applies first (logits_rms). A one-token routing in one warp (one_warp_for_one_token) runs once
+// before its wait where rehearse_one_warp (moe_routing_beside.cu has the why).
 void launch_router_logits_beside(const float* x, const float* gate, int64_t num_tokens, int hidden, int num_experts,
                                  float* logits, const GroupedGemmArgs& product, Stream stream);
 void launch_router_logits_row_beside(const RouterLogitsRow& logits_row, const GroupedGemmArgs& product,
@@ -239,7 +245,8 @@ void launch_moe_route_and_plan_beside(const float* logits, int64_t num_tokens, c
                                       const float* bias, int32_t* expert_ids, float* weights, int rows_per_block,
                                       int32_t* row_offsets, int32_t* block_offsets, int32_t* src_rows,
                                       int32_t* slot_rows, const GroupedGemmArgs& product, Stream stream,
-                                      const RowRmsScale& logits_rms = {}, bool one_warp_for_one_token = true);
+                                      const RowRmsScale& logits_rms = {}, bool one_warp_for_one_token = true,
+                                      bool rehearse_one_warp = true);
 
 // Dequantises an e4m3 weight in the kernel's layout to bf16 [n_padded, k_padded].
 void launch_gemm_weight_to_bf16(const GemmWeight& w, uint16_t* out, Stream stream);

@@ -313,6 +313,8 @@ struct RoutePlanJob {
   // A step of one token whose routing one_warp_routes() takes runs route_plan_one_token (false:
   // the block's general path, for comparison).
   bool one_warp_for_one_token = true;
+  // The one-warp routing beside a product runs once before its wait (moe_routing_beside.cu).
+  bool rehearse_one_warp = true;
 };
 
 // The one-token path's limits: a lane holds two experts' values, and no group limit.
@@ -327,8 +329,11 @@ __host__ __device__ inline bool one_warp_routes(int num_tokens, const MoeRoutePa
 // norm's partials requested together) and no block barrier, where the general path makes two
 // trips one after the other, passes five barriers, ranks over shared memory one float at a time
 // and counts with shared atomics. The routed experts wait on this chain. choice_row
-// [kOneWarpMaxExperts] (16-byte aligned) and ids [kMaxTopK]: its shared memory.
-inline __device__ void route_plan_one_token(const RoutePlanJob& job, float* choice_row, int* ids) {
+// [kOneWarpMaxExperts] (16-byte aligned) and ids [kMaxTopK]: its shared memory. A rehearsal runs
+// the same instructions reading no memory and storing nothing but its shared rows, its values
+// dropped (moe_routing_beside.cu).
+inline __device__ void route_plan_one_token(const RoutePlanJob& job, float* choice_row, int* ids,
+                                            bool rehearsal = false) {
   if (threadIdx.x >= 32) return;
   const MoeRouteParams& p = job.params;
   const int lane = static_cast<int>(threadIdx.x);
@@ -338,11 +343,13 @@ inline __device__ void route_plan_one_token(const RoutePlanJob& job, float* choi
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
     const int e = lane + 32 * k;
-    logit[k] = e < n ? job.logits[e] : 0.0f;
-    bias[k] = use_bias && e < n ? job.bias[e] : 0.0f;
+    logit[k] = e < n && !rehearsal ? job.logits[e] : 0.0f;
+    bias[k] = use_bias && e < n && !rehearsal ? job.bias[e] : 0.0f;
   }
   if (job.rms_scale.partials != nullptr) {
-    const float factor = rms_scale_by_one_warp<kMoeRoutePlanMaxTokens * 32>(job.rms_scale, 0, lane);
+    RowRmsScale rms = job.rms_scale;
+    if (rehearsal) rms.n = 0;  // no partials read (its factor is then NaN, and dropped)
+    const float factor = rms_scale_by_one_warp<kMoeRoutePlanMaxTokens * 32>(rms, 0, lane);
     logit[0] *= factor;
     logit[1] *= factor;
   }
@@ -405,6 +412,7 @@ inline __device__ void route_plan_one_token(const RoutePlanJob& job, float* choi
     const unsigned below = (1u << (e & 31)) - 1u;
     return e < 32 ? __popc(picked_low & below) : __popc(picked_low) + __popc(picked_high & below);
   };
+  if (rehearsal) return;
   for (int k = 0; k < 2; ++k) {
     const int e = lane + 32 * k;
     if (e < n) job.row_offsets[e] = job.block_offsets[e] = picks_before(e);

@@ -42,19 +42,34 @@ __global__ void __launch_bounds__(few_row::kThreads, Form::kMinBlocksPerSm)
   else Form::run(product, units_per_block, static_cast<int>(blockIdx.x) - 1, 0);
 }
 
+// The one-warp routing, in one copy of its code whichever call runs it: the rehearsal before
+// the wait fetches the instructions that the routing after it then runs.
+__device__ __noinline__ void route_plan_one_token_once(const moe::RoutePlanJob& plan, float* choice_row, int* ids,
+                                                       bool rehearsal) {
+  moe::route_plan_one_token(plan, choice_row, ids, rehearsal);
+}
+
 // Block 0: a one-token routing and plan in one warp (moe::one_warp_routes), whose shared memory
 // is its choice row and picks alone; the rest: the product's. Every block of a launch reserves
 // the kernel's static shared memory, route_plan_block's scratch included (44 KB a block with the
 // product's, 8.6 KB here): with e4m3 weights this launch made batch-1 decode 0.8% faster on an
 // H100, with bf16 ones no faster (bench/RESULTS.md).
+//
+// The rehearsal: the routing runs once a layer in one warp, and a layer's weights pass through
+// L2 between two runs, so its instructions came from DRAM behind the product's requests, one
+// fetch after another: the block took 10–14 µs after its wait on an H100, for one trip to
+// memory and about 2 µs of arithmetic, and held the launch open (bench/RESULTS.md). Run once
+// before the wait, on zeros and storing nothing, it has them fetched while the launch before
+// drains.
 template <typename Form>
 __global__ void __launch_bounds__(few_row::kThreads, Form::kMinBlocksPerSm)
     route_plan_one_warp_beside_kernel(moe::RoutePlanJob plan, GroupedGemmArgs product, int units_per_block) {
   if (blockIdx.x == 0) {
-    const KernelTimelineEntry timed = await_previous_kernels();
     __shared__ __align__(16) float choice_row[moe::kOneWarpMaxExperts];
     __shared__ int ids[moe::kMaxTopK];
-    moe::route_plan_one_token(plan, choice_row, ids);
+    if (plan.rehearse_one_warp) route_plan_one_token_once(plan, choice_row, ids, true);
+    const KernelTimelineEntry timed = await_previous_kernels();
+    route_plan_one_token_once(plan, choice_row, ids, false);
     note_first_block_done(timed);
   } else {
     Form::run(product, units_per_block, static_cast<int>(blockIdx.x) - 1, 0);
@@ -112,14 +127,15 @@ void launch_moe_route_and_plan_beside(const float* logits, int64_t num_tokens, c
                                       const float* bias, int32_t* expert_ids, float* weights, int rows_per_block,
                                       int32_t* row_offsets, int32_t* block_offsets, int32_t* src_rows,
                                       int32_t* slot_rows, const GroupedGemmArgs& product, Stream stream,
-                                      const RowRmsScale& logits_rms, bool one_warp_for_one_token) {
+                                      const RowRmsScale& logits_rms, bool one_warp_for_one_token,
+                                      bool rehearse_one_warp) {
   moe::check_route_params(p);
   DS_CHECK(num_tokens >= 1 && num_tokens <= kMoeRoutePlanMaxTokens);
   check_product_beside(product);
   const moe::RoutePlanJob job{logits,        static_cast<int>(num_tokens), p,        bias,
                               expert_ids,    weights,                      rows_per_block, row_offsets,
                               block_offsets, src_rows,                     slot_rows, logits_rms,
-                              one_warp_for_one_token};
+                              one_warp_for_one_token, rehearse_one_warp};
   if (job.one_warp_for_one_token && moe::one_warp_routes(job.num_tokens, p)) {
     DS_CHECK(product.dense_rows == 1);  // the step's one token
     few_row::with_block_form(product, 1, [&](auto form) {

@@ -103,7 +103,9 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGoldenModelTest, ::testing::Values("tiny_
 // DSINFER_MOE_ONE_TOKEN_ORDER=beside it runs in the routed down product's launch, or in its own
 // after it (DSINFER_MOE_SHARED_DOWN_WITH_ROUTED=0). The routing, which applies the norm's factor
 // to those logits, has the same bits in one warp (the default) as in the block's path
-// (DSINFER_MOE_ROUTE_ONE_WARP=0).
+// (DSINFER_MOE_ROUTE_ONE_WARP=0), and without its rehearsal before the wait
+// (DSINFER_MOE_ROUTE_REHEARSAL=0); the products, with their weights read under the default L2
+// policy instead of evict-first (DSINFER_WEIGHTS_L2_EVICT_FIRST=0).
 TEST(CudaRouterIdentityTest, DecodeFollowsTheLogitsOwnLaunch) {
   if (!cuda_backend_available()) GTEST_SKIP() << "no CUDA device visible";
   ModelConfig config = ModelConfig::load(testing_cuda::source_dir() + "/tests/data/tiny_v2_lite");
@@ -111,9 +113,10 @@ TEST(CudaRouterIdentityTest, DecodeFollowsTheLogitsOwnLaunch) {
   for (const bool fp8 : {false, true}) {
     SCOPED_TRACE(fp8 ? "e4m3" : "bf16");
     constexpr int kSteps = 24, kNumBlocks = 1;
-    std::vector<std::vector<float>> logits[5];
-    std::vector<TokenId> tokens[5];
-    for (int b = 0; b < 5; ++b) {
+    constexpr int kVariants = 7;
+    std::vector<std::vector<float>> logits[kVariants];
+    std::vector<TokenId> tokens[kVariants];
+    for (int b = 0; b < kVariants; ++b) {
       // The shared down product's own launch (b = 2) is a form of the order that runs it beside.
       std::optional<testing_cuda::ScopedEnv> beside;
       if (b == 2 || b == 3) beside.emplace("DSINFER_MOE_ONE_TOKEN_ORDER", "beside");
@@ -122,6 +125,8 @@ TEST(CudaRouterIdentityTest, DecodeFollowsTheLogitsOwnLaunch) {
           : b == 1 ? testing_cuda::make_backend_with_env("cuda", "DSINFER_ROUTER_BESIDE_O_PROJ", "0")
           : b == 2 ? testing_cuda::make_backend_with_env("cuda", "DSINFER_MOE_SHARED_DOWN_WITH_ROUTED", "0")
           : b == 4 ? testing_cuda::make_backend_with_env("cuda", "DSINFER_MOE_ROUTE_ONE_WARP", "0")
+          : b == 5 ? testing_cuda::make_backend_with_env("cuda", "DSINFER_MOE_ROUTE_REHEARSAL", "0")
+          : b == 6 ? testing_cuda::make_backend_with_env("cuda", "DSINFER_WEIGHTS_L2_EVICT_FIRST", "0")
                    : make_backend("cuda");
       DeepseekModel model(config, make_random_weights(config, *backend, 5, fp8), *backend, 512);
       KvCaches caches = model.allocate_caches(kNumBlocks, kBlockSize, KvCacheFormat::kF32);
@@ -149,6 +154,8 @@ TEST(CudaRouterIdentityTest, DecodeFollowsTheLogitsOwnLaunch) {
     EXPECT_EQ(logits[2], logits[0]) << "the shared experts' down product after the routed one";
     EXPECT_EQ(logits[3], logits[0]) << "the shared experts' down product beside the routed one";
     EXPECT_EQ(logits[4], logits[0]) << "the routing and plan in the block's path, not one warp's";
+    EXPECT_EQ(logits[5], logits[0]) << "the one-warp routing without its rehearsal";
+    EXPECT_EQ(logits[6], logits[0]) << "the weights read under the default L2 policy";
   }
 }
 
