@@ -379,9 +379,11 @@ inline __device__ void route_plan_one_token(const RoutePlanJob& job, float* choi
     choice_row[lane + 32 * k] = lane + 32 * k < n ? choice[k] : __int_as_float(0x7fc00000);
   }
   __syncwarp();
-  // Ranks as route_token counts them, every lane reading all 64 choices.
+  // Ranks as route_token counts them, every lane reading all 64 choices. The loop over the
+  // float4 is kept rolled: unrolled, its 128 compares were half the routing's code, which runs
+  // once a layer and may be fetched from memory each time (moe_routing_beside.cu).
   int rank[2] = {0, 0};
-#pragma unroll
+#pragma unroll 1
   for (int j4 = 0; j4 < kOneWarpMaxExperts / 4; ++j4) {
     const float4 o4 = reinterpret_cast<const float4*>(choice_row)[j4];
     const float o[4] = {o4.x, o4.y, o4.z, o4.w};

@@ -42,13 +42,6 @@ __global__ void __launch_bounds__(few_row::kThreads, Form::kMinBlocksPerSm)
   else Form::run(product, units_per_block, static_cast<int>(blockIdx.x) - 1, 0);
 }
 
-// The one-warp routing, in one copy of its code whichever call runs it: the rehearsal before
-// the wait fetches the instructions that the routing after it then runs.
-__device__ __noinline__ void route_plan_one_token_once(const moe::RoutePlanJob& plan, float* choice_row, int* ids,
-                                                       bool rehearsal) {
-  moe::route_plan_one_token(plan, choice_row, ids, rehearsal);
-}
-
 // Block 0: a one-token routing and plan in one warp (moe::one_warp_routes), whose shared memory
 // is its choice row and picks alone; the rest: the product's. Every block of a launch reserves
 // the kernel's static shared memory, route_plan_block's scratch included (44 KB a block with the
@@ -67,9 +60,15 @@ __global__ void __launch_bounds__(few_row::kThreads, Form::kMinBlocksPerSm)
   if (blockIdx.x == 0) {
     __shared__ __align__(16) float choice_row[moe::kOneWarpMaxExperts];
     __shared__ int ids[moe::kMaxTopK];
-    if (plan.rehearse_one_warp) route_plan_one_token_once(plan, choice_row, ids, true);
-    const KernelTimelineEntry timed = await_previous_kernels();
-    route_plan_one_token_once(plan, choice_row, ids, false);
+    // Pass 0, the rehearsal, and pass 1, the routing after the wait, run one copy of the code
+    // (a loop kept rolled; a function kept out of line took the job by a pointer to a copy in
+    // local memory).
+    KernelTimelineEntry timed;
+#pragma unroll 1
+    for (int pass = plan.rehearse_one_warp ? 0 : 1; pass < 2; ++pass) {
+      if (pass == 1) timed = await_previous_kernels();
+      moe::route_plan_one_token(plan, choice_row, ids, pass == 0);
+    }
     note_first_block_done(timed);
   } else {
     Form::run(product, units_per_block, static_cast<int>(blockIdx.x) - 1, 0);
