@@ -133,7 +133,7 @@ CudaBackend::CudaBackend(Precision precision) {
   shared_down_with_routed_ = !env_is("DSINFER_MOE_SHARED_DOWN_WITH_ROUTED", "0");
   if (env_is("DSINFER_MOE_ONE_TOKEN_ORDER", "beside")) one_token_moe_order_ = OneTokenMoeOrder::kBeside;
   one_token_route_in_a_warp_ = !env_is("DSINFER_MOE_ROUTE_ONE_WARP", "0");
-  route_rehearsal_ = !env_is("DSINFER_MOE_ROUTE_REHEARSAL", "0");
+  route_rehearsal_ = env_is("DSINFER_MOE_ROUTE_REHEARSAL", "1");
   weights_l2_evict_first_ = !env_is("DSINFER_WEIGHTS_L2_EVICT_FIRST", "0");
   if (const char* slots = std::getenv("DSINFER_MOE_COMBINE_SLOTS_AT_ONCE"))
     combine_slots_at_once_ = std::clamp(std::atoi(slots), 1, kMoeCombineSlotsAtOnce);

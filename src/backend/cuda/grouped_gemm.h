@@ -246,7 +246,7 @@ void launch_moe_route_and_plan_beside(const float* logits, int64_t num_tokens, c
                                       int32_t* row_offsets, int32_t* block_offsets, int32_t* src_rows,
                                       int32_t* slot_rows, const GroupedGemmArgs& product, Stream stream,
                                       const RowRmsScale& logits_rms = {}, bool one_warp_for_one_token = true,
-                                      bool rehearse_one_warp = true);
+                                      bool rehearse_one_warp = false);
 
 // Dequantises an e4m3 weight in the kernel's layout to bf16 [n_padded, k_padded].
 void launch_gemm_weight_to_bf16(const GemmWeight& w, uint16_t* out, Stream stream);

@@ -314,7 +314,7 @@ struct RoutePlanJob {
   // the block's general path, for comparison).
   bool one_warp_for_one_token = true;
   // The one-warp routing beside a product runs once before its wait (moe_routing_beside.cu).
-  bool rehearse_one_warp = true;
+  bool rehearse_one_warp = false;
 };
 
 // The one-token path's limits: a lane holds two experts' values, and no group limit.

@@ -48,12 +48,15 @@ __global__ void __launch_bounds__(few_row::kThreads, Form::kMinBlocksPerSm)
 // product's, 8.6 KB here): with e4m3 weights this launch made batch-1 decode 0.8% faster on an
 // H100, with bf16 ones no faster (bench/RESULTS.md).
 //
-// The rehearsal: the block took 10–14 µs after its wait on an H100, for one trip to memory and
-// about 2 µs of arithmetic, and held the launch open (bench/RESULTS.md). The reading it rests
-// on: the routing runs once a layer in one warp, and a layer's weights pass through L2 between
-// two runs, so its instructions come from DRAM behind the product's requests, one fetch after
-// another. Run once before the wait, reading nothing and storing nothing, it has them fetched
-// while the launch before drains.
+// The rehearsal (opt-in, RoutePlanJob::rehearse_one_warp): the block took 10–14 µs after its
+// wait on an H100, for one trip to memory and about 2 µs of arithmetic, and held the launch open
+// (bench/RESULTS.md). The reading it rests on: the routing runs once a layer in one warp, and a
+// layer's weights pass through L2 between two runs, so its instructions come from DRAM behind
+// the product's requests, one fetch after another. Run once before the wait, reading nothing
+// and storing nothing, it has them fetched while the launch before drains. Measured on an H100,
+// the reading holds (the block done 4.4 µs after its wait instead of 11.3), yet batch-1 decode
+// was 3.5% slower with e4m3 weights and no faster with bf16 ones: the time comes back elsewhere
+// in the layer, so it stays off.
 template <typename Form>
 __global__ void __launch_bounds__(few_row::kThreads, Form::kMinBlocksPerSm)
     route_plan_one_warp_beside_kernel(moe::RoutePlanJob plan, GroupedGemmArgs product, int units_per_block) {

@@ -103,8 +103,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGoldenModelTest, ::testing::Values("tiny_
 // DSINFER_MOE_ONE_TOKEN_ORDER=beside it runs in the routed down product's launch, or in its own
 // after it (DSINFER_MOE_SHARED_DOWN_WITH_ROUTED=0). The routing, which applies the norm's factor
 // to those logits, has the same bits in one warp (the default) as in the block's path
-// (DSINFER_MOE_ROUTE_ONE_WARP=0), and without its rehearsal before the wait
-// (DSINFER_MOE_ROUTE_REHEARSAL=0); the products, with their weights read under the default L2
+// (DSINFER_MOE_ROUTE_ONE_WARP=0), and with its rehearsal before the wait
+// (DSINFER_MOE_ROUTE_REHEARSAL=1); the products, with their weights read under the default L2
 // policy instead of evict-first (DSINFER_WEIGHTS_L2_EVICT_FIRST=0).
 TEST(CudaRouterIdentityTest, DecodeFollowsTheLogitsOwnLaunch) {
   if (!cuda_backend_available()) GTEST_SKIP() << "no CUDA device visible";
@@ -125,7 +125,7 @@ TEST(CudaRouterIdentityTest, DecodeFollowsTheLogitsOwnLaunch) {
           : b == 1 ? testing_cuda::make_backend_with_env("cuda", "DSINFER_ROUTER_BESIDE_O_PROJ", "0")
           : b == 2 ? testing_cuda::make_backend_with_env("cuda", "DSINFER_MOE_SHARED_DOWN_WITH_ROUTED", "0")
           : b == 4 ? testing_cuda::make_backend_with_env("cuda", "DSINFER_MOE_ROUTE_ONE_WARP", "0")
-          : b == 5 ? testing_cuda::make_backend_with_env("cuda", "DSINFER_MOE_ROUTE_REHEARSAL", "0")
+          : b == 5 ? testing_cuda::make_backend_with_env("cuda", "DSINFER_MOE_ROUTE_REHEARSAL", "1")
           : b == 6 ? testing_cuda::make_backend_with_env("cuda", "DSINFER_WEIGHTS_L2_EVICT_FIRST", "0")
                    : make_backend("cuda");
       DeepseekModel model(config, make_random_weights(config, *backend, 5, fp8), *backend, 512);
@@ -154,7 +154,7 @@ TEST(CudaRouterIdentityTest, DecodeFollowsTheLogitsOwnLaunch) {
     EXPECT_EQ(logits[2], logits[0]) << "the shared experts' down product after the routed one";
     EXPECT_EQ(logits[3], logits[0]) << "the shared experts' down product beside the routed one";
     EXPECT_EQ(logits[4], logits[0]) << "the routing and plan in the block's path, not one warp's";
-    EXPECT_EQ(logits[5], logits[0]) << "the one-warp routing without its rehearsal";
+    EXPECT_EQ(logits[5], logits[0]) << "the one-warp routing with its rehearsal";
     EXPECT_EQ(logits[6], logits[0]) << "the weights read under the default L2 policy";
   }
 }
