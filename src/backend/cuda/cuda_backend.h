@@ -474,8 +474,8 @@ class CudaBackend final : public Backend {
   // (moe_routing_beside.cu has why it is off: the routing's launch shorter, the step not).
   bool route_rehearsal_ = false;
   // The few-row products read their weights with an L2 evict-first policy
-  // (GroupedGemmArgs::weights_evict_first; DSINFER_WEIGHTS_L2_EVICT_FIRST=0: the default policy).
-  // Batch-1 decode on an H100: FP8 8% and bf16 3% faster than with it off.
+  // (GroupedGemmArgs::weights_evict_first; DSINFER_WEIGHTS_L2_EVICT_FIRST=0: an evict-normal
+  // one). Batch-1 decode on an H100: FP8 8% and bf16 3% faster than with it off.
   bool weights_l2_evict_first_ = true;
   // Slots whose rows each thread of the MoE combine kernel requests together
   // (MoeCombineRows::slots_at_once; DSINFER_MOE_COMBINE_SLOTS_AT_ONCE=1: one after another).

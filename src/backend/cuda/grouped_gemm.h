@@ -194,9 +194,9 @@ void launch_expert_gemm_prefill(const GroupedGemmArgs& args, int max_n_padded, i
 // (few_row_gemm.cu), or for e4m3 weights with few_row_mma on f16 tensor-core products
 // (few_row_mma.cuh): a block takes weight rows four at a time (32 on tensor cores) over their
 // whole K, so no partial sum leaves it, and the order of an output's sums depends on K alone
-// (another order than the tensor-core kernels'). Takes the same arguments, with k_splits 1; max_rows_per_block bounds the rows of a
-// row-block (dense: the rows; grouped: the rows of the largest group) and only picks how many
-// are handled together.
+// (another order than the tensor-core kernels'). Takes the same arguments, with k_splits 1;
+// max_rows_per_block bounds the rows of a row-block (dense: the rows; grouped: the rows of the
+// largest group) and only picks how many are handled together.
 constexpr int kFewRowGemmMaxRows = 4;
 // The backend's default bound: at batch 4 on the V2-Lite shape the tensor-core kernel was faster
 // (its routed experts, about one row each, read once per 32-row tile either way, but without the
