@@ -22,7 +22,8 @@
 // backend sums it, f16 widened exactly, and f16 summed in f16 pairs (docs/cuda.md, "Known gaps":
 // the f16 operand route).
 // Launches go one after another in a recorded graph over rotating copies of the weight (four,
-// past L2), so each time includes a launch boundary.
+// past L2), so each time includes a launch boundary. The walks load under the products' L2
+// evict-first policy (since 2026-12-07; the figures before it in bench/RESULTS.md had none).
 //
 // Usage: bench_weight_reads [--rows N] [--cols N] [--replays N] [--append RESULTS.md]
 #include <cuda_runtime.h>
