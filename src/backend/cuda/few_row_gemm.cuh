@@ -24,7 +24,7 @@ constexpr int kDepth = 4;
 constexpr int kMaxQuadsPerBlock = 32;
 
 // The L2 policy of a block's weight reads (GroupedGemmArgs::weights_evict_first): evict-first,
-// or the default's priority.
+// or evict-normal.
 __device__ __forceinline__ uint64_t weight_l2_policy(bool evict_first) {
   uint64_t policy;
   if (evict_first) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));

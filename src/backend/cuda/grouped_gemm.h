@@ -90,10 +90,10 @@ struct GroupedGemmArgs {
   // the wait, and the first weight pieces requested with it (the routed experts' down product,
   // whose gate/up product is the launch in between).
   bool layout_before_wait = false;
-  // Few-row kernels: the weights are read with an L2 evict-first policy. A decode step reads
-  // each weight once and a V2-Lite layer's pass over 140 MB of them through the 50 MB L2, where
-  // they would push out what the layer's next launches read again soon: their instructions,
-  // the activations, the routing's tables.
+  // Few-row kernels: the weights are read under an L2 evict-first policy (false: evict-normal).
+  // A decode step reads each weight once, and a V2-Lite layer's 90–170 MB of them pass through
+  // the 50 MB L2, where they would push out what the layer's next launches read again soon:
+  // their instructions, the activations, the routing's tables.
   bool weights_evict_first = false;
   GemmWeight dense;
   int dense_rows = 0;

@@ -104,8 +104,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGoldenModelTest, ::testing::Values("tiny_
 // after it (DSINFER_MOE_SHARED_DOWN_WITH_ROUTED=0). The routing, which applies the norm's factor
 // to those logits, has the same bits in one warp (the default) as in the block's path
 // (DSINFER_MOE_ROUTE_ONE_WARP=0), and with its rehearsal before the wait
-// (DSINFER_MOE_ROUTE_REHEARSAL=1); the products, with their weights read under the default L2
-// policy instead of evict-first (DSINFER_WEIGHTS_L2_EVICT_FIRST=0).
+// (DSINFER_MOE_ROUTE_REHEARSAL=1); the products, with their weights read under an evict-normal
+// L2 policy instead of evict-first (DSINFER_WEIGHTS_L2_EVICT_FIRST=0).
 TEST(CudaRouterIdentityTest, DecodeFollowsTheLogitsOwnLaunch) {
   if (!cuda_backend_available()) GTEST_SKIP() << "no CUDA device visible";
   ModelConfig config = ModelConfig::load(testing_cuda::source_dir() + "/tests/data/tiny_v2_lite");
