@@ -41,11 +41,14 @@
 #include "backend/cuda/few_row_gemm.cuh"
 #include "backend/cuda/few_row_mma.cuh"
 #include "backend/cuda/grouped_gemm.h"
+#include "backend/cuda/weight_load.cuh"
 #include "cuda_bench.h"
 
 namespace {
 
 namespace few_row = dsinfer::cuda::few_row;
+using dsinfer::cuda::load_weight_piece;
+using dsinfer::cuda::weight_l2_policy;
 
 constexpr int kThreads = 128;
 constexpr int kTileRows = 32;
@@ -208,12 +211,12 @@ __global__ void __launch_bounds__(kThreads, 4)
   const int64_t tile = blockIdx.x;
   uint4 steps[kDepth][4];
   const int64_t stride = piece_stride<kOrder>(row_bytes);
-  const uint64_t policy = few_row::weight_l2_policy(/*evict_first=*/true);  // as the products read
+  const uint64_t policy = weight_l2_policy(/*evict_first=*/true);  // as the products read
   auto issue = [&](int s, uint4 (&dst)[4]) {
     const uint8_t* first = weight + step_offset<kOrder>(tile, s, tid, row_bytes);
 #pragma unroll
     for (int r = 0; r < 4; ++r)
-      dst[r] = s < steps_per_thread ? few_row::load_weight_piece(first + r * stride, policy) : make_uint4(0, 0, 0, 0);
+      dst[r] = s < steps_per_thread ? load_weight_piece(first + r * stride, policy) : make_uint4(0, 0, 0, 0);
   };
 #pragma unroll
   for (int d = 0; d < kDepth; ++d) issue(d, steps[d]);
@@ -247,13 +250,13 @@ __global__ void __launch_bounds__(kThreads, 4)
 // Every resident thread reads 16-byte pieces, four in flight, over the whole weight.
 __global__ void __launch_bounds__(256) stream_kernel(const uint8_t* weight, int64_t num_pieces, uint32_t* sink) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const uint64_t policy = few_row::weight_l2_policy(/*evict_first=*/true);
+  const uint64_t policy = weight_l2_policy(/*evict_first=*/true);
   uint32_t folded = 0;
   for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < num_pieces; p += 4 * stride) {
     uint4 v[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i)
-      v[i] = p + i * stride < num_pieces ? few_row::load_weight_piece(weight + 16 * (p + i * stride), policy)
+      v[i] = p + i * stride < num_pieces ? load_weight_piece(weight + 16 * (p + i * stride), policy)
                                          : make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int i = 0; i < 4; ++i) folded += v[i].x ^ v[i].y ^ v[i].z ^ v[i].w;

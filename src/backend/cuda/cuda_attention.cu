@@ -25,6 +25,7 @@
 #include "backend/cuda/kernel_launch.cuh"
 #include "backend/cuda/latent_entry.cuh"
 #include "backend/cuda/warp_sum.cuh"
+#include "backend/cuda/weight_load.cuh"
 #include "core/dtype.h"
 
 namespace dsinfer::cuda {
@@ -611,7 +612,8 @@ __global__ void __launch_bounds__(kFewWarps * 32) head_gemm_few_kernel(const flo
                                                                       int n, float* y, int64_t y_token_stride,
                                                                       int64_t y_head_stride, int num_tokens,
                                                                       uint16_t* y_bf16, int64_t ld_y_bf16,
-                                                                      CacheWriteBeside beside, SplitMergeBeside merge) {
+                                                                      CacheWriteBeside beside, SplitMergeBeside merge,
+                                                                      bool weights_evict_first) {
   namespace cg = cooperative_groups;
   // The cache write's blocks: (last column group, head, slice) is token head * slices + slice.
   // A cluster is the slices of one (column group, head), so these blocks form clusters of
@@ -637,11 +639,12 @@ __global__ void __launch_bounds__(kFewWarps * 32) head_gemm_few_kernel(const flo
   float4 wv[kFewRowsPerWarp];
   if (col < n) {
     const float* wh = w + static_cast<int64_t>(h) * k * n + col;
+    const uint64_t policy = weight_l2_policy(weights_evict_first);
 #pragma unroll
     for (int j = 0; j < kFewRowsPerWarp; ++j) {
       const int kk = k0 + warp * kFewRowsPerWarp + j;
-      wv[j] = kk < k ? __ldg(reinterpret_cast<const float4*>(wh + static_cast<int64_t>(kk) * n))
-                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      const uint4 v = load_weight_piece_if(kk < k, wh + static_cast<int64_t>(kk) * n, policy);
+      wv[j] = make_float4(__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z), __uint_as_float(v.w));
     }
   }
   await_previous_kernels();
@@ -743,7 +746,8 @@ bool takes_few_token_form(int64_t x_token_stride, const float* w, int n, const f
 bool launch_head_gemm(const float* x, int64_t x_token_stride, int64_t x_head_stride, const float* w, int num_heads,
                       int k, int n, float* y, int64_t y_token_stride, int64_t y_head_stride, int num_tokens,
                       bool fast_forms, Stream stream, uint16_t* y_bf16 = nullptr, int64_t ld_y_bf16 = 0,
-                      const CacheWriteBeside& beside = {}, const SplitMergeBeside& merge = {}) {
+                      const CacheWriteBeside& beside = {}, const SplitMergeBeside& merge = {},
+                      bool weights_evict_first = false) {
   DS_CHECK_MSG(k <= kMaxHeadGemmK, "MLA absorption width " << k << " beyond the CUDA kernel's limit");
   const bool with_cache_write = beside.job.kv_a != nullptr;
   if (takes_few_token_form(x_token_stride, w, n, y, y_token_stride, y_head_stride, num_tokens, fast_forms)) {
@@ -754,7 +758,7 @@ bool launch_head_gemm(const float* x, int64_t x_token_stride, int64_t x_head_str
     const bool bf16_fits = y_bf16 != nullptr && ld_y_bf16 % 4 == 0 && reinterpret_cast<uintptr_t>(y_bf16) % 8 == 0;
     launch_cluster_kernel(head_gemm_few_kernel, grid, kFewWarps * 32, dim3(1, 1, num_slices), stream, x,
                           x_token_stride, x_head_stride, w, k, n, y, y_token_stride, y_head_stride, num_tokens,
-                          bf16_fits ? y_bf16 : nullptr, ld_y_bf16, beside, merge);
+                          bf16_fits ? y_bf16 : nullptr, ld_y_bf16, beside, merge, weights_evict_first);
     return bf16_fits;
   }
   DS_CHECK(!with_cache_write && merge.workspace == nullptr);
@@ -796,7 +800,7 @@ bool launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
                           int num_prefill_tiles, int head_tile_blocks, int32_t* work_starts, bool fast_forms,
                           Stream stream, uint16_t* out_bf16, int64_t ld_out_bf16, const MlaCacheWrite* cache_write,
                           bool fixed_split_forms, int split_group_positions, bool few_token_tiles,
-                          bool few_token_tiles_early, int merge_beside_max_tokens) {
+                          bool few_token_tiles_early, int merge_beside_max_tokens, bool weights_evict_first) {
   check_dims(d);
   if (b.num_tokens == 0) return false;
   // Only the few-token tiles' runs go past the split kernel's most, merged by the combine kernel.
@@ -818,7 +822,7 @@ bool launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
   const bool cache_just_written = beside.job.kv_a != nullptr;
   // q_lat[t, h] = q_nope[t, h] · W_UK[h]
   launch_head_gemm(q, q_token_stride, qk, w_uk, d.num_heads, d.qk_nope_head_dim, lora, q_latent, latent_token_stride,
-                   lora, b.num_tokens, fast_forms, stream, nullptr, 0, beside);
+                   lora, b.num_tokens, fast_forms, stream, nullptr, 0, beside, {}, weights_evict_first);
   const int64_t out_token_stride = static_cast<int64_t>(d.num_heads) * d.v_head_dim;
   SplitMergeBeside merge{d};  // the split path's merge, where it runs in the W_UV product's launch
   auto launch_combine = [&] {
@@ -876,7 +880,7 @@ bool launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
   // out[t, h] = o_lat[t, h] · W_UVᵀ[h]
   return launch_head_gemm(o_latent, latent_token_stride, lora, w_uv_t, d.num_heads, lora, d.v_head_dim, out,
                           out_token_stride, d.v_head_dim, b.num_tokens, fast_forms, stream, out_bf16, ld_out_bf16,
-                          {}, merge);
+                          {}, merge, weights_evict_first);
 }
 
 }  // namespace dsinfer::cuda

@@ -135,6 +135,7 @@ CudaBackend::CudaBackend(Precision precision) {
   one_token_route_in_a_warp_ = !env_is("DSINFER_MOE_ROUTE_ONE_WARP", "0");
   route_rehearsal_ = env_is("DSINFER_MOE_ROUTE_REHEARSAL", "1");
   weights_l2_evict_first_ = !env_is("DSINFER_WEIGHTS_L2_EVICT_FIRST", "0");
+  attention_weights_l2_evict_first_ = !env_is("DSINFER_ATTN_WEIGHTS_L2_EVICT_FIRST", "0");
   if (const char* slots = std::getenv("DSINFER_MOE_COMBINE_SLOTS_AT_ONCE"))
     combine_slots_at_once_ = std::clamp(std::atoi(slots), 1, kMoeCombineSlotsAtOnce);
   if (const char* tokens = std::getenv("DSINFER_MLA_HEAD_TILE_MIN_TOKENS"))

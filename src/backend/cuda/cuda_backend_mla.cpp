@@ -448,7 +448,8 @@ bool CudaBackend::mla_absorbed(const MlaAttentionArgs& args, const MlaBatchView&
                               tiles.empty() ? nullptr : d_tiles.as<int32_t>(), static_cast<int>(tiles.size() / 2),
                               head_tile_blocks, work_starts.as<int32_t>(), !batch_invariant_, stream_,
                               out_bf16.data, out_bf16.ld, cache_write, fixed_split_forms_, split_group,
-                              few_token_tiles, few_token_tiles_early_, merge_beside_max_tokens_);
+                              few_token_tiles, few_token_tiles_early_, merge_beside_max_tokens_,
+                              attention_weights_l2_evict_first_);
 }
 
 int CudaBackend::long_context_runs(int64_t num_tokens, const ForwardBatch& batch) const {

@@ -240,6 +240,8 @@ constexpr int kMaxMlaLongSplits = 256;
 // early_first_chunk) instead of the split kernel, and the split path's combine merges them.
 // merge_beside_max_tokens: in split-path steps of up to that many tokens (at most four), that
 // merge runs in the W_UV product's launch, where its blocks read their x (the same bits).
+// weights_evict_first: the few-token form reads W_UK and W_UV under an L2 evict-first policy
+// (weight_load.cuh), evict-normal otherwise.
 bool launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* q, const float* w_uk,
                           const float* w_uv_t, const float* rope_cos, const float* rope_sin, const void* cache,
                           float softmax_scale, int num_splits, int split_len_tokens, float* workspace,
@@ -248,7 +250,8 @@ bool launch_mla_attention(const MlaDims& d, const MlaBatchView& b, const float* 
                           Stream stream, uint16_t* out_bf16 = nullptr, int64_t ld_out_bf16 = 0,
                           const MlaCacheWrite* cache_write = nullptr, bool fixed_split_forms = true,
                           int split_group_positions = 1, bool few_token_tiles = false,
-                          bool few_token_tiles_early = true, int merge_beside_max_tokens = 0);
+                          bool few_token_tiles_early = true, int merge_beside_max_tokens = 0,
+                          bool weights_evict_first = false);
 
 // ---- the per-head products of absorbed MLA on tensor cores (head_gemm_tf32.cu) ----
 // y[t, h, n] = Σ_k x[t, h, k] · w[h, k, n] for num_tokens tokens and every head, fp32 in memory,
