@@ -55,8 +55,13 @@ __global__ void __launch_bounds__(few_row::kThreads, Form::kMinBlocksPerSm)
 // the product's requests, one fetch after another. Run once before the wait, reading nothing
 // and storing nothing, it has them fetched while the launch before drains. Measured on an H100,
 // the reading holds (the block done 4.4 µs after its wait instead of 11.3), yet batch-1 decode
-// was 3.5% slower with e4m3 weights and no faster with bf16 ones: the time comes back elsewhere
-// in the layer, so it stays off.
+// was 3.5% slower with e4m3 weights and no faster with bf16 ones, so it stays off. Why: this
+// launch's blocks are scheduled only as the launch before (o_proj and the router logits, four
+// blocks an SM, as many as fit) lets them, so the rehearsal, itself run on cold code,
+// starts as that launch's 5 µs of work do and ends some 6 µs after them, and the wait returns
+// that much later (kernel timeline: that launch 4.9 → 11.3 µs, this one 8.2 → 4.9). Keeping a
+// block's room free in that launch and letting this one be scheduled as it starts shortened the
+// overrun to 1.3 µs, yet the step was 1.7% slower, as it was with those two changes alone.
 template <typename Form>
 __global__ void __launch_bounds__(few_row::kThreads, Form::kMinBlocksPerSm)
     route_plan_one_warp_beside_kernel(moe::RoutePlanJob plan, GroupedGemmArgs product, int units_per_block) {
