@@ -479,7 +479,7 @@ class CudaBackend final : public Backend {
   bool weights_l2_evict_first_ = true;
   // The absorbed attention's W_UK and W_UV (fp32, 4 MB each a V2-Lite layer), read under the
   // same policy in steps of a few tokens (DSINFER_ATTN_WEIGHTS_L2_EVICT_FIRST=0: evict-normal).
-  // Batch-1 FP8 decode on an H100 0.3% faster with it, bf16 within the runs' spread; on for one
+  // Batch-1 decode on an H100 0–0.3% faster with it, at the edge of the runs' spread; on for one
   // policy over every weight stream.
   bool attention_weights_l2_evict_first_ = true;
   // Slots whose rows each thread of the MoE combine kernel requests together
