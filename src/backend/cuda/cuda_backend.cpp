@@ -104,6 +104,8 @@ CudaBackend::CudaBackend(Precision precision) {
   DS_CUDA_CHECK(cudaEventCreateWithFlags(&step_->copied, cudaEventDisableTiming));
   tile_counters_ = alloc_->persistent({kGemmMaxTileCounters}, DType::kI32);
   DS_CUDA_CHECK(cudaMemsetAsync(tile_counters_.data, 0, tile_counters_.num_bytes(), stream_));
+  combine_arrivals_ = alloc_->persistent({kMaxCombineSlices}, DType::kI32);
+  DS_CUDA_CHECK(cudaMemsetAsync(combine_arrivals_.data, 0, combine_arrivals_.num_bytes(), stream_));
   argmax_scratch_ = alloc_->persistent({argmax_scratch_bytes()}, DType::kU8);
   DS_CUDA_CHECK(cudaMemsetAsync(argmax_scratch_.data, 0, argmax_scratch_.num_bytes(), stream_));
   f32_products_ = precision == Precision::kFp32 || env_is("DSINFER_CUDA_PRECISION", "fp32");
@@ -134,6 +136,7 @@ CudaBackend::CudaBackend(Precision precision) {
   if (env_is("DSINFER_MOE_ONE_TOKEN_ORDER", "beside")) one_token_moe_order_ = OneTokenMoeOrder::kBeside;
   one_token_route_in_a_warp_ = !env_is("DSINFER_MOE_ROUTE_ONE_WARP", "0");
   route_rehearsal_ = env_is("DSINFER_MOE_ROUTE_REHEARSAL", "1");
+  combine_in_down_ = !env_is("DSINFER_MOE_COMBINE_IN_DOWN", "0");
   weights_l2_evict_first_ = !env_is("DSINFER_WEIGHTS_L2_EVICT_FIRST", "0");
   attention_weights_l2_evict_first_ = !env_is("DSINFER_ATTN_WEIGHTS_L2_EVICT_FIRST", "0");
   if (const char* slots = std::getenv("DSINFER_MOE_COMBINE_SLOTS_AT_ONCE"))

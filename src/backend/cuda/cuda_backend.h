@@ -33,6 +33,7 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -256,6 +257,13 @@ class CudaBackend final : public Backend {
   // out fp32 [rows, w.out_features] = x · wᵀ for bf16 x [rows, w's k_padded] (x_f32: gemm's).
   void linear_bf16(const Tensor& x_bf16, int64_t rows, const LinearWeight& w, Tensor& out,
                    const Tensor* x_f32 = nullptr);
+  // A one-token step's routed down product left to the caller, which launches it with the
+  // combine (launch_few_row_gemm_combine); `input` holds the rows it reads until then.
+  struct DeferredDown {
+    GroupedGemmArgs args;
+    int max_n_padded = 0, max_row_blocks = 0;
+    Tensor input;
+  };
   // The routed experts in the own grouped kernels; the layout's row-blocks hold rows_per_block
   // rows (kExpertBlockWideRows only where fp8_expert_activations_for holds). Gives their rows
   // [num_entries, hidden]: bf16 from the prefill expert blocks (prefill_expert_outputs_bf16_),
@@ -266,11 +274,13 @@ class CudaBackend final : public Backend {
   // after it. x: xb's rows in fp32, for products that read them so (read_f32_rows), or null.
   // layout_written_earlier: the plan was written before the launch just before this call's first
   // one, so the gate/up product may read it, and request its experts' weights, before its wait.
+  // defer_down: a one-token step's down product, where it takes the few-row kernel alone, is not
+  // launched but left there (its max_row_blocks 0 where it was launched).
   Tensor moe_experts_grouped(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
                              const int32_t* block_offsets, const int32_t* src_rows, int64_t num_entries,
                              int rows_per_block, const RowRmsScale& x_scale = {},
                              const GroupedGemmArgs* shared_down = nullptr, const Tensor* x = nullptr,
-                             bool layout_written_earlier = false);
+                             bool layout_written_earlier = false, DeferredDown* defer_down = nullptr);
   // Whether the layer's experts, where they take the 128-row expert blocks, run DeepSeek's FP8
   // activations there (e4m3 weights, both switches on, k and the intermediate size whole
   // 128-column scale blocks): in the steps where the dense products take e4m3 terms
@@ -305,8 +315,12 @@ class CudaBackend final : public Backend {
     MoeCombineRows combine;
     Tensor ids, weights;  // [T * top_k] the routing: int32 expert ids, fp32 weights
     std::vector<Tensor> keep;
+    std::optional<DeferredDown> down;  // where defer_down was asked for and the step takes it
   };
-  MoeOutputs moe_until_combine(const Tensor& x, const MoeWeights& w);
+  MoeOutputs moe_until_combine(const Tensor& x, const MoeWeights& w, bool defer_down = false);
+  // The deferred down product with the combine into `out` (the next norm's, before its factor).
+  void launch_down_combine(const DeferredDown& down, const MoeCombineRows& rows, int64_t hidden,
+                           const ResidualNormOutput& out);
   // The routing's ids and weights to the host, when asked for (waits for the stream).
   void copy_routing(const MoeOutputs& m, MoeRouting* routing);
   Tensor moe_experts_host_planned(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
@@ -473,6 +487,14 @@ class CudaBackend final : public Backend {
   // and storing nothing, so that its instructions are fetched while the launch before drains
   // (moe_routing_beside.cu has why it is off: the rehearsal outlasts the launch before it).
   bool route_rehearsal_ = false;
+  // A one-token step's routed down product does the MoE combine in its blocks, the last of each
+  // column slice's (few_row_gemm_combine.cu), where the combine goes to the next norm
+  // (DSINFER_MOE_COMBINE_IN_DOWN=0: the combine's own launch after it). combine_arrivals_: the
+  // slices' arrival counts [kMaxCombineSlices], zero between launches (a slice is one unit of four
+  // output rows or more: V3's 7,168 take at most 1,792).
+  static constexpr int64_t kMaxCombineSlices = 4096;
+  bool combine_in_down_ = true;
+  Tensor combine_arrivals_;
   // The few-row products read their weights with an L2 evict-first policy
   // (GroupedGemmArgs::weights_evict_first; DSINFER_WEIGHTS_L2_EVICT_FIRST=0: an evict-normal
   // one). Batch-1 decode on an H100: FP8 8% and bf16 3% faster than with it off.

@@ -178,11 +178,16 @@ void CudaBackend::moe_add_rms_norm(const Tensor& x, const MoeWeights& w, Tensor&
     }
     // The combine adds to the residual and writes the norm's output before its factor, which
     // the next layer's products apply (PendingNorm).
-    const MoeOutputs m = moe_until_combine(x, w);
+    const MoeOutputs m = moe_until_combine(x, w, combine_in_down_ && rows == 1);
     if (moe_combine_rows_in_fours(m.combine, n)) {
       reconcile_norm({}, {&out, &residual, &normed});  // ends the norm x was, if it was one
-      launch_moe_combine_residual(m.combine, rows, n, leave_norm(residual, norm_w, eps, normed), stream_);
+      const ResidualNormOutput r = leave_norm(residual, norm_w, eps, normed);
+      if (m.down)
+        launch_down_combine(*m.down, m.combine, n, r);
+      else
+        launch_moe_combine_residual(m.combine, rows, n, r, stream_);
     } else {
+      if (m.down) launch_few_row_gemm(m.down->args, m.down->max_n_padded, m.down->max_row_blocks, 1, stream_);
       launch_moe_combine(m.combine, rows, n, out.as<float>(), stream_);
       add_rms_norm(residual, out, norm_w, eps, normed);
     }
@@ -229,7 +234,14 @@ void CudaBackend::queue_on_side(const std::function<void()>& launches) {
   launches();
 }
 
-CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const MoeWeights& w) {
+void CudaBackend::launch_down_combine(const DeferredDown& down, const MoeCombineRows& rows, int64_t hidden,
+                                      const ResidualNormOutput& out) {
+  launch_few_row_gemm_combine(down.args, down.max_n_padded, down.max_row_blocks, rows, hidden, out,
+                              combine_arrivals_.as<int32_t>(), static_cast<int>(combine_arrivals_.num_elements()),
+                              stream_);
+}
+
+CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const MoeWeights& w, bool defer_down) {
   const int64_t num_tokens = x.dim(0), hidden = x.dim(1);
   const int top_k = w.top_k, num_experts = w.num_experts;
   const int64_t num_entries = num_tokens * top_k;
@@ -398,6 +410,7 @@ CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const Mo
                               one_token_route_in_a_warp_);
 
   Tensor expert_out;
+  DeferredDown deferred;
   const int32_t* combine_rows = slot_rows;
   Tensor chunk_slot_rows;
   if (chunked) {
@@ -415,7 +428,7 @@ CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const Mo
     expert_out = moe_experts_grouped(w, xb, row_offsets, block_offsets, src_rows, num_entries,
                                      grouped_rows_per_block, x_scale,
                                      identity_logits && !shared_down_between ? &shared_down : nullptr, &x,
-                                     shared_down_between);
+                                     shared_down_between, defer_down ? &deferred : nullptr);
   }
 
   if (forked) forked->join();
@@ -433,6 +446,7 @@ CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const Mo
                              top_k,
                              combine_slots_at_once_};
   m.keep = {std::move(expert_out), std::move(plan), std::move(chunk_slot_rows), std::move(shared)};
+  if (deferred.max_row_blocks > 0) m.down = std::move(deferred);
   m.ids = std::move(d_ids);
   m.weights = std::move(d_weights);
   return m;
@@ -471,7 +485,7 @@ Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, c
                                         const int32_t* block_offsets, const int32_t* src_rows, int64_t num_entries,
                                         int rows_per_block, const RowRmsScale& x_scale,
                                         const GroupedGemmArgs* shared_down, const Tensor* x,
-                                        bool layout_written_earlier) {
+                                        bool layout_written_earlier, DeferredDown* defer_down) {
   const int num_experts = w.num_experts;
   const GemmWeight* gate_up_table = static_cast<const GemmWeight*>(w.derived.data);
   const LinearWeight& gu0 = w.expert_gate_up[0];
@@ -590,6 +604,11 @@ Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, c
   // row (one-token steps), else after it.
   const bool shared_down_with_routed =
       shared_down != nullptr && few_rows && max_rows_per_block == 1 && shared_down_with_routed_;
+  if (defer_down != nullptr && few_rows && max_rows_per_block == 1 && shared_down == nullptr && !out_bf16 &&
+      down.epilogue == GemmEpilogue::kStoreF32) {
+    *defer_down = DeferredDown{down, static_cast<int>(down0.weight.dim(0)), max_blocks, act};
+    return expert_out;
+  }
   if (shared_down_with_routed)
     launch_few_row_gemm_with_dense(down, static_cast<int>(down0.weight.dim(0)), max_blocks, *shared_down, stream_);
   else if (few_rows)

@@ -10,6 +10,7 @@
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/grouped_gemm.cuh"
 #include "backend/cuda/kernel_launch.cuh"
+#include "backend/cuda/moe_combine.cuh"
 #include "backend/cuda/moe_routing.cuh"
 #include "backend/cuda/row_rms.cuh"
 #include "backend/cuda/vector_load.cuh"
@@ -112,15 +113,10 @@ __global__ void __launch_bounds__(kPlanThreads) plan_fill_kernel(const int32_t* 
   place_entries(expert_ids, begin, end, top_k, fill, src_rows, slot_rows);
 }
 
-__device__ void load_values(const float* p, float (&v)[1]) { v[0] = *p; }
-__device__ void load_values(const float* p, float (&v)[4]) { load4(p, v); }
-__device__ void load_values(const __nv_bfloat16* p, float (&v)[1]) { v[0] = __bfloat162float(*p); }
-__device__ void load_values(const __nv_bfloat16* p, float (&v)[4]) { load4(p, v); }
-
 // kWidth consecutive columns per thread (hidden and ld_expert multiples of kWidth, buffers
 // aligned to kWidth elements); each column's sum runs in slot order, as the scalar version's.
-template <typename T, int kWidth>
 // With r.x, the sums go to the residual and the norm's output before its 1 / rms instead of out.
+template <typename T, int kWidth>
 __global__ void combine_kernel(const T* expert_out, int64_t ld_expert, const int32_t* slot_row, const float* weights,
                                const float* shared, int64_t num_tokens, int top_k, int64_t hidden, float* out,
                                ResidualNormOutput r, int slots_at_once) {
@@ -128,48 +124,8 @@ __global__ void combine_kernel(const T* expert_out, int64_t ld_expert, const int
   const int64_t groups = hidden / kWidth;
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= num_tokens * groups) return;
-  const int64_t t = i / groups, c = (i % groups) * kWidth;
-  // The residual form's reads and the shared row, requested with the first slots' rows.
-  float4 residual = make_float4(0.0f, 0.0f, 0.0f, 0.0f), norm_w = residual;
-  if constexpr (kWidth == 4) {
-    if (r.x != nullptr) {
-      residual = *reinterpret_cast<const float4*>(r.x + t * hidden + c);
-      norm_w = __ldg(reinterpret_cast<const float4*>(r.w + c));
-    }
-  }
-  float shared_v[kWidth] = {};
-  if (shared != nullptr) load_values(shared + t * hidden + c, shared_v);
-  float acc[kWidth] = {};
-  for (int first = 0; first < top_k; first += slots_at_once) {
-    const int n = min(slots_at_once, top_k - first);
-    const int32_t* rows = slot_row + t * top_k + first;
-    const float* w = weights + t * top_k + first;
-    int64_t row_at[kMoeCombineSlotsAtOnce];
-    float w_at[kMoeCombineSlotsAtOnce], v[kMoeCombineSlotsAtOnce][kWidth];
-#pragma unroll
-    for (int k = 0; k < kMoeCombineSlotsAtOnce; ++k)
-      if (k < n) {
-        row_at[k] = rows[k];
-        w_at[k] = w[k];
-      }
-#pragma unroll
-    for (int k = 0; k < kMoeCombineSlotsAtOnce; ++k)
-      if (k < n) load_values(expert_out + row_at[k] * ld_expert + c, v[k]);
-#pragma unroll
-    for (int k = 0; k < kMoeCombineSlotsAtOnce; ++k)
-      if (k < n)
-        for (int j = 0; j < kWidth; ++j) acc[j] += w_at[k] * v[k][j];
-  }
-  if (shared != nullptr)
-    for (int j = 0; j < kWidth; ++j) acc[j] += shared_v[j];
-  if constexpr (kWidth == 4) {
-    if (r.x != nullptr) {
-      const int64_t i = t * hidden + c;
-      store_residual_norm(r, i, i / 4, residual, norm_w, acc);
-      return;
-    }
-  }
-  for (int j = 0; j < kWidth; ++j) out[t * hidden + c + j] = acc[j];
+  moe::combine_columns<T, kWidth>(expert_out, ld_expert, slot_row, weights, shared, i / groups, top_k, hidden,
+                                  (i % groups) * kWidth, out, r, slots_at_once);
 }
 
 // One thread per chunk for the pointers, and per entry for its output row.

@@ -211,6 +211,15 @@ void launch_few_row_gemm(const GroupedGemmArgs& args, int max_n_padded, int max_
 // among those compiled together, in two launches.
 void launch_few_row_gemm_with_dense(const GroupedGemmArgs& grouped, int max_n_padded, int max_row_blocks,
                                     const GroupedGemmArgs& dense, Stream stream);
+// A grouped product of one row a row-block and its routed rows' MoE combine in one launch
+// (few_row_gemm_combine.cu): a one-token step's routed down product (args of launch_few_row_gemm,
+// fp32 output rows, which are rows.expert_out), whose blocks of each column slice, one a
+// row-block, count their arrivals in arrivals[slice] (max_arrivals of them, zero before the
+// launch and left zero); the last to arrive combines the slice's columns into `out` as
+// launch_moe_combine_residual does, with the same bits.
+void launch_few_row_gemm_combine(const GroupedGemmArgs& down, int max_n_padded, int max_row_blocks,
+                                 const MoeCombineRows& rows, int64_t hidden, const ResidualNormOutput& out,
+                                 int32_t* arrivals, int max_arrivals, Stream stream);
 // One token's router logits, logits[e] = add[e] + x · gate[e] in fp32 (add null: none), as the
 // router logits kernel makes them (moe_routing.cuh), made beside a product.
 struct RouterLogitsRow {
