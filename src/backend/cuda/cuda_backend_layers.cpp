@@ -604,8 +604,7 @@ Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, c
   // row (one-token steps), else after it.
   const bool shared_down_with_routed =
       shared_down != nullptr && few_rows && max_rows_per_block == 1 && shared_down_with_routed_;
-  if (defer_down != nullptr && few_rows && max_rows_per_block == 1 && shared_down == nullptr && !out_bf16 &&
-      down.epilogue == GemmEpilogue::kStoreF32) {
+  if (defer_down != nullptr && few_rows && max_rows_per_block == 1 && shared_down == nullptr && !out_bf16) {
     *defer_down = DeferredDown{down, static_cast<int>(down0.weight.dim(0)), max_blocks, act};
     return expert_out;
   }

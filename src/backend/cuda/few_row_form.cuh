@@ -73,6 +73,26 @@ inline int units_per_block(int num_units, int num_row_blocks, int64_t capacity, 
   return static_cast<int>(std::clamp<int64_t>((work + capacity - 1) / capacity, 1, max_units_per_block));
 }
 
+// One wave of Kernel's blocks of Form (units_per_block) over a product of max_n_padded weight rows
+// and max_row_blocks row-blocks: the grid (blocks of units × row-blocks), the units a block, and
+// the shared memory a block, which the kernel is allowed.
+struct OneWave {
+  dim3 grid;
+  int units_per_block = 0;
+  size_t shared_bytes = 0;
+};
+template <typename Form, auto Kernel>
+OneWave one_wave(const GroupedGemmArgs& a, int max_n_padded, int max_row_blocks) {
+  OneWave w;
+  w.shared_bytes = Form::shared_bytes(a);
+  Form::template allow_shared_memory<Kernel>();
+  const int num_units = max_n_padded / Form::kUnitRows;
+  w.units_per_block = units_per_block(num_units, max_row_blocks, resident_blocks<Kernel>(w.shared_bytes),
+                                      Form::kMaxUnitsPerBlock);
+  w.grid = dim3((num_units + w.units_per_block - 1) / w.units_per_block, max_row_blocks);
+  return w;
+}
+
 static_assert(kPiecesPerPhase == kThreads, "a phase is one piece a thread (few_row_phases.h)");
 
 // with_block_form's CUDA-core forms of x's rows in bf16, or in fp32 (kXF32) (a function, not a

@@ -34,13 +34,8 @@ void launch_with(const GroupedGemmArgs& args, int max_n_padded, int max_row_bloc
   // One wave of resident blocks (few_row::units_per_block). Even the LM head (25,600 quads)
   // keeps one wave: in blocks of one quad it took 97.5 µs instead of 112.6 under Nsight
   // Compute, yet recorded steps were 2% slower at batch 1 and 2.
-  const size_t shared_bytes = Form::shared_bytes(args);
-  Form::template allow_shared_memory<kernel>();
-  const int num_units = max_n_padded / Form::kUnitRows;
-  const int units_per_block = few_row::units_per_block(
-      num_units, max_row_blocks, few_row::resident_blocks<kernel>(shared_bytes), Form::kMaxUnitsPerBlock);
-  const dim3 grid((num_units + units_per_block - 1) / units_per_block, max_row_blocks);
-  launch_kernel(kernel, grid, few_row::kThreads, shared_bytes, stream, args, units_per_block);
+  const few_row::OneWave wave = few_row::one_wave<Form, kernel>(args, max_n_padded, max_row_blocks);
+  launch_kernel(kernel, wave.grid, few_row::kThreads, wave.shared_bytes, stream, args, wave.units_per_block);
   DS_CUDA_CHECK_LAUNCH();
 }
 

@@ -76,14 +76,10 @@ void launch_few_row_gemm_combine(const GroupedGemmArgs& a, int max_n_padded, int
     using Form = decltype(form);
     constexpr auto kernel = few_row_gemm_combine_kernel<Form>;
     // Sized as launch_few_row_gemm sizes its one wave of blocks.
-    const size_t shared_bytes = Form::shared_bytes(a);
-    Form::template allow_shared_memory<kernel>();
-    const int num_units = max_n_padded / Form::kUnitRows;
-    const int units_per_block = few_row::units_per_block(
-        num_units, max_row_blocks, few_row::resident_blocks<kernel>(shared_bytes), Form::kMaxUnitsPerBlock);
-    const dim3 grid((num_units + units_per_block - 1) / units_per_block, max_row_blocks);
-    DS_CHECK_MSG(static_cast<int>(grid.x) <= max_arrivals, "the combine's arrival counts: " << grid.x << " slices");
-    launch_kernel(kernel, grid, few_row::kThreads, shared_bytes, stream, a, units_per_block, job);
+    const few_row::OneWave wave = few_row::one_wave<Form, kernel>(a, max_n_padded, max_row_blocks);
+    DS_CHECK_MSG(static_cast<int>(wave.grid.x) <= max_arrivals,
+                 "the combine's arrival counts: " << wave.grid.x << " slices");
+    launch_kernel(kernel, wave.grid, few_row::kThreads, wave.shared_bytes, stream, a, wave.units_per_block, job);
     DS_CUDA_CHECK_LAUNCH();
   });
 }
