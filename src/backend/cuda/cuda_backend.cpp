@@ -137,9 +137,6 @@ CudaBackend::CudaBackend(Precision precision) {
   one_token_route_in_a_warp_ = !env_is("DSINFER_MOE_ROUTE_ONE_WARP", "0");
   route_rehearsal_ = env_is("DSINFER_MOE_ROUTE_REHEARSAL", "1");
   combine_in_down_ = !env_is("DSINFER_MOE_COMBINE_IN_DOWN", "0");
-  combine_by_arrivals_ = !env_is("DSINFER_MOE_COMBINE_IN_DOWN", "walk");
-  if (const char* quads = std::getenv("DSINFER_MOE_DOWN_COMBINE_QUADS"))
-    down_combine_quads_ = std::clamp(std::atoi(quads), 0, kMaxDownCombineQuads);
   weights_l2_evict_first_ = !env_is("DSINFER_WEIGHTS_L2_EVICT_FIRST", "0");
   attention_weights_l2_evict_first_ = !env_is("DSINFER_ATTN_WEIGHTS_L2_EVICT_FIRST", "0");
   if (const char* slots = std::getenv("DSINFER_MOE_COMBINE_SLOTS_AT_ONCE"))

@@ -495,12 +495,6 @@ class CudaBackend final : public Backend {
   static constexpr int64_t kMaxCombineSlices = 4096;
   bool combine_in_down_ = true;
   Tensor combine_arrivals_;
-  // DSINFER_MOE_COMBINE_IN_DOWN=walk: where the down product's walk allows it, each block takes
-  // a few quads of columns of every routed expert and combines them from its shared memory
-  // instead (few_row_down_combine.cu), down_combine_quads_ a block
-  // (DSINFER_MOE_DOWN_COMBINE_QUADS; 0: one wave of blocks).
-  bool combine_by_arrivals_ = true;
-  int down_combine_quads_ = 0;
   // The few-row products read their weights with an L2 evict-first policy
   // (GroupedGemmArgs::weights_evict_first; DSINFER_WEIGHTS_L2_EVICT_FIRST=0: an evict-normal
   // one). Batch-1 decode on an H100: FP8 8% and bf16 3% faster than with it off.

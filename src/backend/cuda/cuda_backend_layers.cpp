@@ -236,11 +236,6 @@ void CudaBackend::queue_on_side(const std::function<void()>& launches) {
 
 void CudaBackend::launch_down_combine(const DeferredDown& down, const MoeCombineRows& rows, int64_t hidden,
                                       const ResidualNormOutput& out) {
-  if (!combine_by_arrivals_ && few_row_down_combine_fits(down.args, down.max_row_blocks, rows, hidden)) {
-    launch_few_row_down_combine(down.args, down.max_n_padded, down.max_row_blocks, rows, hidden, out,
-                                down_combine_quads_, stream_);
-    return;
-  }
   launch_few_row_gemm_combine(down.args, down.max_n_padded, down.max_row_blocks, rows, hidden, out,
                               combine_arrivals_.as<int32_t>(), static_cast<int>(combine_arrivals_.num_elements()),
                               stream_);

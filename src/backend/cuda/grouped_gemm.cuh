@@ -57,21 +57,16 @@ __device__ __forceinline__ bool grouped_row_block(const GroupedGemmArgs& a, int 
 // buffer may still lie in this SM's L1.
 constexpr int kWarpSearchLoads = 9;
 constexpr int kWarpSearchGroups = kWarpSearchLoads * 32 - 1;
-// This lane's share of the block offsets (offsets[num_groups] is the end).
-__device__ __forceinline__ void load_block_offsets_warp(const GroupedGemmArgs& a,
-                                                        int32_t (&offsets)[kWarpSearchLoads]) {
+__device__ __forceinline__ bool grouped_row_block_warp(const GroupedGemmArgs& a, int block, GemmWeight& w,
+                                                       int& row_begin, int& row_end, int* group_out = nullptr) {
+  if (a.num_groups > kWarpSearchGroups) return grouped_row_block(a, block, w, row_begin, row_end, group_out);
   const int lane = threadIdx.x % 32;
+  int32_t offsets[kWarpSearchLoads];
 #pragma unroll
   for (int i = 0; i < kWarpSearchLoads; ++i) {
     const int e = i * 32 + lane;
     offsets[i] = e <= a.num_groups ? __ldcg(a.block_offsets + e) : 0;
   }
-}
-// The group that owns row-block `block`, by ballots over the offsets the warp's lanes hold, or -1
-// where the block lies past the layout's end.
-__device__ __forceinline__ int group_of_block_warp(const GroupedGemmArgs& a,
-                                                   const int32_t (&offsets)[kWarpSearchLoads], int block) {
-  const int lane = threadIdx.x % 32;
   // Groups whose first row-block is at or before `block` (the owner is the last of them; the
   // offsets never decrease), and whether the end (offsets[num_groups]) is too.
   int num_started = 0;
@@ -82,15 +77,8 @@ __device__ __forceinline__ int group_of_block_warp(const GroupedGemmArgs& a,
     num_started += __popc(__ballot_sync(0xffffffffu, e < a.num_groups && offsets[i] <= block));
     past_end = past_end || __any_sync(0xffffffffu, e == a.num_groups && offsets[i] <= block);
   }
-  return past_end ? -1 : num_started - 1;
-}
-__device__ __forceinline__ bool grouped_row_block_warp(const GroupedGemmArgs& a, int block, GemmWeight& w,
-                                                       int& row_begin, int& row_end, int* group_out = nullptr) {
-  if (a.num_groups > kWarpSearchGroups) return grouped_row_block(a, block, w, row_begin, row_end, group_out);
-  int32_t offsets[kWarpSearchLoads];
-  load_block_offsets_warp(a, offsets);
-  const int group = group_of_block_warp(a, offsets, block);
-  if (group < 0) return false;
+  if (past_end) return false;
+  const int group = num_started - 1;
   if (group_out != nullptr) *group_out = group;
   w = a.groups[group];
   row_begin = __ldcg(a.row_offsets + group) + (block - __ldcg(a.block_offsets + group)) * a.rows_per_block;

@@ -220,18 +220,6 @@ void launch_few_row_gemm_with_dense(const GroupedGemmArgs& grouped, int max_n_pa
 void launch_few_row_gemm_combine(const GroupedGemmArgs& down, int max_n_padded, int max_row_blocks,
                                  const MoeCombineRows& rows, int64_t hidden, const ResidualNormOutput& out,
                                  int32_t* arrivals, int max_arrivals, Stream stream);
-// The same product and combine with each block taking a few quads of output columns of every
-// routed expert (few_row_down_combine.cu): it combines its columns from its shared memory, with
-// no arrivals; the same bits. Fits a one-token step whose down product walks one or two fixed
-// phases over fp32 rows on CUDA cores, the layout written two launches back, up to
-// kMaxDownCombineSlots routed rows; quads_per_block 0 spreads the quads over one wave of blocks.
-constexpr int kMaxDownCombineSlots = 8;
-constexpr int kMaxDownCombineQuads = 8;
-bool few_row_down_combine_fits(const GroupedGemmArgs& down, int max_row_blocks, const MoeCombineRows& rows,
-                               int64_t hidden);
-void launch_few_row_down_combine(const GroupedGemmArgs& down, int max_n_padded, int max_row_blocks,
-                                 const MoeCombineRows& rows, int64_t hidden, const ResidualNormOutput& out,
-                                 int quads_per_block, Stream stream);
 // One token's router logits, logits[e] = add[e] + x · gate[e] in fp32 (add null: none), as the
 // router logits kernel makes them (moe_routing.cuh), made beside a product.
 struct RouterLogitsRow {

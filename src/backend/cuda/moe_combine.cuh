@@ -20,34 +20,6 @@ __device__ __forceinline__ void load_values(const float* p, float (&v)[4]) { loa
 __device__ __forceinline__ void load_values(const __nv_bfloat16* p, float (&v)[1]) { v[0] = __bfloat162float(*p); }
 __device__ __forceinline__ void load_values(const __nv_bfloat16* p, float (&v)[4]) { load4(p, v); }
 
-// The weighted sum of a token's routed rows at kWidth columns, in slot order, added to acc:
-// load_row(row, v) gives row `row`'s kWidth values. Slots' row numbers and weights are requested
-// slots_at_once at a time (the same bits at any count). Shared by combine_columns and the down
-// product that holds the routed rows in shared memory (few_row_down_combine.cu), so that both
-// make the same sums.
-template <int kWidth, typename LoadRow>
-__device__ __forceinline__ void add_weighted_slots(const int32_t* slot_row, const float* weights, int top_k,
-                                                   int slots_at_once, const LoadRow& load_row, float (&acc)[kWidth]) {
-  for (int first = 0; first < top_k; first += slots_at_once) {
-    const int n = min(slots_at_once, top_k - first);
-    int64_t row_at[kMoeCombineSlotsAtOnce];
-    float w_at[kMoeCombineSlotsAtOnce], v[kMoeCombineSlotsAtOnce][kWidth];
-#pragma unroll
-    for (int k = 0; k < kMoeCombineSlotsAtOnce; ++k)
-      if (k < n) {
-        row_at[k] = slot_row[first + k];
-        w_at[k] = weights[first + k];
-      }
-#pragma unroll
-    for (int k = 0; k < kMoeCombineSlotsAtOnce; ++k)
-      if (k < n) load_row(row_at[k], v[k]);
-#pragma unroll
-    for (int k = 0; k < kMoeCombineSlotsAtOnce; ++k)
-      if (k < n)
-        for (int j = 0; j < kWidth; ++j) acc[j] += w_at[k] * v[k][j];
-  }
-}
-
 // Columns [c, c + kWidth) of token t (hidden and ld_expert multiples of kWidth, buffers aligned
 // to kWidth elements); each column's sum runs in slot order, as the scalar version's. With r.x
 // (kWidth 4), the sums go to the residual and the norm's output before its 1 / rms instead of out.
@@ -67,9 +39,26 @@ __device__ __forceinline__ void combine_columns(const T* expert_out, int64_t ld_
   float shared_v[kWidth] = {};
   if (shared != nullptr) load_values(shared + t * hidden + c, shared_v);
   float acc[kWidth] = {};
-  add_weighted_slots<kWidth>(
-      slot_row + t * top_k, weights + t * top_k, top_k, slots_at_once,
-      [&](int64_t row, float(&v)[kWidth]) { load_values(expert_out + row * ld_expert + c, v); }, acc);
+  for (int first = 0; first < top_k; first += slots_at_once) {
+    const int n = min(slots_at_once, top_k - first);
+    const int32_t* rows = slot_row + t * top_k + first;
+    const float* w = weights + t * top_k + first;
+    int64_t row_at[kMoeCombineSlotsAtOnce];
+    float w_at[kMoeCombineSlotsAtOnce], v[kMoeCombineSlotsAtOnce][kWidth];
+#pragma unroll
+    for (int k = 0; k < kMoeCombineSlotsAtOnce; ++k)
+      if (k < n) {
+        row_at[k] = rows[k];
+        w_at[k] = w[k];
+      }
+#pragma unroll
+    for (int k = 0; k < kMoeCombineSlotsAtOnce; ++k)
+      if (k < n) load_values(expert_out + row_at[k] * ld_expert + c, v[k]);
+#pragma unroll
+    for (int k = 0; k < kMoeCombineSlotsAtOnce; ++k)
+      if (k < n)
+        for (int j = 0; j < kWidth; ++j) acc[j] += w_at[k] * v[k][j];
+  }
   if (shared != nullptr)
     for (int j = 0; j < kWidth; ++j) acc[j] += shared_v[j];
   if constexpr (kWidth == 4) {
