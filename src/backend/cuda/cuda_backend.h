@@ -275,12 +275,13 @@ class CudaBackend final : public Backend {
   // layout_written_earlier: the plan was written before the launch just before this call's first
   // one, so the gate/up product may read it, and request its experts' weights, before its wait.
   // defer_down: a one-token step's down product, where it takes the few-row kernel alone, is not
-  // launched but left there (its max_row_blocks 0 where it was launched).
+  // launched but left there (left empty where it was launched).
   Tensor moe_experts_grouped(const MoeWeights& w, const Tensor& xb, const int32_t* row_offsets,
                              const int32_t* block_offsets, const int32_t* src_rows, int64_t num_entries,
                              int rows_per_block, const RowRmsScale& x_scale = {},
                              const GroupedGemmArgs* shared_down = nullptr, const Tensor* x = nullptr,
-                             bool layout_written_earlier = false, DeferredDown* defer_down = nullptr);
+                             bool layout_written_earlier = false,
+                             std::optional<DeferredDown>* defer_down = nullptr);
   // Whether the layer's experts, where they take the 128-row expert blocks, run DeepSeek's FP8
   // activations there (e4m3 weights, both switches on, k and the intermediate size whole
   // 128-column scale blocks): in the steps where the dense products take e4m3 terms

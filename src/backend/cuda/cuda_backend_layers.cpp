@@ -410,7 +410,7 @@ CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const Mo
                               one_token_route_in_a_warp_);
 
   Tensor expert_out;
-  DeferredDown deferred;
+  std::optional<DeferredDown> deferred;
   const int32_t* combine_rows = slot_rows;
   Tensor chunk_slot_rows;
   if (chunked) {
@@ -446,7 +446,7 @@ CudaBackend::MoeOutputs CudaBackend::moe_until_combine(const Tensor& x, const Mo
                              top_k,
                              combine_slots_at_once_};
   m.keep = {std::move(expert_out), std::move(plan), std::move(chunk_slot_rows), std::move(shared)};
-  if (deferred.max_row_blocks > 0) m.down = std::move(deferred);
+  m.down = std::move(deferred);
   m.ids = std::move(d_ids);
   m.weights = std::move(d_weights);
   return m;
@@ -485,7 +485,7 @@ Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, c
                                         const int32_t* block_offsets, const int32_t* src_rows, int64_t num_entries,
                                         int rows_per_block, const RowRmsScale& x_scale,
                                         const GroupedGemmArgs* shared_down, const Tensor* x,
-                                        bool layout_written_earlier, DeferredDown* defer_down) {
+                                        bool layout_written_earlier, std::optional<DeferredDown>* defer_down) {
   const int num_experts = w.num_experts;
   const GemmWeight* gate_up_table = static_cast<const GemmWeight*>(w.derived.data);
   const LinearWeight& gu0 = w.expert_gate_up[0];
@@ -605,7 +605,7 @@ Tensor CudaBackend::moe_experts_grouped(const MoeWeights& w, const Tensor& xb, c
   const bool shared_down_with_routed =
       shared_down != nullptr && few_rows && max_rows_per_block == 1 && shared_down_with_routed_;
   if (defer_down != nullptr && few_rows && max_rows_per_block == 1 && shared_down == nullptr && !out_bf16) {
-    *defer_down = DeferredDown{down, static_cast<int>(down0.weight.dim(0)), max_blocks, act};
+    defer_down->emplace(DeferredDown{down, static_cast<int>(down0.weight.dim(0)), max_blocks, act});
     return expert_out;
   }
   if (shared_down_with_routed)
