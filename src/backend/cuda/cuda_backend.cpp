@@ -135,7 +135,8 @@ CudaBackend::CudaBackend(Precision precision) {
   shared_down_with_routed_ = !env_is("DSINFER_MOE_SHARED_DOWN_WITH_ROUTED", "0");
   if (env_is("DSINFER_MOE_ONE_TOKEN_ORDER", "beside")) one_token_moe_order_ = OneTokenMoeOrder::kBeside;
   one_token_route_in_a_warp_ = !env_is("DSINFER_MOE_ROUTE_ONE_WARP", "0");
-  route_rehearsal_ = env_is("DSINFER_MOE_ROUTE_REHEARSAL", "1");
+  if (env_is("DSINFER_MOE_ROUTE_REHEARSAL", "1")) route_rehearsal_ = RouteRehearsal::kSameWarp;
+  if (env_is("DSINFER_MOE_ROUTE_REHEARSAL", "beside")) route_rehearsal_ = RouteRehearsal::kBesideWarp;
   combine_in_down_ = !env_is("DSINFER_MOE_COMBINE_IN_DOWN", "0");
   weights_l2_evict_first_ = !env_is("DSINFER_WEIGHTS_L2_EVICT_FIRST", "0");
   attention_weights_l2_evict_first_ = !env_is("DSINFER_ATTN_WEIGHTS_L2_EVICT_FIRST", "0");

@@ -486,8 +486,10 @@ class CudaBackend final : public Backend {
   bool one_token_route_in_a_warp_ = true;
   // DSINFER_MOE_ROUTE_REHEARSAL=1: that warp runs its routing once before its wait, on no data
   // and storing nothing, so that its instructions are fetched while the launch before drains
-  // (moe_routing_beside.cu has why it is off: the rehearsal outlasts the launch before it).
-  bool route_rehearsal_ = false;
+  // (moe_routing_beside.cu has why it is off: the rehearsal outlasts the launch before it);
+  // =beside: a second warp of its block runs it while the routing's warp waits (off too: the
+  // routing is done sooner, the step no faster).
+  RouteRehearsal route_rehearsal_ = RouteRehearsal::kNone;
   // A one-token step's routed down product does the MoE combine in its blocks, the last of each
   // column slice's (few_row_gemm_combine.cu), where the combine goes to the next norm
   // (DSINFER_MOE_COMBINE_IN_DOWN=0: the combine's own launch after it). combine_arrivals_: the

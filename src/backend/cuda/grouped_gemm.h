@@ -244,8 +244,13 @@ void launch_few_row_gemm_pair(const GroupedGemmArgs& a, const GroupedGemmArgs& b
 // fp32 output and gets the same factor. Variants: the logits of one token's fp32 row that is not
 // the product's (logits_row: x, gate and add as RouterLogitsRow, no factor), beside any dense
 // product of one row; and logits of a norm's output before each row's 1 / rms, which the routing
-// applies first (logits_rms). A one-token routing in one warp (one_warp_for_one_token) runs once
-// before its wait where rehearse_one_warp (moe_routing_beside.cu has the why).
+// applies first (logits_rms). A one-token routing in one warp (one_warp_for_one_token) is also run
+// once on no data before its wait, by that warp or by a second one, as `rehearsal` says
+// (moe_routing_beside.cu has the why).
+// Who runs a one-token routing once on no data before the routing's wait, so that its code is
+// fetched while the launch before drains (moe_routing_beside.cu): no one, the routing's warp
+// itself, or a second warp of its block while the routing's warp waits.
+enum class RouteRehearsal : uint8_t { kNone, kSameWarp, kBesideWarp };
 void launch_router_logits_beside(const float* x, const float* gate, int64_t num_tokens, int hidden, int num_experts,
                                  float* logits, const GroupedGemmArgs& product, Stream stream);
 void launch_router_logits_row_beside(const RouterLogitsRow& logits_row, const GroupedGemmArgs& product,
@@ -255,7 +260,7 @@ void launch_moe_route_and_plan_beside(const float* logits, int64_t num_tokens, c
                                       int32_t* row_offsets, int32_t* block_offsets, int32_t* src_rows,
                                       int32_t* slot_rows, const GroupedGemmArgs& product, Stream stream,
                                       const RowRmsScale& logits_rms = {}, bool one_warp_for_one_token = true,
-                                      bool rehearse_one_warp = false);
+                                      RouteRehearsal rehearsal = RouteRehearsal::kNone);
 
 // Dequantises an e4m3 weight in the kernel's layout to bf16 [n_padded, k_padded].
 void launch_gemm_weight_to_bf16(const GemmWeight& w, uint16_t* out, Stream stream);

@@ -313,8 +313,8 @@ struct RoutePlanJob {
   // A step of one token whose routing one_warp_routes() takes runs route_plan_one_token (false:
   // the block's general path, for comparison).
   bool one_warp_for_one_token = true;
-  // The one-warp routing beside a product runs once before its wait (moe_routing_beside.cu).
-  bool rehearse_one_warp = false;
+  // Who runs the one-warp routing beside a product once before its wait (moe_routing_beside.cu).
+  RouteRehearsal rehearsal = RouteRehearsal::kNone;
 };
 
 // The one-token path's limits: a lane holds two experts' values, and no group limit.
@@ -323,7 +323,7 @@ __host__ __device__ inline bool one_warp_routes(int num_tokens, const MoeRoutePa
   return num_tokens == 1 && p.num_experts <= kOneWarpMaxExperts && (p.topk_method == 0 || p.num_groups == 1);
 }
 
-// A one-token step's routing and plan by the block's first warp, lane l holding experts l and l
+// A one-token step's routing and plan by one warp of the block, lane l holding experts l and l
 // + 32 in registers (one_warp_routes): route_token's experts and weights and the block's plan,
 // bit for bit, in a chain with one trip to memory (the logits, the correction bias and the
 // norm's partials requested together) and no block barrier, where the general path makes two
@@ -334,9 +334,8 @@ __host__ __device__ inline bool one_warp_routes(int num_tokens, const MoeRoutePa
 // dropped (moe_routing_beside.cu).
 inline __device__ void route_plan_one_token(const RoutePlanJob& job, float* choice_row, int* ids,
                                             bool rehearsal = false) {
-  if (threadIdx.x >= 32) return;
   const MoeRouteParams& p = job.params;
-  const int lane = static_cast<int>(threadIdx.x);
+  const int lane = static_cast<int>(threadIdx.x) % 32;
   const int n = p.num_experts;
   const bool use_bias = p.topk_method == 2 && job.bias != nullptr;
   float logit[2], bias[2];
@@ -438,7 +437,7 @@ inline __device__ void route_plan_block(const RoutePlanJob& job) {
   __shared__ int fill[kMaxExperts];
   const MoeRouteParams& p = job.params;
   if (job.one_warp_for_one_token && one_warp_routes(job.num_tokens, p)) {
-    route_plan_one_token(job, scratch[0].choice, scratch[0].ids);
+    if (threadIdx.x < 32) route_plan_one_token(job, scratch[0].choice, scratch[0].ids);
     return;
   }
   const int warp = threadIdx.x / 32;

@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(few_row::kThreads, Form::kMinBlocksPerSm)
 // product's, 8.6 KB here): with e4m3 weights this launch made batch-1 decode 0.8% faster on an
 // H100, with bf16 ones no faster (bench/RESULTS.md).
 //
-// The rehearsal (opt-in, RoutePlanJob::rehearse_one_warp): the block took 10–14 µs after its
+// The rehearsal (opt-in, RoutePlanJob::rehearsal): the block took 10–14 µs after its
 // wait on an H100, for one trip to memory and about 2 µs of arithmetic, and held the launch open
 // (bench/RESULTS.md). The reading it rests on: the routing runs once a layer in one warp, and a
 // layer's weights pass through L2 between two runs, so its instructions come from DRAM behind
@@ -61,22 +61,32 @@ __global__ void __launch_bounds__(few_row::kThreads, Form::kMinBlocksPerSm)
 // starts as that launch's 5 µs of work do and ends some 6 µs after them, and the wait returns
 // that much later (kernel timeline: that launch 4.9 → 11.3 µs, this one 8.2 → 4.9). Keeping a
 // block's room free in that launch and letting this one be scheduled as it starts shortened the
-// overrun to 1.3 µs, yet the step was 1.7% slower, as it was with those two changes alone.
+// overrun to 1.3 µs, yet the step was 1.7% slower, as it was with those two changes alone. A
+// second warp of the block rehearsing while the routing's warp waits (RouteRehearsal::kBesideWarp)
+// holds nothing back: the routing block was done 1.3–1.5 µs sooner after its wait on an H100,
+// but the launch only 0.3–0.8 µs sooner, held open by the product's blocks, which start as the
+// launch before leaves them room, and batch-1 decode was no faster.
 template <typename Form>
 __global__ void __launch_bounds__(few_row::kThreads, Form::kMinBlocksPerSm)
     route_plan_one_warp_beside_kernel(moe::RoutePlanJob plan, GroupedGemmArgs product, int units_per_block) {
   if (blockIdx.x == 0) {
-    __shared__ __align__(16) float choice_row[moe::kOneWarpMaxExperts];
-    __shared__ int ids[moe::kMaxTopK];
-    // Pass 0, the rehearsal, and pass 1, the routing after the wait, run one copy of the code
-    // (a loop kept rolled; a function kept out of line took the job by a pointer to a copy in
-    // local memory).
+    // Warp 0 routes; warp 1 rehearses beside it, with rows of its own.
+    __shared__ __align__(16) float choice_row[2][moe::kOneWarpMaxExperts];
+    __shared__ int ids[2][moe::kMaxTopK];
+    const int warp = static_cast<int>(threadIdx.x) / 32;
+    const bool rehearses_beside = plan.rehearsal == RouteRehearsal::kBesideWarp && warp == 1;
+    // Pass 0, warp 0's rehearsal, and pass 1, the routing after the wait or warp 1's rehearsal
+    // before it, run one copy of the code (a loop kept rolled; a function kept out of line took
+    // the job by a pointer to a copy in local memory).
     KernelTimelineEntry timed;
 #pragma unroll 1
-    for (int pass = plan.rehearse_one_warp ? 0 : 1; pass < 2; ++pass) {
-      if (pass == 1) timed = await_previous_kernels();
-      moe::route_plan_one_token(plan, choice_row, ids, pass == 0);
+    for (int pass = plan.rehearsal == RouteRehearsal::kSameWarp ? 0 : 1; pass < 2; ++pass) {
+      const bool rehearsal = pass == 0 || rehearses_beside;
+      if (!rehearsal) timed = await_previous_kernels();
+      if (warp == 0 || rehearses_beside)
+        moe::route_plan_one_token(plan, choice_row[warp & 1], ids[warp & 1], rehearsal);
     }
+    if (rehearses_beside) await_previous_kernels();
     note_first_block_done(timed);
   } else {
     Form::run(product, units_per_block, static_cast<int>(blockIdx.x) - 1, 0);
@@ -135,14 +145,14 @@ void launch_moe_route_and_plan_beside(const float* logits, int64_t num_tokens, c
                                       int32_t* row_offsets, int32_t* block_offsets, int32_t* src_rows,
                                       int32_t* slot_rows, const GroupedGemmArgs& product, Stream stream,
                                       const RowRmsScale& logits_rms, bool one_warp_for_one_token,
-                                      bool rehearse_one_warp) {
+                                      RouteRehearsal rehearsal) {
   moe::check_route_params(p);
   DS_CHECK(num_tokens >= 1 && num_tokens <= kMoeRoutePlanMaxTokens);
   check_product_beside(product);
   const moe::RoutePlanJob job{logits,        static_cast<int>(num_tokens), p,        bias,
                               expert_ids,    weights,                      rows_per_block, row_offsets,
                               block_offsets, src_rows,                     slot_rows, logits_rms,
-                              one_warp_for_one_token, rehearse_one_warp};
+                              one_warp_for_one_token, rehearsal};
   if (job.one_warp_for_one_token && moe::one_warp_routes(job.num_tokens, p)) {
     DS_CHECK(product.dense_rows == 1);  // the step's one token
     few_row::with_block_form(product, 1, [&](auto form) {

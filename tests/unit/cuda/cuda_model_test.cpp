@@ -103,8 +103,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGoldenModelTest, ::testing::Values("tiny_
 // DSINFER_MOE_ONE_TOKEN_ORDER=beside it runs in the routed down product's launch, or in its own
 // after it (DSINFER_MOE_SHARED_DOWN_WITH_ROUTED=0). The routing, which applies the norm's factor
 // to those logits, has the same bits in one warp (the default) as in the block's path
-// (DSINFER_MOE_ROUTE_ONE_WARP=0), and with its rehearsal before the wait
-// (DSINFER_MOE_ROUTE_REHEARSAL=1); the MoE combine in the routed down product's blocks (the
+// (DSINFER_MOE_ROUTE_ONE_WARP=0), and with its rehearsal before the wait, by its own warp
+// (DSINFER_MOE_ROUTE_REHEARSAL=1) or by a second one (=beside); the MoE combine in the routed down product's blocks (the
 // default) as in its own launch (DSINFER_MOE_COMBINE_IN_DOWN=0); the products, with their weights
 // read under an evict-normal L2 policy instead of evict-first (DSINFER_WEIGHTS_L2_EVICT_FIRST=0),
 // and the attention's W_UK and W_UV under an evict-normal policy too
@@ -116,7 +116,7 @@ TEST(CudaRouterIdentityTest, DecodeFollowsTheLogitsOwnLaunch) {
   for (const bool fp8 : {false, true}) {
     SCOPED_TRACE(fp8 ? "e4m3" : "bf16");
     constexpr int kSteps = 24, kNumBlocks = 1;
-    constexpr int kVariants = 9;
+    constexpr int kVariants = 10;
     std::vector<std::vector<float>> logits[kVariants];
     std::vector<TokenId> tokens[kVariants];
     for (int b = 0; b < kVariants; ++b) {
@@ -132,6 +132,7 @@ TEST(CudaRouterIdentityTest, DecodeFollowsTheLogitsOwnLaunch) {
           : b == 6 ? testing_cuda::make_backend_with_env("cuda", "DSINFER_WEIGHTS_L2_EVICT_FIRST", "0")
           : b == 7 ? testing_cuda::make_backend_with_env("cuda", "DSINFER_ATTN_WEIGHTS_L2_EVICT_FIRST", "0")
           : b == 8 ? testing_cuda::make_backend_with_env("cuda", "DSINFER_MOE_COMBINE_IN_DOWN", "0")
+          : b == 9 ? testing_cuda::make_backend_with_env("cuda", "DSINFER_MOE_ROUTE_REHEARSAL", "beside")
                    : make_backend("cuda");
       DeepseekModel model(config, make_random_weights(config, *backend, 5, fp8), *backend, 512);
       KvCaches caches = model.allocate_caches(kNumBlocks, kBlockSize, KvCacheFormat::kF32);
@@ -163,6 +164,7 @@ TEST(CudaRouterIdentityTest, DecodeFollowsTheLogitsOwnLaunch) {
     EXPECT_EQ(logits[6], logits[0]) << "the weights read under the default L2 policy";
     EXPECT_EQ(logits[7], logits[0]) << "W_UK and W_UV read under the default L2 policy";
     EXPECT_EQ(logits[8], logits[0]) << "the MoE combine in its own launch";
+    EXPECT_EQ(logits[9], logits[0]) << "the one-warp routing rehearsed by a second warp";
   }
 }
 
