@@ -235,6 +235,11 @@ struct RouterLogitsRow {
 void launch_few_row_gemm_pair(const GroupedGemmArgs& a, const GroupedGemmArgs& b, int rows, Stream stream,
                               const RouterLogitsRow* logits = nullptr);
 
+// Who runs a one-token routing once on no data before the routing's wait, so that its code is
+// fetched while the launch before drains (moe_routing_beside.cu): no one, the routing's warp
+// itself, or a second warp of its block while the routing's warp waits.
+enum class RouteRehearsal : uint8_t { kNone, kSameWarp, kBesideWarp };
+
 // The router logits (launch_router_logits) and the routing and planning (launch_moe_route_and_plan)
 // of a step of 1 to kMoeRoutePlanMaxTokens tokens, each with a dense few-row product (args of
 // launch_few_row_gemm, groups null, 1 to kFewRowGemmMaxRows rows) in the blocks after its own, in
@@ -247,10 +252,6 @@ void launch_few_row_gemm_pair(const GroupedGemmArgs& a, const GroupedGemmArgs& b
 // applies first (logits_rms). A one-token routing in one warp (one_warp_for_one_token) is also run
 // once on no data before its wait, by that warp or by a second one, as `rehearsal` says
 // (moe_routing_beside.cu has the why).
-// Who runs a one-token routing once on no data before the routing's wait, so that its code is
-// fetched while the launch before drains (moe_routing_beside.cu): no one, the routing's warp
-// itself, or a second warp of its block while the routing's warp waits.
-enum class RouteRehearsal : uint8_t { kNone, kSameWarp, kBesideWarp };
 void launch_router_logits_beside(const float* x, const float* gate, int64_t num_tokens, int hidden, int num_experts,
                                  float* logits, const GroupedGemmArgs& product, Stream stream);
 void launch_router_logits_row_beside(const RouterLogitsRow& logits_row, const GroupedGemmArgs& product,

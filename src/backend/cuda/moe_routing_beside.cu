@@ -70,7 +70,7 @@ template <typename Form>
 __global__ void __launch_bounds__(few_row::kThreads, Form::kMinBlocksPerSm)
     route_plan_one_warp_beside_kernel(moe::RoutePlanJob plan, GroupedGemmArgs product, int units_per_block) {
   if (blockIdx.x == 0) {
-    // Warp 0 routes; warp 1 rehearses beside it, with rows of its own.
+    // Warp 0 routes; with RouteRehearsal::kBesideWarp, warp 1 rehearses beside it in rows of its own.
     __shared__ __align__(16) float choice_row[2][moe::kOneWarpMaxExperts];
     __shared__ int ids[2][moe::kMaxTopK];
     const int warp = static_cast<int>(threadIdx.x) / 32;

@@ -104,11 +104,11 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGoldenModelTest, ::testing::Values("tiny_
 // after it (DSINFER_MOE_SHARED_DOWN_WITH_ROUTED=0). The routing, which applies the norm's factor
 // to those logits, has the same bits in one warp (the default) as in the block's path
 // (DSINFER_MOE_ROUTE_ONE_WARP=0), and with its rehearsal before the wait, by its own warp
-// (DSINFER_MOE_ROUTE_REHEARSAL=1) or by a second one (=beside); the MoE combine in the routed down product's blocks (the
-// default) as in its own launch (DSINFER_MOE_COMBINE_IN_DOWN=0); the products, with their weights
-// read under an evict-normal L2 policy instead of evict-first (DSINFER_WEIGHTS_L2_EVICT_FIRST=0),
-// and the attention's W_UK and W_UV under an evict-normal policy too
-// (DSINFER_ATTN_WEIGHTS_L2_EVICT_FIRST=0).
+// (DSINFER_MOE_ROUTE_REHEARSAL=1) or by a second one (=beside); the MoE combine in the routed
+// down product's blocks (the default) as in its own launch (DSINFER_MOE_COMBINE_IN_DOWN=0); the
+// products, with their weights read under an evict-normal L2 policy instead of evict-first
+// (DSINFER_WEIGHTS_L2_EVICT_FIRST=0), and the attention's W_UK and W_UV under an evict-normal
+// policy too (DSINFER_ATTN_WEIGHTS_L2_EVICT_FIRST=0).
 TEST(CudaRouterIdentityTest, DecodeFollowsTheLogitsOwnLaunch) {
   if (!cuda_backend_available()) GTEST_SKIP() << "no CUDA device visible";
   ModelConfig config = ModelConfig::load(testing_cuda::source_dir() + "/tests/data/tiny_v2_lite");
