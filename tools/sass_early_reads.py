@@ -5,8 +5,9 @@ A warp stalls at the first instruction that reads a load's destination until the
 Where that instruction stands right after the load (a register move the compiler placed there
 to merge the two sides of a branch, or a sum in a loop that reads one element at a time), loads
 meant to be in flight together arrive one after another. For each kernel of a listing (plain or
-gzipped): its global loads (LDG, LD), how many have a destination register read within
---window instructions, and the first --examples such pairs with their offsets.
+gzipped; `nvdisasm` output too): its global loads (LDG, LD), how many have a destination
+register read within --window instructions, and the first --examples such pairs with their
+offsets.
 
   cuobjdump -sass few_row_gemm.cu.o > few_row.sass
   tools/sass_early_reads.py few_row.sass [--window 4] [--kernel NAME] [--examples 6]
@@ -14,30 +15,13 @@ gzipped): its global loads (LDG, LD), how many have a destination register read 
 Plain Python 3, no other packages.
 """
 import argparse
-import gzip
 import re
 import sys
 
-FUNCTION = re.compile(r"Function\s*:\s*(\S+)")
-INSTRUCTION = re.compile(r"^\s*/\*([0-9a-fA-F]+)\*/\s+(.*?)\s*;")
-GUARD = re.compile(r"^@!?U?P[T0-9]+\s+")
+from sass_listing import GUARD, chosen_kernels
+
 REGISTER = re.compile(r"(?<![A-Za-z0-9_])R(\d+)(?![0-9])")
 WRITES_NOTHING = ("ST", "RED", "ATOM", "BRA", "BAR", "EXIT", "RET", "CALL", "MEMBAR", "FENCE")
-
-
-def read_kernels(path):
-    opener = gzip.open if path.endswith(".gz") else open
-    kernels = []  # [name, [(offset, text)]]
-    with opener(path, "rt", errors="replace") as f:
-        for line in f:
-            m = FUNCTION.search(line)
-            if m:
-                kernels.append([m.group(1), []])
-                continue
-            m = INSTRUCTION.match(line)
-            if m and kernels:
-                kernels[-1][1].append((int(m.group(1), 16), m.group(2)))
-    return kernels
 
 
 def operands(text):
@@ -93,16 +77,10 @@ def main():
     parser.add_argument("--kernel", default="", help="only kernels whose name contains this")
     parser.add_argument("--examples", type=int, default=6, help="pairs listed per kernel")
     args = parser.parse_args()
-    try:
-        kernels = read_kernels(args.sass)
-    except OSError as e:
-        print(f"error: cannot read {args.sass}: {e.strerror}", file=sys.stderr)
-        return 2
-    chosen = [k for k in kernels if args.kernel in k[0]]
-    if not chosen:
-        print(f"error: no kernel named '{args.kernel}' in {args.sass}", file=sys.stderr)
-        return 1
-    for name, instructions in chosen:
+    chosen, status = chosen_kernels(args.sass, args.kernel)
+    if status:
+        return status
+    for name, instructions, _ in chosen:
         loads, early = early_reads(instructions, max(1, args.window))
         print(f"## {name}\n\n{loads} global loads, {len(early)} read within {args.window} instructions\n")
         if early:

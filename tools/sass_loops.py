@@ -15,44 +15,12 @@ Plain Python 3, no other packages.
 """
 import argparse
 import collections
-import gzip
 import re
 import sys
 
-FUNCTION = re.compile(r"Function\s*:\s*(\S+)")
-SECTION = re.compile(r"^\s*\.text\.(\S+):\s*$")
-LABEL = re.compile(r"^\s*(\.L\w+):\s*$")
-INSTRUCTION = re.compile(r"^\s*/\*([0-9a-fA-F]+)\*/\s+(.*?)\s*;")
-GUARD = re.compile(r"^@!?U?P[T0-9]+\s+")
+from sass_listing import GUARD, chosen_kernels
+
 BRANCH = re.compile(r"^BRA(?:\.\S+)?\s+(?:`\((\.L\w+)\)|(0x[0-9a-fA-F]+))")
-
-
-def read_kernels(path):
-    """[(name, [(offset, text)], {label: offset})] in listing order."""
-    opener = gzip.open if path.endswith(".gz") else open
-    kernels = []
-    pending_labels = []
-    with opener(path, "rt", errors="replace") as f:
-        for line in f:
-            m = FUNCTION.search(line) or SECTION.match(line)
-            if m:
-                kernels.append((m.group(1), [], {}))
-                pending_labels = []
-                continue
-            if not kernels:
-                continue
-            m = LABEL.match(line)
-            if m:
-                pending_labels.append(m.group(1))
-                continue
-            m = INSTRUCTION.match(line)
-            if m:
-                offset = int(m.group(1), 16)
-                kernels[-1][1].append((offset, m.group(2)))
-                for label in pending_labels:
-                    kernels[-1][2][label] = offset
-                pending_labels = []
-    return kernels
 
 
 def opcode(text):
@@ -84,15 +52,9 @@ def main():
     parser.add_argument("--count", default="LDL,STL", help="opcodes counted in columns of their own")
     args = parser.parse_args()
     counted = [op for op in args.count.split(",") if op]
-    try:
-        kernels = read_kernels(args.sass)
-    except OSError as e:
-        print(f"error: cannot read {args.sass}: {e.strerror}", file=sys.stderr)
-        return 2
-    kernels = [k for k in kernels if args.kernel in k[0]]
-    if not kernels:
-        print(f"error: no kernel named '{args.kernel}' in {args.sass}", file=sys.stderr)
-        return 1
+    kernels, status = chosen_kernels(args.sass, args.kernel)
+    if status:
+        return status
     for name, instructions, labels in kernels:
         found = [l for l in loops(instructions, labels) if len(l[2]) >= args.min]
         noun = "loop" if len(found) == 1 else "loops"
